@@ -1,0 +1,206 @@
+//! The wire codec every Flotilla binary uses: JSON when no Schema Registry is
+//! configured, Confluent-framed Avro through the registry when one is. The
+//! decoder accepts either encoding, whatever this side is configured to write.
+//!
+//! The bytes of an Avro message are produced by `flotilla-contracts`; this
+//! crate only resolves schema ids with the registry (registering our schemas
+//! under the topic-name strategy, `<topic>-value`).
+
+use std::time::Duration;
+
+use flotilla_contracts::avro::{self, AvroMessage};
+use flotilla_contracts::framing::{self, Framed};
+use flotilla_contracts::{DecodeError, RuleViolation, json};
+use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
+use schema_registry_converter::async_impl::schema_registry::SrSettings;
+use schema_registry_converter::avro_common::get_supplied_schema;
+use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
+
+/// How long one registry request may take before it counts as unavailable.
+const REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a message could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    /// The bytes are not a valid message and never will be: dead-letter them.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// The message breaks a rule; it was not encoded.
+    #[error(transparent)]
+    Rule(#[from] RuleViolation),
+    /// The registry could not be asked; the same call may succeed later.
+    #[error("schema registry unavailable: {0}")]
+    RegistryUnavailable(String),
+    /// The registry refused our schema (for example an incompatible change).
+    #[error("schema registry refused the schema for subject {subject}: {reason}")]
+    RegistryRefused { subject: String, reason: String },
+    /// An Avro message arrived but this side has no registry to resolve its schema id.
+    #[error("Avro message with schema id {0}, but no schema registry is configured")]
+    NoRegistry(u32),
+}
+
+impl CodecError {
+    /// Whether retrying the same bytes later can succeed.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::RegistryUnavailable(_))
+    }
+}
+
+/// Encodes and decodes contract messages for one configuration.
+#[derive(Debug)]
+pub struct Codec {
+    registry: Option<Registry>,
+}
+
+struct Registry {
+    url: String,
+    encoder: AvroEncoder,
+    decoder: AvroDecoder,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("url", &self.url).finish()
+    }
+}
+
+impl Codec {
+    /// A codec that writes JSON and cannot resolve Avro schema ids.
+    #[must_use]
+    pub fn json() -> Self {
+        Self { registry: None }
+    }
+
+    /// A codec that writes Avro through the registry at `url`.
+    ///
+    /// # Errors
+    /// The URL cannot be used to build an HTTP client.
+    pub fn with_registry(url: &str) -> Result<Self, CodecError> {
+        let settings = || {
+            SrSettings::new_builder(url.to_owned())
+                .set_timeout(REGISTRY_TIMEOUT)
+                .build()
+                .map_err(|e| CodecError::RegistryUnavailable(format!("{url}: {e}")))
+        };
+        Ok(Self {
+            registry: Some(Registry {
+                url: url.to_owned(),
+                encoder: AvroEncoder::new(settings()?),
+                decoder: AvroDecoder::new(settings()?),
+            }),
+        })
+    }
+
+    /// `with_registry` when a URL is given, `json` otherwise.
+    ///
+    /// # Errors
+    /// As [`Codec::with_registry`].
+    pub fn from_config(registry_url: Option<&str>) -> Result<Self, CodecError> {
+        match registry_url.filter(|url| !url.trim().is_empty()) {
+            Some(url) => Self::with_registry(url),
+            None => Ok(Self::json()),
+        }
+    }
+
+    /// The `content-type` this codec writes.
+    #[must_use]
+    pub fn content_type(&self) -> &'static str {
+        match self.registry {
+            Some(_) => "application/vnd.flotilla.avro",
+            None => "application/json",
+        }
+    }
+
+    /// Registers (or finds) `M`'s schema under `<topic>-value` and returns its id.
+    ///
+    /// # Errors
+    /// No registry configured is reported as [`CodecError::NoRegistry`] with id 0;
+    /// otherwise registry errors.
+    pub async fn schema_id<M: AvroMessage>(&self, topic: &str) -> Result<u32, CodecError> {
+        let registry = self.registry.as_ref().ok_or(CodecError::NoRegistry(0))?;
+        registry.schema_id::<M>(topic).await
+    }
+
+    /// Encodes `message` for `topic`.
+    ///
+    /// # Errors
+    /// The message breaks a rule, or the registry cannot be reached or refuses the schema.
+    pub async fn encode<M: AvroMessage>(
+        &self,
+        topic: &str,
+        message: &M,
+    ) -> Result<Vec<u8>, CodecError> {
+        match &self.registry {
+            None => Ok(json::encode(message)?),
+            Some(registry) => {
+                let schema_id = registry.schema_id::<M>(topic).await?;
+                Ok(framing::frame(schema_id, &avro::encode_datum(message)?))
+            }
+        }
+    }
+
+    /// Decodes either encoding, telling them apart by the first byte.
+    ///
+    /// # Errors
+    /// [`CodecError::Decode`] for bytes that can never be a valid `M`;
+    /// [`CodecError::RegistryUnavailable`] when the schema id could not be
+    /// resolved right now; [`CodecError::NoRegistry`] for Avro without a registry.
+    pub async fn decode<M: AvroMessage>(&self, bytes: &[u8]) -> Result<M, CodecError> {
+        match framing::detect(bytes)? {
+            Framed::Json(text) => Ok(json::decode(text)?),
+            Framed::Avro { schema_id, datum } => {
+                let registry = self
+                    .registry
+                    .as_ref()
+                    .ok_or(CodecError::NoRegistry(schema_id))?;
+                let writer = registry.writer_schema(schema_id).await?;
+                let found = writer.parsed.name().map(ToString::to_string);
+                if found.as_deref() != Some(M::AVRO_NAME) {
+                    return Err(DecodeError::WrongSchema {
+                        schema_id,
+                        expected: M::AVRO_NAME,
+                        found: found.unwrap_or_else(|| "an unnamed schema".into()),
+                    }
+                    .into());
+                }
+                Ok(avro::decode_datum::<M>(&writer.parsed, datum)?)
+            }
+        }
+    }
+}
+
+impl Registry {
+    async fn schema_id<M: AvroMessage>(&self, topic: &str) -> Result<u32, CodecError> {
+        let subject = format!("{topic}-value");
+        let strategy = SubjectNameStrategy::TopicNameStrategyWithSchema(
+            topic.to_owned(),
+            false,
+            get_supplied_schema(M::avro_schema()),
+        );
+        match self.encoder.get_schema_and_id(&subject, strategy).await {
+            Ok(schema) => Ok(schema.id),
+            Err(e) if e.retriable => Err(CodecError::RegistryUnavailable(e.to_string())),
+            Err(e) => {
+                // A refusal is cached by the encoder; drop it so a fixed registry is seen.
+                self.encoder.remove_errors_from_cache();
+                Err(CodecError::RegistryRefused {
+                    subject,
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+
+    async fn writer_schema(
+        &self,
+        schema_id: u32,
+    ) -> Result<std::sync::Arc<schema_registry_converter::avro_common::AvroSchema>, CodecError>
+    {
+        match self.decoder.get_schema(schema_id).await {
+            Ok(schema) => Ok(schema),
+            Err(e) if e.retriable => Err(CodecError::RegistryUnavailable(e.to_string())),
+            Err(_) => Err(DecodeError::UnknownSchemaId(schema_id).into()),
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! `WorkflowRunEvent`: one committed state change of a job.
+//!
+//! Events are built only through the typed constructors, which enforce the
+//! rules; decoding re-checks them, so a rule-breaking event can neither be
+//! produced by Flotilla nor slip in from the wire.
+
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::rules::{check_uuid, check_workflow_name, non_blank};
+use crate::{Message, RuleViolation};
+
+/// What happened. `Unspecified` exists for schema evolution (it is the Avro
+/// enum's default) and is never published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WorkflowRunEventType {
+    Unspecified,
+    Accepted,
+    StepCheckpoint,
+    Waiting,
+    Completed,
+    Failed,
+    Dead,
+    Cancelled,
+}
+
+impl WorkflowRunEventType {
+    /// Every type, in the order of the Avro enum's symbols.
+    pub const ALL: [Self; 8] = [
+        Self::Unspecified,
+        Self::Accepted,
+        Self::StepCheckpoint,
+        Self::Waiting,
+        Self::Completed,
+        Self::Failed,
+        Self::Dead,
+        Self::Cancelled,
+    ];
+
+    /// The wire name, e.g. `STEP_CHECKPOINT`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unspecified => "UNSPECIFIED",
+            Self::Accepted => "ACCEPTED",
+            Self::StepCheckpoint => "STEP_CHECKPOINT",
+            Self::Waiting => "WAITING",
+            Self::Completed => "COMPLETED",
+            Self::Failed => "FAILED",
+            Self::Dead => "DEAD",
+            Self::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Parses a wire name.
+    #[must_use]
+    pub fn from_wire(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
+    /// Whether the job is finished for good (until an operator acts).
+    #[must_use]
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Dead | Self::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for WorkflowRunEventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The fields every event carries, whatever its type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventHeader {
+    pub event_id: Uuid,
+    pub job_id: Uuid,
+    pub sequence: i64,
+    pub workflow_name: String,
+    pub attempt: i32,
+    pub occurred_at: DateTime<Utc>,
+}
+
+/// One state change of a job, as published to the event topic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowRunEvent {
+    event_id: Uuid,
+    job_id: Uuid,
+    sequence: i64,
+    #[serde(rename = "type")]
+    event_type: WorkflowRunEventType,
+    workflow_name: String,
+    attempt: i32,
+    #[serde(default)]
+    step_name: Option<String>,
+    #[serde(default)]
+    verdict: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    result: Option<serde_json::Value>,
+    #[serde(with = "micros")]
+    occurred_at: DateTime<Utc>,
+}
+
+/// Optional fields of an event, set by the constructors.
+#[derive(Default)]
+struct Body {
+    step_name: Option<String>,
+    verdict: Option<String>,
+    error: Option<String>,
+    result: Option<serde_json::Value>,
+}
+
+impl WorkflowRunEvent {
+    fn build(
+        header: EventHeader,
+        event_type: WorkflowRunEventType,
+        body: Body,
+    ) -> Result<Self, RuleViolation> {
+        let occurred_at = truncate_to_micros(header.occurred_at);
+        let header = EventHeader {
+            occurred_at,
+            ..header
+        };
+        let event = Self::from_parts(
+            header,
+            event_type,
+            body.step_name,
+            body.verdict,
+            body.error,
+            body.result,
+        );
+        event.check_rules()?;
+        Ok(event)
+    }
+
+    /// Reassembles a decoded event; the caller checks the rules.
+    pub(crate) fn from_parts(
+        header: EventHeader,
+        event_type: WorkflowRunEventType,
+        step_name: Option<String>,
+        verdict: Option<String>,
+        error: Option<String>,
+        result: Option<serde_json::Value>,
+    ) -> Self {
+        Self {
+            event_id: header.event_id,
+            job_id: header.job_id,
+            sequence: header.sequence,
+            event_type,
+            workflow_name: header.workflow_name,
+            attempt: header.attempt,
+            step_name,
+            verdict,
+            error,
+            result,
+            occurred_at: header.occurred_at,
+        }
+    }
+
+    /// The job was accepted and is queued.
+    ///
+    /// # Errors
+    /// A header that breaks a rule (nil ids, sequence below 1, blank workflow name).
+    pub fn accepted(header: EventHeader) -> Result<Self, RuleViolation> {
+        Self::build(header, WorkflowRunEventType::Accepted, Body::default())
+    }
+
+    /// `step_name` finished and its response is checkpointed.
+    ///
+    /// # Errors
+    /// A blank step name or a header that breaks a rule.
+    pub fn step_checkpoint(
+        header: EventHeader,
+        step_name: impl Into<String>,
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            step_name: Some(step_name.into()),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::StepCheckpoint, body)
+    }
+
+    /// The job is parked on the external step `step_name`.
+    ///
+    /// # Errors
+    /// A blank step name or a header that breaks a rule.
+    pub fn waiting(
+        header: EventHeader,
+        step_name: impl Into<String>,
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            step_name: Some(step_name.into()),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::Waiting, body)
+    }
+
+    /// The job finished with `verdict` (non-empty) and `result`.
+    ///
+    /// # Errors
+    /// An empty verdict or a header that breaks a rule.
+    pub fn completed(
+        header: EventHeader,
+        verdict: impl Into<String>,
+        result: serde_json::Value,
+    ) -> Result<Self, RuleViolation> {
+        // A JSON null result is no result, so both encodings agree on it.
+        let body = Body {
+            verdict: Some(verdict.into()),
+            result: (!result.is_null()).then_some(result),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::Completed, body)
+    }
+
+    /// The job failed (a verdict or a defect); `error` is carried verbatim.
+    ///
+    /// # Errors
+    /// An empty error or a header that breaks a rule.
+    pub fn failed(
+        header: EventHeader,
+        error: impl Into<String>,
+        verdict: Option<String>,
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            error: Some(error.into()),
+            verdict,
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::Failed, body)
+    }
+
+    /// The job ran out of attempts; `error` is the last one, verbatim.
+    ///
+    /// # Errors
+    /// An empty error or a header that breaks a rule.
+    pub fn dead(header: EventHeader, error: impl Into<String>) -> Result<Self, RuleViolation> {
+        let body = Body {
+            error: Some(error.into()),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::Dead, body)
+    }
+
+    /// An operator cancelled the job; `reason` is carried as the error.
+    ///
+    /// # Errors
+    /// An empty reason or a header that breaks a rule.
+    pub fn cancelled(
+        header: EventHeader,
+        reason: impl Into<String>,
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            error: Some(reason.into()),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::Cancelled, body)
+    }
+
+    #[must_use]
+    pub fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+    #[must_use]
+    pub fn job_id(&self) -> Uuid {
+        self.job_id
+    }
+    #[must_use]
+    pub fn sequence(&self) -> i64 {
+        self.sequence
+    }
+    #[must_use]
+    pub fn event_type(&self) -> WorkflowRunEventType {
+        self.event_type
+    }
+    #[must_use]
+    pub fn workflow_name(&self) -> &str {
+        &self.workflow_name
+    }
+    #[must_use]
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+    #[must_use]
+    pub fn step_name(&self) -> Option<&str> {
+        self.step_name.as_deref()
+    }
+    #[must_use]
+    pub fn verdict(&self) -> Option<&str> {
+        self.verdict.as_deref()
+    }
+    #[must_use]
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+    #[must_use]
+    pub fn result(&self) -> Option<&serde_json::Value> {
+        self.result.as_ref()
+    }
+    #[must_use]
+    pub fn occurred_at(&self) -> DateTime<Utc> {
+        self.occurred_at
+    }
+}
+
+impl Message for WorkflowRunEvent {
+    const AVRO_NAME: &'static str = "io.flotilla.v1.WorkflowRunEvent";
+
+    fn schema_text() -> &'static str {
+        include_str!("../schemas/WorkflowRunEvent.avsc")
+    }
+
+    fn check_rules(&self) -> Result<(), RuleViolation> {
+        use WorkflowRunEventType as T;
+        check_uuid("event_id", &self.event_id)?;
+        check_uuid("job_id", &self.job_id)?;
+        check_workflow_name(&self.workflow_name)?;
+        if self.sequence < 1 {
+            return Err(RuleViolation::SequenceBelowOne(self.sequence));
+        }
+        if self.attempt < 0 {
+            return Err(RuleViolation::NegativeAttempt(self.attempt));
+        }
+        let present = |field: &Option<String>| field.as_deref().is_some_and(non_blank);
+        match self.event_type {
+            T::Unspecified => Err(RuleViolation::UnspecifiedType),
+            T::Completed if !present(&self.verdict) => Err(RuleViolation::CompletedWithoutVerdict),
+            T::Failed | T::Dead | T::Cancelled if !present(&self.error) => {
+                Err(RuleViolation::TerminalWithoutError {
+                    event_type: self.event_type.as_str(),
+                })
+            }
+            T::StepCheckpoint | T::Waiting if !present(&self.step_name) => {
+                Err(RuleViolation::StepEventWithoutStep {
+                    event_type: self.event_type.as_str(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Avro carries microseconds; truncating up front makes every encoding lossless.
+fn truncate_to_micros(at: DateTime<Utc>) -> DateTime<Utc> {
+    at.duration_trunc(TimeDelta::microseconds(1)).unwrap_or(at)
+}
+
+/// `occurred_at` in JSON: RFC 3339 with exactly microsecond precision.
+mod micros {
+    use chrono::{DateTime, SecondsFormat, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&at.to_rfc3339_opts(SecondsFormat::Micros, true))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        let text = String::deserialize(d)?;
+        DateTime::parse_from_rfc3339(&text)
+            .map(|at| super::truncate_to_micros(at.with_timezone(&Utc)))
+            .map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,73 @@
+//! `WorkflowRunRequest`: what a client produces to ask for a run.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::rules::{check_uuid, check_workflow_name};
+use crate::{Message, RuleViolation};
+
+/// Asks the fleet to run the stored workflow `workflow_name` on `input`.
+///
+/// `job_id` is chosen by the client and is the idempotency key: sending the
+/// same request twice yields one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowRunRequest {
+    job_id: Uuid,
+    workflow_name: String,
+    input: serde_json::Value,
+}
+
+impl WorkflowRunRequest {
+    /// Builds a request.
+    ///
+    /// # Errors
+    /// A nil `job_id` or a blank `workflow_name`.
+    pub fn new(
+        job_id: Uuid,
+        workflow_name: impl Into<String>,
+        input: serde_json::Value,
+    ) -> Result<Self, RuleViolation> {
+        let request = Self {
+            job_id,
+            workflow_name: workflow_name.into(),
+            input,
+        };
+        request.check_rules()?;
+        Ok(request)
+    }
+
+    #[must_use]
+    pub fn job_id(&self) -> Uuid {
+        self.job_id
+    }
+
+    #[must_use]
+    pub fn workflow_name(&self) -> &str {
+        &self.workflow_name
+    }
+
+    #[must_use]
+    pub fn input(&self) -> &serde_json::Value {
+        &self.input
+    }
+
+    /// Gives up the input without a copy.
+    #[must_use]
+    pub fn into_input(self) -> serde_json::Value {
+        self.input
+    }
+}
+
+impl Message for WorkflowRunRequest {
+    const AVRO_NAME: &'static str = "io.flotilla.v1.WorkflowRunRequest";
+
+    fn schema_text() -> &'static str {
+        include_str!("../schemas/WorkflowRunRequest.avsc")
+    }
+
+    fn check_rules(&self) -> Result<(), RuleViolation> {
+        check_uuid("job_id", &self.job_id)?;
+        check_workflow_name(&self.workflow_name)
+    }
+}

@@ -1,0 +1,43 @@
+//! The message-level rules. Each variant names exactly one rule so that an
+//! error seen in a log or a dead-letter header says which one was broken.
+
+/// A broken message rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleViolation {
+    #[error("rule broken: an event's type is never UNSPECIFIED")]
+    UnspecifiedType,
+    #[error("rule broken: a COMPLETED event carries a non-empty verdict")]
+    CompletedWithoutVerdict,
+    #[error("rule broken: a {event_type} event carries the error verbatim, and it is empty")]
+    TerminalWithoutError { event_type: &'static str },
+    #[error("rule broken: a {event_type} event names its step, and step_name is empty")]
+    StepEventWithoutStep { event_type: &'static str },
+    #[error("rule broken: sequence starts at 1, got {0}")]
+    SequenceBelowOne(i64),
+    #[error("rule broken: attempt is never negative, got {0}")]
+    NegativeAttempt(i32),
+    #[error("rule broken: workflow_name is not blank")]
+    BlankWorkflowName,
+    #[error("rule broken: {field} is not the nil UUID")]
+    NilUuid { field: &'static str },
+}
+
+pub(crate) fn non_blank(value: &str) -> bool {
+    !value.trim().is_empty()
+}
+
+pub(crate) fn check_uuid(field: &'static str, id: &uuid::Uuid) -> Result<(), RuleViolation> {
+    if id.is_nil() {
+        Err(RuleViolation::NilUuid { field })
+    } else {
+        Ok(())
+    }
+}
+
+pub(crate) fn check_workflow_name(name: &str) -> Result<(), RuleViolation> {
+    if non_blank(name) {
+        Ok(())
+    } else {
+        Err(RuleViolation::BlankWorkflowName)
+    }
+}
