@@ -1,1 +1,81 @@
-//! x
+//! Helpers for the end-to-end tests: where the services are, unique names,
+//! and Kafka clients that are created and closed the way these tests need.
+//!
+//! The services come from `scripts/services up`; a test that cannot find one
+//! fails with a message saying so instead of skipping.
+
+pub mod process;
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+
+/// Upper bound for any one Kafka test, so a hang fails fast.
+pub const KAFKA_TEST_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A required setting from the environment that `scripts/services env` exports.
+///
+/// # Panics
+/// The variable is unset: the services are not up.
+#[must_use]
+pub fn service_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run `scripts/services up` and `eval \"$(scripts/services env)\"`, or use scripts/test")
+    })
+}
+
+#[must_use]
+pub fn bootstrap_servers() -> String {
+    service_env("KAFKA_BOOTSTRAP_SERVERS")
+}
+
+#[must_use]
+pub fn schema_registry_url() -> String {
+    service_env("SCHEMA_REGISTRY_URL")
+}
+
+/// A name no other test run uses: `<prefix>-<uuid>`.
+#[must_use]
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Creates `topic` with `partitions` partitions.
+///
+/// # Errors
+/// The broker refuses or does not answer.
+pub async fn create_topic(topic: &str, partitions: i32) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers())
+        .create()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for result in admin.create_topics([&new_topic], &options).await? {
+        result.map_err(|(topic, code)| anyhow::anyhow!("creating {topic}: {code}"))?;
+    }
+    Ok(())
+}
+
+/// Consumer settings for a group that commits by hand, from the beginning.
+#[must_use]
+pub fn manual_commit_consumer_config(group: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap_servers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000");
+    config
+}
+
+/// Leaves the group and drops the consumer on a thread of its own: librdkafka
+/// can block in its destructor, and a test must not hang on it.
+pub fn close_consumer(consumer: StreamConsumer) {
+    consumer.unsubscribe();
+    std::thread::spawn(move || drop(consumer));
+}

@@ -1,0 +1,123 @@
+//! Running a Flotilla binary as a child process: wait for a line that says it
+//! is ready, send it SIGTERM, and wait for it to exit, each under a deadline.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A started binary and the lines it has printed so far.
+#[derive(Debug)]
+pub struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    pub output: Vec<String>,
+}
+
+impl Running {
+    /// Starts `command` with stdout and stderr captured.
+    ///
+    /// # Panics
+    /// The binary cannot be started.
+    #[must_use]
+    pub fn start(mut command: Command) -> Self {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("starting the binary");
+        let (sender, lines) = mpsc::channel();
+        for pipe in [
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let sender = sender.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    if sender.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Self {
+            child,
+            lines,
+            output: Vec::new(),
+        }
+    }
+
+    /// Waits until a printed line contains `needle`.
+    ///
+    /// # Panics
+    /// No such line within `timeout` (the output so far is shown).
+    pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    self.output.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "no line containing {needle:?} within {timeout:?}; output:\n{}",
+                    self.output.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    ///
+    /// # Panics
+    /// The process does not exit within `timeout` (it is killed then).
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "sending SIGTERM to {pid}");
+        self.wait(timeout)
+    }
+
+    /// Waits for the process to exit on its own.
+    ///
+    /// # Panics
+    /// It does not exit within `timeout` (it is killed then).
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("polling the child") {
+                self.output.extend(self.lines.try_iter());
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "the process did not exit within {timeout:?}; output:\n{}",
+                    self.output.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,134 @@
+//! Settings of the worker binary: every one a flag and an environment variable.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// A Flotilla fleet member: consumes run requests, claims and runs jobs.
+#[derive(Debug, Parser)]
+#[command(
+    name = "flotilla-worker",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub worker: WorkerConfig,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the database migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        database: DatabaseConfig,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkerConfig {
+    #[command(flatten)]
+    pub database: DatabaseConfig,
+    #[command(flatten)]
+    pub kafka: KafkaConfig,
+    #[command(flatten)]
+    pub telemetry: crate::telemetry::TelemetryConfig,
+
+    /// Lease owner written on claimed rows; defaults to the host name.
+    #[arg(long, env = "FLOTILLA_WORKER_ID")]
+    pub worker_id: Option<String>,
+
+    /// How long in-flight work may take to finish after SIGTERM.
+    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerConfig {
+    /// The worker id: the configured one, else the host name. Never blank.
+    ///
+    /// # Errors
+    /// A blank configured id, or no host name to fall back on.
+    pub fn worker_id(&self) -> anyhow::Result<String> {
+        resolve_worker_id(self.worker_id.as_deref())
+    }
+}
+
+/// Picks the worker id: configured, else the host name; refuses blank.
+///
+/// # Errors
+/// The id (configured or the host name) is blank.
+pub fn resolve_worker_id(configured: Option<&str>) -> anyhow::Result<String> {
+    let id = match configured {
+        Some(id) => id.to_owned(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_default(),
+    };
+    let id = id.trim();
+    anyhow::ensure!(
+        !id.is_empty(),
+        "the worker id is blank: set FLOTILLA_WORKER_ID (it names the lease owner on claimed rows)"
+    );
+    Ok(id.to_owned())
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseConfig {
+    /// Postgres connection string.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// Most connections this process keeps open.
+    #[arg(long, env = "FLOTILLA_DB_MAX_CONNECTIONS", default_value_t = 10)]
+    pub db_max_connections: u32,
+
+    /// How long to wait for a connection from the pool.
+    #[arg(long, env = "FLOTILLA_DB_ACQUIRE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub db_acquire_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KafkaConfig {
+    /// Kafka broker list.
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "localhost:9092"
+    )]
+    pub bootstrap_servers: String,
+
+    /// Confluent-compatible Schema Registry; when unset, JSON on the wire.
+    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
+    pub schema_registry_url: Option<String>,
+
+    /// Topic of WorkflowRunRequest messages.
+    #[arg(
+        long,
+        env = "FLOTILLA_REQUEST_TOPIC",
+        default_value = "workflow-run-requests"
+    )]
+    pub request_topic: String,
+
+    /// Topic of WorkflowRunEvent messages.
+    #[arg(
+        long,
+        env = "FLOTILLA_EVENT_TOPIC",
+        default_value = "workflow-run-events"
+    )]
+    pub event_topic: String,
+
+    /// Consumer group of the request consumer.
+    #[arg(
+        long,
+        env = "FLOTILLA_CONSUMER_GROUP",
+        default_value = "flotilla-worker"
+    )]
+    pub consumer_group: String,
+
+    /// How long to wait for the broker at start-up.
+    #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+}

@@ -1,0 +1,71 @@
+//! The migrations apply to a fresh database, and applying them again changes nothing.
+
+use flotilla_worker::db;
+use sqlx::PgPool;
+
+async fn applied(pool: &PgPool) -> Vec<(i64, Vec<u8>)> {
+    sqlx::query_as("SELECT version, checksum FROM _sqlx_migrations ORDER BY version")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool) {
+    db::migrate(&pool).await.unwrap();
+    let first = applied(&pool).await;
+    assert_eq!(first.len(), db::MIGRATOR.iter().count());
+
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables
+         WHERE table_schema = 'public' AND table_name NOT LIKE '\\_sqlx%' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        tables,
+        ["workflow_definition", "workflow_run", "workflow_run_outbox"]
+    );
+
+    // The claim, the sweeper and the relay read partial indexes.
+    let partial: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes
+         WHERE schemaname = 'public' AND indexdef LIKE '% WHERE %' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    for index in [
+        "workflow_run_claimable",
+        "workflow_run_leased",
+        "workflow_run_outbox_pending",
+        "workflow_run_outbox_published",
+    ] {
+        assert!(
+            partial.iter().any(|i| i == index),
+            "{index} missing from {partial:?}"
+        );
+    }
+
+    db::migrate(&pool).await.unwrap();
+    assert_eq!(applied(&pool).await, first, "a second run applies nothing");
+}
+
+#[sqlx::test]
+async fn the_schema_refuses_states_outside_the_contract(pool: PgPool) {
+    let insert = |status: &'static str| {
+        sqlx::query(
+            "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest, status, max_attempts)
+             VALUES (gen_random_uuid(), 'w', '{}', '{}', 'd', $1, 3)",
+        )
+        .bind(status)
+        .execute(&pool)
+    };
+    insert("QUEUED").await.unwrap();
+    let err = insert("PAUSED").await.unwrap_err();
+    assert!(err.to_string().contains("check constraint"), "{err}");
+    // RUNNING without a lease token breaks the fencing invariant.
+    let err = insert("RUNNING").await.unwrap_err();
+    assert!(err.to_string().contains("check constraint"), "{err}");
+}
