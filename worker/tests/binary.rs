@@ -54,7 +54,7 @@ async fn migrate_subcommand_applies_the_migrations(pool: PgPool) {
     assert_eq!(tables, 1);
 }
 
-#[sqlx::test]
+#[sqlx::test(migrator = "flotilla_worker::db::MIGRATOR")]
 async fn worker_exits_zero_on_sigterm(pool: PgPool) {
     let mut running = Running::start(worker(&url_of(&pool).await));
     running.wait_for_line("worker ready", Duration::from_secs(60));

@@ -52,7 +52,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
     assert_eq!(applied(&pool).await, first, "a second run applies nothing");
 }
 
-#[sqlx::test]
+#[sqlx::test(migrator = "flotilla_worker::db::MIGRATOR")]
 async fn the_schema_refuses_states_outside_the_contract(pool: PgPool) {
     let insert = |status: &'static str| {
         sqlx::query(
