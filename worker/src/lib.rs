@@ -4,9 +4,12 @@
 //! their issues. The binary is a thin shell over [`run`].
 
 pub mod config;
+pub mod workflow;
 pub mod db;
 pub mod kafka;
+pub mod store;
 pub mod shutdown;
+pub mod target;
 pub mod telemetry;
 
 use anyhow::Context as _;

@@ -1,0 +1,55 @@
+//! The targets file (`FLOTILLA_TARGETS_FILE`):
+//! `targets: {<name>: {kind: http, base_url: …, timeout_ms: …, max_concurrent: …}}`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::http::HttpTarget;
+use super::{DEFAULT_MAX_CONCURRENT, Targets};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TargetsFile {
+    targets: BTreeMap<String, TargetConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+enum TargetConfig {
+    Http {
+        base_url: String,
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+        #[serde(default)]
+        max_concurrent: Option<usize>,
+    },
+}
+
+/// Default per-call timeout of an http target without `timeout_ms`.
+const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads the targets file and adds its targets to `targets`.
+///
+/// # Errors
+/// The file cannot be read or parsed, with the path and the reason.
+pub fn load(path: &Path, targets: &mut Targets) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("reading targets file {}: {e}", path.display()))?;
+    let file: TargetsFile = serde_yaml_ng::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("targets file {}: {e}", path.display()))?;
+    for (name, config) in file.targets {
+        match config {
+            TargetConfig::Http { base_url, timeout_ms, max_concurrent } => {
+                let timeout = timeout_ms.map_or(DEFAULT_HTTP_TIMEOUT, Duration::from_millis);
+                let target = HttpTarget::new(&base_url, timeout)
+                    .map_err(|e| anyhow::anyhow!("target {name}: {e}"))?;
+                targets.register(name, Arc::new(target), max_concurrent.unwrap_or(DEFAULT_MAX_CONCURRENT));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Targets: what a step calls. A target is anything implementing [`Target`];
+//! `http` targets come from the targets file, in-process ones are registered
+//! by library users (and tests, and benchmarks). Every call holds a permit of
+//! the target's semaphore, so one worker never has more than `max_concurrent`
+//! calls in flight to one target.
+
+pub mod config;
+pub mod http;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use uuid::Uuid;
+
+/// Calls in flight to one target from one worker, unless configured.
+pub const DEFAULT_MAX_CONCURRENT: usize = 8;
+
+/// Why a step did not produce a usable response, by class.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepFailure {
+    /// Transient: try again later (connection refused, timeout, 503...).
+    #[error("{0}")]
+    Retryable(String),
+    /// The work was judged and refused; `violations` say why.
+    #[error("{message}")]
+    Verdict { message: String, violations: Vec<String> },
+    /// A bug or a broken contract; retrying will not help.
+    #[error("{0}")]
+    Defect(String),
+}
+
+/// One invocation of a step.
+#[derive(Debug, Clone)]
+pub struct TargetCall {
+    pub job_id: Uuid,
+    pub step_name: String,
+    pub method: String,
+    pub request: serde_json::Value,
+    pub timeout: Duration,
+    pub traceparent: Option<String>,
+}
+
+impl TargetCall {
+    /// `<job_id>:<step_name>`: the same for every retry of this step, so the
+    /// target can deduplicate side effects.
+    #[must_use]
+    pub fn idempotency_key(&self) -> String {
+        format!("{}:{}", self.job_id, self.step_name)
+    }
+}
+
+/// Something a step can call.
+#[async_trait::async_trait]
+pub trait Target: Send + Sync + 'static {
+    /// Performs the call and returns the JSON response.
+    ///
+    /// # Errors
+    /// A classified [`StepFailure`].
+    async fn call(&self, call: TargetCall) -> Result<serde_json::Value, StepFailure>;
+}
+
+#[derive(Clone)]
+struct Registered {
+    target: Arc<dyn Target>,
+    permits: Arc<Semaphore>,
+}
+
+/// The targets a worker can call, by name.
+#[derive(Clone, Default)]
+pub struct Targets {
+    by_name: HashMap<String, Registered>,
+}
+
+impl std::fmt::Debug for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.by_name.keys()).finish()
+    }
+}
+
+impl Targets {
+    /// Registers `target` under `name` with at most `max_concurrent` calls at once.
+    pub fn register(&mut self, name: impl Into<String>, target: Arc<dyn Target>, max_concurrent: usize) {
+        let registered = Registered { target, permits: Arc::new(Semaphore::new(max_concurrent.max(1))) };
+        self.by_name.insert(name.into(), registered);
+    }
+
+    /// The names that definitions may use.
+    #[must_use]
+    pub fn names(&self) -> HashSet<String> {
+        self.by_name.keys().cloned().collect()
+    }
+
+    /// Calls `name` under its concurrency cap and the call's timeout.
+    ///
+    /// # Errors
+    /// An unknown target is a defect; a timeout is retryable; otherwise the target's failure.
+    pub async fn call(&self, name: &str, call: TargetCall) -> Result<serde_json::Value, StepFailure> {
+        let registered = self
+            .by_name
+            .get(name)
+            .ok_or_else(|| StepFailure::Defect(format!("unknown target {name:?}")))?;
+        let timeout = call.timeout;
+        let permit = registered
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| StepFailure::Retryable(format!("target {name} is shutting down")))?;
+        let outcome = tokio::time::timeout(timeout, registered.target.call(call)).await;
+        drop(permit);
+        outcome.unwrap_or_else(|_| {
+            Err(StepFailure::Retryable(format!("target {name} did not answer within {timeout:?}")))
+        })
+    }
+}

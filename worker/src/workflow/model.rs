@@ -1,0 +1,70 @@
+//! The workflow document as users write it (DESIGN.md, "Workflow definitions").
+
+use serde::{Deserialize, Serialize};
+
+fn default_deadline_ms() -> u64 {
+    30_000
+}
+
+fn default_max_attempts() -> i32 {
+    3
+}
+
+/// A workflow: an ordered list of steps over a validated input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowDefinition {
+    pub name: String,
+    /// JSON Schema of the input; `{}` accepts anything.
+    pub input_schema: serde_json::Value,
+    pub steps: Vec<StepDefinition>,
+    /// Assignments `field = <CEL>` building the job's `result` from `input`
+    /// and `steps`. Without it the result is the last step's response.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output: Vec<String>,
+    /// CEL string expression over `input`, `steps` and `result` giving the
+    /// verdict of a completed job; without it, `completed N steps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
+    /// Budget of one segment (one claim), in milliseconds.
+    #[serde(default = "default_deadline_ms")]
+    pub deadline_ms: u64,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: i32,
+}
+
+/// How a step completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Completion {
+    /// Someone outside calls complete-step; the job parks until then.
+    External,
+}
+
+/// One step: a call to `target`'s `method` with a request built by `rules`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepDefinition {
+    pub name: String,
+    pub target: String,
+    pub method: String,
+    /// Assignments `field.path = <CEL>` over `input` and `steps.<earlier step>`.
+    #[serde(default)]
+    pub rules: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
+    /// CEL booleans over `response` (and `input`, `steps`); a false one is a verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<Completion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl StepDefinition {
+    #[must_use]
+    pub fn is_external(&self) -> bool {
+        self.completion == Some(Completion::External)
+    }
+}

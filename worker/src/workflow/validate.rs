@@ -1,0 +1,282 @@
+//! Turning a definition document into a [`CompiledWorkflow`], or into the
+//! full list of what is wrong with it.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use serde_json::Value as Json;
+
+use super::expr::Expression;
+use super::model::{StepDefinition, WorkflowDefinition};
+
+/// One thing wrong with a definition, located by step and field.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DefinitionProblem {
+    /// The step, when the problem is inside one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// The field, e.g. `rules[1]` or `input_schema`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for DefinitionProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.step {
+            Some(step) => write!(f, "step {step}: {}: {}", self.field, self.message),
+            None => write!(f, "{}: {}", self.field, self.message),
+        }
+    }
+}
+
+/// A refused definition, with every problem found.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid workflow definition: {}", .problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct InvalidDefinition {
+    pub problems: Vec<DefinitionProblem>,
+}
+
+/// An assignment `path = expression`; `path` is the request field it sets.
+#[derive(Debug)]
+pub struct Assignment {
+    pub path: Vec<String>,
+    pub expression: Expression,
+}
+
+#[derive(Debug)]
+pub struct CompiledStep {
+    pub definition: StepDefinition,
+    pub rules: Vec<Assignment>,
+    pub output_schema: Option<jsonschema::Validator>,
+    pub validate: Vec<Expression>,
+}
+
+/// A definition ready to run: every expression and schema compiled.
+#[derive(Debug)]
+pub struct CompiledWorkflow {
+    pub definition: WorkflowDefinition,
+    pub document: Json,
+    pub input_schema: jsonschema::Validator,
+    pub steps: Vec<CompiledStep>,
+    pub output: Vec<Assignment>,
+    pub verdict: Option<Expression>,
+}
+
+impl CompiledWorkflow {
+    /// Parses and compiles a definition document. `known_targets` are the
+    /// target names this fleet member can call.
+    ///
+    /// # Errors
+    /// Every problem found, each naming its step and field.
+    pub fn compile(document: &Json, known_targets: &HashSet<String>) -> Result<Self, InvalidDefinition> {
+        let definition: WorkflowDefinition = serde_json::from_value(document.clone()).map_err(|e| {
+            InvalidDefinition {
+                problems: vec![DefinitionProblem {
+                    step: None,
+                    field: "document".into(),
+                    message: e.to_string(),
+                }],
+            }
+        })?;
+        let mut problems = Problems::default();
+        if definition.name.trim().is_empty() {
+            problems.top("name", "is blank");
+        }
+        if definition.steps.is_empty() {
+            problems.top("steps", "a workflow has at least one step");
+        }
+        if definition.max_attempts < 1 {
+            problems.top("max_attempts", format!("must be at least 1, got {}", definition.max_attempts));
+        }
+        if definition.deadline_ms == 0 {
+            problems.top("deadline_ms", "must be above 0");
+        }
+        let input_schema = problems.schema(None, "input_schema", &definition.input_schema);
+
+        let mut seen = HashSet::new();
+        let mut steps = Vec::with_capacity(definition.steps.len());
+        for step in &definition.steps {
+            let at = Some(step.name.as_str());
+            if step.name.trim().is_empty() {
+                problems.add(at, "name", "is blank");
+            } else if !seen.insert(step.name.clone()) {
+                problems.add(at, "name", "is used by an earlier step; step names are unique");
+            }
+            if !known_targets.contains(&step.target) {
+                let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
+                known.sort_unstable();
+                problems.add(at, "target", format!("unknown target {:?} (known: {})", step.target, known.join(", ")));
+            }
+            if step.timeout_ms == Some(0) {
+                problems.add(at, "timeout_ms", "must be above 0");
+            }
+            let rules = problems.assignments(at, "rules", &step.rules);
+            let output_schema = step
+                .output_schema
+                .as_ref()
+                .and_then(|schema| problems.schema(at, "output_schema", schema));
+            let validate = step
+                .validate
+                .iter()
+                .enumerate()
+                .filter_map(|(i, source)| problems.expression(at, &format!("validate[{i}]"), source))
+                .collect();
+            steps.push(CompiledStep { definition: step.clone(), rules, output_schema, validate });
+        }
+        let output = problems.assignments(None, "output", &definition.output);
+        let verdict = definition
+            .verdict
+            .as_deref()
+            .and_then(|source| problems.expression(None, "verdict", source));
+
+        match (problems.0.is_empty(), input_schema) {
+            (true, Some(input_schema)) => Ok(Self {
+                definition,
+                document: document.clone(),
+                input_schema,
+                steps,
+                output,
+                verdict,
+            }),
+            _ => Err(InvalidDefinition { problems: problems.0 }),
+        }
+    }
+
+    /// The step at `index`.
+    #[must_use]
+    pub fn step(&self, index: usize) -> Option<&CompiledStep> {
+        self.steps.get(index)
+    }
+
+    /// The index of the step called `name`.
+    #[must_use]
+    pub fn step_index(&self, name: &str) -> Option<usize> {
+        self.steps.iter().position(|s| s.definition.name == name)
+    }
+
+    /// Checks `input` against the input schema.
+    ///
+    /// # Errors
+    /// Every violation, each with its location in the input.
+    pub fn check_input(&self, input: &Json) -> Result<(), Vec<String>> {
+        schema_violations(&self.input_schema, input)
+    }
+}
+
+/// Every way `value` breaks `schema`, as `<path>: <message>`.
+///
+/// # Errors
+/// The violations, when there are any.
+pub fn schema_violations(schema: &jsonschema::Validator, value: &Json) -> Result<(), Vec<String>> {
+    let violations: Vec<String> = schema
+        .iter_errors(value)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
+        })
+        .collect();
+    if violations.is_empty() { Ok(()) } else { Err(violations) }
+}
+
+#[derive(Default)]
+struct Problems(Vec<DefinitionProblem>);
+
+impl Problems {
+    fn add(&mut self, step: Option<&str>, field: &str, message: impl Into<String>) {
+        self.0.push(DefinitionProblem {
+            step: step.map(str::to_owned),
+            field: field.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    fn top(&mut self, field: &str, message: impl Into<String>) {
+        self.add(None, field, message);
+    }
+
+    fn schema(&mut self, step: Option<&str>, field: &str, schema: &Json) -> Option<jsonschema::Validator> {
+        match jsonschema::validator_for(schema) {
+            Ok(validator) => Some(validator),
+            Err(e) => {
+                self.add(step, field, format!("not a valid JSON Schema: {e}"));
+                None
+            }
+        }
+    }
+
+    fn expression(&mut self, step: Option<&str>, field: &str, source: &str) -> Option<Expression> {
+        match Expression::compile(source) {
+            Ok(expression) => Some(expression),
+            Err(e) => {
+                self.add(step, field, format!("CEL does not compile: {e}"));
+                None
+            }
+        }
+    }
+
+    fn assignments(&mut self, step: Option<&str>, field: &str, sources: &[String]) -> Vec<Assignment> {
+        let mut assignments = Vec::with_capacity(sources.len());
+        for (i, source) in sources.iter().enumerate() {
+            let field = format!("{field}[{i}]");
+            let Some((path, expression)) = split_assignment(source) else {
+                self.add(step, &field, format!("{source:?} is not an assignment `field = <CEL expression>`"));
+                continue;
+            };
+            let Some(path) = field_path(path) else {
+                self.add(step, &field, format!("left-hand side {path:?} is not a field path like `customer.id`"));
+                continue;
+            };
+            if let Some(expression) = self.expression(step, &field, expression) {
+                assignments.push(Assignment { path, expression });
+            }
+        }
+        assignments
+    }
+}
+
+/// Splits `lhs = rhs` at the first `=` that is not part of `==`, `!=`, `<=` or `>=`.
+fn split_assignment(source: &str) -> Option<(&str, &str)> {
+    let bytes = source.as_bytes();
+    let at = (0..bytes.len()).find(|&i| {
+        bytes[i] == b'='
+            && bytes.get(i + 1) != Some(&b'=')
+            && !matches!(i.checked_sub(1).map(|p| bytes[p]), Some(b'=' | b'!' | b'<' | b'>'))
+    })?;
+    let (lhs, rhs) = (source[..at].trim(), source[at + 1..].trim());
+    (!rhs.is_empty()).then_some((lhs, rhs))
+}
+
+/// `a.b_c.d` as its segments, when every segment is an identifier.
+fn field_path(path: &str) -> Option<Vec<String>> {
+    let segments: Vec<String> = path.split('.').map(str::to_owned).collect();
+    let identifier = |s: &String| {
+        let mut chars = s.chars();
+        chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    segments.iter().all(identifier).then_some(segments)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn assignments_split_at_the_assigning_equals_sign() {
+        assert_eq!(split_assignment("a.b = x == 1"), Some(("a.b", "x == 1")));
+        assert_eq!(split_assignment("ok = a != b"), Some(("ok", "a != b")));
+        assert_eq!(split_assignment("x == 1"), None);
+        assert_eq!(split_assignment("x = "), None);
+        assert_eq!(split_assignment("x <= 1"), None);
+    }
+
+    #[test]
+    fn field_paths_are_dotted_identifiers() {
+        assert_eq!(field_path("customer.id"), Some(vec!["customer".into(), "id".into()]));
+        assert_eq!(field_path("_x1"), Some(vec!["_x1".into()]));
+        assert_eq!(field_path("a..b"), None);
+        assert_eq!(field_path("a[0]"), None);
+        assert_eq!(field_path("1a"), None);
+        assert_eq!(field_path(""), None);
+    }
+}
