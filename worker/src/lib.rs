@@ -4,13 +4,14 @@
 //! their issues. The binary is a thin shell over [`run`].
 
 pub mod config;
-pub mod workflow;
 pub mod db;
+pub mod engine;
 pub mod kafka;
-pub mod store;
 pub mod shutdown;
+pub mod store;
 pub mod target;
 pub mod telemetry;
+pub mod workflow;
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;

@@ -29,10 +29,10 @@ pub async fn register(
         .bind(name)
         .execute(&mut *conn)
         .await?;
-    if let Some(newest) = newest(&mut *conn, name).await? {
-        if newest.definition.0 == *document {
-            return Ok(newest);
-        }
+    if let Some(newest) = newest(&mut *conn, name).await?
+        && newest.definition.0 == *document
+    {
+        return Ok(newest);
     }
     sqlx::query_as(
         "INSERT INTO workflow_definition (name, version, definition)

@@ -14,12 +14,26 @@ use super::StoreError;
 #[derive(Debug, Clone)]
 pub enum EventKind {
     Accepted,
-    StepCheckpoint { step: String },
-    Waiting { step: String },
-    Completed { verdict: String, result: serde_json::Value },
-    Failed { error: String, verdict: Option<String> },
-    Dead { error: String },
-    Cancelled { reason: String },
+    StepCheckpoint {
+        step: String,
+    },
+    Waiting {
+        step: String,
+    },
+    Completed {
+        verdict: String,
+        result: serde_json::Value,
+    },
+    Failed {
+        error: String,
+        verdict: Option<String>,
+    },
+    Dead {
+        error: String,
+    },
+    Cancelled {
+        reason: String,
+    },
 }
 
 /// Where an event sits: the job, its freshly allocated sequence, and the
@@ -56,7 +70,9 @@ pub async fn insert(
         EventKind::Accepted => WorkflowRunEvent::accepted(header),
         EventKind::StepCheckpoint { step } => WorkflowRunEvent::step_checkpoint(header, step),
         EventKind::Waiting { step } => WorkflowRunEvent::waiting(header, step),
-        EventKind::Completed { verdict, result } => WorkflowRunEvent::completed(header, verdict, result),
+        EventKind::Completed { verdict, result } => {
+            WorkflowRunEvent::completed(header, verdict, result)
+        }
         EventKind::Failed { error, verdict } => WorkflowRunEvent::failed(header, error, verdict),
         EventKind::Dead { error } => WorkflowRunEvent::dead(header, error),
         EventKind::Cancelled { reason } => WorkflowRunEvent::cancelled(header, reason),
@@ -81,7 +97,10 @@ pub async fn insert(
 ///
 /// # Errors
 /// Database errors.
-pub async fn events_of(conn: &mut PgConnection, job_id: Uuid) -> Result<Vec<WorkflowRunEvent>, sqlx::Error> {
+pub async fn events_of(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> Result<Vec<WorkflowRunEvent>, sqlx::Error> {
     let rows: Vec<(Json<WorkflowRunEvent>,)> = sqlx::query_as(
         "SELECT payload FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
     )

@@ -117,10 +117,11 @@ impl RunRow {
     /// Whether the checkpoints hold an entry for `step`.
     #[must_use]
     pub fn has_checkpoint(&self, step: &str) -> bool {
-        self.checkpoints
-            .0
-            .as_array()
-            .is_some_and(|entries| entries.iter().any(|e| e.get("name").and_then(|n| n.as_str()) == Some(step)))
+        self.checkpoints.0.as_array().is_some_and(|entries| {
+            entries
+                .iter()
+                .any(|e| e.get("name").and_then(|n| n.as_str()) == Some(step))
+        })
     }
 }
 
@@ -153,7 +154,10 @@ pub struct NewRun<'a> {
 ///
 /// # Errors
 /// Database errors.
-pub async fn insert(conn: &mut PgConnection, run: &NewRun<'_>) -> Result<Option<EventStamp>, sqlx::Error> {
+pub async fn insert(
+    conn: &mut PgConnection,
+    run: &NewRun<'_>,
+) -> Result<Option<EventStamp>, sqlx::Error> {
     sqlx::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, traceparent, created_at, updated_at)
@@ -182,21 +186,28 @@ pub async fn insert(conn: &mut PgConnection, run: &NewRun<'_>) -> Result<Option<
 /// # Errors
 /// Database errors.
 pub async fn get(conn: &mut PgConnection, job_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1"))
-        .bind(job_id)
-        .fetch_optional(conn)
-        .await
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1"
+    ))
+    .bind(job_id)
+    .fetch_optional(conn)
+    .await
 }
 
 /// The row of `job_id`, locked until the transaction ends.
 ///
 /// # Errors
 /// Database errors.
-pub async fn get_for_update(conn: &mut PgConnection, job_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
-    sqlx::query_as(&format!("SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1 FOR UPDATE"))
-        .bind(job_id)
-        .fetch_optional(conn)
-        .await
+pub async fn get_for_update(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1 FOR UPDATE"
+    ))
+    .bind(job_id)
+    .fetch_optional(conn)
+    .await
 }
 
 /// Claims the oldest eligible QUEUED row in one statement: flips it to
@@ -240,13 +251,22 @@ pub enum Fenced<'a> {
     /// Parks on an external step (event: WAITING).
     Park { step: &'a str },
     /// Finishes (event: COMPLETED).
-    Complete { result: &'a serde_json::Value, verdict: &'a str },
+    Complete {
+        result: &'a serde_json::Value,
+        verdict: &'a str,
+    },
     /// Fails for good (event: FAILED).
-    Fail { error: &'a str, verdict: Option<&'a str> },
+    Fail {
+        error: &'a str,
+        verdict: Option<&'a str>,
+    },
     /// Attempts exhausted (event: DEAD).
     Dead { error: &'a str },
     /// Back to the queue after a retryable failure; no event.
-    Requeue { error: &'a str, run_after: DateTime<Utc> },
+    Requeue {
+        error: &'a str,
+        run_after: DateTime<Utc>,
+    },
 }
 
 impl Fenced<'_> {
@@ -274,14 +294,24 @@ pub async fn fenced(
     const NEXT: &str = "event_sequence = event_sequence + 1";
     let set = match change {
         Fenced::Renew { .. } => "lease_until = $4".to_owned(),
-        Fenced::Checkpoint { .. } => format!("checkpoints = checkpoints || jsonb_build_array($4::jsonb), {NEXT}"),
-        Fenced::Park { .. } => format!("status = 'WAITING', outstanding_step = $4, {RELEASE}, {NEXT}"),
-        Fenced::Complete { .. } => {
-            format!("status = 'COMPLETED', result = $4, verdict = $5, error = NULL, {RELEASE}, {NEXT}")
+        Fenced::Checkpoint { .. } => {
+            format!("checkpoints = checkpoints || jsonb_build_array($4::jsonb), {NEXT}")
         }
-        Fenced::Fail { .. } => format!("status = 'FAILED', error = $4, verdict = $5, {RELEASE}, {NEXT}"),
+        Fenced::Park { .. } => {
+            format!("status = 'WAITING', outstanding_step = $4, {RELEASE}, {NEXT}")
+        }
+        Fenced::Complete { .. } => {
+            format!(
+                "status = 'COMPLETED', result = $4, verdict = $5, error = NULL, {RELEASE}, {NEXT}"
+            )
+        }
+        Fenced::Fail { .. } => {
+            format!("status = 'FAILED', error = $4, verdict = $5, {RELEASE}, {NEXT}")
+        }
         Fenced::Dead { .. } => format!("status = 'DEAD', error = $4, {RELEASE}, {NEXT}"),
-        Fenced::Requeue { .. } => format!("status = 'QUEUED', error = $4, run_after = $5, {RELEASE}"),
+        Fenced::Requeue { .. } => {
+            format!("status = 'QUEUED', error = $4, run_after = $5, {RELEASE}")
+        }
     };
     let sql = format!(
         "UPDATE workflow_run SET {set}, updated_at = $3
@@ -330,7 +360,10 @@ pub async fn sweep_expired(
             owner.as_deref().unwrap_or("?")
         );
         let (set, status) = if attempt >= max_attempts {
-            ("status = 'DEAD', event_sequence = event_sequence + 1", RunStatus::Dead)
+            (
+                "status = 'DEAD', event_sequence = event_sequence + 1",
+                RunStatus::Dead,
+            )
         } else {
             ("status = 'QUEUED', run_after = $2", RunStatus::Queued)
         };
@@ -409,7 +442,11 @@ pub async fn settle_idle(
 ///
 /// # Errors
 /// Database errors.
-pub async fn retry(conn: &mut PgConnection, job_id: Uuid, now: DateTime<Utc>) -> Result<Option<RunRow>, sqlx::Error> {
+pub async fn retry(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(&format!(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL

@@ -43,11 +43,19 @@ pub fn load(path: &Path, targets: &mut Targets) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("targets file {}: {e}", path.display()))?;
     for (name, config) in file.targets {
         match config {
-            TargetConfig::Http { base_url, timeout_ms, max_concurrent } => {
+            TargetConfig::Http {
+                base_url,
+                timeout_ms,
+                max_concurrent,
+            } => {
                 let timeout = timeout_ms.map_or(DEFAULT_HTTP_TIMEOUT, Duration::from_millis);
                 let target = HttpTarget::new(&base_url, timeout)
                     .map_err(|e| anyhow::anyhow!("target {name}: {e}"))?;
-                targets.register(name, Arc::new(target), max_concurrent.unwrap_or(DEFAULT_MAX_CONCURRENT));
+                targets.register(
+                    name,
+                    Arc::new(target),
+                    max_concurrent.unwrap_or(DEFAULT_MAX_CONCURRENT),
+                );
             }
         }
     }

@@ -29,7 +29,10 @@ impl HttpTarget {
             .timeout(timeout)
             .build()
             .map_err(|e| e.to_string())?;
-        Ok(Self { base_url: base_url.trim_end_matches('/').to_owned(), client })
+        Ok(Self {
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            client,
+        })
     }
 }
 
@@ -62,11 +65,18 @@ impl Target for HttpTarget {
 fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Value, StepFailure> {
     let text = || String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
     if status.is_success() {
-        return serde_json::from_slice(body)
-            .map_err(|e| StepFailure::Defect(format!("POST {url}: {status} with a body that is not JSON ({e}): {}", text())));
+        return serde_json::from_slice(body).map_err(|e| {
+            StepFailure::Defect(format!(
+                "POST {url}: {status} with a body that is not JSON ({e}): {}",
+                text()
+            ))
+        });
     }
     match status.as_u16() {
-        408 | 429 | 502 | 503 | 504 => Err(StepFailure::Retryable(format!("POST {url}: {status}: {}", text()))),
+        408 | 429 | 502 | 503 | 504 => Err(StepFailure::Retryable(format!(
+            "POST {url}: {status}: {}",
+            text()
+        ))),
         422 => {
             let violations = serde_json::from_slice::<serde_json::Value>(body)
                 .ok()
@@ -82,10 +92,16 @@ fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Va
                         violations,
                     })
                 }
-                None => Err(StepFailure::Defect(format!("POST {url}: 422 without a violations list: {}", text()))),
+                None => Err(StepFailure::Defect(format!(
+                    "POST {url}: 422 without a violations list: {}",
+                    text()
+                ))),
             }
         }
-        _ => Err(StepFailure::Defect(format!("POST {url}: {status}: {}", text()))),
+        _ => Err(StepFailure::Defect(format!(
+            "POST {url}: {status}: {}",
+            text()
+        ))),
     }
 }
 
@@ -97,20 +113,39 @@ mod tests {
     fn statuses_map_to_failure_classes() {
         let url = "http://t/m";
         assert!(classify(url, StatusCode::OK, b"{\"a\":1}").is_ok());
-        assert!(matches!(classify(url, StatusCode::OK, b"nope"), Err(StepFailure::Defect(_))));
+        assert!(matches!(
+            classify(url, StatusCode::OK, b"nope"),
+            Err(StepFailure::Defect(_))
+        ));
         for code in [408, 429, 502, 503, 504] {
             let status = StatusCode::from_u16(code).unwrap();
-            assert!(matches!(classify(url, status, b""), Err(StepFailure::Retryable(_))), "{code}");
+            assert!(
+                matches!(classify(url, status, b""), Err(StepFailure::Retryable(_))),
+                "{code}"
+            );
         }
         for code in [400, 401, 404, 409, 500] {
             let status = StatusCode::from_u16(code).unwrap();
-            assert!(matches!(classify(url, status, b""), Err(StepFailure::Defect(_))), "{code}");
+            assert!(
+                matches!(classify(url, status, b""), Err(StepFailure::Defect(_))),
+                "{code}"
+            );
         }
-        let verdict = classify(url, StatusCode::UNPROCESSABLE_ENTITY, br#"{"violations":["too young"]}"#);
+        let verdict = classify(
+            url,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            br#"{"violations":["too young"]}"#,
+        );
         assert_eq!(
             verdict,
-            Err(StepFailure::Verdict { message: "POST http://t/m: 422: too young".into(), violations: vec!["too young".into()] })
+            Err(StepFailure::Verdict {
+                message: "POST http://t/m: 422: too young".into(),
+                violations: vec!["too young".into()]
+            })
         );
-        assert!(matches!(classify(url, StatusCode::UNPROCESSABLE_ENTITY, b"{}"), Err(StepFailure::Defect(_))));
+        assert!(matches!(
+            classify(url, StatusCode::UNPROCESSABLE_ENTITY, b"{}"),
+            Err(StepFailure::Defect(_))
+        ));
     }
 }

@@ -25,7 +25,10 @@ pub enum StepFailure {
     Retryable(String),
     /// The work was judged and refused; `violations` say why.
     #[error("{message}")]
-    Verdict { message: String, violations: Vec<String> },
+    Verdict {
+        message: String,
+        violations: Vec<String>,
+    },
     /// A bug or a broken contract; retrying will not help.
     #[error("{0}")]
     Defect(String),
@@ -81,8 +84,16 @@ impl std::fmt::Debug for Targets {
 
 impl Targets {
     /// Registers `target` under `name` with at most `max_concurrent` calls at once.
-    pub fn register(&mut self, name: impl Into<String>, target: Arc<dyn Target>, max_concurrent: usize) {
-        let registered = Registered { target, permits: Arc::new(Semaphore::new(max_concurrent.max(1))) };
+    pub fn register(
+        &mut self,
+        name: impl Into<String>,
+        target: Arc<dyn Target>,
+        max_concurrent: usize,
+    ) {
+        let registered = Registered {
+            target,
+            permits: Arc::new(Semaphore::new(max_concurrent.max(1))),
+        };
         self.by_name.insert(name.into(), registered);
     }
 
@@ -96,7 +107,11 @@ impl Targets {
     ///
     /// # Errors
     /// An unknown target is a defect; a timeout is retryable; otherwise the target's failure.
-    pub async fn call(&self, name: &str, call: TargetCall) -> Result<serde_json::Value, StepFailure> {
+    pub async fn call(
+        &self,
+        name: &str,
+        call: TargetCall,
+    ) -> Result<serde_json::Value, StepFailure> {
         let registered = self
             .by_name
             .get(name)
@@ -110,7 +125,9 @@ impl Targets {
         let outcome = tokio::time::timeout(timeout, registered.target.call(call)).await;
         drop(permit);
         outcome.unwrap_or_else(|_| {
-            Err(StepFailure::Retryable(format!("target {name} did not answer within {timeout:?}")))
+            Err(StepFailure::Retryable(format!(
+                "target {name} did not answer within {timeout:?}"
+            )))
         })
     }
 }

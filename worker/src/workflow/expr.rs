@@ -98,7 +98,8 @@ pub fn to_cel(value: &Json) -> Cel {
         Json::String(s) => Cel::String(Arc::new(s.clone())),
         Json::Array(items) => Cel::List(Arc::new(items.iter().map(to_cel).collect())),
         Json::Object(fields) => {
-            let map: HashMap<String, Cel> = fields.iter().map(|(k, v)| (k.clone(), to_cel(v))).collect();
+            let map: HashMap<String, Cel> =
+                fields.iter().map(|(k, v)| (k.clone(), to_cel(v))).collect();
             Cel::from(map)
         }
     }

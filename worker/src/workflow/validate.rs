@@ -68,16 +68,18 @@ impl CompiledWorkflow {
     ///
     /// # Errors
     /// Every problem found, each naming its step and field.
-    pub fn compile(document: &Json, known_targets: &HashSet<String>) -> Result<Self, InvalidDefinition> {
-        let definition: WorkflowDefinition = serde_json::from_value(document.clone()).map_err(|e| {
-            InvalidDefinition {
+    pub fn compile(
+        document: &Json,
+        known_targets: &HashSet<String>,
+    ) -> Result<Self, InvalidDefinition> {
+        let definition: WorkflowDefinition =
+            serde_json::from_value(document.clone()).map_err(|e| InvalidDefinition {
                 problems: vec![DefinitionProblem {
                     step: None,
                     field: "document".into(),
                     message: e.to_string(),
                 }],
-            }
-        })?;
+            })?;
         let mut problems = Problems::default();
         if definition.name.trim().is_empty() {
             problems.top("name", "is blank");
@@ -86,7 +88,10 @@ impl CompiledWorkflow {
             problems.top("steps", "a workflow has at least one step");
         }
         if definition.max_attempts < 1 {
-            problems.top("max_attempts", format!("must be at least 1, got {}", definition.max_attempts));
+            problems.top(
+                "max_attempts",
+                format!("must be at least 1, got {}", definition.max_attempts),
+            );
         }
         if definition.deadline_ms == 0 {
             problems.top("deadline_ms", "must be above 0");
@@ -100,12 +105,24 @@ impl CompiledWorkflow {
             if step.name.trim().is_empty() {
                 problems.add(at, "name", "is blank");
             } else if !seen.insert(step.name.clone()) {
-                problems.add(at, "name", "is used by an earlier step; step names are unique");
+                problems.add(
+                    at,
+                    "name",
+                    "is used by an earlier step; step names are unique",
+                );
             }
             if !known_targets.contains(&step.target) {
                 let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
                 known.sort_unstable();
-                problems.add(at, "target", format!("unknown target {:?} (known: {})", step.target, known.join(", ")));
+                problems.add(
+                    at,
+                    "target",
+                    format!(
+                        "unknown target {:?} (known: {})",
+                        step.target,
+                        known.join(", ")
+                    ),
+                );
             }
             if step.timeout_ms == Some(0) {
                 problems.add(at, "timeout_ms", "must be above 0");
@@ -119,9 +136,16 @@ impl CompiledWorkflow {
                 .validate
                 .iter()
                 .enumerate()
-                .filter_map(|(i, source)| problems.expression(at, &format!("validate[{i}]"), source))
+                .filter_map(|(i, source)| {
+                    problems.expression(at, &format!("validate[{i}]"), source)
+                })
                 .collect();
-            steps.push(CompiledStep { definition: step.clone(), rules, output_schema, validate });
+            steps.push(CompiledStep {
+                definition: step.clone(),
+                rules,
+                output_schema,
+                validate,
+            });
         }
         let output = problems.assignments(None, "output", &definition.output);
         let verdict = definition
@@ -138,7 +162,9 @@ impl CompiledWorkflow {
                 output,
                 verdict,
             }),
-            _ => Err(InvalidDefinition { problems: problems.0 }),
+            _ => Err(InvalidDefinition {
+                problems: problems.0,
+            }),
         }
     }
 
@@ -172,10 +198,18 @@ pub fn schema_violations(schema: &jsonschema::Validator, value: &Json) -> Result
         .iter_errors(value)
         .map(|e| {
             let at = e.instance_path().to_string();
-            if at.is_empty() { e.to_string() } else { format!("{at}: {e}") }
+            if at.is_empty() {
+                e.to_string()
+            } else {
+                format!("{at}: {e}")
+            }
         })
         .collect();
-    if violations.is_empty() { Ok(()) } else { Err(violations) }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations)
+    }
 }
 
 #[derive(Default)]
@@ -194,7 +228,12 @@ impl Problems {
         self.add(None, field, message);
     }
 
-    fn schema(&mut self, step: Option<&str>, field: &str, schema: &Json) -> Option<jsonschema::Validator> {
+    fn schema(
+        &mut self,
+        step: Option<&str>,
+        field: &str,
+        schema: &Json,
+    ) -> Option<jsonschema::Validator> {
         match jsonschema::validator_for(schema) {
             Ok(validator) => Some(validator),
             Err(e) => {
@@ -214,16 +253,29 @@ impl Problems {
         }
     }
 
-    fn assignments(&mut self, step: Option<&str>, field: &str, sources: &[String]) -> Vec<Assignment> {
+    fn assignments(
+        &mut self,
+        step: Option<&str>,
+        field: &str,
+        sources: &[String],
+    ) -> Vec<Assignment> {
         let mut assignments = Vec::with_capacity(sources.len());
         for (i, source) in sources.iter().enumerate() {
             let field = format!("{field}[{i}]");
             let Some((path, expression)) = split_assignment(source) else {
-                self.add(step, &field, format!("{source:?} is not an assignment `field = <CEL expression>`"));
+                self.add(
+                    step,
+                    &field,
+                    format!("{source:?} is not an assignment `field = <CEL expression>`"),
+                );
                 continue;
             };
             let Some(path) = field_path(path) else {
-                self.add(step, &field, format!("left-hand side {path:?} is not a field path like `customer.id`"));
+                self.add(
+                    step,
+                    &field,
+                    format!("left-hand side {path:?} is not a field path like `customer.id`"),
+                );
                 continue;
             };
             if let Some(expression) = self.expression(step, &field, expression) {
@@ -240,7 +292,10 @@ fn split_assignment(source: &str) -> Option<(&str, &str)> {
     let at = (0..bytes.len()).find(|&i| {
         bytes[i] == b'='
             && bytes.get(i + 1) != Some(&b'=')
-            && !matches!(i.checked_sub(1).map(|p| bytes[p]), Some(b'=' | b'!' | b'<' | b'>'))
+            && !matches!(
+                i.checked_sub(1).map(|p| bytes[p]),
+                Some(b'=' | b'!' | b'<' | b'>')
+            )
     })?;
     let (lhs, rhs) = (source[..at].trim(), source[at + 1..].trim());
     (!rhs.is_empty()).then_some((lhs, rhs))
@@ -251,7 +306,9 @@ fn field_path(path: &str) -> Option<Vec<String>> {
     let segments: Vec<String> = path.split('.').map(str::to_owned).collect();
     let identifier = |s: &String| {
         let mut chars = s.chars();
-        chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
             && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
     };
     segments.iter().all(identifier).then_some(segments)
@@ -272,7 +329,10 @@ mod tests {
 
     #[test]
     fn field_paths_are_dotted_identifiers() {
-        assert_eq!(field_path("customer.id"), Some(vec!["customer".into(), "id".into()]));
+        assert_eq!(
+            field_path("customer.id"),
+            Some(vec!["customer".into(), "id".into()])
+        );
         assert_eq!(field_path("_x1"), Some(vec!["_x1".into()]));
         assert_eq!(field_path("a..b"), None);
         assert_eq!(field_path("a[0]"), None);

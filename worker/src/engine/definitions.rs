@@ -1,0 +1,78 @@
+//! Registering stored workflows: validated against this worker's targets
+//! before they are written, and loaded from a directory at start-up.
+
+use std::path::Path;
+
+use super::Engine;
+use crate::store::definitions::{self, StoredDefinition};
+use crate::workflow::InvalidDefinition;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidDefinition),
+    #[error("the definition is named {found:?}, not {expected:?}")]
+    NameMismatch { expected: String, found: String },
+    #[error("reading {path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl Engine {
+    /// Validates `document` and stores it as the newest version of its name
+    /// (unless it equals the newest version already).
+    ///
+    /// # Errors
+    /// Every problem of an invalid definition; database errors.
+    pub async fn register_workflow(
+        &self,
+        document: &serde_json::Value,
+    ) -> Result<StoredDefinition, RegisterError> {
+        let compiled = self.compile(document)?;
+        let mut conn = self.pool().begin().await?;
+        let stored = definitions::register(&mut conn, &compiled.definition.name, document).await?;
+        conn.commit().await?;
+        Ok(stored)
+    }
+
+    /// Registers every `.json`, `.yaml` and `.yml` file of `dir`, in name order.
+    ///
+    /// # Errors
+    /// The first file that cannot be read, parsed or registered, named.
+    pub async fn register_workflows_dir(
+        &self,
+        dir: &Path,
+    ) -> Result<Vec<StoredDefinition>, RegisterError> {
+        let file_error = |path: &Path, reason: String| RegisterError::File {
+            path: path.display().to_string(),
+            reason,
+        };
+        let mut paths: Vec<_> = std::fs::read_dir(dir)
+            .map_err(|e| file_error(dir, e.to_string()))?
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| {
+                matches!(
+                    path.extension().and_then(|e| e.to_str()),
+                    Some("json" | "yaml" | "yml")
+                )
+            })
+            .collect();
+        paths.sort();
+        let mut stored = Vec::with_capacity(paths.len());
+        for path in paths {
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| file_error(&path, e.to_string()))?;
+            let document: serde_json::Value =
+                serde_yaml_ng::from_str(&text).map_err(|e| file_error(&path, e.to_string()))?;
+            let definition = self
+                .register_workflow(&document)
+                .await
+                .map_err(|e| file_error(&path, e.to_string()))?;
+            tracing::info!(name = %definition.name, version = definition.version, path = %path.display(), "workflow registered");
+            stored.push(definition);
+        }
+        Ok(stored)
+    }
+}

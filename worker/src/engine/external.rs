@@ -1,0 +1,205 @@
+//! complete-step: the answer to a job parked on an external step.
+//!
+//! Gated twice: once on a plain read (cheap refusals without a lock), then
+//! again under the row lock, where the decision is final. Two concurrent
+//! calls for one step therefore give one `Completed` and one `AlreadyDone`.
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::Engine;
+use super::segment::check_response;
+use crate::store::StoreError;
+use crate::store::outbox::{self, EventKind};
+use crate::store::runs::{self, Checkpoint, RunRow, RunStatus};
+use crate::target::StepFailure;
+use crate::workflow::expr::Scope;
+
+/// What complete-step did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CompleteOutcome {
+    /// Accepted: the checkpoint is written and the job requeued.
+    Completed,
+    /// This external step was completed before; nothing changed.
+    AlreadyDone,
+    /// The job is not parked on this step.
+    WrongState {
+        status: RunStatus,
+        outstanding_step: Option<String>,
+    },
+    /// The response was refused; the job FAILED with these violations.
+    Rejected { violations: Vec<String> },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompleteError {
+    #[error("job {0} not found")]
+    NotFound(Uuid),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for CompleteError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+enum Gate {
+    Proceed,
+    Stop(CompleteOutcome),
+}
+
+fn gate(row: &RunRow, step: &str) -> Gate {
+    if row.status() == RunStatus::Waiting && row.outstanding_step.as_deref() == Some(step) {
+        Gate::Proceed
+    } else if row.has_checkpoint(step) && is_external_step(row, step) {
+        Gate::Stop(CompleteOutcome::AlreadyDone)
+    } else {
+        Gate::Stop(CompleteOutcome::WrongState {
+            status: row.status(),
+            outstanding_step: row.outstanding_step.clone(),
+        })
+    }
+}
+
+fn is_external_step(row: &RunRow, step: &str) -> bool {
+    row.definition.0["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|s| s["name"] == step && s["completion"] == "external")
+}
+
+impl Engine {
+    /// Completes the external step `step` of `job_id` with `response`.
+    ///
+    /// # Errors
+    /// Unknown job; store errors.
+    pub async fn complete_step(
+        &self,
+        job_id: Uuid,
+        step: &str,
+        response: serde_json::Value,
+    ) -> Result<CompleteOutcome, CompleteError> {
+        let row = {
+            let mut conn = self.pool().acquire().await?;
+            runs::get(&mut conn, job_id)
+                .await?
+                .ok_or(CompleteError::NotFound(job_id))?
+        };
+        if let Gate::Stop(outcome) = gate(&row, step) {
+            return Ok(outcome);
+        }
+        let violations = self.judge(&row, step, &response)?;
+
+        let now = self.now();
+        let mut tx = self.pool().begin().await?;
+        let row = runs::get_for_update(&mut tx, job_id)
+            .await?
+            .ok_or(CompleteError::NotFound(job_id))?;
+        if let Gate::Stop(outcome) = gate(&row, step) {
+            return Ok(outcome);
+        }
+        let outcome = match violations {
+            None => {
+                let checkpoint = Checkpoint {
+                    name: step.to_owned(),
+                    skipped: false,
+                    response,
+                };
+                let stamp = runs::resume_waiting(&mut tx, job_id, &checkpoint, now).await?;
+                outbox::insert(
+                    &mut tx,
+                    &stamp,
+                    EventKind::StepCheckpoint {
+                        step: step.to_owned(),
+                    },
+                    now,
+                )
+                .await?;
+                CompleteOutcome::Completed
+            }
+            Some(violations) => {
+                let error = format!(
+                    "step {step}: the external response was rejected: {}",
+                    violations.join("; ")
+                );
+                let verdict = violations.join("; ");
+                let stamp = runs::settle_idle(
+                    &mut tx,
+                    job_id,
+                    RunStatus::Failed,
+                    &error,
+                    Some(&verdict),
+                    now,
+                )
+                .await?
+                .ok_or_else(|| StoreError::Corrupt {
+                    job_id,
+                    reason: "locked WAITING row did not update".into(),
+                })?;
+                outbox::insert(
+                    &mut tx,
+                    &stamp,
+                    EventKind::Failed {
+                        error,
+                        verdict: Some(verdict),
+                    },
+                    now,
+                )
+                .await?;
+                CompleteOutcome::Rejected { violations }
+            }
+        };
+        tx.commit().await?;
+        if outcome == CompleteOutcome::Completed {
+            self.wake();
+        }
+        Ok(outcome)
+    }
+
+    /// Checks an external response against the step's schema and rules;
+    /// `Some(violations)` when it is refused.
+    fn judge(
+        &self,
+        row: &RunRow,
+        step: &str,
+        response: &serde_json::Value,
+    ) -> Result<Option<Vec<String>>, CompleteError> {
+        let corrupt = |reason: String| {
+            CompleteError::Store(StoreError::Corrupt {
+                job_id: row.job_id,
+                reason,
+            })
+        };
+        let compiled = self
+            .compile(&row.definition.0)
+            .map_err(|e| corrupt(e.to_string()))?;
+        let index = compiled
+            .step_index(step)
+            .ok_or_else(|| corrupt(format!("parked on unknown step {step}")))?;
+        let steps: serde_json::Map<String, serde_json::Value> = row
+            .checkpoints
+            .0
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                Some((
+                    c.get("name")?.as_str()?.to_owned(),
+                    c.get("response")?.clone(),
+                ))
+            })
+            .collect();
+        let scope = Scope::default()
+            .with("input", &row.input.0)
+            .with("steps", &serde_json::Value::Object(steps));
+        match check_response(&compiled.steps[index], response, &scope) {
+            Ok(()) => Ok(None),
+            Err(StepFailure::Verdict { violations, .. }) => Ok(Some(violations)),
+            Err(StepFailure::Defect(e) | StepFailure::Retryable(e)) => Ok(Some(vec![e])),
+        }
+    }
+}

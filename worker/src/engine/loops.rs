@@ -1,0 +1,120 @@
+//! The claim loops and the sweeper of one process.
+//!
+//! Wake-ups: a claim loop that found nothing waits for an in-process signal
+//! (a submission, a completed step, a retry in this process) or a poll timer
+//! that doubles from 10 ms up to `idle_poll_max`. Work submitted through
+//! another process is therefore seen within `idle_poll_max`. LISTEN/NOTIFY
+//! was left out: NOTIFY takes a global lock at commit, on the hot path.
+
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{Engine, Outcome};
+use crate::store::outbox;
+use crate::store::runs;
+
+const IDLE_POLL_MIN: Duration = Duration::from_millis(10);
+/// Pause after a failed claim (the database is unreachable).
+const CLAIM_ERROR_PAUSE: Duration = Duration::from_secs(1);
+
+impl Engine {
+    /// Runs `worker_count` claim loops and the sweeper until `shutdown`, then
+    /// lets in-flight segments finish within `grace`. Segments still running
+    /// after that are abandoned: their leases lapse and another worker resumes
+    /// them from their checkpoints.
+    pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
+        let mut tasks = JoinSet::new();
+        for index in 0..self.settings().worker_count.max(1) {
+            let engine = self.clone();
+            let shutdown = shutdown.clone();
+            tasks.spawn(async move { engine.claim_loop(index, shutdown).await });
+        }
+        let engine = self.clone();
+        let sweeper_stop = shutdown.clone();
+        tasks.spawn(async move { engine.sweeper(sweeper_stop).await });
+
+        shutdown.cancelled().await;
+        tracing::info!(?grace, "stopping claims; waiting for in-flight segments");
+        let drained =
+            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            tracing::warn!("grace period over; abandoning in-flight segments to their leases");
+            tasks.shutdown().await;
+        }
+    }
+
+    async fn claim_loop(&self, index: usize, shutdown: CancellationToken) {
+        let mut idle = IDLE_POLL_MIN;
+        while !shutdown.is_cancelled() {
+            let pause = match self.run_once().await {
+                Ok(Outcome::Idle) => {
+                    let pause = idle;
+                    idle = (idle * 2).min(self.settings().idle_poll_max);
+                    pause
+                }
+                Ok(outcome) => {
+                    tracing::debug!(loop_index = index, ?outcome, "segment done");
+                    idle = IDLE_POLL_MIN;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(loop_index = index, error = %e, "claim failed");
+                    CLAIM_ERROR_PAUSE
+                }
+            };
+            tokio::select! {
+                () = self.inner.work_available.notified() => idle = IDLE_POLL_MIN,
+                () = tokio::time::sleep(pause) => {}
+                () = shutdown.cancelled() => {}
+            }
+        }
+    }
+
+    async fn sweeper(&self, shutdown: CancellationToken) {
+        let mut ticks = tokio::time::interval(self.settings().sweep_interval);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            if let Err(e) = self.sweep().await {
+                tracing::warn!(error = %e, "sweep failed");
+            }
+        }
+    }
+
+    /// One sweeper pass: requeues up to `sweep_batch` RUNNING jobs whose
+    /// lease expired (DEAD, with its event, when that was the last attempt).
+    /// Returns how many jobs it touched.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn sweep(&self) -> Result<usize, crate::store::StoreError> {
+        let now = self.now();
+        let mut tx = self.pool().begin().await?;
+        let (requeued, dead) =
+            runs::sweep_expired(&mut tx, now, self.settings().sweep_batch).await?;
+        for (stamp, error) in &dead {
+            outbox::insert(
+                &mut tx,
+                stamp,
+                outbox::EventKind::Dead {
+                    error: error.clone(),
+                },
+                now,
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        let touched = usize::try_from(requeued).unwrap_or(usize::MAX) + dead.len();
+        if touched > 0 {
+            tracing::info!(requeued, dead = dead.len(), "swept expired leases");
+            for _ in 0..requeued {
+                self.wake();
+            }
+        }
+        Ok(touched)
+    }
+}

@@ -1,0 +1,162 @@
+//! The durable run engine: submission, claims, segments, leases, parking,
+//! operator verbs. [`Engine`] is a cheap handle (clone it into every task);
+//! the consumer, the API and the tests all drive jobs through it.
+
+mod claimed;
+pub mod clock;
+mod definitions;
+mod external;
+mod loops;
+mod operator;
+mod segment;
+mod submit;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+
+pub use claimed::{ClaimedRun, LeaseLost, SegmentStop};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use definitions::RegisterError;
+pub use external::{CompleteError, CompleteOutcome};
+pub use operator::OperatorError;
+pub use segment::Outcome;
+pub use submit::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
+
+use crate::target::Targets;
+use crate::workflow::{CompiledWorkflow, InvalidDefinition};
+
+/// How an engine behaves; defaults as DESIGN.md states them.
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// Lease owner written on claimed rows; never blank.
+    pub worker_id: String,
+    /// How long a claim holds a job without renewal (renewed every third).
+    pub lease: Duration,
+    /// Retry backoff base: `base × 2^(attempt−1)`.
+    pub backoff_base: Duration,
+    /// Claim loops per process.
+    pub worker_count: usize,
+    /// How often the sweeper looks for expired leases.
+    pub sweep_interval: Duration,
+    /// Most rows one sweep pass touches.
+    pub sweep_batch: i64,
+    /// Longest an idle claim loop waits before polling again.
+    pub idle_poll_max: Duration,
+}
+
+impl EngineSettings {
+    #[must_use]
+    pub fn new(worker_id: impl Into<String>) -> Self {
+        Self {
+            worker_id: worker_id.into(),
+            lease: Duration::from_secs(300),
+            backoff_base: Duration::from_secs(5),
+            worker_count: 4,
+            sweep_interval: Duration::from_secs(5),
+            sweep_batch: 100,
+            idle_poll_max: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The engine: a database pool, the targets, a clock and the settings.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    targets: Targets,
+    clock: Arc<dyn Clock>,
+    settings: EngineSettings,
+    /// Wakes an idle claim loop when this process makes work claimable.
+    work_available: Notify,
+    /// Compiled definition snapshots, by the snapshot's text.
+    compiled: Mutex<HashMap<String, Arc<CompiledWorkflow>>>,
+}
+
+/// Compiled snapshots kept; beyond this the cache starts over (rarely hit:
+/// it takes this many distinct live definitions).
+const COMPILED_CACHE_LIMIT: usize = 1024;
+
+impl Engine {
+    #[must_use]
+    pub fn new(
+        pool: PgPool,
+        targets: Targets,
+        clock: Arc<dyn Clock>,
+        settings: EngineSettings,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                targets,
+                clock,
+                settings,
+                work_available: Notify::new(),
+                compiled: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    #[must_use]
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    #[must_use]
+    pub fn settings(&self) -> &EngineSettings {
+        &self.inner.settings
+    }
+
+    #[must_use]
+    pub fn targets(&self) -> &Targets {
+        &self.inner.targets
+    }
+
+    fn compiled_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<CompiledWorkflow>>> {
+        self.inner
+            .compiled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.inner.clock.now()
+    }
+
+    /// Tells an idle claim loop of this process that a job became claimable.
+    fn wake(&self) {
+        self.inner.work_available.notify_one();
+    }
+
+    /// Compiles a definition document, reusing an earlier compilation.
+    ///
+    /// # Errors
+    /// Every problem of the definition.
+    pub fn compile(
+        &self,
+        document: &serde_json::Value,
+    ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
+        let key = document.to_string();
+        if let Some(compiled) = self.compiled_cache().get(&key) {
+            return Ok(compiled.clone());
+        }
+        let compiled = Arc::new(CompiledWorkflow::compile(
+            document,
+            &self.inner.targets.names(),
+        )?);
+        let mut cache = self.compiled_cache();
+        if cache.len() >= COMPILED_CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(key, compiled.clone());
+        Ok(compiled)
+    }
+}

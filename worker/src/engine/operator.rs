@@ -1,0 +1,109 @@
+//! Operator verbs: retry a finished-for-good job, cancel one that waits.
+
+use uuid::Uuid;
+
+use super::Engine;
+use crate::store::StoreError;
+use crate::store::outbox::{self, EventKind};
+use crate::store::runs::{self, RunRow, RunStatus};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("job {0} not found")]
+    NotFound(Uuid),
+    #[error("job {job_id} is {status}; {verb} applies to {allowed}")]
+    WrongState {
+        job_id: Uuid,
+        status: RunStatus,
+        verb: &'static str,
+        allowed: &'static str,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for OperatorError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+impl Engine {
+    /// Puts a DEAD, FAILED or CANCELLED job back in the queue with fresh
+    /// attempts. Its checkpoints stay, so finished steps are not redone. No
+    /// event marks the retry itself; the job's next commit points do.
+    ///
+    /// # Errors
+    /// Unknown job, a job in another state, store errors.
+    pub async fn retry(&self, job_id: Uuid) -> Result<RunRow, OperatorError> {
+        let mut conn = self.pool().acquire().await?;
+        match runs::retry(&mut conn, job_id, self.now()).await? {
+            Some(row) => {
+                tracing::info!(%job_id, "job retried by an operator");
+                self.wake();
+                Ok(row)
+            }
+            None => Err(self
+                .refusal(&mut conn, job_id, "retry", "DEAD, FAILED or CANCELLED jobs")
+                .await),
+        }
+    }
+
+    /// Cancels a QUEUED or WAITING job, with `reason` as its error.
+    ///
+    /// # Errors
+    /// Unknown job, a job in another state, store errors.
+    pub async fn cancel(&self, job_id: Uuid, reason: &str) -> Result<RunRow, OperatorError> {
+        let reason = if reason.trim().is_empty() {
+            "cancelled by an operator"
+        } else {
+            reason
+        };
+        let now = self.now();
+        let mut tx = self.pool().begin().await?;
+        let Some(stamp) =
+            runs::settle_idle(&mut tx, job_id, RunStatus::Cancelled, reason, None, now).await?
+        else {
+            tx.rollback().await?;
+            let mut conn = self.pool().acquire().await?;
+            return Err(self
+                .refusal(&mut conn, job_id, "cancel", "QUEUED or WAITING jobs")
+                .await);
+        };
+        outbox::insert(
+            &mut tx,
+            &stamp,
+            EventKind::Cancelled {
+                reason: reason.to_owned(),
+            },
+            now,
+        )
+        .await
+        .map_err(OperatorError::Store)?;
+        let row = runs::get(&mut tx, job_id)
+            .await?
+            .ok_or(OperatorError::NotFound(job_id))?;
+        tx.commit().await?;
+        tracing::info!(%job_id, reason, "job cancelled by an operator");
+        Ok(row)
+    }
+
+    async fn refusal(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        job_id: Uuid,
+        verb: &'static str,
+        allowed: &'static str,
+    ) -> OperatorError {
+        match runs::get(conn, job_id).await {
+            Ok(Some(row)) => OperatorError::WrongState {
+                job_id,
+                status: row.status(),
+                verb,
+                allowed,
+            },
+            Ok(None) => OperatorError::NotFound(job_id),
+            Err(e) => e.into(),
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! Submission: the one way a job comes to exist, shared by the API and the
+//! request consumer. Everything is validated before anything is written;
+//! the row and its first event commit together; a repeat of the same
+//! `job_id` is idempotent.
+
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::Engine;
+use crate::store::outbox::{self, EventKind};
+use crate::store::runs::{self, NewRun, RunRow, RunStatus};
+use crate::store::{StoreError, definitions};
+use crate::workflow::InvalidDefinition;
+
+/// Which workflow to run.
+#[derive(Debug, Clone)]
+pub enum WorkflowRef {
+    /// The newest stored version of this name.
+    Stored(String),
+    /// A definition document sent with the submission.
+    Inline(Json),
+}
+
+#[derive(Debug, Clone)]
+pub struct Submission {
+    pub job_id: Uuid,
+    pub workflow: WorkflowRef,
+    pub input: Json,
+    /// W3C trace context of the submitter, stored so the run joins its trace.
+    pub traceparent: Option<String>,
+}
+
+/// What to do with a submission that names an unknown workflow or carries an
+/// input that fails the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalMode {
+    /// Write nothing; return the error (the API answers the caller).
+    Refuse,
+    /// Record a FAILED row with its FAILED event (the consumer: nothing from
+    /// the topic is dropped silently).
+    Record,
+}
+
+#[derive(Debug)]
+pub enum Submitted {
+    /// A new row (QUEUED, or FAILED when a refusal was recorded).
+    Created(RunRow),
+    /// The same submission was made before; this is its row.
+    Existing(RunRow),
+}
+
+impl Submitted {
+    #[must_use]
+    pub fn row(&self) -> &RunRow {
+        match self {
+            Self::Created(row) | Self::Existing(row) => row,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("unknown workflow {0:?}: no stored definition has that name")]
+    UnknownWorkflow(String),
+    #[error(transparent)]
+    InvalidDefinition(#[from] InvalidDefinition),
+    #[error("input does not match the input schema of {workflow}: {}", .violations.join("; "))]
+    InvalidInput {
+        workflow: String,
+        violations: Vec<String>,
+    },
+    #[error("job {0} exists with different content")]
+    Conflict(Uuid),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl SubmitError {
+    /// Whether the submission itself is at fault (and can be recorded as a FAILED row).
+    #[must_use]
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::UnknownWorkflow(_) | Self::InvalidDefinition(_) | Self::InvalidInput { .. }
+        )
+    }
+}
+
+impl From<sqlx::Error> for SubmitError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+/// A validated submission, ready to insert.
+struct Resolved {
+    workflow_name: String,
+    workflow_version: Option<i32>,
+    definition: Json,
+    max_attempts: i32,
+}
+
+impl Engine {
+    /// Submits a job.
+    ///
+    /// # Errors
+    /// [`SubmitError::Conflict`] for a `job_id` with other content; with
+    /// [`RefusalMode::Refuse`], an unknown workflow, an invalid definition or
+    /// input; store errors.
+    pub async fn submit(
+        &self,
+        submission: Submission,
+        mode: RefusalMode,
+    ) -> Result<Submitted, SubmitError> {
+        let digest = request_digest(&submission);
+        let (resolved, refusal) = match self.resolve(&submission).await {
+            Ok(resolved) => (resolved, None),
+            Err(refused) if refused.is_refusal() && mode == RefusalMode::Record => {
+                let resolved = Resolved {
+                    workflow_name: refused_name(&submission),
+                    workflow_version: None,
+                    definition: Json::Null,
+                    max_attempts: 1,
+                };
+                (resolved, Some(refused.to_string()))
+            }
+            Err(refused) => {
+                // A repeat of an accepted job is still recognised after its
+                // workflow changed; only a new job_id gets the refusal.
+                return match self.existing(submission.job_id, &digest).await? {
+                    Some(existing) => Ok(existing),
+                    None => Err(refused),
+                };
+            }
+        };
+        let status = if refusal.is_some() {
+            RunStatus::Failed
+        } else {
+            RunStatus::Queued
+        };
+        let Resolved {
+            workflow_name,
+            workflow_version,
+            definition,
+            max_attempts,
+        } = resolved;
+        let now = self.now();
+        let new_run = NewRun {
+            job_id: submission.job_id,
+            workflow_name: &workflow_name,
+            workflow_version,
+            definition: &definition,
+            input: &submission.input,
+            request_digest: &digest,
+            status,
+            max_attempts,
+            error: refusal.as_deref(),
+            verdict: refusal.as_ref().map(|_| "rejected at submission"),
+            traceparent: submission.traceparent.as_deref(),
+            now,
+        };
+        let mut tx = self.pool().begin().await?;
+        let Some(stamp) = runs::insert(&mut tx, &new_run).await? else {
+            tx.rollback().await?;
+            return self
+                .existing(submission.job_id, &digest)
+                .await?
+                .ok_or(SubmitError::Conflict(submission.job_id));
+        };
+        let event = match refusal {
+            None => EventKind::Accepted,
+            Some(error) => EventKind::Failed {
+                error,
+                verdict: Some("rejected at submission".into()),
+            },
+        };
+        outbox::insert(&mut tx, &stamp, event, now).await?;
+        let row = runs::get(&mut tx, submission.job_id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt {
+                job_id: submission.job_id,
+                reason: "inserted row not found in its own transaction".into(),
+            })?;
+        tx.commit().await?;
+        if status == RunStatus::Queued {
+            self.wake();
+        }
+        Ok(Submitted::Created(row))
+    }
+
+    /// The existing row of `job_id`: `Existing` when its digest matches,
+    /// `Conflict` when it does not, `None` when there is no row.
+    async fn existing(&self, job_id: Uuid, digest: &str) -> Result<Option<Submitted>, SubmitError> {
+        let mut conn = self.pool().acquire().await?;
+        match runs::get(&mut conn, job_id).await? {
+            None => Ok(None),
+            Some(row) if row.request_digest == digest => Ok(Some(Submitted::Existing(row))),
+            Some(_) => Err(SubmitError::Conflict(job_id)),
+        }
+    }
+
+    async fn resolve(&self, submission: &Submission) -> Result<Resolved, SubmitError> {
+        let (document, version) = match &submission.workflow {
+            WorkflowRef::Inline(document) => (document.clone(), None),
+            WorkflowRef::Stored(name) => {
+                let mut conn = self.pool().acquire().await?;
+                let stored = definitions::newest(&mut conn, name)
+                    .await?
+                    .ok_or_else(|| SubmitError::UnknownWorkflow(name.clone()))?;
+                (stored.definition.0, Some(stored.version))
+            }
+        };
+        let compiled = self.compile(&document)?;
+        compiled
+            .check_input(&submission.input)
+            .map_err(|violations| SubmitError::InvalidInput {
+                workflow: compiled.definition.name.clone(),
+                violations,
+            })?;
+        Ok(Resolved {
+            workflow_name: compiled.definition.name.clone(),
+            workflow_version: version,
+            definition: document,
+            max_attempts: compiled.definition.max_attempts,
+        })
+    }
+}
+
+/// The name a refused submission is recorded under.
+fn refused_name(submission: &Submission) -> String {
+    match &submission.workflow {
+        WorkflowRef::Stored(name) => name.clone(),
+        WorkflowRef::Inline(document) => document
+            .get("name")
+            .and_then(Json::as_str)
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or("(unnamed inline workflow)")
+            .to_owned(),
+    }
+}
+
+/// What identifies a submission's content: the workflow reference (a stored
+/// name, not its version, so a repeat after a new version is still the same
+/// request) and the input, hashed over canonical JSON.
+fn request_digest(submission: &Submission) -> String {
+    let workflow = match &submission.workflow {
+        WorkflowRef::Stored(name) => serde_json::json!({ "stored": name }),
+        WorkflowRef::Inline(document) => serde_json::json!({ "inline": document }),
+    };
+    let mut canonical = String::new();
+    write_canonical(
+        &serde_json::json!({ "workflow": workflow, "input": submission.input }),
+        &mut canonical,
+    );
+    let digest = Sha256::digest(canonical.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// JSON with object keys sorted at every level, whatever map order serde_json uses.
+fn write_canonical(value: &Json, out: &mut String) {
+    match value {
+        Json::Object(fields) => {
+            let mut keys: Vec<&String> = fields.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Json::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(&fields[key], out);
+            }
+            out.push('}');
+        }
+        Json::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_ignores_key_order_but_not_content() {
+        let submission = |input: Json| Submission {
+            job_id: Uuid::nil(),
+            workflow: WorkflowRef::Stored("w".into()),
+            input,
+            traceparent: None,
+        };
+        let a = request_digest(&submission(
+            serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}}),
+        ));
+        let b = request_digest(&submission(
+            serde_json::json!({"b": {"d": 3, "c": 2}, "a": 1}),
+        ));
+        let c = request_digest(&submission(
+            serde_json::json!({"a": 1, "b": {"c": 2, "d": 4}}),
+        ));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+}
