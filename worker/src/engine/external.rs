@@ -100,6 +100,9 @@ impl Engine {
             .await?
             .ok_or(CompleteError::NotFound(job_id))?;
         if let Gate::Stop(outcome) = gate(&row, step) {
+            // Release the row lock now: a dropped transaction rolls back only
+            // when its connection is next used, and claims skip locked rows.
+            tx.rollback().await?;
             return Ok(outcome);
         }
         let outcome = match violations {

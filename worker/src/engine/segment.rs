@@ -70,15 +70,16 @@ impl Engine {
     pub async fn run_segment(&self, claimed: ClaimedRun) -> Outcome {
         let job_id = claimed.job_id();
         let lease_lost = CancellationToken::new();
-        let heartbeat = tokio::spawn(heartbeat(
+        // Aborted when this future ends or is dropped: a cancelled segment
+        // must not keep its lease alive.
+        let _heartbeat = AbortOnDrop(tokio::spawn(heartbeat(
             claimed.lease(),
             self.settings().lease / 3,
             lease_lost.clone(),
-        ));
+        )));
         let span = tracing::info_span!("segment", %job_id, attempt = claimed.row().attempt);
         let outcome =
             tracing::Instrument::instrument(self.segment(claimed, &lease_lost), span).await;
-        heartbeat.abort();
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(SegmentStop::LeaseLost(_)) => Outcome::LeaseLost(job_id),
@@ -137,7 +138,10 @@ impl Engine {
             let scope = Scope::default()
                 .with("input", &input)
                 .with("steps", &Json::Object(steps.clone()));
-            let response = match self.invoke(&claimed, step, &scope, left, lease_lost).await {
+            let response = match self
+                .invoke(&claimed, step, &scope, (left, deadline), lease_lost)
+                .await
+            {
                 Ok(response) => response,
                 Err(Invocation::LeaseLost) => return Ok(Outcome::LeaseLost(job_id)),
                 Err(Invocation::Failed(failure)) => return settle(self, claimed, failure).await,
@@ -159,7 +163,7 @@ impl Engine {
         claimed: &ClaimedRun,
         step: &CompiledStep,
         scope: &Scope,
-        left: Duration,
+        (left, deadline): (Duration, Duration),
         lease_lost: &CancellationToken,
     ) -> Result<Json, Invocation> {
         let name = &step.definition.name;
@@ -168,20 +172,32 @@ impl Engine {
                 "step {name}: building the request: {e}"
             )))
         })?;
-        let step_timeout = step
-            .definition
-            .timeout_ms
-            .map_or(left, Duration::from_millis);
+        // One timer bounds the call: the step's timeout or what is left of
+        // the segment's deadline, whichever is shorter, reported as itself.
+        let step_limit = step.definition.timeout_ms.map(Duration::from_millis);
+        let limit = step_limit.map_or(left, |step_limit| step_limit.min(left));
         let call = TargetCall {
             job_id: claimed.job_id(),
             step_name: name.clone(),
             method: step.definition.method.clone(),
             request,
-            timeout: step_timeout.min(left),
+            timeout: limit,
             traceparent: claimed.row().traceparent.clone(),
         };
+        let target = &step.definition.target;
         let response = tokio::select! {
-            response = self.targets().call(&step.definition.target, call) => response,
+            response = tokio::time::timeout(limit, self.targets().call(target, call)) => {
+                response.unwrap_or_else(|_| Err(StepFailure::Retryable(match step_limit {
+                    Some(step_limit) if step_limit < left => format!(
+                        "target {target} did not answer within the step timeout of {} ms",
+                        step_limit.as_millis()
+                    ),
+                    _ => format!(
+                        "the segment deadline of {} ms passed while waiting for target {target}",
+                        deadline.as_millis()
+                    ),
+                })))
+            }
             () = lease_lost.cancelled() => return Err(Invocation::LeaseLost),
         };
         let response = response.map_err(|failure| match failure {
@@ -195,6 +211,14 @@ impl Engine {
         })?;
         check_response(step, &response, scope).map_err(Invocation::Failed)?;
         Ok(response)
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

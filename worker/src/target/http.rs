@@ -17,7 +17,7 @@ pub struct HttpTarget {
 }
 
 impl HttpTarget {
-    /// A target at `base_url`; `timeout` bounds each call unless the step's is shorter.
+    /// A target at `base_url`; `timeout` bounds each call (a backstop to the engine's timers).
     ///
     /// # Errors
     /// The base URL is not http(s), or the client cannot be built.
@@ -43,7 +43,8 @@ impl Target for HttpTarget {
         let mut request = self
             .client
             .post(&url)
-            .timeout(call.timeout)
+            // The engine enforces `call.timeout`; this is only a backstop.
+            .timeout(call.timeout + Duration::from_secs(1))
             .header("Idempotency-Key", call.idempotency_key())
             .json(&call.request);
         if let Some(traceparent) = &call.traceparent {

@@ -103,10 +103,11 @@ impl Targets {
         self.by_name.keys().cloned().collect()
     }
 
-    /// Calls `name` under its concurrency cap and the call's timeout.
+    /// Calls `name` under its concurrency cap. The caller bounds the call in
+    /// time (`call.timeout` tells the target how long it has).
     ///
     /// # Errors
-    /// An unknown target is a defect; a timeout is retryable; otherwise the target's failure.
+    /// An unknown target is a defect; otherwise the target's failure.
     pub async fn call(
         &self,
         name: &str,
@@ -116,18 +117,32 @@ impl Targets {
             .by_name
             .get(name)
             .ok_or_else(|| StepFailure::Defect(format!("unknown target {name:?}")))?;
-        let timeout = call.timeout;
-        let permit = registered
+        let _permit = registered
             .permits
             .acquire()
             .await
             .map_err(|_| StepFailure::Retryable(format!("target {name} is shutting down")))?;
-        let outcome = tokio::time::timeout(timeout, registered.target.call(call)).await;
-        drop(permit);
-        outcome.unwrap_or_else(|_| {
-            Err(StepFailure::Retryable(format!(
-                "target {name} did not answer within {timeout:?}"
-            )))
-        })
+        registered.target.call(call).await
+    }
+}
+
+/// An in-process target made of an async function: the quickest way for a
+/// library user (or a test, or a benchmark) to register one.
+pub struct FnTarget<F>(pub F);
+
+impl<F> std::fmt::Debug for FnTarget<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FnTarget")
+    }
+}
+
+#[async_trait::async_trait]
+impl<F, Fut> Target for FnTarget<F>
+where
+    F: Fn(TargetCall) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<serde_json::Value, StepFailure>> + Send + 'static,
+{
+    async fn call(&self, call: TargetCall) -> Result<serde_json::Value, StepFailure> {
+        (self.0)(call).await
     }
 }

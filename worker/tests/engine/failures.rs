@@ -1,0 +1,299 @@
+//! The failure taxonomy: retryable with backoff then DEAD, verdicts, defects,
+//! deadlines, and checkpoints that no longer fit their definition.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::Path;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use flotilla_contracts::WorkflowRunEventType as E;
+use flotilla_worker::engine::{Clock, Engine, Outcome};
+use flotilla_worker::store::runs::RunStatus;
+use flotilla_worker::target::http::HttpTarget;
+use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::support::{self, Calls, echo_targets, engine, manual_clock, row, submit};
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+
+fn one_step(name: &str, target: &str, extra: Value) -> Value {
+    let mut step = json!({"name": "only", "target": target, "method": "go"});
+    step.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    json!({"name": name, "input_schema": {}, "steps": [step]})
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn retryable_failures_back_off_exponentially_then_die_with_the_last_error(pool: PgPool) {
+    let clock = manual_clock();
+    let mut targets = Targets::default();
+    let attempt = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    targets.register(
+        "flaky",
+        Arc::new(FnTarget(move |_call: TargetCall| {
+            let n = attempt.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            async move {
+                Err::<Value, _>(StepFailure::Retryable(format!(
+                    "503 from upstream, try {n}"
+                )))
+            }
+        })),
+        8,
+    );
+    let engine = engine(&pool, targets, clock.clone(), "w");
+    engine
+        .register_workflow(&one_step("flaky", "flaky", json!({})))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "flaky", json!({})).await;
+
+    // Attempt 1 fails: eligible again after 5 s, not before.
+    let start = clock.now();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    let queued = row(&pool, job_id).await;
+    assert_eq!(queued.status(), RunStatus::Queued);
+    assert_eq!(queued.run_after, start + Duration::from_secs(5));
+    clock.advance(Duration::from_millis(4_999));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Idle);
+    clock.advance(Duration::from_millis(1));
+
+    // Attempt 2 fails: 10 s this time.
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.run_after,
+        clock.now() + Duration::from_secs(10)
+    );
+    clock.advance(Duration::from_secs(10));
+
+    // Attempt 3 is the last (max_attempts 3): DEAD with that error verbatim.
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Dead(job_id));
+    let dead = row(&pool, job_id).await;
+    assert_eq!(dead.status(), RunStatus::Dead);
+    assert_eq!(dead.attempt, 3);
+    assert_eq!(
+        dead.error.as_deref(),
+        Some("step only: 503 from upstream, try 3")
+    );
+    let events = support::events(&pool, job_id).await;
+    assert_eq!(
+        events.iter().map(|e| e.event_type()).collect::<Vec<_>>(),
+        [E::Accepted, E::Dead]
+    );
+    assert_eq!(
+        events[1].error(),
+        Some("step only: 503 from upstream, try 3")
+    );
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(
+        engine.run_once().await.unwrap(),
+        Outcome::Idle,
+        "nothing re-enqueues a DEAD job"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_failing_validate_rule_is_a_verdict(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    let workflow = one_step(
+        "judged",
+        "echo",
+        json!({"rules": ["age = input.age"], "validate": ["response.request.age >= 18"]}),
+    );
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "judged", json!({"age": 12})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    let failed = row(&pool, job_id).await;
+    assert_eq!(failed.status(), RunStatus::Failed);
+    assert_eq!(
+        failed.verdict.as_deref(),
+        Some("only: response.request.age >= 18")
+    );
+    assert!(failed.error.unwrap().contains("failed validation"));
+    assert_eq!(
+        failed.checkpoints.0,
+        json!([]),
+        "a refused response is not checkpointed"
+    );
+    assert_eq!(
+        support::event_types(&pool, job_id).await,
+        [E::Accepted, E::Failed]
+    );
+}
+
+/// An HTTP target on port 0 answering `/<status>` with that status, and
+/// echoing the idempotency key it received on 200.
+async fn status_server() -> String {
+    let app = axum::Router::new().route(
+        "/{status}",
+        post(
+            |Path(status): Path<u16>, headers: HeaderMap, Json(body): Json<Value>| async move {
+                let status = StatusCode::from_u16(status).unwrap();
+                let key = headers
+                    .get("idempotency-key")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let answer = match status.as_u16() {
+                    422 => json!({"violations": ["name is on a sanctions list"]}),
+                    _ => json!({"idempotency_key": key, "echo": body}),
+                };
+                (status, Json(answer))
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+async fn http_engine(pool: &PgPool) -> Engine {
+    let mut targets = Targets::default();
+    let target = HttpTarget::new(&status_server().await, Duration::from_secs(5)).unwrap();
+    targets.register("http", Arc::new(target), 8);
+    engine(pool, targets, manual_clock(), "w")
+}
+
+async fn run_against_status(engine: &Engine, status: u16) -> uuid::Uuid {
+    let name = format!("status-{status}");
+    let workflow = json!({"name": name, "input_schema": {}, "steps": [{"name": "call", "target": "http", "method": status.to_string(), "rules": ["x = 1"]}]});
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(engine, &name, json!({})).await;
+    engine.run_once().await.unwrap();
+    job_id
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn http_target_statuses_map_to_the_failure_taxonomy(pool: PgPool) {
+    let engine = http_engine(&pool).await;
+
+    let ok = run_against_status(&engine, 200).await;
+    let done = row(&pool, ok).await;
+    assert_eq!(done.status(), RunStatus::Completed);
+    assert_eq!(
+        done.result.unwrap().0,
+        json!({"idempotency_key": format!("{ok}:call"), "echo": {"x": 1}})
+    );
+
+    let verdict = run_against_status(&engine, 422).await;
+    let failed = row(&pool, verdict).await;
+    assert_eq!(failed.status(), RunStatus::Failed);
+    assert_eq!(
+        failed.verdict.as_deref(),
+        Some("name is on a sanctions list")
+    );
+
+    for defect in [400, 500] {
+        let job_id = run_against_status(&engine, defect).await;
+        let failed = row(&pool, job_id).await;
+        assert_eq!(failed.status(), RunStatus::Failed, "{defect}");
+        assert_eq!(failed.verdict, None, "a defect is not a verdict");
+        assert!(failed.error.unwrap().contains(&defect.to_string()));
+    }
+
+    let retry = run_against_status(&engine, 503).await;
+    let queued = row(&pool, retry).await;
+    assert_eq!(queued.status(), RunStatus::Queued);
+    assert!(queued.error.unwrap().contains("503"));
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_segment_past_its_deadline_is_retryable(pool: PgPool) {
+    let mut targets = Targets::default();
+    targets.register(
+        "sleepy",
+        Arc::new(FnTarget(|_call: TargetCall| async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok::<_, StepFailure>(json!({}))
+        })),
+        8,
+    );
+    let engine = engine(&pool, targets, manual_clock(), "w");
+    let mut workflow = one_step("slow", "sleepy", json!({}));
+    workflow["deadline_ms"] = json!(200);
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "slow", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    let error = row(&pool, job_id).await.error.unwrap();
+    assert_eq!(
+        error,
+        "step only: the segment deadline of 200 ms passed while waiting for target sleepy"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn editing_a_workflow_does_not_shift_a_live_job(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("evolving", "echo"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "evolving", json!({"n": 1})).await;
+
+    let mut edited = json!({"name": "evolving", "input_schema": {}, "steps": [{"name": "other", "target": "echo", "method": "m"}]});
+    let v2 = engine.register_workflow(&edited).await.unwrap();
+    assert_eq!(v2.version, 2);
+    edited["steps"][0]["name"] = json!("renamed");
+    assert_eq!(engine.register_workflow(&edited).await.unwrap().version, 3);
+
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        calls.of(job_id),
+        ["one", "two", "three"],
+        "the job ran its snapshot"
+    );
+    assert_eq!(row(&pool, job_id).await.workflow_version, Some(1));
+
+    let newer = submit(&engine, "evolving", json!({})).await;
+    engine.run_once().await.unwrap();
+    assert_eq!(
+        calls.of(newer),
+        ["renamed"],
+        "new submissions get the newest version"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_stored_checkpoint_that_no_longer_matches_its_step_fails_the_job_loudly(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    let mut workflow = support::three_steps("strict", "echo");
+    workflow["steps"][0]["output_schema"] = json!({"type": "object", "required": ["step"]});
+    engine.register_workflow(&workflow).await.unwrap();
+
+    for (bad, expected) in [
+        (
+            json!([{"name": "two", "skipped": false, "response": {}}]),
+            "checkpoint 0 names step \"two\", but step 0 is \"one\"",
+        ),
+        (
+            json!([{"name": "one", "skipped": false, "response": {"nope": 1}}]),
+            "checkpoint 0 (one) no longer fits",
+        ),
+        (json!([{"name": "one"}]), "checkpoint 0 is malformed"),
+    ] {
+        let job_id = submit(&engine, "strict", json!({"n": 1})).await;
+        sqlx::query("UPDATE workflow_run SET checkpoints = $2 WHERE job_id = $1")
+            .bind(job_id)
+            .bind(&bad)
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+        let failed = row(&pool, job_id).await;
+        assert!(
+            failed.error.as_deref().unwrap().contains(expected),
+            "{:?}",
+            failed.error
+        );
+        assert!(
+            calls.of(job_id).is_empty(),
+            "no step runs over a broken history"
+        );
+    }
+}

@@ -1,0 +1,8 @@
+//! The durable run engine against a real Postgres (a fresh database per
+//! test). Each test is named after the guarantee it proves.
+
+mod claims;
+mod failures;
+mod parking;
+mod submission;
+mod support;

@@ -1,0 +1,236 @@
+//! Submission: validation before any write, idempotency on job_id, and
+//! refusals recorded as FAILED rows for the consumer.
+
+use flotilla_contracts::WorkflowRunEventType as E;
+use flotilla_worker::engine::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
+use flotilla_worker::store::runs::RunStatus;
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::{self, Calls, echo_targets, engine, manual_clock, row};
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+
+fn stored(job_id: Uuid, name: &str, input: serde_json::Value) -> Submission {
+    Submission {
+        job_id,
+        workflow: WorkflowRef::Stored(name.into()),
+        input,
+        traceparent: None,
+    }
+}
+
+async fn rows(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM workflow_run")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_repeated_job_id_is_idempotent_and_different_content_conflicts(pool: PgPool) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("idem", "echo"))
+        .await
+        .unwrap();
+    let job_id = Uuid::new_v4();
+    let first = engine
+        .submit(stored(job_id, "idem", json!({"n": 1})), RefusalMode::Refuse)
+        .await
+        .unwrap();
+    assert!(matches!(first, Submitted::Created(_)));
+    let again = engine
+        .submit(stored(job_id, "idem", json!({"n": 1})), RefusalMode::Refuse)
+        .await
+        .unwrap();
+    assert!(matches!(again, Submitted::Existing(ref row) if row.job_id == job_id));
+    let other = engine
+        .submit(stored(job_id, "idem", json!({"n": 2})), RefusalMode::Refuse)
+        .await;
+    assert!(matches!(other, Err(SubmitError::Conflict(id)) if id == job_id));
+    assert_eq!(rows(&pool).await, 1);
+    assert_eq!(
+        row(&pool, job_id).await.input.0,
+        json!({"n": 1}),
+        "the original stays"
+    );
+    assert_eq!(
+        support::event_types(&pool, job_id).await,
+        [E::Accepted],
+        "one ACCEPTED event"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_input_that_fails_the_schema_is_refused_before_anything_is_written(pool: PgPool) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("typed", "echo"))
+        .await
+        .unwrap();
+    let refused = engine
+        .submit(
+            stored(Uuid::new_v4(), "typed", json!({"n": "seven"})),
+            RefusalMode::Refuse,
+        )
+        .await;
+    let Err(SubmitError::InvalidInput {
+        workflow,
+        violations,
+    }) = refused
+    else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(workflow, "typed");
+    assert!(violations[0].starts_with("/n:"), "{violations:?}");
+    assert_eq!(rows(&pool).await, 0);
+
+    let job_id = Uuid::new_v4();
+    let recorded = engine
+        .submit(stored(job_id, "typed", json!({})), RefusalMode::Record)
+        .await
+        .unwrap();
+    assert!(matches!(recorded, Submitted::Created(_)));
+    let failed = row(&pool, job_id).await;
+    assert_eq!(failed.status(), RunStatus::Failed);
+    assert!(
+        failed
+            .error
+            .unwrap()
+            .contains("\"n\" is a required property")
+    );
+    let events = support::events(&pool, job_id).await;
+    assert_eq!(
+        events.iter().map(|e| e.event_type()).collect::<Vec<_>>(),
+        [E::Failed]
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_unknown_workflow_is_refused_or_recorded_as_failed(pool: PgPool) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    let refused = engine
+        .submit(
+            stored(Uuid::new_v4(), "ghost", json!({})),
+            RefusalMode::Refuse,
+        )
+        .await;
+    assert!(matches!(refused, Err(SubmitError::UnknownWorkflow(ref name)) if name == "ghost"));
+    assert_eq!(rows(&pool).await, 0);
+
+    let job_id = Uuid::new_v4();
+    engine
+        .submit(stored(job_id, "ghost", json!({})), RefusalMode::Record)
+        .await
+        .unwrap();
+    let failed = row(&pool, job_id).await;
+    assert_eq!(
+        (failed.status(), failed.workflow_name.as_str()),
+        (RunStatus::Failed, "ghost")
+    );
+    assert!(failed.error.unwrap().contains("unknown workflow \"ghost\""));
+    assert_eq!(support::event_types(&pool, job_id).await, [E::Failed]);
+    // Redelivered, the same request finds its FAILED row.
+    let again = engine
+        .submit(stored(job_id, "ghost", json!({})), RefusalMode::Record)
+        .await
+        .unwrap();
+    assert!(matches!(again, Submitted::Existing(_)));
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_bad_definition_is_refused_with_every_problem_named(pool: PgPool) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    let bad = json!({
+        "name": "broken",
+        "input_schema": {"type": "no-such-type"},
+        "steps": [
+            {"name": "a", "target": "nowhere", "method": "m", "rules": ["x = (1 +"]},
+            {"name": "a", "target": "echo", "method": "m", "rules": ["1x = 2", "no assignment"],
+             "validate": ["response.ok &&"], "output_schema": {"type": 12}}
+        ],
+        "verdict": "'unclosed",
+        "max_attempts": 0
+    });
+    let err = engine.register_workflow(&bad).await.unwrap_err();
+    let flotilla_worker::engine::RegisterError::Invalid(invalid) = err else {
+        panic!("{err}")
+    };
+    let located: Vec<(Option<&str>, &str)> = invalid
+        .problems
+        .iter()
+        .map(|p| (p.step.as_deref(), p.field.as_str()))
+        .collect();
+    for expected in [
+        (None, "max_attempts"),
+        (None, "input_schema"),
+        (Some("a"), "target"),
+        (Some("a"), "rules[0]"),
+        (Some("a"), "name"),
+        (Some("a"), "rules[1]"),
+        (Some("a"), "output_schema"),
+        (Some("a"), "validate[0]"),
+        (None, "verdict"),
+    ] {
+        assert!(
+            located.contains(&expected),
+            "{expected:?} missing from {located:?}"
+        );
+    }
+    assert!(invalid.to_string().contains("unknown target \"nowhere\""));
+
+    let inline = Submission {
+        job_id: Uuid::new_v4(),
+        workflow: WorkflowRef::Inline(bad),
+        input: json!({}),
+        traceparent: None,
+    };
+    assert!(matches!(
+        engine.submit(inline, RefusalMode::Refuse).await,
+        Err(SubmitError::InvalidDefinition(_))
+    ));
+    assert_eq!(rows(&pool).await, 0);
+    let stored_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_definition")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored_rows, 0);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn workflows_load_from_a_directory_and_reloading_adds_no_version(pool: PgPool) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    let dir = std::env::temp_dir().join(format!("flotilla-workflows-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("a.json"),
+        support::three_steps("from-json", "echo").to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("b.yaml"),
+        "name: from-yaml\ninput_schema: {}\nsteps:\n  - name: s\n    target: echo\n    method: m\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
+    let loaded = engine.register_workflows_dir(&dir).await.unwrap();
+    assert_eq!(
+        loaded
+            .iter()
+            .map(|d| (d.name.as_str(), d.version))
+            .collect::<Vec<_>>(),
+        [("from-json", 1), ("from-yaml", 1)]
+    );
+    let reloaded = engine.register_workflows_dir(&dir).await.unwrap();
+    assert_eq!(
+        reloaded.iter().map(|d| d.version).collect::<Vec<_>>(),
+        [1, 1]
+    );
+
+    std::fs::write(dir.join("c.json"), "{ not json").unwrap();
+    let err = engine.register_workflows_dir(&dir).await.unwrap_err();
+    assert!(err.to_string().contains("c.json"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,145 @@
+//! Shared pieces of the engine tests: engines over a test database, a
+//! recording in-process target, workflows, and row/event readers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType};
+use flotilla_worker::engine::{
+    Clock, Engine, EngineSettings, ManualClock, RefusalMode, Submission, WorkflowRef,
+};
+use flotilla_worker::store::{outbox, runs};
+use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub fn settings(worker_id: &str) -> EngineSettings {
+    let mut settings = EngineSettings::new(worker_id);
+    settings.lease = Duration::from_secs(60);
+    settings.idle_poll_max = Duration::from_millis(50);
+    settings.sweep_interval = Duration::from_millis(200);
+    settings
+}
+
+pub fn manual_clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(
+        Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap(),
+    ))
+}
+
+pub fn engine(pool: &PgPool, targets: Targets, clock: Arc<dyn Clock>, worker_id: &str) -> Engine {
+    Engine::new(pool.clone(), targets, clock, settings(worker_id))
+}
+
+/// Every call a target saw, as (job, step).
+#[derive(Debug, Clone, Default)]
+pub struct Calls(Arc<Mutex<Vec<(Uuid, String)>>>);
+
+impl Calls {
+    pub fn record(&self, call: &TargetCall) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((call.job_id, call.step_name.clone()));
+    }
+
+    pub fn of(&self, job_id: Uuid) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(j, _)| *j == job_id)
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
+    pub fn per_job_step(&self) -> HashMap<(Uuid, String), usize> {
+        let mut counts = HashMap::new();
+        for key in self.0.lock().unwrap().iter() {
+            *counts.entry(key.clone()).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
+/// A target `echo` that records calls and answers `{"step": <name>, "request": <request>}`.
+pub fn echo_targets(calls: &Calls) -> Targets {
+    let calls = calls.clone();
+    let mut targets = Targets::default();
+    targets.register(
+        "echo",
+        Arc::new(FnTarget(move |call: TargetCall| {
+            calls.record(&call);
+            async move { Ok::<_, StepFailure>(json!({"step": call.step_name, "request": call.request})) }
+        })),
+        8,
+    );
+    targets
+}
+
+/// A three-step workflow on `target`, each step passing a counter along.
+pub fn three_steps(name: &str, target: &str) -> Value {
+    json!({
+        "name": name,
+        "input_schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}},
+        "steps": [
+            {"name": "one", "target": target, "method": "one", "rules": ["n = input.n"]},
+            {"name": "two", "target": target, "method": "two", "rules": ["n = steps.one.request.n + 1"]},
+            {"name": "three", "target": target, "method": "three", "rules": ["n = steps.two.request.n + 1"]}
+        ],
+        "output": ["total = steps.three.request.n"],
+        "verdict": "'total ' + string(steps.three.request.n)"
+    })
+}
+
+pub async fn submit(engine: &Engine, workflow: &str, input: Value) -> Uuid {
+    let job_id = Uuid::new_v4();
+    let submission = Submission {
+        job_id,
+        workflow: WorkflowRef::Stored(workflow.into()),
+        input,
+        traceparent: None,
+    };
+    engine
+        .submit(submission, RefusalMode::Refuse)
+        .await
+        .unwrap();
+    job_id
+}
+
+pub async fn row(pool: &PgPool, job_id: Uuid) -> runs::RunRow {
+    let mut conn = pool.acquire().await.unwrap();
+    runs::get(&mut conn, job_id).await.unwrap().unwrap()
+}
+
+pub async fn events(pool: &PgPool, job_id: Uuid) -> Vec<WorkflowRunEvent> {
+    let mut conn = pool.acquire().await.unwrap();
+    outbox::events_of(&mut conn, job_id).await.unwrap()
+}
+
+pub async fn event_types(pool: &PgPool, job_id: Uuid) -> Vec<WorkflowRunEventType> {
+    events(pool, job_id)
+        .await
+        .iter()
+        .map(WorkflowRunEvent::event_type)
+        .collect()
+}
+
+/// Polls `check` every 20 ms until it holds, failing after `timeout`.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
