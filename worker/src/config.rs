@@ -41,6 +41,9 @@ pub struct WorkerConfig {
     #[arg(long, env = "FLOTILLA_WORKER_ID")]
     pub worker_id: Option<String>,
 
+    #[command(flatten)]
+    pub engine: EngineConfig,
+
     /// How long in-flight work may take to finish after SIGTERM.
     #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
@@ -131,4 +134,36 @@ pub struct KafkaConfig {
     /// How long to wait for the broker at start-up.
     #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
+}
+
+/// The run engine's settings.
+#[derive(Debug, Clone, Args)]
+pub struct EngineConfig {
+    /// YAML (or JSON) file of targets: `targets: {<name>: {kind: http, base_url, timeout_ms, max_concurrent}}`.
+    #[arg(long, env = "FLOTILLA_TARGETS_FILE")]
+    pub targets_file: Option<std::path::PathBuf>,
+
+    /// Directory of workflow definitions (`.json`, `.yaml`) registered at start-up.
+    #[arg(long, env = "FLOTILLA_WORKFLOWS_DIR")]
+    pub workflows_dir: Option<std::path::PathBuf>,
+
+    /// Claim loops in this process (jobs run at once).
+    #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = 4)]
+    pub worker_count: usize,
+
+    /// Lease a claim holds without renewal; renewed every third of it.
+    #[arg(long, env = "FLOTILLA_LEASE", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+
+    /// Base of the retry backoff `base × 2^(attempt−1)`.
+    #[arg(long, env = "FLOTILLA_BACKOFF_BASE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub backoff_base: Duration,
+
+    /// How often the sweeper requeues jobs whose lease expired.
+    #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+
+    /// Longest an idle claim loop waits before polling the queue again.
+    #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub idle_poll_max: Duration,
 }

@@ -1,7 +1,7 @@
-//! `flotilla-worker`: a fleet member. For now it connects to Postgres and
-//! Kafka, applies nothing it is not asked to, and waits for a shutdown
-//! signal; the claim loops, the request consumer and the API arrive with
-//! their issues. The binary is a thin shell over [`run`].
+//! `flotilla-worker`: a fleet member. The library holds the run engine
+//! ([`engine`]), its stores, targets and workflow definitions; the binary is
+//! a thin shell over [`run`]. The request consumer and the HTTP API arrive
+//! with their issues.
 
 pub mod config;
 pub mod db;
@@ -18,13 +18,20 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::WorkerConfig;
 
-/// Runs a worker until `shutdown` is cancelled.
+/// Runs a worker until `shutdown` is cancelled, then drains in-flight
+/// segments within the configured grace period.
 ///
 /// # Errors
-/// The database or the broker cannot be reached at start-up.
+/// The database or the broker cannot be reached at start-up, the targets
+/// file or a workflow definition is invalid.
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let worker_id = config.worker_id()?;
     tracing::info!(%worker_id, "worker starting");
+    let mut targets = target::Targets::default();
+    if let Some(path) = &config.engine.targets_file {
+        target::config::load(path, &mut targets)?;
+    }
+    tracing::info!(?targets, "targets configured");
     let pool = db::connect(&config.database)
         .await
         .context("connecting to Postgres")?;
@@ -34,10 +41,33 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     )
     .await
     .context("reaching the Kafka broker")?;
-    tracing::info!(%worker_id, "worker ready");
 
-    shutdown.cancelled().await;
-    tracing::info!(%worker_id, "shutdown requested; stopping");
+    let engine = engine::Engine::new(
+        pool.clone(),
+        targets,
+        std::sync::Arc::new(engine::SystemClock),
+        engine_settings(&worker_id, &config.engine),
+    );
+    if let Some(dir) = &config.engine.workflows_dir {
+        let loaded = engine
+            .register_workflows_dir(dir)
+            .await
+            .with_context(|| format!("registering workflows from {}", dir.display()))?;
+        tracing::info!(count = loaded.len(), dir = %dir.display(), "workflows registered");
+    }
+    tracing::info!(%worker_id, loops = config.engine.worker_count, "worker ready");
+    engine.run(shutdown, config.shutdown_grace).await;
+    tracing::info!(%worker_id, "worker stopped");
     pool.close().await;
     Ok(())
+}
+
+fn engine_settings(worker_id: &str, config: &config::EngineConfig) -> engine::EngineSettings {
+    let mut settings = engine::EngineSettings::new(worker_id);
+    settings.worker_count = config.worker_count.max(1);
+    settings.lease = config.lease;
+    settings.backoff_base = config.backoff_base;
+    settings.sweep_interval = config.sweep_interval;
+    settings.idle_poll_max = config.idle_poll_max;
+    settings
 }

@@ -105,3 +105,109 @@ fn unreachable_database_fails_start_up_with_the_reason() {
         running.output.join("\n")
     );
 }
+
+/// A target service on port 0 whose `/slow` answers after 500 ms and tells
+/// the test when a call arrives.
+async fn slow_service() -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    use axum::routing::post;
+    let (arrived, calls) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().route(
+        "/slow",
+        post(move || {
+            let arrived = arrived.clone();
+            async move {
+                let _ = arrived.send(());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                axum::Json(serde_json::json!({"ok": true}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, calls)
+}
+
+#[sqlx::test(migrator = "flotilla_worker::db::MIGRATOR")]
+async fn worker_finishes_its_in_flight_segment_after_sigterm_and_exits_zero(pool: PgPool) {
+    use flotilla_worker::engine::{
+        Engine, EngineSettings, RefusalMode, Submission, SystemClock, WorkflowRef,
+    };
+    use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+    use std::sync::Arc;
+
+    let (url, mut calls) = slow_service().await;
+    let dir = std::env::temp_dir().join(format!("flotilla-binary-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join("workflows")).unwrap();
+    std::fs::write(
+        dir.join("targets.yaml"),
+        format!("targets:\n  svc:\n    kind: http\n    base_url: {url}\n"),
+    )
+    .unwrap();
+    let workflow = serde_json::json!({
+        "name": "slow", "input_schema": {},
+        "steps": [{"name": "call", "target": "svc", "method": "slow"}]
+    });
+    std::fs::write(dir.join("workflows/slow.json"), workflow.to_string()).unwrap();
+
+    let mut command = worker(&url_of(&pool).await);
+    command
+        .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
+        .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
+        .env("FLOTILLA_SHUTDOWN_GRACE", "30s");
+    let mut running = tokio::task::spawn_blocking(move || {
+        let mut running = Running::start(command);
+        running.wait_for_line("worker ready", Duration::from_secs(60));
+        running
+    })
+    .await
+    .unwrap();
+
+    // Submit through the library, as the API and the consumer will.
+    let mut targets = Targets::default();
+    targets.register(
+        "svc",
+        Arc::new(FnTarget(|_: TargetCall| async {
+            Err::<serde_json::Value, _>(StepFailure::Defect("unused".into()))
+        })),
+        1,
+    );
+    let submitter = Engine::new(
+        pool.clone(),
+        targets,
+        Arc::new(SystemClock),
+        EngineSettings::new("test"),
+    );
+    let job_id = uuid::Uuid::new_v4();
+    let submission = Submission {
+        job_id,
+        workflow: WorkflowRef::Stored("slow".into()),
+        input: serde_json::json!({}),
+        traceparent: None,
+    };
+    submitter
+        .submit(submission, RefusalMode::Refuse)
+        .await
+        .unwrap();
+
+    tokio::time::timeout(Duration::from_secs(30), calls.recv())
+        .await
+        .expect("the worker never called the target");
+    let (status, output) = tokio::task::spawn_blocking(move || {
+        let status = running.terminate(Duration::from_secs(30));
+        (status, running.output.join("\n"))
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "exit {status}:\n{output}");
+    let (state,): (String,) = sqlx::query_as("SELECT status FROM workflow_run WHERE job_id = $1")
+        .bind(job_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        state, "COMPLETED",
+        "the in-flight segment finished before exit:\n{output}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
