@@ -5,6 +5,7 @@
 //! fails with a message saying so instead of skipping.
 
 pub mod process;
+pub mod proxy;
 
 use std::time::Duration;
 

@@ -4,6 +4,7 @@
 //! with their issues.
 
 pub mod config;
+pub mod consumer;
 pub mod db;
 pub mod engine;
 pub mod kafka;

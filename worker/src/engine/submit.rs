@@ -3,8 +3,10 @@
 //! the row and its first event commit together; a repeat of the same
 //! `job_id` is idempotent.
 
+use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::Engine;
@@ -113,8 +115,60 @@ impl Engine {
         submission: Submission,
         mode: RefusalMode,
     ) -> Result<Submitted, SubmitError> {
+        let mut tx = self.pool().begin().await?;
+        let submitted = self.submit_in(&mut tx, submission, mode, self.now()).await;
+        tx.commit().await?;
+        if let Ok(Submitted::Created(row)) = &submitted
+            && row.status() == RunStatus::Queued
+        {
+            self.wake();
+        }
+        submitted
+    }
+
+    /// Submits many jobs in one transaction: every row and its first event
+    /// commit together or not at all. Refusals are recorded as FAILED rows;
+    /// a conflict is that item's error and writes nothing for it.
+    ///
+    /// # Errors
+    /// Store errors: then nothing of the batch was written.
+    pub async fn submit_batch(
+        &self,
+        submissions: Vec<Submission>,
+    ) -> Result<Vec<Result<Submitted, SubmitError>>, StoreError> {
+        let now = self.now();
+        let mut tx = self.pool().begin().await?;
+        let mut results = Vec::with_capacity(submissions.len());
+        for submission in submissions {
+            match self
+                .submit_in(&mut tx, submission, RefusalMode::Record, now)
+                .await
+            {
+                Err(SubmitError::Store(e)) => return Err(e),
+                result => results.push(result),
+            }
+        }
+        tx.commit().await?;
+        for result in &results {
+            if let Ok(Submitted::Created(row)) = result
+                && row.status() == RunStatus::Queued
+            {
+                self.wake();
+            }
+        }
+        Ok(results)
+    }
+
+    /// The submission inside the caller's transaction; the caller commits.
+    async fn submit_in(
+        &self,
+        conn: &mut PgConnection,
+        submission: Submission,
+        mode: RefusalMode,
+        now: DateTime<Utc>,
+    ) -> Result<Submitted, SubmitError> {
         let digest = request_digest(&submission);
-        let (resolved, refusal) = match self.resolve(&submission).await {
+        let (resolved, refusal) = match self.resolve(conn, &submission).await {
             Ok(resolved) => (resolved, None),
             Err(refused) if refused.is_refusal() && mode == RefusalMode::Record => {
                 let resolved = Resolved {
@@ -128,7 +182,7 @@ impl Engine {
             Err(refused) => {
                 // A repeat of an accepted job is still recognised after its
                 // workflow changed; only a new job_id gets the refusal.
-                return match self.existing(submission.job_id, &digest).await? {
+                return match existing(conn, submission.job_id, &digest).await? {
                     Some(existing) => Ok(existing),
                     None => Err(refused),
                 };
@@ -139,32 +193,22 @@ impl Engine {
         } else {
             RunStatus::Queued
         };
-        let Resolved {
-            workflow_name,
-            workflow_version,
-            definition,
-            max_attempts,
-        } = resolved;
-        let now = self.now();
         let new_run = NewRun {
             job_id: submission.job_id,
-            workflow_name: &workflow_name,
-            workflow_version,
-            definition: &definition,
+            workflow_name: &resolved.workflow_name,
+            workflow_version: resolved.workflow_version,
+            definition: &resolved.definition,
             input: &submission.input,
             request_digest: &digest,
             status,
-            max_attempts,
+            max_attempts: resolved.max_attempts,
             error: refusal.as_deref(),
-            verdict: refusal.as_ref().map(|_| "rejected at submission"),
+            verdict: refusal.as_ref().map(|_| REFUSED_VERDICT),
             traceparent: submission.traceparent.as_deref(),
             now,
         };
-        let mut tx = self.pool().begin().await?;
-        let Some(stamp) = runs::insert(&mut tx, &new_run).await? else {
-            tx.rollback().await?;
-            return self
-                .existing(submission.job_id, &digest)
+        let Some(stamp) = runs::insert(conn, &new_run).await? else {
+            return existing(conn, submission.job_id, &digest)
                 .await?
                 .ok_or(SubmitError::Conflict(submission.job_id));
         };
@@ -172,40 +216,28 @@ impl Engine {
             None => EventKind::Accepted,
             Some(error) => EventKind::Failed {
                 error,
-                verdict: Some("rejected at submission".into()),
+                verdict: Some(REFUSED_VERDICT.into()),
             },
         };
-        outbox::insert(&mut tx, &stamp, event, now).await?;
-        let row = runs::get(&mut tx, submission.job_id)
+        outbox::insert(conn, &stamp, event, now).await?;
+        let row = runs::get(conn, submission.job_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt {
                 job_id: submission.job_id,
                 reason: "inserted row not found in its own transaction".into(),
             })?;
-        tx.commit().await?;
-        if status == RunStatus::Queued {
-            self.wake();
-        }
         Ok(Submitted::Created(row))
     }
 
-    /// The existing row of `job_id`: `Existing` when its digest matches,
-    /// `Conflict` when it does not, `None` when there is no row.
-    async fn existing(&self, job_id: Uuid, digest: &str) -> Result<Option<Submitted>, SubmitError> {
-        let mut conn = self.pool().acquire().await?;
-        match runs::get(&mut conn, job_id).await? {
-            None => Ok(None),
-            Some(row) if row.request_digest == digest => Ok(Some(Submitted::Existing(row))),
-            Some(_) => Err(SubmitError::Conflict(job_id)),
-        }
-    }
-
-    async fn resolve(&self, submission: &Submission) -> Result<Resolved, SubmitError> {
+    async fn resolve(
+        &self,
+        conn: &mut PgConnection,
+        submission: &Submission,
+    ) -> Result<Resolved, SubmitError> {
         let (document, version) = match &submission.workflow {
             WorkflowRef::Inline(document) => (document.clone(), None),
             WorkflowRef::Stored(name) => {
-                let mut conn = self.pool().acquire().await?;
-                let stored = definitions::newest(&mut conn, name)
+                let stored = definitions::newest(conn, name)
                     .await?
                     .ok_or_else(|| SubmitError::UnknownWorkflow(name.clone()))?;
                 (stored.definition.0, Some(stored.version))
@@ -224,6 +256,23 @@ impl Engine {
             definition: document,
             max_attempts: compiled.definition.max_attempts,
         })
+    }
+}
+
+/// The verdict of a job refused at submission.
+const REFUSED_VERDICT: &str = "rejected at submission";
+
+/// The existing row of `job_id`: `Existing` when its digest matches,
+/// `Conflict` when it does not, `None` when there is no row.
+async fn existing(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    digest: &str,
+) -> Result<Option<Submitted>, SubmitError> {
+    match runs::get(conn, job_id).await? {
+        None => Ok(None),
+        Some(row) if row.request_digest == digest => Ok(Some(Submitted::Existing(row))),
+        Some(_) => Err(SubmitError::Conflict(job_id)),
     }
 }
 

@@ -1,0 +1,63 @@
+//! The consumer's rebalance and commit callbacks.
+//!
+//! Offsets are *stored* only for messages whose rows (or dead-letter records)
+//! are durable, so committing the stored offsets is always safe: before
+//! partitions are revoked, the stored offsets are committed synchronously so
+//! the next owner resumes right after the last durable message.
+
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::topic_partition_list::TopicPartitionList;
+
+#[derive(Debug, Default)]
+pub struct RequestConsumerContext;
+
+impl ClientContext for RequestConsumerContext {}
+
+impl ConsumerContext for RequestConsumerContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(partitions) => {
+                tracing::info!(partitions = %describe(partitions), "partitions revoked; committing what is durable");
+                match consumer.commit_consumer_state(CommitMode::Sync) {
+                    Ok(()) => {}
+                    // Nothing stored since the last commit.
+                    Err(rdkafka::error::KafkaError::ConsumerCommit(
+                        rdkafka::types::RDKafkaErrorCode::NoOffset,
+                    )) => {}
+                    Err(e) => tracing::warn!(error = %e, "commit before revocation failed"),
+                }
+            }
+            Rebalance::Assign(partitions) => {
+                tracing::info!(partitions = %describe(partitions), "partitions assigned");
+            }
+            Rebalance::Error(e) => tracing::error!(error = %e, "rebalance error"),
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => tracing::debug!(offsets = %describe(offsets), "offsets committed"),
+            Err(rdkafka::error::KafkaError::ConsumerCommit(
+                rdkafka::types::RDKafkaErrorCode::NoOffset,
+            )) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, offsets = %describe(offsets), "offset commit failed")
+            }
+        }
+    }
+}
+
+/// `topic/partition@offset, …` for logs.
+pub fn describe(partitions: &TopicPartitionList) -> String {
+    partitions
+        .elements()
+        .iter()
+        .map(|e| match e.offset().to_raw() {
+            Some(offset) if offset >= 0 => format!("{}/{}@{offset}", e.topic(), e.partition()),
+            _ => format!("{}/{}", e.topic(), e.partition()),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}

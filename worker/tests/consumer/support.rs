@@ -1,0 +1,229 @@
+//! Harness for the consumer tests: unique topics and groups, an engine over
+//! the test database, producing raw and encoded requests, reading the
+//! dead-letter topic and the group's committed offsets.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_codec::Codec;
+use flotilla_contracts::WorkflowRunRequest;
+use flotilla_tests::{bootstrap_servers, create_topic, schema_registry_url, unique};
+use flotilla_worker::consumer::{ConsumerSettings, RequestConsumer};
+use flotilla_worker::engine::{Engine, EngineSettings, SystemClock};
+use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub const PARTITIONS: i32 = 3;
+/// The consumers' request size limit here (the default is 1 MiB; a test
+/// message above that would exceed the producer's own limit).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+pub struct Topics {
+    pub requests: String,
+    pub dead_letters: String,
+    pub group: String,
+}
+
+pub async fn topics() -> Topics {
+    let requests = unique("requests");
+    let dead_letters = format!("{requests}.dlq");
+    create_topic(&requests, PARTITIONS).await.unwrap();
+    create_topic(&dead_letters, 1).await.unwrap();
+    Topics {
+        requests,
+        dead_letters,
+        group: unique("workers"),
+    }
+}
+
+pub fn engine(pool: &PgPool) -> Engine {
+    let mut targets = Targets::default();
+    targets.register(
+        "echo",
+        Arc::new(FnTarget(|call: TargetCall| async move {
+            Ok::<_, StepFailure>(json!({"echo": call.request}))
+        })),
+        8,
+    );
+    let mut settings = EngineSettings::new("consumer-test");
+    settings.idle_poll_max = Duration::from_millis(50);
+    Engine::new(pool.clone(), targets, Arc::new(SystemClock), settings)
+}
+
+/// `greet`: one echo step; the input needs a string `name`.
+pub async fn register_greet(engine: &Engine) {
+    engine
+        .register_workflow(&json!({
+            "name": "greet",
+            "input_schema": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}},
+            "steps": [{"name": "hello", "target": "echo", "method": "hello", "rules": ["name = input.name"]}]
+        }))
+        .await
+        .unwrap();
+}
+
+pub fn codec() -> Arc<Codec> {
+    Arc::new(Codec::with_registry(&schema_registry_url()).unwrap())
+}
+
+pub fn consumer(engine: &Engine, topics: &Topics) -> RequestConsumer {
+    let mut settings = ConsumerSettings::new(&bootstrap_servers(), &topics.requests, &topics.group);
+    settings.batch_size = 200;
+    settings.max_request_bytes = MAX_REQUEST_BYTES;
+    settings.outage_backoff_max = Duration::from_millis(500);
+    RequestConsumer::subscribe(engine.clone(), codec(), settings).unwrap()
+}
+
+pub fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create()
+        .unwrap()
+}
+
+/// Produces raw bytes keyed `key`; returns (partition, offset).
+pub async fn produce_raw(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+    headers: Option<OwnedHeaders>,
+) -> (i32, i64) {
+    let mut record = FutureRecord::to(topic).key(key).payload(payload);
+    if let Some(headers) = headers {
+        record = record.headers(headers);
+    }
+    let delivery = producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    (delivery.partition, delivery.offset)
+}
+
+/// Produces a request for `greet`, Avro through the registry or JSON.
+pub async fn produce_request(
+    producer: &FutureProducer,
+    topic: &str,
+    job_id: Uuid,
+    input: Value,
+    avro: bool,
+) {
+    let request = WorkflowRunRequest::new(job_id, "greet", input).unwrap();
+    let bytes = if avro {
+        codec().encode(topic, &request).await.unwrap()
+    } else {
+        flotilla_contracts::json::encode(&request).unwrap()
+    };
+    produce_raw(producer, topic, &job_id.to_string(), &bytes, None).await;
+}
+
+pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// A dead-letter record: its payload and headers by name.
+#[derive(Debug)]
+pub struct Letter {
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    pub headers: HashMap<String, String>,
+}
+
+/// Reads exactly `expected` records from the dead-letter topic.
+pub async fn dead_letters(topic: &str, expected: usize) -> Vec<Letter> {
+    let consumer: StreamConsumer =
+        flotilla_tests::manual_commit_consumer_config(&unique("dlq-reader"))
+            .create()
+            .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut letters = Vec::new();
+    while letters.len() < expected {
+        let message = consumer.recv().await.unwrap();
+        let headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|Header { key, value }| {
+                        (
+                            key.to_owned(),
+                            String::from_utf8_lossy(value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        letters.push(Letter {
+            key: message.key().map(<[u8]>::to_vec),
+            payload: message.payload().unwrap_or_default().to_vec(),
+            headers,
+        });
+    }
+    flotilla_tests::close_consumer(consumer);
+    letters
+}
+
+/// The group's committed offset and the high watermark, per partition.
+pub fn committed_and_end(topic: &str, group: &str) -> Vec<(i64, i64)> {
+    let consumer: BaseConsumer = flotilla_tests::manual_commit_consumer_config(group)
+        .create()
+        .unwrap();
+    let mut partitions = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        partitions.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(partitions, Duration::from_secs(10))
+        .unwrap();
+    let result = (0..PARTITIONS)
+        .map(|p| {
+            let offset = match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                _ => 0,
+            };
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap();
+            (offset, high)
+        })
+        .collect();
+    std::thread::spawn(move || drop(consumer));
+    result
+}
+
+/// Polls until every partition's committed offset reached its end.
+pub async fn wait_committed_to_end(topic: &str, group: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (topic_owned, group_owned) = (topic.to_owned(), group.to_owned());
+        let offsets =
+            tokio::task::spawn_blocking(move || committed_and_end(&topic_owned, &group_owned))
+                .await
+                .unwrap();
+        if offsets.iter().all(|(committed, end)| committed == end) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "offsets never reached the end: {offsets:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn traceparent_header(value: &str) -> OwnedHeaders {
+    OwnedHeaders::new().insert(Header {
+        key: "traceparent",
+        value: Some(value.as_bytes()),
+    })
+}
