@@ -131,6 +131,26 @@ pub struct KafkaConfig {
     )]
     pub consumer_group: String,
 
+    /// Consume `workflow-run-requests` in this process.
+    #[arg(long, env = "FLOTILLA_CONSUME_REQUESTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub consume_requests: bool,
+
+    /// Most requests persisted in one database transaction.
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_SIZE", default_value_t = 500)]
+    pub request_batch_size: usize,
+
+    /// How long a batch waits to fill once its first request arrived.
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub request_batch_wait: Duration,
+
+    /// Requests larger than this many bytes are dead-lettered.
+    #[arg(long, env = "FLOTILLA_MAX_REQUEST_BYTES", default_value_t = 1024 * 1024)]
+    pub max_request_bytes: usize,
+
+    /// Partitions of the request and dead-letter topics when the worker creates them.
+    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = 3)]
+    pub topic_partitions: i32,
+
     /// How long to wait for the broker at start-up.
     #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,

@@ -56,8 +56,19 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
             .with_context(|| format!("registering workflows from {}", dir.display()))?;
         tracing::info!(count = loaded.len(), dir = %dir.display(), "workflows registered");
     }
+    let consumer = if config.kafka.consume_requests {
+        Some(start_consumer(&engine, &config.kafka, shutdown.clone()).await?)
+    } else {
+        None
+    };
     tracing::info!(%worker_id, loops = config.engine.worker_count, "worker ready");
     engine.run(shutdown, config.shutdown_grace).await;
+    if let Some(consumer) = consumer {
+        // It stops with the same token and commits what is durable.
+        if let Err(e) = consumer.await {
+            tracing::error!(error = %e, "request consumer task failed");
+        }
+    }
     tracing::info!(%worker_id, "worker stopped");
     pool.close().await;
     Ok(())
@@ -71,4 +82,31 @@ fn engine_settings(worker_id: &str, config: &config::EngineConfig) -> engine::En
     settings.sweep_interval = config.sweep_interval;
     settings.idle_poll_max = config.idle_poll_max;
     settings
+}
+
+async fn start_consumer(
+    engine: &engine::Engine,
+    config: &config::KafkaConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let codec = flotilla_codec::Codec::from_config(config.schema_registry_url.as_deref())
+        .context("configuring the schema registry")?;
+    let mut settings = consumer::ConsumerSettings::new(
+        &config.bootstrap_servers,
+        &config.request_topic,
+        &config.consumer_group,
+    );
+    settings.batch_size = config.request_batch_size.max(1);
+    settings.batch_wait = config.request_batch_wait;
+    settings.max_request_bytes = config.max_request_bytes;
+    kafka::ensure_topics(
+        &config.bootstrap_servers,
+        &[&settings.request_topic, &settings.dead_letter_topic],
+        config.topic_partitions,
+    )
+    .await?;
+    let consumer =
+        consumer::RequestConsumer::subscribe(engine.clone(), std::sync::Arc::new(codec), settings)?;
+    tracing::info!(topic = %config.request_topic, group = %config.consumer_group, "consuming requests");
+    Ok(tokio::spawn(consumer.run(shutdown)))
 }

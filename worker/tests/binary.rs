@@ -29,6 +29,14 @@ fn worker(database_url: &str) -> Command {
             flotilla_tests::bootstrap_servers(),
         )
         .env("FLOTILLA_WORKER_ID", "binary-test")
+        .env(
+            "FLOTILLA_REQUEST_TOPIC",
+            flotilla_tests::unique("binary-requests"),
+        )
+        .env(
+            "FLOTILLA_CONSUMER_GROUP",
+            flotilla_tests::unique("binary-workers"),
+        )
         .env("NO_COLOR", "1");
     command
 }
@@ -129,13 +137,7 @@ async fn slow_service() -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
 }
 
 #[sqlx::test(migrator = "flotilla_worker::db::MIGRATOR")]
-async fn worker_finishes_its_in_flight_segment_after_sigterm_and_exits_zero(pool: PgPool) {
-    use flotilla_worker::engine::{
-        Engine, EngineSettings, RefusalMode, Submission, SystemClock, WorkflowRef,
-    };
-    use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
-    use std::sync::Arc;
-
+async fn worker_runs_a_request_from_kafka_and_finishes_it_after_sigterm(pool: PgPool) {
     let (url, mut calls) = slow_service().await;
     let dir = std::env::temp_dir().join(format!("flotilla-binary-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(dir.join("workflows")).unwrap();
@@ -150,8 +152,10 @@ async fn worker_finishes_its_in_flight_segment_after_sigterm_and_exits_zero(pool
     });
     std::fs::write(dir.join("workflows/slow.json"), workflow.to_string()).unwrap();
 
+    let topic = flotilla_tests::unique("binary-requests");
     let mut command = worker(&url_of(&pool).await);
     command
+        .env("FLOTILLA_REQUEST_TOPIC", &topic)
         .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
         .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
         .env("FLOTILLA_SHUTDOWN_GRACE", "30s");
@@ -163,30 +167,23 @@ async fn worker_finishes_its_in_flight_segment_after_sigterm_and_exits_zero(pool
     .await
     .unwrap();
 
-    // Submit through the library, as the API and the consumer will.
-    let mut targets = Targets::default();
-    targets.register(
-        "svc",
-        Arc::new(FnTarget(|_: TargetCall| async {
-            Err::<serde_json::Value, _>(StepFailure::Defect("unused".into()))
-        })),
-        1,
-    );
-    let submitter = Engine::new(
-        pool.clone(),
-        targets,
-        Arc::new(SystemClock),
-        EngineSettings::new("test"),
-    );
+    // The request arrives over Kafka, as a client would send it.
     let job_id = uuid::Uuid::new_v4();
-    let submission = Submission {
-        job_id,
-        workflow: WorkflowRef::Stored("slow".into()),
-        input: serde_json::json!({}),
-        traceparent: None,
-    };
-    submitter
-        .submit(submission, RefusalMode::Refuse)
+    let request =
+        flotilla_contracts::WorkflowRunRequest::new(job_id, "slow", serde_json::json!({})).unwrap();
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", flotilla_tests::bootstrap_servers())
+        .create()
+        .unwrap();
+    let payload = flotilla_contracts::json::encode(&request).unwrap();
+    let key = job_id.to_string();
+    producer
+        .send(
+            rdkafka::producer::FutureRecord::to(&topic)
+                .key(&key)
+                .payload(&payload),
+            Duration::from_secs(10),
+        )
         .await
         .unwrap();
 

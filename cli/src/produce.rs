@@ -1,0 +1,101 @@
+//! `flotilla produce`: one WorkflowRunRequest to Kafka, keyed by job id.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use flotilla_codec::Codec;
+use flotilla_contracts::{WorkflowRunRequest, json};
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use uuid::Uuid;
+
+use crate::Failure;
+
+#[derive(Debug, Args)]
+pub struct ProduceArgs {
+    /// The stored workflow to run.
+    #[arg(long)]
+    workflow: String,
+    /// The input document: JSON text, or @path to read it from a file.
+    #[arg(long, default_value = "{}")]
+    input: String,
+    /// The job id (the idempotency key); a new one when omitted.
+    #[arg(long)]
+    job_id: Option<Uuid>,
+    /// Kafka broker list.
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "localhost:9092"
+    )]
+    bootstrap_servers: String,
+    /// Request topic.
+    #[arg(
+        long,
+        env = "FLOTILLA_REQUEST_TOPIC",
+        default_value = "workflow-run-requests"
+    )]
+    topic: String,
+    /// Schema Registry: Avro on the wire when set.
+    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
+    schema_registry_url: Option<String>,
+    /// Force JSON even when a registry is configured.
+    #[arg(long)]
+    json: bool,
+    /// W3C trace context to attach, so the run joins the caller's trace.
+    #[arg(long)]
+    traceparent: Option<String>,
+}
+
+pub async fn run(args: ProduceArgs) -> Result<(), Failure> {
+    let text = match args.input.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading {path}"))
+            .map_err(Failure::usage)?,
+        None => args.input.clone(),
+    };
+    let input: serde_json::Value = serde_json::from_str(&text)
+        .context("--input is not JSON")
+        .map_err(Failure::usage)?;
+    let job_id = args.job_id.unwrap_or_else(Uuid::new_v4);
+    let request = WorkflowRunRequest::new(job_id, &args.workflow, input).map_err(Failure::usage)?;
+
+    let registry = if args.json {
+        None
+    } else {
+        args.schema_registry_url.as_deref()
+    };
+    let bytes = match Codec::from_config(registry).map_err(Failure::usage)? {
+        codec if registry.is_some() => codec
+            .encode(&args.topic, &request)
+            .await
+            .map_err(Failure::delivery)?,
+        _ => json::encode(&request).map_err(Failure::usage)?,
+    };
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &args.bootstrap_servers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()
+        .map_err(Failure::delivery)?;
+    let key = job_id.to_string();
+    let mut record = FutureRecord::to(&args.topic).key(&key).payload(&bytes);
+    if let Some(traceparent) = &args.traceparent {
+        record = record.headers(OwnedHeaders::new().insert(Header {
+            key: "traceparent",
+            value: Some(traceparent.as_bytes()),
+        }));
+    }
+    let delivery = producer
+        .send(record, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| Failure::delivery(anyhow::anyhow!("producing to {}: {e}", args.topic)))?;
+    println!("{job_id}");
+    eprintln!(
+        "produced to {} partition {} offset {}",
+        args.topic, delivery.partition, delivery.offset
+    );
+    Ok(())
+}
