@@ -3,6 +3,8 @@
 //! the row and its first event commit together; a repeat of the same
 //! `job_id` is idempotent.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
@@ -116,7 +118,9 @@ impl Engine {
         mode: RefusalMode,
     ) -> Result<Submitted, SubmitError> {
         let mut tx = self.pool().begin().await?;
-        let submitted = self.submit_in(&mut tx, submission, mode, self.now()).await;
+        let submitted = self
+            .submit_in(&mut tx, submission, mode, self.now(), &mut HashMap::new())
+            .await;
         tx.commit().await?;
         if let Ok(Submitted::Created(row)) = &submitted
             && row.status() == RunStatus::Queued
@@ -139,9 +143,10 @@ impl Engine {
         let now = self.now();
         let mut tx = self.pool().begin().await?;
         let mut results = Vec::with_capacity(submissions.len());
+        let mut newest = HashMap::new();
         for submission in submissions {
             match self
-                .submit_in(&mut tx, submission, RefusalMode::Record, now)
+                .submit_in(&mut tx, submission, RefusalMode::Record, now, &mut newest)
                 .await
             {
                 Err(SubmitError::Store(e)) => return Err(e),
@@ -166,9 +171,10 @@ impl Engine {
         submission: Submission,
         mode: RefusalMode,
         now: DateTime<Utc>,
+        newest: &mut NewestDefinitions,
     ) -> Result<Submitted, SubmitError> {
         let digest = request_digest(&submission);
-        let (resolved, refusal) = match self.resolve(conn, &submission).await {
+        let (resolved, refusal) = match self.resolve(conn, &submission, newest).await {
             Ok(resolved) => (resolved, None),
             Err(refused) if refused.is_refusal() && mode == RefusalMode::Record => {
                 let resolved = Resolved {
@@ -207,7 +213,7 @@ impl Engine {
             traceparent: submission.traceparent.as_deref(),
             now,
         };
-        let Some(stamp) = runs::insert(conn, &new_run).await? else {
+        let Some(row) = runs::insert(conn, &new_run).await? else {
             return existing(conn, submission.job_id, &digest)
                 .await?
                 .ok_or(SubmitError::Conflict(submission.job_id));
@@ -219,13 +225,7 @@ impl Engine {
                 verdict: Some(REFUSED_VERDICT.into()),
             },
         };
-        outbox::insert(conn, &stamp, event, now).await?;
-        let row = runs::get(conn, submission.job_id)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt {
-                job_id: submission.job_id,
-                reason: "inserted row not found in its own transaction".into(),
-            })?;
+        outbox::insert(conn, &row.stamp(), event, now).await?;
         Ok(Submitted::Created(row))
     }
 
@@ -233,14 +233,19 @@ impl Engine {
         &self,
         conn: &mut PgConnection,
         submission: &Submission,
+        newest: &mut NewestDefinitions,
     ) -> Result<Resolved, SubmitError> {
         let (document, version) = match &submission.workflow {
             WorkflowRef::Inline(document) => (document.clone(), None),
             WorkflowRef::Stored(name) => {
-                let stored = definitions::newest(conn, name)
-                    .await?
+                if !newest.contains_key(name) {
+                    let stored = definitions::newest(conn, name).await?;
+                    newest.insert(name.clone(), stored);
+                }
+                let stored = newest[name]
+                    .as_ref()
                     .ok_or_else(|| SubmitError::UnknownWorkflow(name.clone()))?;
-                (stored.definition.0, Some(stored.version))
+                (stored.definition.0.clone(), Some(stored.version))
             }
         };
         let compiled = self.compile(&document)?;
@@ -258,6 +263,9 @@ impl Engine {
         })
     }
 }
+
+/// Newest stored definitions looked up so far in one transaction, by name.
+type NewestDefinitions = HashMap<String, Option<definitions::StoredDefinition>>;
 
 /// The verdict of a job refused at submission.
 const REFUSED_VERDICT: &str = "rejected at submission";

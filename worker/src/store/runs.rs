@@ -108,6 +108,18 @@ pub struct RunRow {
 }
 
 impl RunRow {
+    /// The stamp for an event at this row's current sequence.
+    #[must_use]
+    pub fn stamp(&self) -> EventStamp {
+        EventStamp {
+            job_id: self.job_id,
+            event_sequence: self.event_sequence,
+            workflow_name: self.workflow_name.clone(),
+            attempt: self.attempt,
+            traceparent: self.traceparent.clone(),
+        }
+    }
+
     /// The status; the schema's CHECK makes an unknown one impossible.
     #[must_use]
     pub fn status(&self) -> RunStatus {
@@ -149,21 +161,21 @@ pub struct NewRun<'a> {
     pub now: DateTime<Utc>,
 }
 
-/// Inserts a new run with its first event sequence allocated; `None` when a
-/// row with that job id exists already.
+/// Inserts a new run with its first event sequence allocated and returns
+/// it; `None` when a row with that job id exists already.
 ///
 /// # Errors
 /// Database errors.
 pub async fn insert(
     conn: &mut PgConnection,
     run: &NewRun<'_>,
-) -> Result<Option<EventStamp>, sqlx::Error> {
+) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, traceparent, created_at, updated_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1, $12, $9, $9)
          ON CONFLICT (job_id) DO NOTHING
-         RETURNING {STAMP}"
+         RETURNING {COLUMNS}"
     ))
     .bind(run.job_id)
     .bind(run.workflow_name)
