@@ -1,42 +1,40 @@
-//! `flotilla-relay`: drains the transactional outbox to the event topic.
-//! For now it connects to Postgres and Kafka and waits for a shutdown
-//! signal; draining arrives with the relay issue.
-
 use anyhow::Context as _;
-use clap::Parser;
-use flotilla_worker::config::{DatabaseConfig, KafkaConfig};
-use flotilla_worker::telemetry::{self, TelemetryConfig};
-use flotilla_worker::{db, kafka, shutdown};
-
-/// Publishes every committed outbox row to the event topic, keyed by job id.
-#[derive(Debug, Parser)]
-#[command(name = "flotilla-relay", version, about)]
-struct RelayConfig {
-    #[command(flatten)]
-    database: DatabaseConfig,
-    #[command(flatten)]
-    kafka: KafkaConfig,
-    #[command(flatten)]
-    telemetry: TelemetryConfig,
-}
+use clap::Parser as _;
+use flotilla_relay::Relay;
+use flotilla_relay::config::{Cli, Command};
+use flotilla_worker::engine::SystemClock;
+use flotilla_worker::store::outbox;
+use flotilla_worker::{db, kafka, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = RelayConfig::parse();
-    telemetry::init(&config.telemetry)?;
+    let cli = Cli::parse();
+    telemetry::init(&cli.telemetry)?;
+    if let Some(Command::ReplayFailed { database, job_id }) = cli.command {
+        let pool = db::connect(&database)
+            .await
+            .context("connecting to Postgres")?;
+        let mut conn = pool.acquire().await?;
+        let replayed = outbox::replay_failed(&mut conn, job_id, chrono::Utc::now()).await?;
+        tracing::info!(replayed, "FAILED outbox rows put back to PENDING");
+        println!("{replayed}");
+        return Ok(());
+    }
+    let (Some(database), Some(args)) = (cli.database, cli.relay) else {
+        anyhow::bail!("DATABASE_URL is required");
+    };
     let shutdown = shutdown::on_signal()?;
-    let pool = db::connect(&config.database)
+    let pool = db::connect(&database)
         .await
         .context("connecting to Postgres")?;
-    kafka::check_reachable(
-        &config.kafka.bootstrap_servers,
-        config.kafka.connect_timeout,
-    )
-    .await
-    .context("reaching the Kafka broker")?;
+    kafka::check_reachable(&args.bootstrap_servers, std::time::Duration::from_secs(10))
+        .await
+        .context("reaching the Kafka broker")?;
+    let grace = args.shutdown_grace;
+    let relay = Relay::new(pool.clone(), std::sync::Arc::new(SystemClock), args.into())?;
     tracing::info!("relay ready");
-    shutdown.cancelled().await;
-    tracing::info!("shutdown requested; stopping");
+    relay.run(shutdown, grace).await;
+    tracing::info!("relay stopped");
     pool.close().await;
     Ok(())
 }

@@ -25,7 +25,13 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
     .unwrap();
     assert_eq!(
         tables,
-        ["workflow_definition", "workflow_run", "workflow_run_outbox"]
+        [
+            "relay_bucket",
+            "relay_member",
+            "workflow_definition",
+            "workflow_run",
+            "workflow_run_outbox"
+        ]
     );
 
     // The claim, the sweeper and the relay read partial indexes.

@@ -109,3 +109,137 @@ pub async fn events_of(
     .await?;
     Ok(rows.into_iter().map(|(Json(event),)| event).collect())
 }
+
+/// A PENDING row as the relay publishes it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PendingEvent {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub job_id: Uuid,
+    pub sequence: i64,
+    pub event_type: String,
+    pub payload: Json<WorkflowRunEvent>,
+    pub traceparent: Option<String>,
+    pub attempts: i32,
+}
+
+/// PENDING rows of `buckets` that may go out now, oldest first: due rows
+/// whose job has no earlier PENDING row still backing off (so a job's later
+/// events never overtake an earlier one being retried). FAILED rows do not
+/// hold later ones back.
+///
+/// # Errors
+/// Database errors.
+pub async fn publishable(
+    conn: &mut PgConnection,
+    buckets: &[i16],
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<PendingEvent>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, event_id, job_id, sequence, event_type, payload, traceparent, attempts
+         FROM workflow_run_outbox o
+         WHERE status = 'PENDING' AND bucket = ANY($1) AND next_attempt_at <= $2
+           AND NOT EXISTS (
+               SELECT 1 FROM workflow_run_outbox earlier
+               WHERE earlier.job_id = o.job_id AND earlier.sequence < o.sequence
+                 AND earlier.status = 'PENDING' AND earlier.next_attempt_at > $2)
+         ORDER BY id
+         LIMIT $3",
+    )
+    .bind(buckets)
+    .bind(now)
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
+
+/// Marks rows PUBLISHED (the broker acknowledged them).
+///
+/// # Errors
+/// Database errors.
+pub async fn mark_published(
+    conn: &mut PgConnection,
+    ids: &[i64],
+    now: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE workflow_run_outbox SET status = 'PUBLISHED', published_at = $2, last_error = NULL
+         WHERE id = ANY($1) AND status = 'PENDING'",
+    )
+    .bind(ids)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Publish attempts a row gets before it lands FAILED.
+pub const MAX_PUBLISH_ATTEMPTS: i32 = 10;
+
+/// Counts a failed publish of row `id`: backs it off (`base × 2^(attempts−1)`)
+/// or, at the tenth attempt, lands it FAILED with the error.
+///
+/// # Errors
+/// Database errors.
+pub async fn record_failure(
+    conn: &mut PgConnection,
+    id: i64,
+    error: &str,
+    next_attempt_at: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workflow_run_outbox SET attempts = attempts + 1, last_error = $2, next_attempt_at = $3,
+             status = CASE WHEN attempts + 1 >= $4 THEN 'FAILED' ELSE 'PENDING' END
+         WHERE id = $1 AND status = 'PENDING'",
+    )
+    .bind(id)
+    .bind(error)
+    .bind(next_attempt_at)
+    .bind(MAX_PUBLISH_ATTEMPTS)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Deletes up to `limit` PUBLISHED rows published before `cutoff`.
+///
+/// # Errors
+/// Database errors.
+pub async fn delete_published_before(
+    conn: &mut PgConnection,
+    cutoff: DateTime<Utc>,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM workflow_run_outbox WHERE id IN (
+             SELECT id FROM workflow_run_outbox WHERE status = 'PUBLISHED' AND published_at < $1
+             ORDER BY published_at LIMIT $2)",
+    )
+    .bind(cutoff)
+    .bind(limit)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Operator action: FAILED rows (of one job, or all) back to PENDING with
+/// fresh attempts. Returns how many.
+///
+/// # Errors
+/// Database errors.
+pub async fn replay_failed(
+    conn: &mut PgConnection,
+    job_id: Option<Uuid>,
+    now: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE workflow_run_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = $2
+         WHERE status = 'FAILED' AND ($1::uuid IS NULL OR job_id = $1)",
+    )
+    .bind(job_id)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,162 @@
+//! `flotilla-relay`: drains the transactional outbox to the event topic
+//! (DESIGN.md guarantee 8). Rows are published oldest first, keyed by job id,
+//! with the idempotent producer, and marked PUBLISHED only after the broker
+//! acknowledged them: at least once, with the same `event_id` on a repeat.
+//! Per-job order across replicas comes from bucket ownership ([`buckets`]).
+
+pub mod buckets;
+pub mod config;
+pub mod publisher;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_worker::engine::Clock;
+use flotilla_worker::store::outbox;
+use rdkafka::ClientConfig;
+use rdkafka::producer::FutureProducer;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+pub use config::RelaySettings;
+use publisher::{DrainReport, PublishedBatch, Publisher};
+
+/// A relay: its bucket leases, its producer and its settings.
+#[derive(Debug, Clone)]
+pub struct Relay {
+    pool: PgPool,
+    clock: Arc<dyn Clock>,
+    leases: buckets::BucketLeases,
+    publisher: Publisher,
+    settings: RelaySettings,
+}
+
+const IDLE_POLL_MIN: Duration = Duration::from_millis(5);
+
+impl Relay {
+    /// Builds the relay and its idempotent producer.
+    ///
+    /// # Errors
+    /// The producer cannot be created.
+    pub fn new(
+        pool: PgPool,
+        clock: Arc<dyn Clock>,
+        settings: RelaySettings,
+    ) -> anyhow::Result<Self> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &settings.bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set(
+                "message.timeout.ms",
+                settings.delivery_timeout.as_millis().to_string(),
+            )
+            .set("message.max.bytes", settings.max_message_bytes.to_string());
+        let producer: FutureProducer = config.create()?;
+        let codec = Arc::new(flotilla_codec::Codec::from_config(
+            settings.schema_registry_url.as_deref(),
+        )?);
+        let publisher = Publisher::new(producer, codec, settings.event_topic.clone());
+        let leases =
+            buckets::BucketLeases::new(pool.clone(), settings.relay_id.clone(), settings.lease);
+        Ok(Self {
+            pool,
+            clock,
+            leases,
+            publisher,
+            settings,
+        })
+    }
+
+    /// Takes its share of buckets and publishes what they hold, without marking.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn publish_once(&self) -> Result<PublishedBatch, sqlx::Error> {
+        let now = self.clock.now();
+        let buckets = self.leases.rebalance(now).await?;
+        let rows = {
+            let mut conn = self.pool.acquire().await?;
+            outbox::publishable(&mut conn, &buckets, now, self.settings.batch_size).await?
+        };
+        Ok(self.publisher.publish(rows).await)
+    }
+
+    /// One round: publish, then mark.
+    ///
+    /// # Errors
+    /// Database errors (nothing acknowledged is lost: it is published again).
+    pub async fn drain_once(&self) -> Result<DrainReport, sqlx::Error> {
+        let batch = self.publish_once().await?;
+        batch
+            .mark(&self.pool, self.clock.now(), self.settings.backoff_base)
+            .await
+    }
+
+    /// Deletes PUBLISHED rows older than the retention, in bounded batches.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn apply_retention(&self) -> Result<u64, sqlx::Error> {
+        let cutoff = self.clock.now() - self.settings.retention;
+        let mut deleted = 0;
+        loop {
+            let mut conn = self.pool.acquire().await?;
+            let batch =
+                outbox::delete_published_before(&mut conn, cutoff, self.settings.retention_batch)
+                    .await?;
+            deleted += batch;
+            if batch < u64::try_from(self.settings.retention_batch).unwrap_or(u64::MAX) {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    /// Publishes until `shutdown`; the round in flight finishes (its delivery
+    /// reports awaited and marked) within `grace`, then the buckets are released.
+    pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
+        let mut idle = IDLE_POLL_MIN;
+        let mut retention_due = tokio::time::Instant::now();
+        while !shutdown.is_cancelled() {
+            let round =
+                tokio::time::timeout(grace.max(self.settings.delivery_timeout), self.drain_once());
+            let pause = match round.await {
+                Ok(Ok(report)) if report.published + report.failed > 0 => {
+                    idle = IDLE_POLL_MIN;
+                    tracing::debug!(?report, "relay round");
+                    continue;
+                }
+                Ok(Ok(_)) => {
+                    let pause = idle;
+                    idle = (idle * 2).min(self.settings.idle_poll_max);
+                    pause
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "relay round failed");
+                    Duration::from_secs(1)
+                }
+                Err(_) => {
+                    tracing::warn!("relay round took too long; its rows stay PENDING");
+                    Duration::from_secs(1)
+                }
+            };
+            if tokio::time::Instant::now() >= retention_due {
+                match self.apply_retention().await {
+                    Ok(0) => {}
+                    Ok(deleted) => tracing::info!(deleted, "retention deleted published rows"),
+                    Err(e) => tracing::warn!(error = %e, "retention failed"),
+                }
+                retention_due = tokio::time::Instant::now() + self.settings.retention_interval;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = shutdown.cancelled() => {}
+            }
+        }
+        if let Err(e) = self.leases.release_all().await {
+            tracing::warn!(error = %e, "releasing buckets failed; they expire with their lease");
+        }
+    }
+}
