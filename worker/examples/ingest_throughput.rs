@@ -29,7 +29,9 @@ const PARTITIONS: i32 = 3;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .init();
     let requests: usize = std::env::args().nth(1).map_or(Ok(100_000), |a| a.parse())?;
     let server = std::env::var("DATABASE_URL")?;
