@@ -36,12 +36,14 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     let pool = db::connect(&config.database)
         .await
         .context("connecting to Postgres")?;
-    kafka::check_reachable(
-        &config.kafka.bootstrap_servers,
-        config.kafka.connect_timeout,
-    )
-    .await
-    .context("reaching the Kafka broker")?;
+    if config.kafka.consume_requests {
+        kafka::check_reachable(
+            &config.kafka.bootstrap_servers,
+            config.kafka.connect_timeout,
+        )
+        .await
+        .context("reaching the Kafka broker")?;
+    }
 
     let engine = engine::Engine::new(
         pool.clone(),
