@@ -43,6 +43,8 @@ pub struct WorkerConfig {
 
     #[command(flatten)]
     pub engine: EngineConfig,
+    #[command(flatten)]
+    pub http: HttpConfig,
 
     /// How long in-flight work may take to finish after SIGTERM.
     #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -186,4 +188,29 @@ pub struct EngineConfig {
     /// Longest an idle claim loop waits before polling the queue again.
     #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub idle_poll_max: Duration,
+}
+
+/// The HTTP API's settings.
+#[derive(Debug, Clone, Args)]
+pub struct HttpConfig {
+    /// API, health and metrics listener.
+    #[arg(long, env = "FLOTILLA_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: std::net::SocketAddr,
+
+    /// Comma-separated bearer tokens accepted on `/v1/*`.
+    #[arg(
+        long,
+        env = "FLOTILLA_API_TOKENS",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub api_tokens: String,
+
+    /// Serve `/v1/*` without auth when no tokens are configured (never in production).
+    #[arg(long, env = "FLOTILLA_INSECURE_NO_AUTH", default_value_t = false)]
+    pub insecure_no_auth: bool,
+
+    /// Largest request body accepted, in bytes (413 above).
+    #[arg(long, env = "FLOTILLA_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
 }

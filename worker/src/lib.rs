@@ -3,6 +3,7 @@
 //! a thin shell over [`run`]. The request consumer and the HTTP API arrive
 //! with their issues.
 
+pub mod api;
 pub mod config;
 pub mod consumer;
 pub mod db;
@@ -27,6 +28,11 @@ pub use config::WorkerConfig;
 /// file or a workflow definition is invalid.
 pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let worker_id = config.worker_id()?;
+    let tokens = api::tokens_from(&config.http.api_tokens);
+    anyhow::ensure!(
+        !tokens.0.is_empty() || config.http.insecure_no_auth,
+        "no API tokens: set FLOTILLA_API_TOKENS, or pass --insecure-no-auth to serve /v1 without auth"
+    );
     tracing::info!(%worker_id, "worker starting");
     let mut targets = target::Targets::default();
     if let Some(path) = &config.engine.targets_file {
@@ -63,6 +69,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     } else {
         None
     };
+    let api = start_api(&engine, &config, shutdown.clone()).await?;
     tracing::info!(%worker_id, loops = config.engine.worker_count, "worker ready");
     engine.run(shutdown, config.shutdown_grace).await;
     if let Some(consumer) = consumer {
@@ -70,6 +77,9 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         if let Err(e) = consumer.await {
             tracing::error!(error = %e, "request consumer task failed");
         }
+    }
+    if let Err(e) = api.await {
+        tracing::error!(error = %e, "API task failed");
     }
     tracing::info!(%worker_id, "worker stopped");
     pool.close().await;
@@ -111,4 +121,28 @@ async fn start_consumer(
         consumer::RequestConsumer::subscribe(engine.clone(), std::sync::Arc::new(codec), settings)?;
     tracing::info!(topic = %config.request_topic, group = %config.consumer_group, "consuming requests");
     Ok(tokio::spawn(consumer.run(shutdown)))
+}
+
+async fn start_api(
+    engine: &engine::Engine,
+    config: &WorkerConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let tokens = api::tokens_from(&config.http.api_tokens);
+    if tokens.0.is_empty() {
+        tracing::warn!("the API serves /v1 WITHOUT AUTH (--insecure-no-auth)");
+    }
+    let state = api::ApiState {
+        engine: engine.clone(),
+        bootstrap_servers: config
+            .kafka
+            .consume_requests
+            .then(|| config.kafka.bootstrap_servers.clone()),
+    };
+    let router = api::router(state, tokens, config.http.max_body_bytes);
+    let listener = tokio::net::TcpListener::bind(config.http.http_addr)
+        .await
+        .with_context(|| format!("binding the API on {}", config.http.http_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "API listening");
+    Ok(tokio::spawn(api::serve(listener, router, shutdown)))
 }

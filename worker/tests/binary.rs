@@ -29,6 +29,8 @@ fn worker(database_url: &str) -> Command {
             flotilla_tests::bootstrap_servers(),
         )
         .env("FLOTILLA_WORKER_ID", "binary-test")
+        .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
+        .env("FLOTILLA_API_TOKENS", "test-token")
         .env(
             "FLOTILLA_REQUEST_TOPIC",
             flotilla_tests::unique("binary-requests"),
@@ -207,4 +209,18 @@ async fn worker_runs_a_request_from_kafka_and_finishes_it_after_sigterm(pool: Pg
         "the in-flight segment finished before exit:\n{output}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn worker_refuses_to_serve_the_api_without_tokens_unless_told_to() {
+    let mut command = worker("postgres://postgres@127.0.0.1:1/none");
+    command.env("FLOTILLA_API_TOKENS", "");
+    let mut running = Running::start(command);
+    let status = running.wait(Duration::from_secs(30));
+    assert!(!status.success());
+    assert!(
+        running.output.iter().any(|l| l.contains("no API tokens")),
+        "{}",
+        running.output.join("\n")
+    );
 }

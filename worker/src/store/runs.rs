@@ -470,3 +470,30 @@ pub async fn retry(
     .fetch_optional(conn)
     .await
 }
+
+/// A page of jobs, newest first, after `before` (a `(created_at, job_id)` cursor).
+///
+/// # Errors
+/// Database errors.
+pub async fn list(
+    conn: &mut PgConnection,
+    status: Option<RunStatus>,
+    workflow_name: Option<&str>,
+    before: Option<(DateTime<Utc>, Uuid)>,
+    limit: i64,
+) -> Result<Vec<RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM workflow_run
+         WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR workflow_name = $2)
+           AND ($3::timestamptz IS NULL OR (created_at, job_id) < ($3, $4))
+         ORDER BY created_at DESC, job_id DESC
+         LIMIT $5"
+    ))
+    .bind(status.map(RunStatus::as_str))
+    .bind(workflow_name)
+    .bind(before.map(|(at, _)| at))
+    .bind(before.map(|(_, id)| id))
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
