@@ -38,6 +38,8 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 /// The whole router.
 pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
+    // Install the recorder before any counter is touched, so none is lost.
+    let _ = prometheus();
     let v1 = Router::new()
         .route("/jobs", post(jobs::submit).get(jobs::list))
         .route("/jobs/{job_id}", get(jobs::get))
@@ -57,6 +59,7 @@ pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
             get(|| async { axum::Json(json!({ "status": "ok" })) }),
         )
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(|| async { Problem::not_found("no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
@@ -90,6 +93,40 @@ async fn readyz(State(state): State<ApiState>) -> Result<axum::Json<serde_json::
             })?;
     }
     Ok(axum::Json(json!({ "status": "ready" })))
+}
+
+/// The process's Prometheus recorder, installed on first use (once per process).
+fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+                Ok(handle) => Some(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no Prometheus recorder: another one is installed");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Prometheus text exposition of the process's metrics.
+async fn metrics() -> Result<([(axum::http::HeaderName, &'static str); 1], String), Problem> {
+    let handle = prometheus().ok_or_else(|| {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder unavailable",
+        )
+    })?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        handle.render(),
+    ))
 }
 
 /// Serves `router` on `listener` until `shutdown`.
