@@ -1,0 +1,249 @@
+//! The API verbs: submit, get, list, complete, retry, cancel, workflows.
+
+use clap::{Args, Subcommand};
+use reqwest::Method;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::Failure;
+use crate::client::ApiArgs;
+
+/// JSON text, or @path to read it from a file.
+pub fn json_arg(raw: &str, what: &str) -> Result<Value, Failure> {
+    let text = match raw.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| Failure::usage(anyhow::anyhow!("reading {path}: {e}")))?,
+        None => raw.to_owned(),
+    };
+    serde_json::from_str(&text)
+        .map_err(|e| Failure::usage(anyhow::anyhow!("{what} is not JSON: {e}")))
+}
+
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// A stored workflow to run.
+    #[arg(
+        long,
+        conflicts_with = "workflow_file",
+        required_unless_present = "workflow_file"
+    )]
+    workflow: Option<String>,
+    /// An inline workflow definition (@file or JSON).
+    #[arg(long = "definition")]
+    workflow_file: Option<String>,
+    /// The input document (JSON or @file).
+    #[arg(long, default_value = "{}")]
+    input: String,
+    /// The job id (idempotency key).
+    #[arg(long)]
+    job_id: Option<Uuid>,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[arg(long)]
+    status: Option<String>,
+    #[arg(long)]
+    workflow: Option<String>,
+    #[arg(long, default_value_t = 0)]
+    limit: i64,
+    #[arg(long)]
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkflowsCommand {
+    /// Register a definition (JSON or @file) as the newest version of its name.
+    Put { definition: String },
+    /// Show the newest version of a workflow.
+    Get { name: String },
+    /// List the newest version of every workflow.
+    List,
+}
+
+fn print_jobs(jobs: &[Value]) {
+    println!(
+        "{:<36}  {:<10}  {:<20}  {:>7}  {:<24}  VERDICT / ERROR",
+        "JOB", "STATUS", "WORKFLOW", "ATTEMPT", "UPDATED"
+    );
+    for job in jobs {
+        let note = job["verdict"]
+            .as_str()
+            .or_else(|| job["error"].as_str())
+            .unwrap_or("");
+        println!(
+            "{:<36}  {:<10}  {:<20}  {:>3}/{:<3}  {:<24}  {note}",
+            job["job_id"].as_str().unwrap_or(""),
+            job["status"].as_str().unwrap_or(""),
+            job["workflow_name"].as_str().unwrap_or(""),
+            job["attempt"],
+            job["max_attempts"],
+            job["updated_at"].as_str().unwrap_or(""),
+        );
+    }
+}
+
+fn show(api: &ApiArgs, value: &Value, table: impl FnOnce(&Value)) {
+    if api.json {
+        println!("{value}");
+    } else {
+        table(value);
+    }
+}
+
+pub async fn submit(api: &ApiArgs, args: SubmitArgs) -> Result<(), Failure> {
+    let mut body = json!({ "input": json_arg(&args.input, "--input")? });
+    match (args.workflow, args.workflow_file) {
+        (Some(name), _) => body["workflow_name"] = json!(name),
+        (None, Some(raw)) => body["workflow"] = json_arg(&raw, "--definition")?,
+        (None, None) => {
+            return Err(Failure::usage(anyhow::anyhow!(
+                "give --workflow or --definition"
+            )));
+        }
+    }
+    if let Some(id) = args.job_id {
+        body["job_id"] = json!(id);
+    }
+    let job = api.call(Method::POST, "/v1/jobs", Some(&body)).await?;
+    show(api, &job, |job| {
+        println!("{}", job["job_id"].as_str().unwrap_or(""))
+    });
+    Ok(())
+}
+
+pub async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
+    let job = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}"), None)
+        .await?;
+    show(api, &job, |job| {
+        print_jobs(std::slice::from_ref(job));
+        if let Some(step) = job["outstanding_step"].as_str() {
+            println!("waiting on step: {step}");
+        }
+        for checkpoint in job["checkpoints"].as_array().into_iter().flatten() {
+            println!(
+                "  checkpoint {}: {}",
+                checkpoint["name"].as_str().unwrap_or("?"),
+                checkpoint["response"]
+            );
+        }
+        if !job["result"].is_null() {
+            println!("result: {}", job["result"]);
+        }
+    });
+    Ok(())
+}
+
+pub async fn list(api: &ApiArgs, args: ListArgs) -> Result<(), Failure> {
+    let mut query = vec![format!("limit={}", args.limit)];
+    for (key, value) in [
+        ("status", args.status),
+        ("workflow_name", args.workflow),
+        ("cursor", args.cursor),
+    ] {
+        if let Some(value) = value {
+            query.push(format!("{key}={value}"));
+        }
+    }
+    let page = api
+        .call(Method::GET, &format!("/v1/jobs?{}", query.join("&")), None)
+        .await?;
+    show(api, &page, |page| {
+        print_jobs(page["jobs"].as_array().map_or(&[], Vec::as_slice));
+        if let Some(cursor) = page["next_cursor"].as_str() {
+            println!("more: --cursor {cursor}");
+        }
+    });
+    Ok(())
+}
+
+pub async fn complete(
+    api: &ApiArgs,
+    job_id: &str,
+    step: &str,
+    response: &str,
+) -> Result<(), Failure> {
+    let body = json!({ "response": json_arg(response, "the response")? });
+    let outcome = api
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{job_id}/steps/{step}/complete"),
+            Some(&body),
+        )
+        .await?;
+    show(api, &outcome, |o| {
+        println!("{}", o["outcome"].as_str().unwrap_or(""))
+    });
+    Ok(())
+}
+
+pub async fn verb(
+    api: &ApiArgs,
+    job_id: &str,
+    verb: &str,
+    reason: Option<String>,
+) -> Result<(), Failure> {
+    let body = reason.map(|reason| json!({ "reason": reason }));
+    let job = api
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{job_id}/{verb}"),
+            body.as_ref(),
+        )
+        .await?;
+    show(api, &job, |job| print_jobs(std::slice::from_ref(job)));
+    Ok(())
+}
+
+pub async fn workflows(api: &ApiArgs, command: WorkflowsCommand) -> Result<(), Failure> {
+    match command {
+        WorkflowsCommand::Put { definition } => {
+            let document = json_arg(&definition, "the definition")?;
+            let name = document["name"]
+                .as_str()
+                .ok_or_else(|| Failure::usage(anyhow::anyhow!("the definition has no name")))?
+                .to_owned();
+            let stored = api
+                .call(
+                    Method::PUT,
+                    &format!("/v1/workflows/{name}"),
+                    Some(&document),
+                )
+                .await?;
+            show(api, &stored, |s| {
+                println!(
+                    "{} version {}",
+                    s["name"].as_str().unwrap_or(""),
+                    s["version"]
+                )
+            });
+        }
+        WorkflowsCommand::Get { name } => {
+            let stored = api
+                .call(Method::GET, &format!("/v1/workflows/{name}"), None)
+                .await?;
+            show(api, &stored, |s| {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&s["definition"]).unwrap_or_default()
+                )
+            });
+        }
+        WorkflowsCommand::List => {
+            let all = api.call(Method::GET, "/v1/workflows", None).await?;
+            show(api, &all, |all| {
+                println!("{:<30}  {:>7}  CREATED", "NAME", "VERSION");
+                for w in all["workflows"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<30}  {:>7}  {}",
+                        w["name"].as_str().unwrap_or(""),
+                        w["version"],
+                        w["created_at"].as_str().unwrap_or("")
+                    );
+                }
+            });
+        }
+    }
+    Ok(())
+}

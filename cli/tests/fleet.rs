@@ -1,0 +1,116 @@
+//! The CLI against a running fleet member: the API, the claim loops and a
+//! relay in this process, the `flotilla` binary driving them over HTTP and
+//! following the event topic (submit → get → complete → tail until terminal).
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_relay::{Relay, RelaySettings};
+use flotilla_tests::process::Running;
+use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, create_topic, unique};
+use flotilla_worker::api::{self, ApiState};
+use flotilla_worker::engine::{Engine, EngineSettings, SystemClock};
+use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+
+/// Runs `flotilla` with `args` off the async runtime; returns (exit code, stdout+stderr lines).
+async fn flotilla(
+    env: Vec<(&'static str, String)>,
+    args: Vec<String>,
+) -> (Option<i32>, Vec<String>) {
+    tokio::task::spawn_blocking(move || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+        command.args(&args).envs(env);
+        let mut running = Running::start(command);
+        let status = running.wait(Duration::from_secs(60));
+        (status.code(), std::mem::take(&mut running.output))
+    })
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_cli_drives_a_job_from_submit_to_its_completed_event(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let mut targets = Targets::default();
+        targets.register("echo", Arc::new(FnTarget(|call: TargetCall| async move { Ok::<_, StepFailure>(json!({"echo": call.request})) })), 8);
+        let engine = Engine::new(pool.clone(), targets, Arc::new(SystemClock), EngineSettings::new("cli-test"));
+        let state = ApiState { engine: engine.clone(), bootstrap_servers: None };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let stop = CancellationToken::new();
+        tokio::spawn(api::serve(listener, api::router(state, api::tokens_from("cli-token"), api::DEFAULT_BODY_LIMIT), stop.clone()));
+        tokio::spawn({
+            let (engine, stop) = (engine.clone(), stop.clone());
+            async move { engine.run(stop, Duration::from_secs(5)).await }
+        });
+        let topic = unique("cli-events");
+        create_topic(&topic, 3).await.unwrap();
+        let relay = Relay::new(pool.clone(), Arc::new(SystemClock), RelaySettings::new(&bootstrap_servers(), &topic, "cli-relay")).unwrap();
+        tokio::spawn({
+            let stop = stop.clone();
+            async move { relay.run(stop, Duration::from_secs(5)).await }
+        });
+
+        let env = vec![
+            ("FLOTILLA_URL", url.clone()),
+            ("FLOTILLA_TOKEN", "cli-token".to_owned()),
+            ("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers()),
+            ("FLOTILLA_EVENT_TOPIC", topic.clone()),
+        ];
+        let definition = json!({
+            "name": "approval", "input_schema": {},
+            "steps": [
+                {"name": "check", "target": "echo", "method": "check", "rules": ["who = input.who"]},
+                {"name": "approve", "target": "echo", "method": "approve", "completion": "external"}
+            ]
+        });
+        let s = |v: &str| v.to_owned();
+        let (code, out) = flotilla(env.clone(), vec![s("workflows"), s("put"), definition.to_string()]).await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let (code, out) = flotilla(env.clone(), vec![s("submit"), s("--workflow"), s("approval"), s("--input"), s(r#"{"who":"ada"}"#)]).await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let job_id = out.last().unwrap().trim().to_owned();
+        uuid::Uuid::parse_str(&job_id).unwrap();
+
+        // Wait until the job parks, through `get --json`.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (code, out) = flotilla(env.clone(), vec![s("get"), job_id.clone(), s("--json")]).await;
+            assert_eq!(code, Some(0), "{out:?}");
+            let job: Value = serde_json::from_str(&out[0]).unwrap();
+            if job["status"] == "WAITING" {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the job never parked: {job}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (code, out) = flotilla(env.clone(), vec![s("complete"), job_id.clone(), s("approve"), s(r#"{"ok":true}"#)]).await;
+        assert_eq!((code, out[0].as_str()), (Some(0), "COMPLETED"), "{out:?}");
+        let (code, out) = flotilla(env.clone(), vec![s("tail"), s("--job"), job_id.clone(), s("--until-terminal"), s("--timeout"), s("60s")]).await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let kinds: Vec<&str> = out.iter().filter_map(|l| l.split_whitespace().nth(3)).collect();
+        assert_eq!(kinds, ["ACCEPTED", "STEP_CHECKPOINT", "WAITING", "STEP_CHECKPOINT", "COMPLETED"], "{out:?}");
+
+        // Exit codes scripts rely on.
+        let (code, _) = flotilla(env.clone(), vec![s("get"), uuid::Uuid::new_v4().to_string()]).await;
+        assert_eq!(code, Some(3), "not found");
+        let (code, _) = flotilla(env.clone(), vec![s("complete"), job_id.clone(), s("check"), s("{}")]).await;
+        assert_eq!(code, Some(4), "wrong state");
+        let mut bad_token = env.clone();
+        bad_token[1].1 = "nope".into();
+        let (code, _) = flotilla(bad_token, vec![s("list")]).await;
+        assert_eq!(code, Some(5), "not authorised");
+        let (code, out) = flotilla(env.clone(), vec![s("list"), s("--workflow"), s("approval")]).await;
+        assert_eq!(code, Some(0));
+        assert!(out.iter().any(|l| l.starts_with(&job_id) && l.contains("COMPLETED")), "{out:?}");
+        stop.cancel();
+    })
+    .await
+    .expect("the CLI test timed out");
+}
