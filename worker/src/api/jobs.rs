@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::ApiState;
-use super::problem::{ApiJson, Problem};
+use super::problem::{ApiJson, Problem, ProblemDoc};
 use crate::engine::{
     CompleteError, CompleteOutcome, OperatorError, RefusalMode, Submission, SubmitError, Submitted,
     WorkflowRef,
@@ -17,18 +17,22 @@ use crate::engine::{
 use crate::store::runs::{self, RunRow, RunStatus};
 
 /// A job as the API returns it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct JobView {
     pub job_id: Uuid,
     pub workflow_name: String,
     pub workflow_version: Option<i32>,
+    #[schema(value_type = String, example = "QUEUED")]
     pub status: RunStatus,
     pub attempt: i32,
     pub max_attempts: i32,
     pub run_after: DateTime<Utc>,
     pub outstanding_step: Option<String>,
+    #[schema(value_type = Object)]
     pub input: Value,
+    #[schema(value_type = Object)]
     pub checkpoints: Value,
+    #[schema(value_type = Option<Object>)]
     pub result: Option<Value>,
     pub verdict: Option<String>,
     pub error: Option<String>,
@@ -67,19 +71,23 @@ fn job_id(raw: &str) -> Result<Uuid, Problem> {
         .map_err(|e| Problem::bad_request(format!("job id {raw:?} is not a UUID: {e}")))
 }
 
-#[derive(Debug, Deserialize)]
+/// Exactly one of `workflow` (inline definition) and `workflow_name`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBody {
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     workflow: Option<Value>,
     #[serde(default)]
     workflow_name: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     input: Value,
     #[serde(default)]
     job_id: Option<Uuid>,
 }
 
+#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json"), (status = 401, description = "no token", body = ProblemDoc, content_type = "application/problem+json"), (status = 403, description = "wrong token", body = ProblemDoc, content_type = "application/problem+json"), (status = 503, description = "database unavailable", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub async fn submit(
     State(state): State<ApiState>,
     ApiJson(body): ApiJson<SubmitBody>,
@@ -145,6 +153,7 @@ pub async fn submit(
     }
 }
 
+#[utoipa::path(get, path = "/v1/jobs/{job_id}", params(("job_id" = String, Path, description = "the job id (UUID)")), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 401, description = "no token", body = ProblemDoc, content_type = "application/problem+json"), (status = 403, description = "wrong token", body = ProblemDoc, content_type = "application/problem+json"), (status = 503, description = "database unavailable", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub async fn get(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
@@ -157,7 +166,8 @@ pub async fn get(
     Ok(axum::Json(row.into()))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     status: Option<String>,
     workflow_name: Option<String>,
@@ -169,6 +179,7 @@ pub struct ListQuery {
 const DEFAULT_LIMIT: i64 = 50;
 const MAX_LIMIT: i64 = 500;
 
+#[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, description = "`{jobs, next_cursor}`, newest first"), (status = 400, description = "bad status, limit or cursor", body = ProblemDoc, content_type = "application/problem+json"), (status = 401, description = "no token", body = ProblemDoc, content_type = "application/problem+json"), (status = 403, description = "wrong token", body = ProblemDoc, content_type = "application/problem+json"), (status = 503, description = "database unavailable", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub async fn list(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
@@ -226,12 +237,14 @@ fn parse_cursor(raw: &str) -> Result<(DateTime<Utc>, Uuid), Problem> {
     Ok((at, Uuid::parse_str(id).map_err(|_| bad())?))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteBody {
+    #[schema(value_type = Object)]
     response: Value,
 }
 
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/steps/{step_name}/complete", params(("job_id" = String, Path), ("step_name" = String, Path)), request_body = CompleteBody, responses((status = 200, description = "`{outcome: COMPLETED | ALREADY_DONE}`"), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "wrong state; the body has the job status", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "response rejected; the job failed", body = ProblemDoc, content_type = "application/problem+json"), (status = 401, description = "no token", body = ProblemDoc, content_type = "application/problem+json"), (status = 403, description = "wrong token", body = ProblemDoc, content_type = "application/problem+json"), (status = 503, description = "database unavailable", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub async fn complete(
     State(state): State<ApiState>,
     Path((raw, step)): Path<(String, String)>,
@@ -277,6 +290,7 @@ fn operator_problem(e: OperatorError) -> Problem {
     }
 }
 
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/retry", params(("job_id" = String, Path)), responses((status = 200, body = JobView), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not DEAD, FAILED or CANCELLED", body = ProblemDoc, content_type = "application/problem+json"), (status = 401, description = "no token", body = ProblemDoc, content_type = "application/problem+json"), (status = 403, description = "wrong token", body = ProblemDoc, content_type = "application/problem+json"), (status = 503, description = "database unavailable", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub async fn retry(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
@@ -289,13 +303,14 @@ pub async fn retry(
     Ok(axum::Json(row.into()))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
     #[serde(default)]
     reason: Option<String>,
 }
 
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/cancel", params(("job_id" = String, Path)), request_body(content = Option<CancelBody>), responses((status = 200, body = JobView), (status = 400, description = "bad body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not QUEUED or WAITING", body = ProblemDoc, content_type = "application/problem+json"), (status = 401, description = "no token", body = ProblemDoc, content_type = "application/problem+json"), (status = 403, description = "wrong token", body = ProblemDoc, content_type = "application/problem+json"), (status = 503, description = "database unavailable", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub async fn cancel(
     State(state): State<ApiState>,
     Path(raw): Path<String>,

@@ -5,18 +5,17 @@
 
 mod auth;
 mod jobs;
+pub mod openapi;
+mod ops;
 pub mod problem;
 mod workflows;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post, put};
-use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -39,7 +38,7 @@ pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// The whole router.
 pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
     // Install the recorder before any counter is touched, so none is lost.
-    let _ = prometheus();
+    let _ = ops::prometheus();
     let v1 = Router::new()
         .route("/jobs", post(jobs::submit).get(jobs::list))
         .route("/jobs/{job_id}", get(jobs::get))
@@ -54,79 +53,13 @@ pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
         .route_layer(middleware::from_fn_with_state(tokens, auth::require_token));
     Router::new()
         .nest("/v1", v1)
-        .route(
-            "/healthz",
-            get(|| async { axum::Json(json!({ "status": "ok" })) }),
-        )
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .route("/openapi.json", get(ops::openapi))
         .fallback(|| async { Problem::not_found("no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
-}
-
-/// Ready when the database and (if configured) the broker answer.
-async fn readyz(State(state): State<ApiState>) -> Result<axum::Json<serde_json::Value>, Problem> {
-    let database = tokio::time::timeout(
-        Duration::from_secs(2),
-        sqlx::query("SELECT 1").execute(state.engine.pool()),
-    )
-    .await;
-    match database {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(Problem::unavailable(&e)),
-        Err(_) => {
-            return Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "database did not answer within 2 s",
-            ));
-        }
-    }
-    if let Some(bootstrap) = &state.bootstrap_servers {
-        crate::kafka::check_reachable(bootstrap, Duration::from_secs(2))
-            .await
-            .map_err(|e| {
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("broker unavailable: {e:#}"),
-                )
-            })?;
-    }
-    Ok(axum::Json(json!({ "status": "ready" })))
-}
-
-/// The process's Prometheus recorder, installed on first use (once per process).
-fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
-    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
-        std::sync::OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-                Ok(handle) => Some(handle),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no Prometheus recorder: another one is installed");
-                    None
-                }
-            }
-        })
-        .as_ref()
-}
-
-/// Prometheus text exposition of the process's metrics.
-async fn metrics() -> Result<([(axum::http::HeaderName, &'static str); 1], String), Problem> {
-    let handle = prometheus().ok_or_else(|| {
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "metrics recorder unavailable",
-        )
-    })?;
-    Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        handle.render(),
-    ))
 }
 
 /// Serves `router` on `listener` until `shutdown`.

@@ -82,6 +82,17 @@ impl From<sqlx::Error> for Problem {
     }
 }
 
+/// The problem document, for the OpenAPI description.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ProblemDoc {
+    #[schema(example = "about:blank")]
+    pub r#type: String,
+    pub title: String,
+    pub status: u16,
+    /// What is wrong, and where.
+    pub detail: String,
+}
+
 /// `axum::Json` whose rejections (bad JSON, wrong shape, too large) are problems.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);

@@ -1,0 +1,88 @@
+//! The open operational routes: health, readiness, metrics, the API document.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderName, StatusCode, header};
+use serde_json::{Value, json};
+use utoipa::OpenApi as _;
+
+use super::ApiState;
+use super::problem::{Problem, ProblemDoc};
+
+/// Alive (the process answers).
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "`{status: ok}`")))]
+pub async fn healthz() -> axum::Json<Value> {
+    axum::Json(json!({ "status": "ok" }))
+}
+
+/// Ready when the database and (if configured) the broker answer.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "`{status: ready}`"), (status = 503, description = "database or broker unavailable", body = ProblemDoc, content_type = "application/problem+json")))]
+pub async fn readyz(
+    State(state): State<ApiState>,
+) -> Result<axum::Json<serde_json::Value>, Problem> {
+    let database = tokio::time::timeout(
+        Duration::from_secs(2),
+        sqlx::query("SELECT 1").execute(state.engine.pool()),
+    )
+    .await;
+    match database {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(Problem::unavailable(&e)),
+        Err(_) => {
+            return Err(Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database did not answer within 2 s",
+            ));
+        }
+    }
+    if let Some(bootstrap) = &state.bootstrap_servers {
+        crate::kafka::check_reachable(bootstrap, Duration::from_secs(2))
+            .await
+            .map_err(|e| {
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("broker unavailable: {e:#}"),
+                )
+            })?;
+    }
+    Ok(axum::Json(json!({ "status": "ready" })))
+}
+
+/// The process's Prometheus recorder, installed on first use (once per process).
+pub(super) fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+                Ok(handle) => Some(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no Prometheus recorder: another one is installed");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Prometheus text exposition of the process's metrics.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+pub async fn metrics() -> Result<([(HeaderName, &'static str); 1], String), Problem> {
+    let handle = prometheus().ok_or_else(|| {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder unavailable",
+        )
+    })?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    ))
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "the OpenAPI 3 document")))]
+pub async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(super::openapi::ApiDoc::openapi())
+}
