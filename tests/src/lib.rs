@@ -14,8 +14,11 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 
-/// Upper bound for any one Kafka test, so a hang fails fast.
-pub const KAFKA_TEST_TIMEOUT: Duration = Duration::from_secs(90);
+/// Upper bound for any one Kafka test, so a hang fails instead of eating CI.
+/// Generous because the test broker (tansu 0.6.0) answers a Fetch that
+/// includes a partition at its end only after ~10 s, which the heavier
+/// consumer tests meet several times under a parallel run.
+pub const KAFKA_TEST_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// A required setting from the environment that `scripts/services env` exports.
 ///

@@ -124,7 +124,6 @@ impl RequestConsumer {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("session.timeout.ms", "10000")
             .create_with_context(RequestConsumerContext)?;
         consumer.subscribe(&[&settings.request_topic])?;
         let dead_letters: FutureProducer = ClientConfig::new()
