@@ -361,11 +361,23 @@ async fn listing_pages_newest_first_with_filters_and_clamps_the_limit(pool: PgPo
         50,
         "limit 0 means 50"
     );
+    // Past 500 rows, a limit of 600 is clamped to 500, not refused.
+    sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest, status, max_attempts)
+         SELECT gen_random_uuid(), 'bulk', '{}', '{}', 'd', 'FAILED', 1 FROM generate_series(1, 400)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let (status, page) = api.call(Method::GET, "/v1/jobs?limit=600", None).await;
     assert_eq!(
         (status, page["jobs"].as_array().unwrap().len()),
-        (StatusCode::OK, 120),
+        (StatusCode::OK, 500),
         "above 500 is clamped, not refused"
+    );
+    assert!(
+        page["next_cursor"].is_string(),
+        "520 jobs: a second page follows"
     );
     assert_eq!(
         api.call(Method::GET, "/v1/jobs?status=PAUSED", None)
