@@ -85,7 +85,15 @@ pub async fn run(args: TailArgs) -> Result<(), Failure> {
 
 async fn follow(consumer: &StreamConsumer, codec: &Codec, args: &TailArgs) -> Result<(), Failure> {
     loop {
-        let message = consumer.recv().await.map_err(Failure::delivery)?;
+        let message = match consumer.recv().await {
+            Ok(message) => message,
+            Err(e) => {
+                // e.g. the topic does not exist yet: keep following.
+                eprintln!("flotilla: {e}; still following");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
         let Some(payload) = message.payload() else {
             continue;
         };

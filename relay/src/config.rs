@@ -56,6 +56,9 @@ pub struct RelayArgs {
         default_value = "workflow-run-events"
     )]
     pub event_topic: String,
+    /// Partitions of the event topic when the relay creates it.
+    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = 3)]
+    pub topic_partitions: i32,
     /// This relay's name in the bucket leases; defaults to host name and process id.
     #[arg(long, env = "FLOTILLA_RELAY_ID")]
     pub relay_id: Option<String>,

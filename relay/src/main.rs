@@ -30,6 +30,12 @@ async fn main() -> anyhow::Result<()> {
     kafka::check_reachable(&args.bootstrap_servers, std::time::Duration::from_secs(10))
         .await
         .context("reaching the Kafka broker")?;
+    kafka::ensure_topics(
+        &args.bootstrap_servers,
+        &[&args.event_topic],
+        args.topic_partitions,
+    )
+    .await?;
     let grace = args.shutdown_grace;
     let relay = Relay::new(pool.clone(), std::sync::Arc::new(SystemClock), args.into())?;
     tracing::info!("relay ready");

@@ -398,7 +398,9 @@ pub async fn sweep_expired(
 }
 
 /// Accepts an external step's response on a locked WAITING row: appends the
-/// checkpoint and requeues, bumping the sequence for the STEP_CHECKPOINT event.
+/// checkpoint and requeues with fresh attempts (the work after a human step
+/// does not inherit the retries spent before it), bumping the sequence for
+/// the STEP_CHECKPOINT event.
 ///
 /// # Errors
 /// Database errors.
@@ -409,7 +411,7 @@ pub async fn resume_waiting(
     now: DateTime<Utc>,
 ) -> Result<EventStamp, sqlx::Error> {
     sqlx::query_as(&format!(
-        "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = $3, updated_at = $3,
+        "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = $3, updated_at = $3, attempt = 0,
              checkpoints = checkpoints || jsonb_build_array($2::jsonb), event_sequence = event_sequence + 1
          WHERE job_id = $1 AND status = 'WAITING'
          RETURNING {STAMP}"
