@@ -1,7 +1,7 @@
 //! `flotilla-worker`: a fleet member. The library holds the run engine
-//! ([`engine`]), its stores, targets and workflow definitions; the binary is
-//! a thin shell over [`run`]. The request consumer and the HTTP API arrive
-//! with their issues.
+//! ([`engine`]), its stores, targets and workflow definitions, the request
+//! consumer ([`consumer`]) and the HTTP API ([`api`]); the binary is a thin
+//! shell over [`run`].
 
 pub mod api;
 pub mod config;
