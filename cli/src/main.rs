@@ -7,6 +7,7 @@
 
 mod client;
 mod jobs;
+mod kafka;
 mod produce;
 mod tail;
 

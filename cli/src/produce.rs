@@ -24,13 +24,8 @@ pub struct ProduceArgs {
     /// The job id (the idempotency key); a new one when omitted.
     #[arg(long)]
     job_id: Option<Uuid>,
-    /// Kafka broker list.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "localhost:9092"
-    )]
-    bootstrap_servers: String,
+    #[command(flatten)]
+    kafka: crate::kafka::KafkaArgs,
     /// Request topic.
     #[arg(
         long,
@@ -38,9 +33,6 @@ pub struct ProduceArgs {
         default_value = "workflow-run-requests"
     )]
     topic: String,
-    /// Schema Registry: Avro on the wire when set.
-    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
-    schema_registry_url: Option<String>,
     /// Force JSON even when a registry is configured.
     #[arg(long)]
     json: bool,
@@ -65,7 +57,7 @@ pub async fn run(args: ProduceArgs) -> Result<(), Failure> {
     let registry = if args.json {
         None
     } else {
-        args.schema_registry_url.as_deref()
+        args.kafka.schema_registry_url.as_deref()
     };
     let bytes = match Codec::from_config(registry).map_err(Failure::usage)? {
         codec if registry.is_some() => codec
@@ -75,7 +67,7 @@ pub async fn run(args: ProduceArgs) -> Result<(), Failure> {
         _ => json::encode(&request).map_err(Failure::usage)?,
     };
     let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &args.bootstrap_servers)
+        .set("bootstrap.servers", &args.kafka.bootstrap_servers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .create()

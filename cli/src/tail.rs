@@ -26,29 +26,24 @@ pub struct TailArgs {
     /// Give up after this long (for scripts), e.g. `2m`.
     #[arg(long, value_parser = humantime::parse_duration)]
     timeout: Option<Duration>,
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "localhost:9092"
-    )]
-    bootstrap_servers: String,
+    #[command(flatten)]
+    kafka: crate::kafka::KafkaArgs,
     #[arg(
         long,
         env = "FLOTILLA_EVENT_TOPIC",
         default_value = "workflow-run-events"
     )]
     topic: String,
-    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
-    schema_registry_url: Option<String>,
     /// Print each event as JSON.
     #[arg(long)]
     json: bool,
 }
 
 pub async fn run(args: TailArgs) -> Result<(), Failure> {
-    let codec = Codec::from_config(args.schema_registry_url.as_deref()).map_err(Failure::usage)?;
+    let codec =
+        Codec::from_config(args.kafka.schema_registry_url.as_deref()).map_err(Failure::usage)?;
     let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.bootstrap_servers)
+        .set("bootstrap.servers", &args.kafka.bootstrap_servers)
         .set(
             "group.id",
             format!("flotilla-tail-{}", Uuid::new_v4().simple()),

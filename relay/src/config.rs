@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use flotilla_worker::config::DatabaseConfig;
+use flotilla_worker::config::{BrokerConfig, DatabaseConfig};
 use flotilla_worker::telemetry::TelemetryConfig;
 
 /// Publishes every committed outbox row to the event topic, keyed by job id.
@@ -39,16 +39,8 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct RelayArgs {
-    /// Kafka broker list.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "localhost:9092"
-    )]
-    pub bootstrap_servers: String,
-    /// Confluent-compatible Schema Registry; when unset, JSON on the wire.
-    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
-    pub schema_registry_url: Option<String>,
+    #[command(flatten)]
+    pub broker: BrokerConfig,
     /// Topic of WorkflowRunEvent messages.
     #[arg(
         long,
@@ -141,8 +133,8 @@ impl From<RelayArgs> for RelaySettings {
                     .unwrap_or_else(|_| "relay".into());
                 format!("{host}-{}", std::process::id())
             });
-        let mut settings = Self::new(&args.bootstrap_servers, &args.event_topic, &relay_id);
-        settings.schema_registry_url = args.schema_registry_url;
+        let mut settings = Self::new(&args.broker.bootstrap_servers, &args.event_topic, &relay_id);
+        settings.schema_registry_url = args.broker.schema_registry_url;
         settings.batch_size = args.batch_size.max(1);
         settings.idle_poll_max = args.idle_poll_max;
         settings.lease = args.lease;

@@ -27,11 +27,14 @@ async fn main() -> anyhow::Result<()> {
     let pool = db::connect(&database)
         .await
         .context("connecting to Postgres")?;
-    kafka::check_reachable(&args.bootstrap_servers, std::time::Duration::from_secs(10))
-        .await
-        .context("reaching the Kafka broker")?;
+    kafka::check_reachable(
+        &args.broker.bootstrap_servers,
+        std::time::Duration::from_secs(10),
+    )
+    .await
+    .context("reaching the Kafka broker")?;
     kafka::ensure_topics(
-        &args.bootstrap_servers,
+        &args.broker.bootstrap_servers,
         &[&args.event_topic],
         args.topic_partitions,
     )

@@ -95,8 +95,9 @@ pub struct DatabaseConfig {
     pub db_acquire_timeout: Duration,
 }
 
+/// Where the broker and the Schema Registry are: shared by the worker and the relay.
 #[derive(Debug, Clone, Args)]
-pub struct KafkaConfig {
+pub struct BrokerConfig {
     /// Kafka broker list.
     #[arg(
         long,
@@ -108,6 +109,12 @@ pub struct KafkaConfig {
     /// Confluent-compatible Schema Registry; when unset, JSON on the wire.
     #[arg(long, env = "SCHEMA_REGISTRY_URL")]
     pub schema_registry_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KafkaConfig {
+    #[command(flatten)]
+    pub broker: BrokerConfig,
 
     /// Topic of WorkflowRunRequest messages.
     #[arg(

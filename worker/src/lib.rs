@@ -44,7 +44,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
         .context("connecting to Postgres")?;
     if config.kafka.consume_requests {
         kafka::check_reachable(
-            &config.kafka.bootstrap_servers,
+            &config.kafka.broker.bootstrap_servers,
             config.kafka.connect_timeout,
         )
         .await
@@ -69,7 +69,7 @@ pub async fn run(config: WorkerConfig, shutdown: CancellationToken) -> anyhow::R
     } else {
         None
     };
-    let api = start_api(&engine, &config, shutdown.clone()).await?;
+    let api = start_api(&engine, &config, tokens, shutdown.clone()).await?;
     tracing::info!(%worker_id, loops = config.engine.worker_count, "worker ready");
     engine.run(shutdown, config.shutdown_grace).await;
     if let Some(consumer) = consumer {
@@ -101,10 +101,10 @@ async fn start_consumer(
     config: &config::KafkaConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let codec = flotilla_codec::Codec::from_config(config.schema_registry_url.as_deref())
+    let codec = flotilla_codec::Codec::from_config(config.broker.schema_registry_url.as_deref())
         .context("configuring the schema registry")?;
     let mut settings = consumer::ConsumerSettings::new(
-        &config.bootstrap_servers,
+        &config.broker.bootstrap_servers,
         &config.request_topic,
         &config.consumer_group,
     );
@@ -112,7 +112,7 @@ async fn start_consumer(
     settings.batch_wait = config.request_batch_wait;
     settings.max_request_bytes = config.max_request_bytes;
     kafka::ensure_topics(
-        &config.bootstrap_servers,
+        &config.broker.bootstrap_servers,
         &[&settings.request_topic, &settings.dead_letter_topic],
         config.topic_partitions,
     )
@@ -126,9 +126,9 @@ async fn start_consumer(
 async fn start_api(
     engine: &engine::Engine,
     config: &WorkerConfig,
+    tokens: api::Tokens,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
-    let tokens = api::tokens_from(&config.http.api_tokens);
     if tokens.0.is_empty() {
         tracing::warn!("the API serves /v1 WITHOUT AUTH (--insecure-no-auth)");
     }
@@ -137,7 +137,7 @@ async fn start_api(
         bootstrap_servers: config
             .kafka
             .consume_requests
-            .then(|| config.kafka.bootstrap_servers.clone()),
+            .then(|| config.kafka.broker.bootstrap_servers.clone()),
     };
     let router = api::router(state, tokens, config.http.max_body_bytes);
     let listener = tokio::net::TcpListener::bind(config.http.http_addr)
