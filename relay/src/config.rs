@@ -18,9 +18,9 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
     #[command(flatten)]
-    pub database: Option<DatabaseConfig>,
+    pub database: DatabaseConfig,
     #[command(flatten)]
-    pub relay: Option<RelayArgs>,
+    pub relay: RelayArgs,
     #[command(flatten)]
     pub telemetry: TelemetryConfig,
 }

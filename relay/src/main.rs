@@ -20,9 +20,7 @@ async fn main() -> anyhow::Result<()> {
         println!("{replayed}");
         return Ok(());
     }
-    let (Some(database), Some(args)) = (cli.database, cli.relay) else {
-        anyhow::bail!("DATABASE_URL is required");
-    };
+    let (database, args) = (cli.database, cli.relay);
     let shutdown = shutdown::on_signal()?;
     let pool = db::connect(&database)
         .await
