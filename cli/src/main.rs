@@ -7,7 +7,6 @@
 
 mod client;
 mod jobs;
-mod kafka;
 mod produce;
 mod tail;
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use flotilla_codec::Codec;
-use flotilla_contracts::{WorkflowRunRequest, json};
-use rdkafka::ClientConfig;
+use flotilla_contracts::{WorkflowRunRequest, json, topics};
+use flotilla_runtime::BrokerConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use uuid::Uuid;
@@ -25,13 +25,9 @@ pub struct ProduceArgs {
     #[arg(long)]
     job_id: Option<Uuid>,
     #[command(flatten)]
-    kafka: crate::kafka::KafkaArgs,
+    kafka: BrokerConfig,
     /// Request topic.
-    #[arg(
-        long,
-        env = "FLOTILLA_REQUEST_TOPIC",
-        default_value = "workflow-run-requests"
-    )]
+    #[arg(long, env = "FLOTILLA_REQUEST_TOPIC", default_value = topics::REQUEST_TOPIC)]
     topic: String,
     /// Force JSON even when a registry is configured.
     #[arg(long)]
@@ -66,10 +62,9 @@ pub async fn run(args: ProduceArgs) -> Result<(), Failure> {
             .map_err(Failure::delivery)?,
         _ => json::encode(&request).map_err(Failure::usage)?,
     };
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &args.kafka.bootstrap_servers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    let producer: FutureProducer = args
+        .kafka
+        .idempotent_producer()
         .create()
         .map_err(Failure::delivery)?;
     let key = job_id.to_string();

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use clap::Args;
 use flotilla_codec::Codec;
-use flotilla_contracts::WorkflowRunEvent;
+use flotilla_contracts::{WorkflowRunEvent, topics};
+use flotilla_runtime::BrokerConfig;
+use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::{ClientConfig, Message};
 use uuid::Uuid;
 
 use crate::Failure;
@@ -27,12 +28,9 @@ pub struct TailArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     timeout: Option<Duration>,
     #[command(flatten)]
-    kafka: crate::kafka::KafkaArgs,
-    #[arg(
-        long,
-        env = "FLOTILLA_EVENT_TOPIC",
-        default_value = "workflow-run-events"
-    )]
+    kafka: BrokerConfig,
+    /// Event topic.
+    #[arg(long, env = "FLOTILLA_EVENT_TOPIC", default_value = topics::EVENT_TOPIC)]
     topic: String,
     /// Print each event as JSON.
     #[arg(long)]
@@ -42,8 +40,9 @@ pub struct TailArgs {
 pub async fn run(args: TailArgs) -> Result<(), Failure> {
     let codec =
         Codec::from_config(args.kafka.schema_registry_url.as_deref()).map_err(Failure::usage)?;
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.kafka.bootstrap_servers)
+    let consumer: StreamConsumer = args
+        .kafka
+        .client()
         .set(
             "group.id",
             format!("flotilla-tail-{}", Uuid::new_v4().simple()),

@@ -13,6 +13,7 @@ pub mod framing;
 pub mod json;
 mod request;
 mod rules;
+pub mod topics;
 
 pub use error::DecodeError;
 pub use event::{EventHeader, WorkflowRunEvent, WorkflowRunEventType};

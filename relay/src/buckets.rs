@@ -1,19 +1,16 @@
-//! Bucket ownership: every statement on `relay_member` and `relay_bucket`.
+//! Bucket ownership: each relay's fair share of the outbox's buckets.
 //!
-//! Job ids fall into 64 buckets (a generated column of the outbox). A relay
-//! publishes only rows of buckets it leases, so one job's events are always
-//! published by one relay at a time, in order. Each relay heartbeats its
-//! membership, counts the live relays, and moves towards its fair share
-//! (`ceil(64 / live)`): it renews what it holds, releases what is above its
-//! share, and claims free or expired buckets up to it. A relay that dies
-//! stops renewing; its buckets expire after the lease and others take them.
+//! Each round a relay heartbeats its membership, counts the live relays, and
+//! moves towards its fair share (`ceil(64 / live)`): it renews what it holds,
+//! releases what is above its share, and claims free or expired buckets up
+//! to it. A relay that dies stops renewing; its buckets expire after the
+//! lease and others take them. The statements are in `flotilla_store::buckets`.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use flotilla_store::buckets::{self, BUCKETS};
 use sqlx::PgPool;
-
-pub const BUCKETS: i64 = 64;
 
 #[derive(Debug, Clone)]
 pub struct BucketLeases {
@@ -37,63 +34,25 @@ impl BucketLeases {
     /// # Errors
     /// Database errors.
     pub async fn rebalance(&self, now: DateTime<Utc>) -> Result<Vec<i16>, sqlx::Error> {
+        let id = self.relay_id.as_str();
         let until = now + self.ttl;
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO relay_member (relay_id, last_seen) VALUES ($1, $2)
-             ON CONFLICT (relay_id) DO UPDATE SET last_seen = $2",
-        )
-        .bind(&self.relay_id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        let live: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM relay_member WHERE last_seen > $1")
-                .bind(now - self.ttl)
-                .fetch_one(&mut *tx)
-                .await?;
-        let share = (BUCKETS + live.max(1) - 1) / live.max(1);
-        let mut held: Vec<i16> = sqlx::query_scalar(
-            "UPDATE relay_bucket SET lease_until = $2 WHERE owner = $1 AND lease_until > $3
-             RETURNING bucket",
-        )
-        .bind(&self.relay_id)
-        .bind(until)
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await?;
+        buckets::heartbeat(&mut tx, id, now).await?;
+        let live = buckets::count_live(&mut tx, now - self.ttl).await?.max(1);
+        let share = (BUCKETS + live - 1) / live;
+        let mut held = buckets::renew_held(&mut tx, id, now, until).await?;
         held.sort_unstable();
         let held_count = i64::try_from(held.len()).unwrap_or(i64::MAX);
         if held_count > share {
-            let extra: Vec<i16> = held.split_off(usize::try_from(share).unwrap_or(0));
-            sqlx::query("UPDATE relay_bucket SET owner = NULL, lease_until = NULL WHERE bucket = ANY($1) AND owner = $2")
-                .bind(&extra)
-                .bind(&self.relay_id)
-                .execute(&mut *tx)
-                .await?;
+            let extra = held.split_off(usize::try_from(share).unwrap_or(0));
+            buckets::release(&mut tx, id, &extra).await?;
         } else if held_count < share {
-            let claimed: Vec<i16> = sqlx::query_scalar(
-                "UPDATE relay_bucket SET owner = $1, lease_until = $2
-                 WHERE bucket IN (
-                     SELECT bucket FROM relay_bucket
-                     WHERE owner IS NULL OR lease_until <= $3
-                     ORDER BY bucket LIMIT $4 FOR UPDATE SKIP LOCKED)
-                 RETURNING bucket",
-            )
-            .bind(&self.relay_id)
-            .bind(until)
-            .bind(now)
-            .bind(share - held_count)
-            .fetch_all(&mut *tx)
-            .await?;
+            let claimed = buckets::claim_free(&mut tx, id, now, until, share - held_count).await?;
             held.extend(claimed);
             held.sort_unstable();
             held.dedup();
         }
-        sqlx::query("DELETE FROM relay_member WHERE last_seen < $1")
-            .bind(now - self.ttl * 10)
-            .execute(&mut *tx)
-            .await?;
+        buckets::forget_departed(&mut tx, now - self.ttl * 10).await?;
         tx.commit().await?;
         Ok(held)
     }
@@ -104,14 +63,7 @@ impl BucketLeases {
     /// Database errors.
     pub async fn release_all(&self) -> Result<(), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("UPDATE relay_bucket SET owner = NULL, lease_until = NULL WHERE owner = $1")
-            .bind(&self.relay_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM relay_member WHERE relay_id = $1")
-            .bind(&self.relay_id)
-            .execute(&mut *tx)
-            .await?;
+        buckets::leave(&mut tx, &self.relay_id).await?;
         tx.commit().await
     }
 }

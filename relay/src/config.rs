@@ -1,10 +1,36 @@
-//! Settings of the relay binary: every one a flag and an environment variable.
+//! Settings of the relay binary: every one a flag and an environment
+//! variable, each default read from one constant.
 
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use flotilla_worker::config::{BrokerConfig, DatabaseConfig};
-use flotilla_worker::telemetry::TelemetryConfig;
+use flotilla_contracts::topics;
+use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::telemetry::TelemetryConfig;
+use flotilla_store::DatabaseConfig;
+
+/// Rows published per round, unless configured.
+pub const DEFAULT_BATCH_SIZE: i64 = 500;
+/// Longest an idle relay waits before looking again, unless configured.
+pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(100);
+/// How long a bucket lease lasts without renewal, unless configured.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// Base of the backoff after a failed publish, unless configured.
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// How long the producer tries to deliver one record, unless configured.
+pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest record the producer sends, unless configured.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;
+/// How long PUBLISHED rows are kept, unless configured.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Rows one retention statement deletes.
+pub const DEFAULT_RETENTION_BATCH: i64 = 1000;
+/// How often retention runs.
+pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+/// Partitions of the event topic when the relay creates it, unless configured.
+pub const DEFAULT_TOPIC_PARTITIONS: i32 = 3;
+/// How long in-flight deliveries may take after SIGTERM, unless configured.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// Publishes every committed outbox row to the event topic, keyed by job id.
 #[derive(Debug, Parser)]
@@ -42,53 +68,44 @@ pub struct RelayArgs {
     #[command(flatten)]
     pub broker: BrokerConfig,
     /// Topic of WorkflowRunEvent messages.
-    #[arg(
-        long,
-        env = "FLOTILLA_EVENT_TOPIC",
-        default_value = "workflow-run-events"
-    )]
+    #[arg(long, env = "FLOTILLA_EVENT_TOPIC", default_value = topics::EVENT_TOPIC)]
     pub event_topic: String,
     /// Partitions of the event topic when the relay creates it.
-    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = 3)]
+    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = DEFAULT_TOPIC_PARTITIONS)]
     pub topic_partitions: i32,
     /// This relay's name in the bucket leases; defaults to host name and process id.
     #[arg(long, env = "FLOTILLA_RELAY_ID")]
     pub relay_id: Option<String>,
     /// Rows published per round.
-    #[arg(long, env = "FLOTILLA_RELAY_BATCH_SIZE", default_value_t = 500)]
+    #[arg(long, env = "FLOTILLA_RELAY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE)]
     pub batch_size: i64,
     /// Longest an idle relay waits before looking again.
-    #[arg(long, env = "FLOTILLA_RELAY_IDLE_POLL_MAX", default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub idle_poll_max: Duration,
+    #[arg(long, env = "FLOTILLA_RELAY_IDLE_POLL_MAX", default_value_t = DEFAULT_IDLE_POLL_MAX.into())]
+    pub idle_poll_max: humantime::Duration,
     /// How long a bucket lease lasts without renewal.
-    #[arg(long, env = "FLOTILLA_RELAY_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub lease: Duration,
+    #[arg(long, env = "FLOTILLA_RELAY_LEASE", default_value_t = DEFAULT_LEASE.into())]
+    pub lease: humantime::Duration,
     /// Base of the backoff after a failed publish (`base × 2^(attempts−1)`).
-    #[arg(long, env = "FLOTILLA_RELAY_BACKOFF_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub backoff_base: Duration,
+    #[arg(long, env = "FLOTILLA_RELAY_BACKOFF_BASE", default_value_t = DEFAULT_BACKOFF_BASE.into())]
+    pub backoff_base: humantime::Duration,
     /// How long the producer tries to deliver one record.
-    #[arg(long, env = "FLOTILLA_RELAY_DELIVERY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
-    pub delivery_timeout: Duration,
+    #[arg(long, env = "FLOTILLA_RELAY_DELIVERY_TIMEOUT", default_value_t = DEFAULT_DELIVERY_TIMEOUT.into())]
+    pub delivery_timeout: humantime::Duration,
     /// Largest record the producer sends; bigger rows fail (and land FAILED).
-    #[arg(
-        long,
-        env = "FLOTILLA_RELAY_MAX_MESSAGE_BYTES",
-        default_value_t = 1_000_000
-    )]
+    #[arg(long, env = "FLOTILLA_RELAY_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
     /// How long PUBLISHED rows are kept.
-    #[arg(long, env = "FLOTILLA_OUTBOX_RETENTION", default_value = "7days", value_parser = humantime::parse_duration)]
-    pub retention: Duration,
+    #[arg(long, env = "FLOTILLA_OUTBOX_RETENTION", default_value_t = DEFAULT_RETENTION.into())]
+    pub retention: humantime::Duration,
     /// How long in-flight deliveries may take after SIGTERM.
-    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
-    pub shutdown_grace: Duration,
+    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value_t = DEFAULT_SHUTDOWN_GRACE.into())]
+    pub shutdown_grace: humantime::Duration,
 }
 
 /// The relay's settings as the library takes them.
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
-    pub bootstrap_servers: String,
-    pub schema_registry_url: Option<String>,
+    pub broker: BrokerConfig,
     pub event_topic: String,
     pub relay_id: String,
     pub batch_size: i64,
@@ -104,21 +121,20 @@ pub struct RelaySettings {
 
 impl RelaySettings {
     #[must_use]
-    pub fn new(bootstrap_servers: &str, event_topic: &str, relay_id: &str) -> Self {
+    pub fn new(broker: BrokerConfig, event_topic: &str, relay_id: &str) -> Self {
         Self {
-            bootstrap_servers: bootstrap_servers.to_owned(),
-            schema_registry_url: None,
+            broker,
             event_topic: event_topic.to_owned(),
             relay_id: relay_id.to_owned(),
-            batch_size: 500,
-            idle_poll_max: Duration::from_millis(100),
-            lease: Duration::from_secs(10),
-            backoff_base: Duration::from_secs(1),
-            delivery_timeout: Duration::from_secs(30),
-            max_message_bytes: 1_000_000,
-            retention: Duration::from_secs(7 * 24 * 3600),
-            retention_batch: 1000,
-            retention_interval: Duration::from_secs(60),
+            batch_size: DEFAULT_BATCH_SIZE,
+            idle_poll_max: DEFAULT_IDLE_POLL_MAX,
+            lease: DEFAULT_LEASE,
+            backoff_base: DEFAULT_BACKOFF_BASE,
+            delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            retention: DEFAULT_RETENTION,
+            retention_batch: DEFAULT_RETENTION_BATCH,
+            retention_interval: DEFAULT_RETENTION_INTERVAL,
         }
     }
 }
@@ -129,19 +145,18 @@ impl From<RelayArgs> for RelaySettings {
             .relay_id
             .filter(|id| !id.trim().is_empty())
             .unwrap_or_else(|| {
-                let host = flotilla_worker::config::resolve_worker_id(None)
-                    .unwrap_or_else(|_| "relay".into());
+                let host = flotilla_runtime::identity::host_name();
+                let host = if host.is_empty() { "relay".into() } else { host };
                 format!("{host}-{}", std::process::id())
             });
-        let mut settings = Self::new(&args.broker.bootstrap_servers, &args.event_topic, &relay_id);
-        settings.schema_registry_url = args.broker.schema_registry_url;
+        let mut settings = Self::new(args.broker, &args.event_topic, &relay_id);
         settings.batch_size = args.batch_size.max(1);
-        settings.idle_poll_max = args.idle_poll_max;
-        settings.lease = args.lease;
-        settings.backoff_base = args.backoff_base;
-        settings.delivery_timeout = args.delivery_timeout;
+        settings.idle_poll_max = *args.idle_poll_max;
+        settings.lease = *args.lease;
+        settings.backoff_base = *args.backoff_base;
+        settings.delivery_timeout = *args.delivery_timeout;
         settings.max_message_bytes = args.max_message_bytes;
-        settings.retention = args.retention;
+        settings.retention = *args.retention;
         settings
     }
 }

@@ -7,19 +7,32 @@
 pub mod buckets;
 pub mod config;
 pub mod publisher;
+pub mod startup;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_worker::engine::Clock;
-use flotilla_worker::store::outbox;
-use rdkafka::ClientConfig;
+use flotilla_codec::CodecError;
+use flotilla_runtime::backoff::Doubling;
+use flotilla_store::Clock;
+use flotilla_store::outbox::relay as outbox;
+use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use config::RelaySettings;
 use publisher::{DrainReport, PublishedBatch, Publisher};
+pub use startup::{StartupError, replay_failed, run};
+
+/// The relay's clients could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("creating the producer: {0}")]
+    Producer(#[from] KafkaError),
+    #[error("configuring the schema registry: {0}")]
+    Registry(#[from] CodecError),
+}
 
 /// A relay: its bucket leases, its producer and its settings.
 #[derive(Debug, Clone)]
@@ -42,12 +55,9 @@ impl Relay {
         pool: PgPool,
         clock: Arc<dyn Clock>,
         settings: RelaySettings,
-    ) -> anyhow::Result<Self> {
-        let mut config = ClientConfig::new();
+    ) -> Result<Self, RelayError> {
+        let mut config = settings.broker.idempotent_producer();
         config
-            .set("bootstrap.servers", &settings.bootstrap_servers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
             .set("linger.ms", "5")
             .set(
                 "message.timeout.ms",
@@ -56,7 +66,7 @@ impl Relay {
             .set("message.max.bytes", settings.max_message_bytes.to_string());
         let producer: FutureProducer = config.create()?;
         let codec = Arc::new(flotilla_codec::Codec::from_config(
-            settings.schema_registry_url.as_deref(),
+            settings.broker.schema_registry_url.as_deref(),
         )?);
         let publisher = Publisher::new(producer, codec, settings.event_topic.clone());
         let leases =
@@ -117,22 +127,18 @@ impl Relay {
     /// Publishes until `shutdown`; the round in flight finishes (its delivery
     /// reports awaited and marked) within `grace`, then the buckets are released.
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
-        let mut idle = IDLE_POLL_MIN;
+        let mut idle = Doubling::new(IDLE_POLL_MIN, self.settings.idle_poll_max);
         let mut retention_due = tokio::time::Instant::now();
         while !shutdown.is_cancelled() {
             let round =
                 tokio::time::timeout(grace.max(self.settings.delivery_timeout), self.drain_once());
             let pause = match round.await {
                 Ok(Ok(report)) if report.published + report.failed > 0 => {
-                    idle = IDLE_POLL_MIN;
+                    idle.reset();
                     tracing::debug!(?report, "relay round");
                     continue;
                 }
-                Ok(Ok(_)) => {
-                    let pause = idle;
-                    idle = (idle * 2).min(self.settings.idle_poll_max);
-                    pause
-                }
+                Ok(Ok(_)) => idle.next_pause(),
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "relay round failed");
                     Duration::from_secs(1)

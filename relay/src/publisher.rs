@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flotilla_codec::Codec;
-use flotilla_worker::store::outbox::{self, PendingEvent};
+use flotilla_store::outbox::relay::{self as outbox, PendingEvent};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use sqlx::PgPool;
@@ -50,7 +50,8 @@ impl PublishedBatch {
         let mut tx = pool.begin().await?;
         outbox::mark_published(&mut tx, &self.acked, now).await?;
         for (row, error) in &self.failures {
-            let delay = backoff_base.saturating_mul(1u32 << row.attempts.clamp(0, 16));
+            // This failure is attempt `attempts + 1`.
+            let delay = flotilla_runtime::backoff::exponential(backoff_base, row.attempts + 1);
             let next = now + chrono::TimeDelta::from_std(delay).unwrap_or(chrono::TimeDelta::MAX);
             tracing::warn!(event_id = %row.event_id, job_id = %row.job_id, sequence = row.sequence, attempt = row.attempts + 1, %error, "publish failed");
             outbox::record_failure(&mut tx, row.id, error, next).await?;

@@ -1,8 +1,27 @@
-//! Settings of the worker binary: every one a flag and an environment variable.
+//! Settings of the worker binary: every one a flag and an environment
+//! variable, each default read from the constant its owner declares.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use flotilla_contracts::topics;
+use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::telemetry::TelemetryConfig;
+use flotilla_store::DatabaseConfig;
+use secrecy::SecretString;
+
+use crate::{api, consumer, engine};
+
+/// How long in-flight work may take to finish after SIGTERM, unless configured.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Where the API listens, unless configured.
+pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8080";
+/// Partitions of the topics the worker creates, unless configured.
+pub const DEFAULT_TOPIC_PARTITIONS: i32 = 3;
+/// How long to wait for the broker at start-up, unless configured.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A Flotilla fleet member: consumes run requests, claims and runs jobs.
 #[derive(Debug, Parser)]
@@ -33,9 +52,11 @@ pub struct WorkerConfig {
     #[command(flatten)]
     pub database: DatabaseConfig,
     #[command(flatten)]
-    pub kafka: KafkaConfig,
+    pub broker: BrokerConfig,
     #[command(flatten)]
-    pub telemetry: crate::telemetry::TelemetryConfig,
+    pub consumer: ConsumerConfig,
+    #[command(flatten)]
+    pub telemetry: TelemetryConfig,
 
     /// Lease owner written on claimed rows; defaults to the host name.
     #[arg(long, env = "FLOTILLA_WORKER_ID")]
@@ -46,123 +67,46 @@ pub struct WorkerConfig {
     #[command(flatten)]
     pub http: HttpConfig,
 
-    /// How long in-flight work may take to finish after SIGTERM.
-    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
-    pub shutdown_grace: Duration,
+    /// How long in-flight work may take to finish after SIGTERM; the worker
+    /// exits by then whatever is still running.
+    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value_t = DEFAULT_SHUTDOWN_GRACE.into())]
+    pub shutdown_grace: humantime::Duration,
 }
 
-impl WorkerConfig {
-    /// The worker id: the configured one, else the host name. Never blank.
-    ///
-    /// # Errors
-    /// A blank configured id, or no host name to fall back on.
-    pub fn worker_id(&self) -> anyhow::Result<String> {
-        resolve_worker_id(self.worker_id.as_deref())
-    }
-}
-
-/// Picks the worker id: configured, else the host name; refuses blank.
-///
-/// # Errors
-/// The id (configured or the host name) is blank.
-pub fn resolve_worker_id(configured: Option<&str>) -> anyhow::Result<String> {
-    let id = match configured {
-        Some(id) => id.to_owned(),
-        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .or_else(|_| std::env::var("HOSTNAME"))
-            .unwrap_or_default(),
-    };
-    let id = id.trim();
-    anyhow::ensure!(
-        !id.is_empty(),
-        "the worker id is blank: set FLOTILLA_WORKER_ID (it names the lease owner on claimed rows)"
-    );
-    Ok(id.to_owned())
-}
-
+/// The request consumer's settings.
 #[derive(Debug, Clone, Args)]
-pub struct DatabaseConfig {
-    /// Postgres connection string.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
-
-    /// Most connections this process keeps open.
-    #[arg(long, env = "FLOTILLA_DB_MAX_CONNECTIONS", default_value_t = 10)]
-    pub db_max_connections: u32,
-
-    /// How long to wait for a connection from the pool.
-    #[arg(long, env = "FLOTILLA_DB_ACQUIRE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub db_acquire_timeout: Duration,
-}
-
-/// Where the broker and the Schema Registry are: shared by the worker and the relay.
-#[derive(Debug, Clone, Args)]
-pub struct BrokerConfig {
-    /// Kafka broker list.
-    #[arg(
-        long,
-        env = "KAFKA_BOOTSTRAP_SERVERS",
-        default_value = "localhost:9092"
-    )]
-    pub bootstrap_servers: String,
-
-    /// Confluent-compatible Schema Registry; when unset, JSON on the wire.
-    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
-    pub schema_registry_url: Option<String>,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct KafkaConfig {
-    #[command(flatten)]
-    pub broker: BrokerConfig,
-
+pub struct ConsumerConfig {
     /// Topic of WorkflowRunRequest messages.
-    #[arg(
-        long,
-        env = "FLOTILLA_REQUEST_TOPIC",
-        default_value = "workflow-run-requests"
-    )]
+    #[arg(long, env = "FLOTILLA_REQUEST_TOPIC", default_value = topics::REQUEST_TOPIC)]
     pub request_topic: String,
 
-    /// Topic of WorkflowRunEvent messages.
-    #[arg(
-        long,
-        env = "FLOTILLA_EVENT_TOPIC",
-        default_value = "workflow-run-events"
-    )]
-    pub event_topic: String,
-
     /// Consumer group of the request consumer.
-    #[arg(
-        long,
-        env = "FLOTILLA_CONSUMER_GROUP",
-        default_value = "flotilla-worker"
-    )]
+    #[arg(long, env = "FLOTILLA_CONSUMER_GROUP", default_value = topics::CONSUMER_GROUP)]
     pub consumer_group: String,
 
-    /// Consume `workflow-run-requests` in this process.
+    /// Consume the request topic in this process.
     #[arg(long, env = "FLOTILLA_CONSUME_REQUESTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub consume_requests: bool,
 
     /// Most requests persisted in one database transaction.
-    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_SIZE", default_value_t = 500)]
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_SIZE", default_value_t = consumer::DEFAULT_BATCH_SIZE)]
     pub request_batch_size: usize,
 
     /// How long a batch waits to fill once its first request arrived.
-    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub request_batch_wait: Duration,
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value_t = consumer::DEFAULT_BATCH_WAIT.into())]
+    pub request_batch_wait: humantime::Duration,
 
     /// Requests larger than this many bytes are dead-lettered.
-    #[arg(long, env = "FLOTILLA_MAX_REQUEST_BYTES", default_value_t = 1024 * 1024)]
+    #[arg(long, env = "FLOTILLA_MAX_REQUEST_BYTES", default_value_t = consumer::DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
 
     /// Partitions of the request and dead-letter topics when the worker creates them.
-    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = 3)]
+    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = DEFAULT_TOPIC_PARTITIONS)]
     pub topic_partitions: i32,
 
     /// How long to wait for the broker at start-up.
-    #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub connect_timeout: Duration,
+    #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value_t = DEFAULT_CONNECT_TIMEOUT.into())]
+    pub connect_timeout: humantime::Duration,
 }
 
 /// The run engine's settings.
@@ -170,54 +114,50 @@ pub struct KafkaConfig {
 pub struct EngineConfig {
     /// YAML (or JSON) file of targets: `targets: {<name>: {kind: http, base_url, timeout_ms, max_concurrent}}`.
     #[arg(long, env = "FLOTILLA_TARGETS_FILE")]
-    pub targets_file: Option<std::path::PathBuf>,
+    pub targets_file: Option<PathBuf>,
 
     /// Directory of workflow definitions (`.json`, `.yaml`) registered at start-up.
     #[arg(long, env = "FLOTILLA_WORKFLOWS_DIR")]
-    pub workflows_dir: Option<std::path::PathBuf>,
+    pub workflows_dir: Option<PathBuf>,
 
-    /// Claim loops in this process (jobs run at once).
-    #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = 4)]
+    /// Claim loops in this process (jobs run at once); 0 runs none (a member
+    /// that only serves the API and consumes requests).
+    #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = engine::DEFAULT_WORKER_COUNT)]
     pub worker_count: usize,
 
     /// Lease a claim holds without renewal; renewed every third of it.
-    #[arg(long, env = "FLOTILLA_LEASE", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub lease: Duration,
+    #[arg(long, env = "FLOTILLA_LEASE", default_value_t = engine::DEFAULT_LEASE.into())]
+    pub lease: humantime::Duration,
 
     /// Base of the retry backoff `base × 2^(attempt−1)`.
-    #[arg(long, env = "FLOTILLA_BACKOFF_BASE", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub backoff_base: Duration,
+    #[arg(long, env = "FLOTILLA_BACKOFF_BASE", default_value_t = engine::DEFAULT_BACKOFF_BASE.into())]
+    pub backoff_base: humantime::Duration,
 
     /// How often the sweeper requeues jobs whose lease expired.
-    #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub sweep_interval: Duration,
+    #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value_t = engine::DEFAULT_SWEEP_INTERVAL.into())]
+    pub sweep_interval: humantime::Duration,
 
     /// Longest an idle claim loop waits before polling the queue again.
-    #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub idle_poll_max: Duration,
+    #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value_t = engine::DEFAULT_IDLE_POLL_MAX.into())]
+    pub idle_poll_max: humantime::Duration,
 }
 
 /// The HTTP API's settings.
 #[derive(Debug, Clone, Args)]
 pub struct HttpConfig {
     /// API, health and metrics listener.
-    #[arg(long, env = "FLOTILLA_HTTP_ADDR", default_value = "0.0.0.0:8080")]
-    pub http_addr: std::net::SocketAddr,
+    #[arg(long, env = "FLOTILLA_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
+    pub http_addr: SocketAddr,
 
-    /// Comma-separated bearer tokens accepted on `/v1/*`.
-    #[arg(
-        long,
-        env = "FLOTILLA_API_TOKENS",
-        hide_env_values = true,
-        default_value = ""
-    )]
-    pub api_tokens: String,
+    /// Comma-separated bearer tokens accepted on `/v1/*` (secrets: never printed).
+    #[arg(long, env = "FLOTILLA_API_TOKENS", hide_env_values = true, value_parser = flotilla_store::pool::parse_secret)]
+    pub api_tokens: Option<SecretString>,
 
     /// Serve `/v1/*` without auth when no tokens are configured (never in production).
     #[arg(long, env = "FLOTILLA_INSECURE_NO_AUTH", default_value_t = false)]
     pub insecure_no_auth: bool,
 
     /// Largest request body accepted, in bytes (413 above).
-    #[arg(long, env = "FLOTILLA_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    #[arg(long, env = "FLOTILLA_MAX_BODY_BYTES", default_value_t = api::DEFAULT_BODY_LIMIT)]
     pub max_body_bytes: usize,
 }

@@ -1,28 +1,25 @@
 use anyhow::Context as _;
 use clap::Parser as _;
+use flotilla_runtime::{shutdown, telemetry};
+use flotilla_worker::Application;
 use flotilla_worker::config::{Cli, Command};
-use flotilla_worker::{db, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     telemetry::init(&cli.worker.telemetry)?;
-    match cli.command {
-        Some(Command::Migrate { database }) => {
-            let pool = db::connect(&database)
-                .await
-                .context("connecting to Postgres")?;
-            db::migrate(&pool).await.context("applying migrations")?;
-            tracing::info!("migrations applied");
-            Ok(())
-        }
-        None => {
-            let shutdown = shutdown::on_signal()?;
-            let result = flotilla_worker::run(cli.worker, shutdown).await;
-            if let Err(e) = &result {
-                tracing::error!(error = format!("{e:#}"), "worker stopped");
-            }
-            result
-        }
+    if let Some(Command::Migrate { database }) = cli.command {
+        let pool = flotilla_store::connect(&database)
+            .await
+            .context("connecting to Postgres")?;
+        flotilla_store::migrate(&pool).await.context("applying migrations")?;
+        tracing::info!("migrations applied");
+        return Ok(());
     }
+    let shutdown = shutdown::on_signal()?;
+    let app = Application::build(cli.worker).await.inspect_err(|e| {
+        tracing::error!(error = %e, "worker could not start");
+    })?;
+    app.run_until_stopped(shutdown).await;
+    Ok(())
 }

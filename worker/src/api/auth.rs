@@ -12,10 +12,34 @@ use subtle::ConstantTimeEq;
 use super::problem::Problem;
 
 /// The accepted tokens; empty means auth is off (`--insecure-no-auth`).
-#[derive(Debug, Clone, Default)]
-pub struct Tokens(pub Arc<Vec<String>>);
+#[derive(Clone, Default)]
+pub struct Tokens(Arc<Vec<String>>);
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokens({} configured)", self.0.len())
+    }
+}
 
 impl Tokens {
+    /// Tokens from a comma-separated list, blanks dropped; none is no auth.
+    #[must_use]
+    pub fn parse(list: Option<&str>) -> Self {
+        let tokens = list
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Self(Arc::new(tokens))
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     fn accepts(&self, offered: &str) -> bool {
         // Check every token so the time taken does not say which one was close.
         self.0.iter().fold(false, |found, token| {

@@ -4,15 +4,16 @@
 //! with 503 and the reason.
 
 mod auth;
+mod errors;
 mod jobs;
 pub mod openapi;
 mod ops;
 pub mod problem;
+pub mod views;
 mod workflows;
 
-use std::sync::Arc;
-
 use axum::Router;
+use flotilla_runtime::BrokerConfig;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post, put};
@@ -29,7 +30,7 @@ use problem::Problem;
 pub struct ApiState {
     pub engine: Engine,
     /// Broker checked by `/readyz`; `None` skips the check.
-    pub bootstrap_servers: Option<String>,
+    pub broker: Option<BrokerConfig>,
 }
 
 /// Request bodies above this are refused with 413, unless configured otherwise.
@@ -74,16 +75,4 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
-}
-
-/// Tokens from a comma-separated list, blanks dropped.
-#[must_use]
-pub fn tokens_from(list: &str) -> Tokens {
-    Tokens(Arc::new(
-        list.split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    ))
 }

@@ -1,9 +1,10 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{jobs, ops, problem, workflows};
+use super::{jobs, ops, problem, views, workflows};
 
 #[derive(Debug, OpenApi)]
 #[openapi(
@@ -13,8 +14,8 @@ use super::{jobs, ops, problem, workflows};
         workflows::put, workflows::list, workflows::get,
         ops::healthz, ops::readyz, ops::metrics, ops::openapi
     ),
-    components(schemas(jobs::JobView, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, problem::ProblemDoc)),
-    modifiers(&BearerAuth)
+    components(schemas(views::JobView, views::JobPageView, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, problem::ProblemDoc)),
+    modifiers(&BearerAuth, &SharedResponses)
 )]
 pub struct ApiDoc;
 
@@ -27,5 +28,48 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// The answers every `/v1` route shares, stated once: 401 without a token,
+/// 403 with a wrong one, 503 when the database does not answer.
+struct SharedResponses;
+
+impl Modify for SharedResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let shared = [
+            ("401", "no bearer token"),
+            ("403", "the bearer token is not accepted"),
+            ("503", "database unavailable"),
+        ];
+        for (path, item) in &mut openapi.paths.paths {
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                for (status, description) in shared {
+                    let response = ResponseBuilder::new()
+                        .description(description)
+                        .content(
+                            "application/problem+json",
+                            ContentBuilder::new()
+                                .schema(Some(Ref::from_schema_name("ProblemDoc")))
+                                .build(),
+                        )
+                        .build();
+                    operation
+                        .responses
+                        .responses
+                        .insert(status.to_owned(), response.into());
+                }
+            }
+        }
     }
 }

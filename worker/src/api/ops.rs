@@ -21,14 +21,10 @@ pub async fn healthz() -> axum::Json<Value> {
 pub async fn readyz(
     State(state): State<ApiState>,
 ) -> Result<axum::Json<serde_json::Value>, Problem> {
-    let database = tokio::time::timeout(
-        Duration::from_secs(2),
-        sqlx::query("SELECT 1").execute(state.engine.pool()),
-    )
-    .await;
+    let database = tokio::time::timeout(Duration::from_secs(2), state.engine.ping()).await;
     match database {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(Problem::unavailable(&e)),
+        Ok(Err(e)) => return Err(e.into()),
         Err(_) => {
             return Err(Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -36,13 +32,13 @@ pub async fn readyz(
             ));
         }
     }
-    if let Some(bootstrap) = &state.bootstrap_servers {
-        crate::kafka::check_reachable(bootstrap, Duration::from_secs(2))
+    if let Some(broker) = &state.broker {
+        flotilla_runtime::kafka::check_reachable(broker, Duration::from_secs(2))
             .await
             .map_err(|e| {
                 Problem::new(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    format!("broker unavailable: {e:#}"),
+                    format!("broker unavailable: {e}"),
                 )
             })?;
     }

@@ -67,21 +67,6 @@ impl IntoResponse for Problem {
     }
 }
 
-impl From<crate::store::StoreError> for Problem {
-    fn from(e: crate::store::StoreError) -> Self {
-        match e {
-            crate::store::StoreError::Database(e) => Self::unavailable(&e),
-            other => Self::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
-        }
-    }
-}
-
-impl From<sqlx::Error> for Problem {
-    fn from(e: sqlx::Error) -> Self {
-        Self::unavailable(&e)
-    }
-}
-
 /// The problem document, for the OpenAPI description.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct ProblemDoc {

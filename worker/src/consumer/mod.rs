@@ -1,38 +1,51 @@
-//! The request consumer: `workflow-run-requests` → rows (DESIGN.md guarantee 9).
+//! The request consumer: the request topic → rows (DESIGN.md guarantee 9).
 //!
 //! A batch (up to `batch_size` messages or `batch_wait`) is decoded, its
 //! requests submitted in one database transaction, its undecodable messages
-//! dead-lettered, and only then are its offsets stored and committed. Every
-//! message has exactly one outcome and the partition always moves on; when
-//! Postgres (or the registry, or the dead-letter topic) is unavailable the
-//! partitions are paused and the same batch retried with backoff, committing
-//! nothing meanwhile.
+//! dead-lettered ([`persist`]), and only then are its offsets stored and
+//! committed. Every message has exactly one outcome and the partition always
+//! moves on; when Postgres (or the registry, or the dead-letter topic) is
+//! unavailable the partitions are paused and the same batch retried with
+//! backoff, committing nothing meanwhile.
 
 mod context;
 pub mod dead_letter;
+mod persist;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_codec::{Codec, CodecError};
-use flotilla_contracts::WorkflowRunRequest;
+use flotilla_codec::Codec;
+use flotilla_contracts::topics;
+use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::backoff::Doubling;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::error::KafkaError;
+use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureProducer;
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 pub use context::RequestConsumerContext;
-use dead_letter::DeadLetter;
+pub use persist::{BatchReport, Outage};
 
-use crate::engine::{Engine, Submission, SubmitError, Submitted, WorkflowRef};
-use crate::store::runs::RunStatus;
+use crate::engine::Engine;
+
+/// Most requests persisted in one transaction, unless configured.
+pub const DEFAULT_BATCH_SIZE: usize = 500;
+/// How long a batch waits to fill once its first request arrived, unless configured.
+pub const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(100);
+/// Requests above this many bytes are dead-lettered, unless configured.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// Longest pause between retries of a batch during an outage.
+pub const DEFAULT_OUTAGE_BACKOFF_MAX: Duration = Duration::from_secs(10);
+const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(100);
 
 /// How the consumer reads and batches.
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
-    pub bootstrap_servers: String,
+    pub broker: BrokerConfig,
     pub request_topic: String,
     /// `<request topic>.dlq` unless set otherwise.
     pub dead_letter_topic: String,
@@ -47,47 +60,23 @@ pub struct ConsumerSettings {
 
 impl ConsumerSettings {
     #[must_use]
-    pub fn new(bootstrap_servers: &str, request_topic: &str, group: &str) -> Self {
+    pub fn new(broker: BrokerConfig, request_topic: &str, group: &str) -> Self {
         Self {
-            bootstrap_servers: bootstrap_servers.to_owned(),
+            broker,
             request_topic: request_topic.to_owned(),
-            dead_letter_topic: format!("{request_topic}.dlq"),
+            dead_letter_topic: topics::dead_letter_topic(request_topic),
             group: group.to_owned(),
-            batch_size: 500,
-            batch_wait: Duration::from_millis(100),
-            max_request_bytes: 1024 * 1024,
-            outage_backoff_max: Duration::from_secs(10),
+            batch_size: DEFAULT_BATCH_SIZE,
+            batch_wait: DEFAULT_BATCH_WAIT,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            outage_backoff_max: DEFAULT_OUTAGE_BACKOFF_MAX,
         }
     }
 }
 
-/// What a persisted batch came to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BatchReport {
-    /// New QUEUED rows.
-    pub created: usize,
-    /// Redelivered requests whose rows exist already.
-    pub existing: usize,
-    /// New FAILED rows (unknown workflow, input that fails the schema).
-    pub refused: usize,
-    /// Records sent to the dead-letter topic (undecodable, oversize, conflicting).
-    pub dead_lettered: usize,
-}
-
-/// Why a batch could not be persisted now; the same batch is retried.
-#[derive(Debug, thiserror::Error)]
-pub enum Outage {
-    #[error("database: {0}")]
-    Store(#[from] crate::store::StoreError),
-    #[error("schema registry: {0}")]
-    Registry(CodecError),
-    #[error("dead-letter topic: {0}")]
-    DeadLetter(rdkafka::error::KafkaError),
-}
-
 /// A subscribed consumer with its dead-letter producer.
 pub struct RequestConsumer {
-    consumer: StreamConsumer<RequestConsumerContext>,
+    consumer: Arc<StreamConsumer<RequestConsumerContext>>,
     dead_letters: FutureProducer,
     engine: Engine,
     codec: Arc<Codec>,
@@ -102,11 +91,6 @@ impl std::fmt::Debug for RequestConsumer {
     }
 }
 
-enum Classified {
-    Submit(Submission),
-    DeadLetter(DeadLetter),
-}
-
 impl RequestConsumer {
     /// Creates the consumer and subscribes it to the request topic.
     ///
@@ -116,21 +100,15 @@ impl RequestConsumer {
         engine: Engine,
         codec: Arc<Codec>,
         settings: ConsumerSettings,
-    ) -> anyhow::Result<Self> {
-        let consumer: StreamConsumer<RequestConsumerContext> = ClientConfig::new()
-            .set("bootstrap.servers", &settings.bootstrap_servers)
-            .set("group.id", &settings.group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
+    ) -> Result<Self, KafkaError> {
+        let consumer: StreamConsumer<RequestConsumerContext> = settings
+            .broker
+            .manual_commit_consumer(&settings.group)
             .set("partition.assignment.strategy", "cooperative-sticky")
             .create_with_context(RequestConsumerContext)?;
         consumer.subscribe(&[&settings.request_topic])?;
-        let dead_letters: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &settings.bootstrap_servers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .create()?;
+        let consumer = Arc::new(consumer);
+        let dead_letters: FutureProducer = settings.broker.idempotent_producer().create()?;
         Ok(Self {
             consumer,
             dead_letters,
@@ -184,7 +162,7 @@ impl RequestConsumer {
         batch: &[OwnedMessage],
         shutdown: &CancellationToken,
     ) -> Option<BatchReport> {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Doubling::new(OUTAGE_BACKOFF_MIN, self.settings.outage_backoff_max);
         let mut paused: Option<TopicPartitionList> = None;
         loop {
             match self.persist(batch).await {
@@ -198,7 +176,8 @@ impl RequestConsumer {
                     return Some(report);
                 }
                 Err(outage) => {
-                    tracing::warn!(error = %outage, retry_in = ?backoff, "batch not persisted; pausing and retrying");
+                    let pause = backoff.next_pause();
+                    tracing::warn!(error = %outage, retry_in = ?pause, "batch not persisted; pausing and retrying");
                     if paused.is_none() {
                         let assignment = self.consumer.assignment().unwrap_or_default();
                         if let Err(e) = self.consumer.pause(&assignment) {
@@ -207,122 +186,12 @@ impl RequestConsumer {
                         paused = Some(assignment);
                     }
                     tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
+                        () = tokio::time::sleep(pause) => {}
                         () = shutdown.cancelled() => return None,
                     }
-                    backoff = (backoff * 2).min(self.settings.outage_backoff_max);
                 }
             }
         }
-    }
-
-    /// Makes every message of `batch` durable: rows in one transaction,
-    /// dead letters acknowledged by the broker. Offsets are not touched.
-    ///
-    /// # Errors
-    /// An [`Outage`]: nothing may be committed for this batch; retry it.
-    pub async fn persist(&self, batch: &[OwnedMessage]) -> Result<BatchReport, Outage> {
-        let mut report = BatchReport::default();
-        let mut letters: Vec<(&OwnedMessage, DeadLetter)> = Vec::new();
-        let mut submitted: Vec<&OwnedMessage> = Vec::new();
-        let mut submissions = Vec::new();
-        for message in batch {
-            match self.classify(message).await? {
-                Classified::Submit(submission) => {
-                    submitted.push(message);
-                    submissions.push(submission);
-                }
-                Classified::DeadLetter(letter) => letters.push((message, letter)),
-            }
-        }
-        let results = self.engine.submit_batch(submissions).await?;
-        for (message, result) in submitted.into_iter().zip(results) {
-            match result {
-                Ok(Submitted::Created(row)) if row.status() == RunStatus::Failed => {
-                    report.refused += 1
-                }
-                Ok(Submitted::Created(_)) => report.created += 1,
-                Ok(Submitted::Existing(_)) => report.existing += 1,
-                Err(SubmitError::Conflict(job_id)) => {
-                    tracing::warn!(%job_id, partition = message.partition(), offset = message.offset(),
-                        "request conflicts with the existing job; the original stays, the request is dead-lettered");
-                    metrics::counter!("flotilla_request_conflicts_total").increment(1);
-                    let reason = format!(
-                        "job {job_id} exists with different content; the original job stays"
-                    );
-                    letters.push((
-                        message,
-                        DeadLetter {
-                            code: "conflict",
-                            reason,
-                        },
-                    ));
-                }
-                Err(other) => {
-                    letters.push((
-                        message,
-                        DeadLetter {
-                            code: "refused",
-                            reason: other.to_string(),
-                        },
-                    ));
-                }
-            }
-        }
-        for (message, letter) in &letters {
-            dead_letter::send(
-                &self.dead_letters,
-                &self.settings.dead_letter_topic,
-                message,
-                letter,
-            )
-            .await
-            .map_err(Outage::DeadLetter)?;
-            metrics::counter!("flotilla_requests_dead_lettered_total", "code" => letter.code)
-                .increment(1);
-        }
-        report.dead_lettered = letters.len();
-        Ok(report)
-    }
-
-    async fn classify(&self, message: &OwnedMessage) -> Result<Classified, Outage> {
-        let payload = message.payload().unwrap_or_default();
-        let dead = |code: &'static str, reason: String| {
-            Ok(Classified::DeadLetter(DeadLetter { code, reason }))
-        };
-        if payload.len() > self.settings.max_request_bytes {
-            let limit = self.settings.max_request_bytes;
-            return dead(
-                "oversize",
-                format!(
-                    "request of {} bytes is over the limit of {limit} bytes",
-                    payload.len()
-                ),
-            );
-        }
-        let request: WorkflowRunRequest = match self.codec.decode(payload).await {
-            Ok(request) => request,
-            Err(e) if e.is_transient() => return Err(Outage::Registry(e)),
-            Err(CodecError::Decode(e)) => return dead(e.code(), e.to_string()),
-            Err(CodecError::NoRegistry(_)) => {
-                return dead("no_registry", CodecError::NoRegistry(0).to_string());
-            }
-            Err(e) => return dead("undecodable", e.to_string()),
-        };
-        let traceparent = message.headers().and_then(|headers| {
-            headers
-                .iter()
-                .find(|h| h.key.eq_ignore_ascii_case("traceparent"))
-                .and_then(|h| h.value)
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .map(str::to_owned)
-        });
-        Ok(Classified::Submit(Submission {
-            job_id: request.job_id(),
-            workflow: WorkflowRef::Stored(request.workflow_name().to_owned()),
-            input: request.into_input(),
-            traceparent,
-        }))
     }
 
     /// Stores, per partition, the offset after the highest message of the
@@ -351,18 +220,39 @@ impl RequestConsumer {
         }
     }
 
-    /// Leaves the group and drops the client off the async runtime (librdkafka
-    /// can block in its destructor).
+    /// Leaves the group and drops the clients off the async runtime.
     pub fn close(self) {
         self.consumer.unsubscribe();
-        let Self {
-            consumer,
-            dead_letters,
-            ..
-        } = self;
-        std::thread::spawn(move || {
-            drop(consumer);
-            drop(dead_letters);
-        });
+        self.clients().drop_off_runtime();
+    }
+
+    /// A second hold on the Kafka clients. librdkafka can block in a
+    /// client's destructor; whoever runs this consumer in a task it may
+    /// abort keeps this, so the last hold is released off the runtime.
+    #[must_use]
+    pub fn clients(&self) -> KafkaClients {
+        KafkaClients {
+            _consumer: self.consumer.clone(),
+            _dead_letters: self.dead_letters.clone(),
+        }
+    }
+}
+
+/// See [`RequestConsumer::clients`].
+pub struct KafkaClients {
+    _consumer: Arc<StreamConsumer<RequestConsumerContext>>,
+    _dead_letters: FutureProducer,
+}
+
+impl std::fmt::Debug for KafkaClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KafkaClients")
+    }
+}
+
+impl KafkaClients {
+    /// Releases this hold on a thread of its own.
+    pub fn drop_off_runtime(self) {
+        std::thread::spawn(move || drop(self));
     }
 }

@@ -1,14 +1,20 @@
 //! The claimed run: the only way to change a RUNNING row. Every write is
-//! fenced on the lease token; a write that matches no row means another
-//! worker holds the job now, and the holder must stop without writing more.
+//! fenced on the lease token and carries its event (see
+//! [`flotilla_store::runs::lease::Transition`]); a write that matches no row
+//! means another worker holds the job now, and the holder must stop without
+//! writing more. The heartbeat that keeps the lease alive hangs off the
+//! same handle.
 
-use sqlx::PgPool;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use flotilla_store::StoreError;
+use flotilla_store::runs::lease::{self, Transition};
+use flotilla_store::runs::{Checkpoint, RunRow};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::Engine;
-use crate::store::StoreError;
-use crate::store::outbox::{self, EventKind};
-use crate::store::runs::{self, Checkpoint, Fenced, RunRow};
 
 /// The lease is gone: the sweeper requeued the job and maybe another worker claimed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -35,59 +41,74 @@ impl From<sqlx::Error> for SegmentStop {
 /// A job claimed by this worker, with the token that fences its writes.
 #[derive(Debug)]
 pub struct ClaimedRun {
-    engine: Engine,
+    lease: Lease,
     row: RunRow,
-    token: Uuid,
 }
 
-/// The fenced writer alone, for the heartbeat task.
+/// The job id and token: enough to renew, shared with the heartbeat task.
 #[derive(Debug, Clone)]
-pub(super) struct Lease {
+struct Lease {
     engine: Engine,
     job_id: Uuid,
     token: Uuid,
 }
 
 impl Lease {
-    /// Renews the lease for another full term.
-    pub(super) async fn renew(&self) -> Result<(), SegmentStop> {
-        let lease_until = self.engine.now() + self.engine.settings().lease;
-        write(
-            &self.engine,
-            self.job_id,
-            self.token,
-            Fenced::Renew { lease_until },
-            None,
-        )
-        .await
+    async fn renew(&self) -> Result<(), SegmentStop> {
+        let now = self.engine.now();
+        let until = now + self.engine.settings().lease;
+        let mut conn = self.engine.pool().acquire().await?;
+        if lease::renew(&mut conn, self.job_id, self.token, now, until).await? {
+            Ok(())
+        } else {
+            Err(LeaseLost.into())
+        }
+    }
+
+    async fn write(&self, change: Transition<'_>) -> Result<(), SegmentStop> {
+        let now = self.engine.now();
+        let mut tx = self.engine.pool().begin().await?;
+        if lease::transition(&mut tx, self.job_id, self.token, now, &change).await? {
+            tx.commit().await?;
+            Ok(())
+        } else {
+            // Release the connection clean: a dropped transaction rolls back
+            // only when its connection is next used.
+            tx.rollback().await?;
+            Err(LeaseLost.into())
+        }
     }
 }
 
-/// Applies a fenced change and, for a commit point, its outbox row, in one transaction.
-async fn write(
-    engine: &Engine,
-    job_id: Uuid,
-    token: Uuid,
-    change: Fenced<'_>,
-    event: Option<EventKind>,
-) -> Result<(), SegmentStop> {
-    let pool: &PgPool = engine.pool();
-    let now = engine.now();
-    let mut tx = pool.begin().await?;
-    let Some(stamp) = runs::fenced(&mut tx, job_id, token, now, &change).await? else {
-        return Err(LeaseLost.into());
-    };
-    if let Some(kind) = event {
-        outbox::insert(&mut tx, &stamp, kind, now).await?;
+/// Renews the lease in the background until dropped; [`Heartbeat::lost`] is
+/// cancelled when a renewal finds the lease gone.
+#[derive(Debug)]
+pub(super) struct Heartbeat {
+    task: tokio::task::JoinHandle<()>,
+    lost: CancellationToken,
+}
+
+impl Heartbeat {
+    pub(super) fn lost(&self) -> &CancellationToken {
+        &self.lost
     }
-    tx.commit().await?;
-    Ok(())
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        // A finished or cancelled segment must not keep its lease alive.
+        self.task.abort();
+    }
 }
 
 impl ClaimedRun {
     pub(super) fn new(engine: Engine, row: RunRow) -> Option<Self> {
-        let token = row.lease_token?;
-        Some(Self { engine, row, token })
+        let lease = Lease {
+            engine,
+            job_id: row.job_id,
+            token: row.lease_token?,
+        };
+        Some(Self { lease, row })
     }
 
     /// The row as it was claimed.
@@ -101,12 +122,29 @@ impl ClaimedRun {
         self.row.job_id
     }
 
-    pub(super) fn lease(&self) -> Lease {
-        Lease {
-            engine: self.engine.clone(),
-            job_id: self.row.job_id,
-            token: self.token,
-        }
+    /// Starts renewing the lease every third of its term. A renewal that
+    /// fails for another reason than a lost lease is retried at the next
+    /// tick: the term leaves room for two misses.
+    pub(super) fn heartbeat(&self) -> Heartbeat {
+        let lease = self.lease.clone();
+        let every = (lease.engine.settings().lease / 3).max(Duration::from_millis(10));
+        let lost = CancellationToken::new();
+        let signal = lost.clone();
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                match lease.renew().await {
+                    Ok(()) => {}
+                    Err(SegmentStop::LeaseLost(_)) => return signal.cancel(),
+                    Err(SegmentStop::Store(e)) => {
+                        tracing::warn!(job_id = %lease.job_id, error = %e, "lease renewal failed; retrying");
+                    }
+                }
+            }
+        });
+        Heartbeat { task, lost }
     }
 
     /// Extends the lease.
@@ -114,7 +152,7 @@ impl ClaimedRun {
     /// # Errors
     /// [`SegmentStop::LeaseLost`] when another worker holds the job.
     pub async fn renew(&self) -> Result<(), SegmentStop> {
-        self.lease().renew().await
+        self.lease.renew().await
     }
 
     /// Appends a step's checkpoint with its STEP_CHECKPOINT event.
@@ -122,11 +160,7 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed (then nothing was written).
     pub async fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), SegmentStop> {
-        let event = EventKind::StepCheckpoint {
-            step: checkpoint.name.clone(),
-        };
-        self.write(Fenced::Checkpoint { checkpoint }, Some(event))
-            .await
+        self.lease.write(Transition::Checkpoint(checkpoint)).await
     }
 
     /// Parks on the external step `step` (WAITING, with its event).
@@ -134,13 +168,7 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn park(self, step: &str) -> Result<(), SegmentStop> {
-        self.write(
-            Fenced::Park { step },
-            Some(EventKind::Waiting {
-                step: step.to_owned(),
-            }),
-        )
-        .await
+        self.lease.write(Transition::Park { step }).await
     }
 
     /// Completes the job with its result and verdict.
@@ -152,11 +180,8 @@ impl ClaimedRun {
         result: &serde_json::Value,
         verdict: &str,
     ) -> Result<(), SegmentStop> {
-        let event = EventKind::Completed {
-            verdict: verdict.to_owned(),
-            result: result.clone(),
-        };
-        self.write(Fenced::Complete { result, verdict }, Some(event))
+        self.lease
+            .write(Transition::Complete { result, verdict })
             .await
     }
 
@@ -165,12 +190,7 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn fail(self, error: &str, verdict: Option<&str>) -> Result<(), SegmentStop> {
-        let event = EventKind::Failed {
-            error: error.to_owned(),
-            verdict: verdict.map(str::to_owned),
-        };
-        self.write(Fenced::Fail { error, verdict }, Some(event))
-            .await
+        self.lease.write(Transition::Fail { error, verdict }).await
     }
 
     /// Attempts exhausted: DEAD with the last error verbatim.
@@ -178,28 +198,16 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn dead(self, error: &str) -> Result<(), SegmentStop> {
-        self.write(
-            Fenced::Dead { error },
-            Some(EventKind::Dead {
-                error: error.to_owned(),
-            }),
-        )
-        .await
+        self.lease.write(Transition::Dead { error }).await
     }
 
     /// Back to the queue after a retryable failure, eligible again at `run_after`.
     ///
     /// # Errors
     /// Lease lost, or the store failed.
-    pub async fn requeue(
-        self,
-        error: &str,
-        run_after: chrono::DateTime<chrono::Utc>,
-    ) -> Result<(), SegmentStop> {
-        self.write(Fenced::Requeue { error, run_after }, None).await
-    }
-
-    async fn write(&self, change: Fenced<'_>, event: Option<EventKind>) -> Result<(), SegmentStop> {
-        write(&self.engine, self.row.job_id, self.token, change, event).await
+    pub async fn requeue(self, error: &str, run_after: DateTime<Utc>) -> Result<(), SegmentStop> {
+        self.lease
+            .write(Transition::Requeue { error, run_after })
+            .await
     }
 }

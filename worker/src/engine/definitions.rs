@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
+use flotilla_store::definitions::{self, Registered, StoredDefinition};
+
 use super::Engine;
-use crate::store::definitions::{self, StoredDefinition};
 use crate::workflow::InvalidDefinition;
 
 #[derive(Debug, thiserror::Error)]
@@ -21,19 +22,19 @@ pub enum RegisterError {
 
 impl Engine {
     /// Validates `document` and stores it as the newest version of its name
-    /// (unless it equals the newest version already).
+    /// (unless it equals the newest version already: then `created` is false).
     ///
     /// # Errors
     /// Every problem of an invalid definition; database errors.
     pub async fn register_workflow(
         &self,
         document: &serde_json::Value,
-    ) -> Result<StoredDefinition, RegisterError> {
+    ) -> Result<Registered, RegisterError> {
         let compiled = self.compile(document)?;
-        let mut conn = self.pool().begin().await?;
-        let stored = definitions::register(&mut conn, &compiled.definition.name, document).await?;
-        conn.commit().await?;
-        Ok(stored)
+        let mut tx = self.pool().begin().await?;
+        let registered = definitions::register(&mut tx, &compiled.definition.name, document).await?;
+        tx.commit().await?;
+        Ok(registered)
     }
 
     /// Registers every `.json`, `.yaml` and `.yml` file of `dir`, in name order.
@@ -69,7 +70,8 @@ impl Engine {
             let definition = self
                 .register_workflow(&document)
                 .await
-                .map_err(|e| file_error(&path, e.to_string()))?;
+                .map_err(|e| file_error(&path, e.to_string()))?
+                .definition;
             tracing::info!(name = %definition.name, version = definition.version, path = %path.display(), "workflow registered");
             stored.push(definition);
         }

@@ -3,12 +3,14 @@
 //! the consumer, the API and the tests all drive jobs through it.
 
 mod claimed;
-pub mod clock;
+mod complete_step;
 mod definitions;
-mod external;
-mod loops;
 mod operator;
+mod reads;
+mod runner;
 mod segment;
+mod settle;
+mod step;
 mod submit;
 
 use std::collections::HashMap;
@@ -19,15 +21,29 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 
 pub use claimed::{ClaimedRun, LeaseLost, SegmentStop};
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use complete_step::{CompleteError, CompleteOutcome};
 pub use definitions::RegisterError;
-pub use external::{CompleteError, CompleteOutcome};
+pub use flotilla_store::{Clock, ManualClock, SystemClock};
+pub use reads::{JobPage, JobQuery, ListError};
 pub use operator::OperatorError;
 pub use segment::Outcome;
 pub use submit::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
 
 use crate::target::Targets;
 use crate::workflow::{CompiledWorkflow, InvalidDefinition};
+
+/// Lease a claim holds without renewal, unless configured.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(300);
+/// Base of the retry backoff, unless configured.
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(5);
+/// Claim loops per process, unless configured.
+pub const DEFAULT_WORKER_COUNT: usize = 4;
+/// How often the sweeper looks for lapsed leases, unless configured.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Most rows one sweep touches.
+pub const DEFAULT_SWEEP_BATCH: i64 = 100;
+/// Longest an idle claim loop waits before polling again, unless configured.
+pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(500);
 
 /// How an engine behaves; defaults as DESIGN.md states them.
 #[derive(Debug, Clone)]
@@ -53,12 +69,12 @@ impl EngineSettings {
     pub fn new(worker_id: impl Into<String>) -> Self {
         Self {
             worker_id: worker_id.into(),
-            lease: Duration::from_secs(300),
-            backoff_base: Duration::from_secs(5),
-            worker_count: 4,
-            sweep_interval: Duration::from_secs(5),
-            sweep_batch: 100,
-            idle_poll_max: Duration::from_millis(500),
+            lease: DEFAULT_LEASE,
+            backoff_base: DEFAULT_BACKOFF_BASE,
+            worker_count: DEFAULT_WORKER_COUNT,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            sweep_batch: DEFAULT_SWEEP_BATCH,
+            idle_poll_max: DEFAULT_IDLE_POLL_MAX,
         }
     }
 }

@@ -2,10 +2,11 @@
 
 use uuid::Uuid;
 
+use flotilla_store::runs::idle::{self, IdleSettle};
+use flotilla_store::runs::{self, RunRow};
+use flotilla_store::{RunStatus, StoreError};
+
 use super::Engine;
-use crate::store::StoreError;
-use crate::store::outbox::{self, EventKind};
-use crate::store::runs::{self, RunRow, RunStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
@@ -37,7 +38,7 @@ impl Engine {
     /// Unknown job, a job in another state, store errors.
     pub async fn retry(&self, job_id: Uuid) -> Result<RunRow, OperatorError> {
         let mut conn = self.pool().acquire().await?;
-        match runs::retry(&mut conn, job_id, self.now()).await? {
+        match idle::retry(&mut conn, job_id, self.now()).await? {
             Some(row) => {
                 tracing::info!(%job_id, "job retried by an operator");
                 self.wake();
@@ -61,25 +62,13 @@ impl Engine {
         };
         let now = self.now();
         let mut tx = self.pool().begin().await?;
-        let Some(stamp) =
-            runs::settle_idle(&mut tx, job_id, RunStatus::Cancelled, reason, None, now).await?
-        else {
+        if !idle::settle_idle(&mut tx, job_id, IdleSettle::Cancel { reason }, now).await? {
             tx.rollback().await?;
             let mut conn = self.pool().acquire().await?;
             return Err(self
                 .refusal(&mut conn, job_id, "cancel", "QUEUED or WAITING jobs")
                 .await);
-        };
-        outbox::insert(
-            &mut tx,
-            &stamp,
-            EventKind::Cancelled {
-                reason: reason.to_owned(),
-            },
-            now,
-        )
-        .await
-        .map_err(OperatorError::Store)?;
+        }
         let row = runs::get(&mut tx, job_id)
             .await?
             .ok_or(OperatorError::NotFound(job_id))?;
@@ -98,7 +87,7 @@ impl Engine {
         match runs::get(conn, job_id).await {
             Ok(Some(row)) => OperatorError::WrongState {
                 job_id,
-                status: row.status(),
+                status: row.status,
                 verb,
                 allowed,
             },

@@ -8,13 +8,12 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
-use sqlx::PgConnection;
+use flotilla_store::runs::{self, NewRun, Refusal, RunRow};
+use flotilla_store::{RunStatus, StoreError, definitions};
+use sqlx::{PgConnection, PgTransaction};
 use uuid::Uuid;
 
 use super::Engine;
-use crate::store::outbox::{self, EventKind};
-use crate::store::runs::{self, NewRun, RunRow, RunStatus};
-use crate::store::{StoreError, definitions};
 use crate::workflow::InvalidDefinition;
 
 /// Which workflow to run.
@@ -121,9 +120,14 @@ impl Engine {
         let submitted = self
             .submit_in(&mut tx, submission, mode, self.now(), &mut HashMap::new())
             .await;
-        tx.commit().await?;
+        // Only a submission that went through commits: an error part-way
+        // must not leave a row without its event.
+        match &submitted {
+            Ok(_) => tx.commit().await?,
+            Err(_) => tx.rollback().await?,
+        }
         if let Ok(Submitted::Created(row)) = &submitted
-            && row.status() == RunStatus::Queued
+            && row.status == RunStatus::Queued
         {
             self.wake();
         }
@@ -149,14 +153,17 @@ impl Engine {
                 .submit_in(&mut tx, submission, RefusalMode::Record, now, &mut newest)
                 .await
             {
-                Err(SubmitError::Store(e)) => return Err(e),
+                Err(SubmitError::Store(e)) => {
+                    tx.rollback().await?;
+                    return Err(e);
+                }
                 result => results.push(result),
             }
         }
         tx.commit().await?;
         for result in &results {
             if let Ok(Submitted::Created(row)) = result
-                && row.status() == RunStatus::Queued
+                && row.status == RunStatus::Queued
             {
                 self.wake();
             }
@@ -167,14 +174,14 @@ impl Engine {
     /// The submission inside the caller's transaction; the caller commits.
     async fn submit_in(
         &self,
-        conn: &mut PgConnection,
+        tx: &mut PgTransaction<'_>,
         submission: Submission,
         mode: RefusalMode,
         now: DateTime<Utc>,
         newest: &mut NewestDefinitions,
     ) -> Result<Submitted, SubmitError> {
         let digest = request_digest(&submission);
-        let (resolved, refusal) = match self.resolve(conn, &submission, newest).await {
+        let (resolved, refusal) = match self.resolve(tx, &submission, newest).await {
             Ok(resolved) => (resolved, None),
             Err(refused) if refused.is_refusal() && mode == RefusalMode::Record => {
                 let resolved = Resolved {
@@ -188,16 +195,11 @@ impl Engine {
             Err(refused) => {
                 // A repeat of an accepted job is still recognised after its
                 // workflow changed; only a new job_id gets the refusal.
-                return match existing(conn, submission.job_id, &digest).await? {
+                return match existing(tx, submission.job_id, &digest).await? {
                     Some(existing) => Ok(existing),
                     None => Err(refused),
                 };
             }
-        };
-        let status = if refusal.is_some() {
-            RunStatus::Failed
-        } else {
-            RunStatus::Queued
         };
         let new_run = NewRun {
             job_id: submission.job_id,
@@ -206,26 +208,19 @@ impl Engine {
             definition: &resolved.definition,
             input: &submission.input,
             request_digest: &digest,
-            status,
             max_attempts: resolved.max_attempts,
-            error: refusal.as_deref(),
-            verdict: refusal.as_ref().map(|_| REFUSED_VERDICT),
+            refusal: refusal.as_deref().map(|error| Refusal {
+                error,
+                verdict: REFUSED_VERDICT,
+            }),
             traceparent: submission.traceparent.as_deref(),
             now,
         };
-        let Some(row) = runs::insert(conn, &new_run).await? else {
-            return existing(conn, submission.job_id, &digest)
+        let Some(row) = runs::insert(tx, &new_run).await? else {
+            return existing(tx, submission.job_id, &digest)
                 .await?
                 .ok_or(SubmitError::Conflict(submission.job_id));
         };
-        let event = match refusal {
-            None => EventKind::Accepted,
-            Some(error) => EventKind::Failed {
-                error,
-                verdict: Some(REFUSED_VERDICT.into()),
-            },
-        };
-        outbox::insert(conn, &row.stamp(), event, now).await?;
         Ok(Submitted::Created(row))
     }
 

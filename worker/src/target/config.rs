@@ -32,15 +32,42 @@ enum TargetConfig {
 /// Default per-call timeout of an http target without `timeout_ms`.
 const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A targets file that cannot be used, naming the file and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetsFileError {
+    #[error("reading targets file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("targets file {path}: {source}")]
+    Parse {
+        path: String,
+        source: serde_yaml_ng::Error,
+    },
+    #[error("targets file {path}: target {name}: {reason}")]
+    Target {
+        path: String,
+        name: String,
+        reason: String,
+    },
+}
+
 /// Reads the targets file and adds its targets to `targets`.
 ///
 /// # Errors
 /// The file cannot be read or parsed, with the path and the reason.
-pub fn load(path: &Path, targets: &mut Targets) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("reading targets file {}: {e}", path.display()))?;
-    let file: TargetsFile = serde_yaml_ng::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("targets file {}: {e}", path.display()))?;
+pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> {
+    let shown = || path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| TargetsFileError::Read {
+        path: shown(),
+        source,
+    })?;
+    let file: TargetsFile =
+        serde_yaml_ng::from_str(&text).map_err(|source| TargetsFileError::Parse {
+            path: shown(),
+            source,
+        })?;
     for (name, config) in file.targets {
         match config {
             TargetConfig::Http {
@@ -49,8 +76,13 @@ pub fn load(path: &Path, targets: &mut Targets) -> anyhow::Result<()> {
                 max_concurrent,
             } => {
                 let timeout = timeout_ms.map_or(DEFAULT_HTTP_TIMEOUT, Duration::from_millis);
-                let target = HttpTarget::new(&base_url, timeout)
-                    .map_err(|e| anyhow::anyhow!("target {name}: {e}"))?;
+                let target = HttpTarget::new(&base_url, timeout).map_err(|reason| {
+                    TargetsFileError::Target {
+                        path: shown(),
+                        name: name.clone(),
+                        reason,
+                    }
+                })?;
                 targets.register(
                     name,
                     Arc::new(target),

@@ -3,11 +3,11 @@
 //!
 //! A definition is parsed, then compiled: every CEL expression and JSON
 //! Schema is compiled once, and every problem found is reported together,
-//! each naming its step and field (see [`validate`]).
+//! each naming its step and field (see [`compile`]).
 
 pub mod expr;
 mod model;
-pub mod validate;
+pub mod compile;
 
 pub use model::{Completion, StepDefinition, WorkflowDefinition};
-pub use validate::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition};
+pub use compile::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition};

@@ -8,12 +8,13 @@
 
 use std::time::Duration;
 
+use flotilla_runtime::backoff::Doubling;
+use flotilla_store::StoreError;
+use flotilla_store::runs::lease;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{Engine, Outcome};
-use crate::store::outbox;
-use crate::store::runs;
 
 const IDLE_POLL_MIN: Duration = Duration::from_millis(10);
 /// Pause after a failed claim (the database is unreachable).
@@ -26,7 +27,7 @@ impl Engine {
     /// them from their checkpoints.
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
         let mut tasks = JoinSet::new();
-        for index in 0..self.settings().worker_count.max(1) {
+        for index in 0..self.settings().worker_count {
             let engine = self.clone();
             let shutdown = shutdown.clone();
             tasks.spawn(async move { engine.claim_loop(index, shutdown).await });
@@ -46,17 +47,13 @@ impl Engine {
     }
 
     async fn claim_loop(&self, index: usize, shutdown: CancellationToken) {
-        let mut idle = IDLE_POLL_MIN;
+        let mut idle = Doubling::new(IDLE_POLL_MIN, self.settings().idle_poll_max);
         while !shutdown.is_cancelled() {
             let pause = match self.run_once().await {
-                Ok(Outcome::Idle) => {
-                    let pause = idle;
-                    idle = (idle * 2).min(self.settings().idle_poll_max);
-                    pause
-                }
+                Ok(Outcome::Idle) => idle.next_pause(),
                 Ok(outcome) => {
                     tracing::debug!(loop_index = index, ?outcome, "segment done");
-                    idle = IDLE_POLL_MIN;
+                    idle.reset();
                     continue;
                 }
                 Err(e) => {
@@ -65,7 +62,7 @@ impl Engine {
                 }
             };
             tokio::select! {
-                () = self.inner.work_available.notified() => idle = IDLE_POLL_MIN,
+                () = self.inner.work_available.notified() => idle.reset(),
                 () = tokio::time::sleep(pause) => {}
                 () = shutdown.cancelled() => {}
             }
@@ -91,30 +88,17 @@ impl Engine {
     ///
     /// # Errors
     /// Database errors.
-    pub async fn sweep(&self) -> Result<usize, crate::store::StoreError> {
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
         let now = self.now();
         let mut tx = self.pool().begin().await?;
-        let (requeued, dead) =
-            runs::sweep_expired(&mut tx, now, self.settings().sweep_batch).await?;
-        for (stamp, error) in &dead {
-            outbox::insert(
-                &mut tx,
-                stamp,
-                outbox::EventKind::Dead {
-                    error: error.clone(),
-                },
-                now,
-            )
-            .await?;
-        }
+        let swept = lease::sweep_expired(&mut tx, now, self.settings().sweep_batch).await?;
         tx.commit().await?;
-        let touched = usize::try_from(requeued).unwrap_or(usize::MAX) + dead.len();
-        if touched > 0 {
-            tracing::info!(requeued, dead = dead.len(), "swept expired leases");
-            for _ in 0..requeued {
+        if swept.requeued + swept.dead > 0 {
+            tracing::info!(requeued = swept.requeued, dead = swept.dead, "swept expired leases");
+            for _ in 0..swept.requeued {
                 self.wake();
             }
         }
-        Ok(touched)
+        Ok(swept.requeued + swept.dead)
     }
 }

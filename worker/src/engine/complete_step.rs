@@ -7,11 +7,12 @@
 use serde::Serialize;
 use uuid::Uuid;
 
+use flotilla_store::runs::idle::{self, IdleSettle};
+use flotilla_store::runs::{self, Checkpoint, RunRow};
+use flotilla_store::{RunStatus, StoreError};
+
 use super::Engine;
-use super::segment::check_response;
-use crate::store::StoreError;
-use crate::store::outbox::{self, EventKind};
-use crate::store::runs::{self, Checkpoint, RunRow, RunStatus};
+use super::step::check_response;
 use crate::target::StepFailure;
 use crate::workflow::expr::Scope;
 
@@ -52,16 +53,24 @@ enum Gate {
 }
 
 fn gate(row: &RunRow, step: &str) -> Gate {
-    if row.status() == RunStatus::Waiting && row.outstanding_step.as_deref() == Some(step) {
+    if row.status == RunStatus::Waiting && row.outstanding_step.as_deref() == Some(step) {
         Gate::Proceed
     } else if row.has_checkpoint(step) && is_external_step(row, step) {
         Gate::Stop(CompleteOutcome::AlreadyDone)
     } else {
         Gate::Stop(CompleteOutcome::WrongState {
-            status: row.status(),
+            status: row.status,
             outstanding_step: row.outstanding_step.clone(),
         })
     }
+}
+
+/// The row was gated WAITING under its lock, yet did not update.
+fn corrupt_lock(job_id: Uuid) -> CompleteError {
+    CompleteError::Store(StoreError::Corrupt {
+        job_id,
+        reason: "the locked WAITING row did not update".into(),
+    })
 }
 
 fn is_external_step(row: &RunRow, step: &str) -> bool {
@@ -112,16 +121,9 @@ impl Engine {
                     skipped: false,
                     response,
                 };
-                let stamp = runs::resume_waiting(&mut tx, job_id, &checkpoint, now).await?;
-                outbox::insert(
-                    &mut tx,
-                    &stamp,
-                    EventKind::StepCheckpoint {
-                        step: step.to_owned(),
-                    },
-                    now,
-                )
-                .await?;
+                if !idle::resume_waiting(&mut tx, job_id, &checkpoint, now).await? {
+                    return Err(corrupt_lock(job_id));
+                }
                 CompleteOutcome::Completed
             }
             Some(violations) => {
@@ -130,29 +132,13 @@ impl Engine {
                     violations.join("; ")
                 );
                 let verdict = violations.join("; ");
-                let stamp = runs::settle_idle(
-                    &mut tx,
-                    job_id,
-                    RunStatus::Failed,
-                    &error,
-                    Some(&verdict),
-                    now,
-                )
-                .await?
-                .ok_or_else(|| StoreError::Corrupt {
-                    job_id,
-                    reason: "locked WAITING row did not update".into(),
-                })?;
-                outbox::insert(
-                    &mut tx,
-                    &stamp,
-                    EventKind::Failed {
-                        error,
-                        verdict: Some(verdict),
-                    },
-                    now,
-                )
-                .await?;
+                let settle = IdleSettle::Fail {
+                    error: &error,
+                    verdict: &verdict,
+                };
+                if !idle::settle_idle(&mut tx, job_id, settle, now).await? {
+                    return Err(corrupt_lock(job_id));
+                }
                 CompleteOutcome::Rejected { violations }
             }
         };

@@ -1,7 +1,7 @@
 //! `workflow_definition`: stored workflows, versioned by name.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgTransaction};
 use sqlx::types::Json;
 
 /// A stored version of a workflow.
@@ -13,36 +13,53 @@ pub struct StoredDefinition {
     pub created_at: DateTime<Utc>,
 }
 
+/// What registering a document did.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub definition: StoredDefinition,
+    /// `true`: a new version was stored; `false`: the document equals the
+    /// newest version, which is returned unchanged.
+    pub created: bool,
+}
+
 /// Stores `document` as the next version of `name`, unless it equals the
 /// newest version already (then that one is returned): registering the same
-/// files at every start-up does not pile up versions.
+/// files at every start-up does not pile up versions. Concurrent
+/// registrations of one name are serialised, so `created` is exact.
 ///
 /// # Errors
 /// Database errors.
 pub async fn register(
-    conn: &mut PgConnection,
+    tx: &mut PgTransaction<'_>,
     name: &str,
     document: &serde_json::Value,
-) -> Result<StoredDefinition, sqlx::Error> {
+) -> Result<Registered, sqlx::Error> {
     // Serialise concurrent registrations of one name (two workers starting at once).
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('workflow_definition:' || $1))")
         .bind(name)
-        .execute(&mut *conn)
+        .execute(&mut **tx)
         .await?;
-    if let Some(newest) = newest(&mut *conn, name).await?
+    if let Some(newest) = newest(tx, name).await?
         && newest.definition.0 == *document
     {
-        return Ok(newest);
+        return Ok(Registered {
+            definition: newest,
+            created: false,
+        });
     }
-    sqlx::query_as(
+    let definition = sqlx::query_as(
         "INSERT INTO workflow_definition (name, version, definition)
          SELECT $1, coalesce(max(version), 0) + 1, $2 FROM workflow_definition WHERE name = $1
          RETURNING name, version, definition, created_at",
     )
     .bind(name)
     .bind(Json(document))
-    .fetch_one(conn)
-    .await
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(Registered {
+        definition,
+        created: true,
+    })
 }
 
 /// The newest version of `name`.

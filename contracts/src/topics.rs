@@ -1,0 +1,15 @@
+//! The default names of the topics and the consumer group (each spelled
+//! once, here); every one is configurable in the binaries.
+
+/// Where clients produce `WorkflowRunRequest`s.
+pub const REQUEST_TOPIC: &str = "workflow-run-requests";
+/// Where the relay publishes `WorkflowRunEvent`s, keyed by job id.
+pub const EVENT_TOPIC: &str = "workflow-run-events";
+/// The workers' consumer group on the request topic.
+pub const CONSUMER_GROUP: &str = "flotilla-worker";
+
+/// The dead-letter topic of a request topic: `<request topic>.dlq`.
+#[must_use]
+pub fn dead_letter_topic(request_topic: &str) -> String {
+    format!("{request_topic}.dlq")
+}

@@ -1,0 +1,64 @@
+//! Running a relay from its settings, and the operator's replay.
+
+use std::sync::Arc;
+
+use flotilla_runtime::kafka::{self, BrokerError};
+use flotilla_store::outbox::relay as outbox;
+use flotilla_store::{DatabaseConfig, SystemClock};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::RelayArgs;
+use crate::{Relay, RelayError};
+
+/// How long to wait for the broker at start-up.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why a relay could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("connecting to Postgres: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("reaching the Kafka broker: {0}")]
+    Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Relay(#[from] RelayError),
+}
+
+/// Connects, ensures the event topic, and publishes until `shutdown`; the
+/// round in flight finishes within the grace period, then the buckets are
+/// released.
+///
+/// # Errors
+/// The database or the broker cannot be reached, or the producer built.
+pub async fn run(
+    database: &DatabaseConfig,
+    args: RelayArgs,
+    shutdown: CancellationToken,
+) -> Result<(), StartupError> {
+    let pool = flotilla_store::connect(database).await?;
+    kafka::check_reachable(&args.broker, CONNECT_TIMEOUT).await?;
+    kafka::ensure_topics(&args.broker, &[&args.event_topic], args.topic_partitions).await?;
+    let grace = *args.shutdown_grace;
+    let relay = Relay::new(pool.clone(), Arc::new(SystemClock), args.into())?;
+    tracing::info!("relay ready");
+    relay.run(shutdown, grace).await;
+    tracing::info!("relay stopped");
+    pool.close().await;
+    Ok(())
+}
+
+/// Puts FAILED outbox rows (of one job, or all) back to PENDING; returns how many.
+///
+/// # Errors
+/// The database cannot be reached.
+pub async fn replay_failed(
+    database: &DatabaseConfig,
+    job_id: Option<Uuid>,
+) -> Result<u64, sqlx::Error> {
+    let pool = flotilla_store::connect(database).await?;
+    let mut conn = pool.acquire().await?;
+    let replayed = outbox::replay_failed(&mut conn, job_id, chrono::Utc::now()).await?;
+    tracing::info!(replayed, "FAILED outbox rows put back to PENDING");
+    Ok(replayed)
+}

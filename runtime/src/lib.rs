@@ -1,0 +1,13 @@
+//! `flotilla-runtime`: what every Flotilla binary shares. The broker
+//! settings and the one configuration of each Kafka client ([`kafka`]),
+//! logging ([`telemetry`]), the shutdown signal ([`shutdown`]), backoff
+//! ([`backoff`]) and the host's identity ([`identity`]). No database: the
+//! command-line client uses this crate too.
+
+pub mod backoff;
+pub mod identity;
+pub mod kafka;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use kafka::BrokerConfig;

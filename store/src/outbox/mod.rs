@@ -1,0 +1,117 @@
+//! `workflow_run_outbox`: one row per commit point of a job, written in the
+//! same transaction as the run row's change. A row holds the finished event
+//! (its JSON form) and its trace context, so the relay never reads the run.
+//! Rows are written by the commit points of [`crate::runs`]; what the relay
+//! does with them is in [`relay`].
+
+use chrono::{DateTime, Utc};
+use flotilla_contracts::{EventHeader, WorkflowRunEvent};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::StoreError;
+
+pub mod relay;
+
+pub use relay::{MAX_PUBLISH_ATTEMPTS, PendingEvent};
+
+/// What a commit point says happened.
+#[derive(Debug, Clone)]
+pub enum EventKind {
+    Accepted,
+    StepCheckpoint {
+        step: String,
+    },
+    Waiting {
+        step: String,
+    },
+    Completed {
+        verdict: String,
+        result: serde_json::Value,
+    },
+    Failed {
+        error: String,
+        verdict: Option<String>,
+    },
+    Dead {
+        error: String,
+    },
+    Cancelled {
+        reason: String,
+    },
+}
+
+/// Where an event sits: the job, its freshly allocated sequence, and the
+/// run's fields the event repeats.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventStamp {
+    pub job_id: Uuid,
+    pub event_sequence: i64,
+    pub workflow_name: String,
+    pub attempt: i32,
+    pub traceparent: Option<String>,
+}
+
+/// Builds the event through the contract's constructors (which enforce the
+/// message rules) and inserts its outbox row.
+///
+/// # Errors
+/// The event breaks a rule (a bug: nothing is written), or the database fails.
+pub async fn insert(
+    conn: &mut PgConnection,
+    stamp: &EventStamp,
+    kind: EventKind,
+    now: DateTime<Utc>,
+) -> Result<WorkflowRunEvent, StoreError> {
+    let header = EventHeader {
+        event_id: Uuid::new_v4(),
+        job_id: stamp.job_id,
+        sequence: stamp.event_sequence,
+        workflow_name: stamp.workflow_name.clone(),
+        attempt: stamp.attempt,
+        occurred_at: now,
+    };
+    let event = match kind {
+        EventKind::Accepted => WorkflowRunEvent::accepted(header),
+        EventKind::StepCheckpoint { step } => WorkflowRunEvent::step_checkpoint(header, step),
+        EventKind::Waiting { step } => WorkflowRunEvent::waiting(header, step),
+        EventKind::Completed { verdict, result } => {
+            WorkflowRunEvent::completed(header, verdict, result)
+        }
+        EventKind::Failed { error, verdict } => WorkflowRunEvent::failed(header, error, verdict),
+        EventKind::Dead { error } => WorkflowRunEvent::dead(header, error),
+        EventKind::Cancelled { reason } => WorkflowRunEvent::cancelled(header, reason),
+    }?;
+    sqlx::query(
+        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload, traceparent, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(event.event_id())
+    .bind(event.job_id())
+    .bind(event.sequence())
+    .bind(event.event_type().as_str())
+    .bind(Json(&event))
+    .bind(stamp.traceparent.as_deref())
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(event)
+}
+
+/// A job's events in sequence order (for tests and the API's debugging views).
+///
+/// # Errors
+/// Database errors.
+pub async fn events_of(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> Result<Vec<WorkflowRunEvent>, sqlx::Error> {
+    let rows: Vec<(Json<WorkflowRunEvent>,)> = sqlx::query_as(
+        "SELECT payload FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
+    )
+    .bind(job_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|(Json(event),)| event).collect())
+}

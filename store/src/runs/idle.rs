@@ -1,0 +1,122 @@
+//! Rows nobody holds: answering a parked step, settling a waiting or queued
+//! job, and the operator's retry.
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgTransaction};
+use uuid::Uuid;
+
+use super::{COLUMNS, Checkpoint, RunRow, STAMP};
+use crate::StoreError;
+use crate::outbox::{self, EventKind, EventStamp};
+
+/// Accepts an external step's response on a locked WAITING row: appends the
+/// checkpoint and requeues with fresh attempts (the work after a human step
+/// does not inherit the retries spent before it), with its STEP_CHECKPOINT
+/// event. `false`: the row is not WAITING, nothing was written.
+///
+/// # Errors
+/// Database errors; an event the contract refuses.
+pub async fn resume_waiting(
+    tx: &mut PgTransaction<'_>,
+    job_id: Uuid,
+    checkpoint: &Checkpoint,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let stamp: Option<EventStamp> = sqlx::query_as(&format!(
+        "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = $3, updated_at = $3, attempt = 0,
+             checkpoints = checkpoints || jsonb_build_array($2::jsonb), event_sequence = event_sequence + 1
+         WHERE job_id = $1 AND status = 'WAITING'
+         RETURNING {STAMP}"
+    ))
+    .bind(job_id)
+    .bind(Json(checkpoint))
+    .bind(now)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(stamp) = stamp else { return Ok(false) };
+    let event = EventKind::StepCheckpoint {
+        step: checkpoint.name.clone(),
+    };
+    outbox::insert(tx, &stamp, event, now).await?;
+    Ok(true)
+}
+
+/// How a job nobody holds is settled for good.
+#[derive(Debug, Clone, Copy)]
+pub enum IdleSettle<'a> {
+    /// FAILED (a rejected external response), with its verdict.
+    Fail { error: &'a str, verdict: &'a str },
+    /// CANCELLED by an operator, with the reason.
+    Cancel { reason: &'a str },
+}
+
+/// Settles a QUEUED or WAITING row for good, with its event. `false`: the row
+/// is in another state (or missing), nothing was written.
+///
+/// # Errors
+/// Database errors; an event the contract refuses.
+pub async fn settle_idle(
+    tx: &mut PgTransaction<'_>,
+    job_id: Uuid,
+    settle: IdleSettle<'_>,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let (status, error, verdict, event) = match settle {
+        IdleSettle::Fail { error, verdict } => (
+            crate::RunStatus::Failed,
+            error,
+            Some(verdict),
+            EventKind::Failed {
+                error: error.to_owned(),
+                verdict: Some(verdict.to_owned()),
+            },
+        ),
+        IdleSettle::Cancel { reason } => (
+            crate::RunStatus::Cancelled,
+            reason,
+            None,
+            EventKind::Cancelled {
+                reason: reason.to_owned(),
+            },
+        ),
+    };
+    let stamp: Option<EventStamp> = sqlx::query_as(&format!(
+        "UPDATE workflow_run SET status = $2, error = $3, verdict = coalesce($4, verdict), outstanding_step = NULL,
+             updated_at = $5, event_sequence = event_sequence + 1
+         WHERE job_id = $1 AND status IN ('QUEUED', 'WAITING')
+         RETURNING {STAMP}"
+    ))
+    .bind(job_id)
+    .bind(status)
+    .bind(error)
+    .bind(verdict)
+    .bind(now)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(stamp) = stamp else { return Ok(false) };
+    outbox::insert(tx, &stamp, event, now).await?;
+    Ok(true)
+}
+
+/// Operator retry: a DEAD, FAILED or CANCELLED job goes back to the queue with
+/// fresh attempts, keeping its checkpoints. `None` when the job is in another state.
+///
+/// # Errors
+/// Database errors.
+pub async fn retry(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
+             error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL
+         WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
+         RETURNING {COLUMNS}"
+    ))
+    .bind(job_id)
+    .bind(now)
+    .fetch_optional(conn)
+    .await
+}

@@ -1,0 +1,247 @@
+//! Leased rows: the claim, the fenced writes of the lease holder, and the
+//! sweep of leases that lapsed.
+//!
+//! Every write to a RUNNING row is conditioned on the lease token it was
+//! claimed with (a fresh UUID per claim, never reused); a write that matches
+//! no row means the lease is gone and nothing was written.
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgTransaction};
+use uuid::Uuid;
+
+use super::{COLUMNS, Checkpoint, RunRow, STAMP};
+use crate::StoreError;
+use crate::outbox::{self, EventKind, EventStamp};
+
+/// Claims the oldest eligible QUEUED row in one statement: flips it to
+/// RUNNING, stamps the lease and a fresh token, and counts the attempt.
+///
+/// # Errors
+/// Database errors.
+pub async fn claim(
+    conn: &mut PgConnection,
+    worker_id: &str,
+    token: Uuid,
+    now: DateTime<Utc>,
+    lease_until: DateTime<Utc>,
+) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "UPDATE workflow_run SET status = 'RUNNING', lease_owner = $1, lease_token = $2, lease_until = $4,
+             attempt = attempt + 1, updated_at = $3
+         WHERE job_id = (
+             SELECT job_id FROM workflow_run
+             WHERE status = 'QUEUED' AND run_after <= $3
+             ORDER BY run_after, created_at
+             LIMIT 1
+             FOR UPDATE SKIP LOCKED)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(worker_id)
+    .bind(token)
+    .bind(now)
+    .bind(lease_until)
+    .fetch_optional(conn)
+    .await
+}
+
+/// Extends the lease of `token` on `job_id`; `false` when the lease is gone.
+///
+/// # Errors
+/// Database errors.
+pub async fn renew(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    token: Uuid,
+    now: DateTime<Utc>,
+    lease_until: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE workflow_run SET lease_until = $4, updated_at = $3
+         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'",
+    )
+    .bind(job_id)
+    .bind(token)
+    .bind(now)
+    .bind(lease_until)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A change to a RUNNING row by its lease holder. Each one states the event
+/// it commits, so a transition cannot be written without its outbox row.
+#[derive(Debug)]
+pub enum Transition<'a> {
+    /// Appends a checkpoint (event: STEP_CHECKPOINT).
+    Checkpoint(&'a Checkpoint),
+    /// Parks on an external step (event: WAITING).
+    Park { step: &'a str },
+    /// Finishes (event: COMPLETED).
+    Complete {
+        result: &'a serde_json::Value,
+        verdict: &'a str,
+    },
+    /// Fails for good (event: FAILED).
+    Fail {
+        error: &'a str,
+        verdict: Option<&'a str>,
+    },
+    /// Attempts exhausted (event: DEAD).
+    Dead { error: &'a str },
+    /// Back to the queue after a retryable failure (no event: retries are
+    /// not commit points).
+    Requeue {
+        error: &'a str,
+        run_after: DateTime<Utc>,
+    },
+}
+
+impl Transition<'_> {
+    /// The event this transition commits, if it is a commit point.
+    fn event(&self) -> Option<EventKind> {
+        Some(match self {
+            Self::Checkpoint(checkpoint) => EventKind::StepCheckpoint {
+                step: checkpoint.name.clone(),
+            },
+            Self::Park { step } => EventKind::Waiting {
+                step: (*step).to_owned(),
+            },
+            Self::Complete { result, verdict } => EventKind::Completed {
+                verdict: (*verdict).to_owned(),
+                result: (*result).clone(),
+            },
+            Self::Fail { error, verdict } => EventKind::Failed {
+                error: (*error).to_owned(),
+                verdict: verdict.map(str::to_owned),
+            },
+            Self::Dead { error } => EventKind::Dead {
+                error: (*error).to_owned(),
+            },
+            Self::Requeue { .. } => return None,
+        })
+    }
+
+    /// The SET clause; parameters from `$4` on are bound by [`transition`].
+    fn assignments(&self) -> String {
+        const RELEASE: &str = "lease_owner = NULL, lease_token = NULL, lease_until = NULL";
+        const NEXT: &str = "event_sequence = event_sequence + 1";
+        match self {
+            Self::Checkpoint(_) => {
+                format!("checkpoints = checkpoints || jsonb_build_array($4::jsonb), {NEXT}")
+            }
+            Self::Park { .. } => {
+                format!("status = 'WAITING', outstanding_step = $4, {RELEASE}, {NEXT}")
+            }
+            Self::Complete { .. } => format!(
+                "status = 'COMPLETED', result = $4, verdict = $5, error = NULL, {RELEASE}, {NEXT}"
+            ),
+            Self::Fail { .. } => {
+                format!("status = 'FAILED', error = $4, verdict = $5, {RELEASE}, {NEXT}")
+            }
+            Self::Dead { .. } => format!("status = 'DEAD', error = $4, {RELEASE}, {NEXT}"),
+            Self::Requeue { .. } => {
+                format!("status = 'QUEUED', error = $4, run_after = $5, {RELEASE}")
+            }
+        }
+    }
+}
+
+/// Applies `change` if `token` still holds the lease on `job_id`, with its
+/// outbox row in the same transaction. `false`: the lease is lost, zero rows
+/// matched and nothing was written.
+///
+/// # Errors
+/// Database errors; an event the contract refuses.
+pub async fn transition(
+    tx: &mut PgTransaction<'_>,
+    job_id: Uuid,
+    token: Uuid,
+    now: DateTime<Utc>,
+    change: &Transition<'_>,
+) -> Result<bool, StoreError> {
+    let sql = format!(
+        "UPDATE workflow_run SET {}, updated_at = $3
+         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'
+         RETURNING {STAMP}",
+        change.assignments()
+    );
+    let query = sqlx::query_as(&sql).bind(job_id).bind(token).bind(now);
+    let query = match change {
+        Transition::Checkpoint(checkpoint) => query.bind(Json(*checkpoint)),
+        Transition::Park { step } => query.bind(*step),
+        Transition::Complete { result, verdict } => query.bind(Json(*result)).bind(*verdict),
+        Transition::Fail { error, verdict } => query.bind(*error).bind(*verdict),
+        Transition::Dead { error } => query.bind(*error),
+        Transition::Requeue { error, run_after } => query.bind(*error).bind(*run_after),
+    };
+    let stamp: Option<EventStamp> = query.fetch_optional(&mut **tx).await?;
+    let Some(stamp) = stamp else {
+        return Ok(false);
+    };
+    if let Some(event) = change.event() {
+        outbox::insert(tx, &stamp, event, now).await?;
+    }
+    Ok(true)
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Jobs back in the queue.
+    pub requeued: u64,
+    /// Jobs whose lapsed lease was their last attempt: DEAD, with their event.
+    pub dead: u64,
+}
+
+/// Requeues up to `limit` RUNNING rows whose lease passed before `now`;
+/// rows that used their last attempt go DEAD instead, with their event.
+///
+/// # Errors
+/// Database errors; an event the contract refuses.
+pub async fn sweep_expired(
+    tx: &mut PgTransaction<'_>,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Swept, StoreError> {
+    let expired: Vec<(Uuid, i32, i32, Option<String>)> = sqlx::query_as(
+        "SELECT job_id, attempt, max_attempts, lease_owner FROM workflow_run
+         WHERE status = 'RUNNING' AND lease_until < $1
+         ORDER BY lease_until LIMIT $2
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut swept = Swept::default();
+    for (job_id, attempt, max_attempts, owner) in expired {
+        let error = format!(
+            "lease expired: worker {} stopped renewing during attempt {attempt}",
+            owner.as_deref().unwrap_or("?")
+        );
+        let last_attempt = attempt >= max_attempts;
+        let set = if last_attempt {
+            "status = 'DEAD', event_sequence = event_sequence + 1"
+        } else {
+            "status = 'QUEUED', run_after = $2"
+        };
+        let stamp: EventStamp = sqlx::query_as(&format!(
+            "UPDATE workflow_run SET {set}, error = $3, lease_owner = NULL, lease_token = NULL,
+                 lease_until = NULL, updated_at = $2
+             WHERE job_id = $1 RETURNING {STAMP}"
+        ))
+        .bind(job_id)
+        .bind(now)
+        .bind(&error)
+        .fetch_one(&mut **tx)
+        .await?;
+        if last_attempt {
+            outbox::insert(tx, &stamp, EventKind::Dead { error }, now).await?;
+            swept.dead += 1;
+        } else {
+            swept.requeued += 1;
+        }
+    }
+    Ok(swept)
+}

@@ -1,0 +1,220 @@
+//! `workflow_run`: every statement on the run row.
+//!
+//! A commit point (submission, checkpoint, park, settle) writes the row and
+//! its outbox event in one call that takes the caller's transaction, and each
+//! bumps `event_sequence` in the same statement, so the event gets the next
+//! sequence. Writes to a RUNNING row go through [`lease::transition`],
+//! fenced on the lease token.
+
+pub mod idle;
+pub mod lease;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
+use sqlx::{PgConnection, PgTransaction};
+use uuid::Uuid;
+
+use crate::StoreError;
+use crate::outbox::{self, EventKind, EventStamp};
+use crate::status::RunStatus;
+
+/// One executed step: what the row's `checkpoints` array holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    pub name: String,
+    pub skipped: bool,
+    pub response: serde_json::Value,
+}
+
+/// The whole run row.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RunRow {
+    pub job_id: Uuid,
+    pub workflow_name: String,
+    pub workflow_version: Option<i32>,
+    pub definition: Json<serde_json::Value>,
+    pub input: Json<serde_json::Value>,
+    pub request_digest: String,
+    pub status: RunStatus,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub run_after: DateTime<Utc>,
+    pub outstanding_step: Option<String>,
+    /// Kept as raw JSON: a malformed array must fail the job loudly, not the load.
+    pub checkpoints: Json<serde_json::Value>,
+    pub result: Option<Json<serde_json::Value>>,
+    pub verdict: Option<String>,
+    pub error: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub lease_token: Option<Uuid>,
+    pub event_sequence: i64,
+    pub traceparent: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl RunRow {
+    /// The stamp for an event at this row's current sequence.
+    fn stamp(&self) -> EventStamp {
+        EventStamp {
+            job_id: self.job_id,
+            event_sequence: self.event_sequence,
+            workflow_name: self.workflow_name.clone(),
+            attempt: self.attempt,
+            traceparent: self.traceparent.clone(),
+        }
+    }
+
+    /// Whether the checkpoints hold an entry for `step`.
+    #[must_use]
+    pub fn has_checkpoint(&self, step: &str) -> bool {
+        self.checkpoints.0.as_array().is_some_and(|entries| {
+            entries
+                .iter()
+                .any(|e| e.get("name").and_then(|n| n.as_str()) == Some(step))
+        })
+    }
+}
+
+const COLUMNS: &str = "job_id, workflow_name, workflow_version, definition, input, request_digest, status, \
+    attempt, max_attempts, run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner, \
+    lease_until, lease_token, event_sequence, traceparent, created_at, updated_at";
+
+/// The columns an event repeats, returned by every commit-point statement.
+const STAMP: &str = "job_id, event_sequence, workflow_name, attempt, traceparent";
+
+/// Why a submission was recorded as FAILED instead of queued.
+#[derive(Debug, Clone, Copy)]
+pub struct Refusal<'a> {
+    pub error: &'a str,
+    pub verdict: &'a str,
+}
+
+/// A row to insert at submission.
+#[derive(Debug)]
+pub struct NewRun<'a> {
+    pub job_id: Uuid,
+    pub workflow_name: &'a str,
+    pub workflow_version: Option<i32>,
+    pub definition: &'a serde_json::Value,
+    pub input: &'a serde_json::Value,
+    pub request_digest: &'a str,
+    pub max_attempts: i32,
+    /// `None`: QUEUED with an ACCEPTED event; `Some`: FAILED with a FAILED event.
+    pub refusal: Option<Refusal<'a>>,
+    pub traceparent: Option<&'a str>,
+    pub now: DateTime<Utc>,
+}
+
+/// Inserts a new run with its first event (ACCEPTED, or FAILED for a
+/// recorded refusal) and returns it; `None` when a row with that job id
+/// exists already (then nothing was written).
+///
+/// # Errors
+/// Database errors; an event the contract refuses.
+pub async fn insert(
+    tx: &mut PgTransaction<'_>,
+    run: &NewRun<'_>,
+) -> Result<Option<RunRow>, StoreError> {
+    let status = match run.refusal {
+        None => RunStatus::Queued,
+        Some(_) => RunStatus::Failed,
+    };
+    let row: Option<RunRow> = sqlx::query_as(&format!(
+        "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
+             status, max_attempts, run_after, error, verdict, event_sequence, traceparent, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1, $12, $9, $9)
+         ON CONFLICT (job_id) DO NOTHING
+         RETURNING {COLUMNS}"
+    ))
+    .bind(run.job_id)
+    .bind(run.workflow_name)
+    .bind(run.workflow_version)
+    .bind(Json(run.definition))
+    .bind(Json(run.input))
+    .bind(run.request_digest)
+    .bind(status)
+    .bind(run.max_attempts)
+    .bind(run.now)
+    .bind(run.refusal.map(|r| r.error))
+    .bind(run.refusal.map(|r| r.verdict))
+    .bind(run.traceparent)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let event = match run.refusal {
+        None => EventKind::Accepted,
+        Some(refusal) => EventKind::Failed {
+            error: refusal.error.to_owned(),
+            verdict: Some(refusal.verdict.to_owned()),
+        },
+    };
+    outbox::insert(tx, &row.stamp(), event, run.now).await?;
+    Ok(Some(row))
+}
+
+/// The row of `job_id`.
+///
+/// # Errors
+/// Database errors.
+pub async fn get(conn: &mut PgConnection, job_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1"
+    ))
+    .bind(job_id)
+    .fetch_optional(conn)
+    .await
+}
+
+/// The row of `job_id`, locked until the transaction ends.
+///
+/// # Errors
+/// Database errors.
+pub async fn get_for_update(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> Result<Option<RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1 FOR UPDATE"
+    ))
+    .bind(job_id)
+    .fetch_optional(conn)
+    .await
+}
+
+/// Which jobs a listing returns.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter<'a> {
+    pub status: Option<RunStatus>,
+    pub workflow_name: Option<&'a str>,
+    /// Only jobs strictly older than this `(created_at, job_id)` cursor.
+    pub before: Option<(DateTime<Utc>, Uuid)>,
+}
+
+/// Up to `limit` jobs matching `filter`, newest first.
+///
+/// # Errors
+/// Database errors.
+pub async fn list(
+    conn: &mut PgConnection,
+    filter: &ListFilter<'_>,
+    limit: i64,
+) -> Result<Vec<RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM workflow_run
+         WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR workflow_name = $2)
+           AND ($3::timestamptz IS NULL OR (created_at, job_id) < ($3, $4))
+         ORDER BY created_at DESC, job_id DESC
+         LIMIT $5"
+    ))
+    .bind(filter.status)
+    .bind(filter.workflow_name)
+    .bind(filter.before.map(|(at, _)| at))
+    .bind(filter.before.map(|(_, id)| id))
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}

@@ -1,0 +1,77 @@
+//! What the API returns: jobs and pages of jobs, as JSON documents.
+
+use chrono::{DateTime, Utc};
+use flotilla_store::RunStatus;
+use flotilla_store::runs::RunRow;
+use serde::Serialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::engine::JobPage;
+
+/// A job as the API returns it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct JobView {
+    pub job_id: Uuid,
+    pub workflow_name: String,
+    pub workflow_version: Option<i32>,
+    #[schema(value_type = String, example = "QUEUED")]
+    pub status: RunStatus,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub run_after: DateTime<Utc>,
+    pub outstanding_step: Option<String>,
+    #[schema(value_type = Object)]
+    pub input: Value,
+    #[schema(value_type = Object)]
+    pub checkpoints: Value,
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    pub verdict: Option<String>,
+    pub error: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<RunRow> for JobView {
+    fn from(row: RunRow) -> Self {
+        Self {
+            status: row.status,
+            job_id: row.job_id,
+            workflow_name: row.workflow_name,
+            workflow_version: row.workflow_version,
+            attempt: row.attempt,
+            max_attempts: row.max_attempts,
+            run_after: row.run_after,
+            outstanding_step: row.outstanding_step,
+            input: row.input.0,
+            checkpoints: row.checkpoints.0,
+            result: row.result.map(|r| r.0),
+            verdict: row.verdict,
+            error: row.error,
+            lease_owner: row.lease_owner,
+            lease_until: row.lease_until,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
+    }
+}
+
+/// One page of jobs, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct JobPageView {
+    pub jobs: Vec<JobView>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+impl From<JobPage> for JobPageView {
+    fn from(page: JobPage) -> Self {
+        Self {
+            jobs: page.jobs.into_iter().map(JobView::from).collect(),
+            next_cursor: page.next_cursor,
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Making one batch durable: classify every message, submit the requests in
+//! one transaction, dead-letter the rest. Offsets are not touched here.
+
+use flotilla_codec::CodecError;
+use flotilla_contracts::WorkflowRunRequest;
+use flotilla_store::{RunStatus, StoreError};
+use rdkafka::Message;
+use rdkafka::message::{Headers, OwnedMessage};
+
+use super::RequestConsumer;
+use super::dead_letter::{self, DeadLetter};
+use crate::engine::{Submission, SubmitError, Submitted, WorkflowRef};
+
+/// What a persisted batch came to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// New QUEUED rows.
+    pub created: usize,
+    /// Redelivered requests whose rows exist already.
+    pub existing: usize,
+    /// New FAILED rows (unknown workflow, input that fails the schema).
+    pub refused: usize,
+    /// Records sent to the dead-letter topic (undecodable, oversize, conflicting).
+    pub dead_lettered: usize,
+}
+
+/// Why a batch could not be persisted now; the same batch is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Outage {
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    #[error("schema registry: {0}")]
+    Registry(CodecError),
+    #[error("dead-letter topic: {0}")]
+    DeadLetter(rdkafka::error::KafkaError),
+}
+
+enum Classified {
+    Submit(Submission),
+    DeadLetter(DeadLetter),
+}
+
+impl RequestConsumer {
+    /// Makes every message of `batch` durable: rows in one transaction,
+    /// dead letters acknowledged by the broker. Offsets are not touched.
+    ///
+    /// # Errors
+    /// An [`Outage`]: nothing may be committed for this batch; retry it.
+    pub async fn persist(&self, batch: &[OwnedMessage]) -> Result<BatchReport, Outage> {
+        let mut report = BatchReport::default();
+        let mut letters: Vec<(&OwnedMessage, DeadLetter)> = Vec::new();
+        let mut submitted: Vec<&OwnedMessage> = Vec::new();
+        let mut submissions = Vec::new();
+        for message in batch {
+            match self.classify(message).await? {
+                Classified::Submit(submission) => {
+                    submitted.push(message);
+                    submissions.push(submission);
+                }
+                Classified::DeadLetter(letter) => letters.push((message, letter)),
+            }
+        }
+        let results = self.engine.submit_batch(submissions).await?;
+        for (message, result) in submitted.into_iter().zip(results) {
+            match result {
+                Ok(Submitted::Created(row)) if row.status == RunStatus::Failed => {
+                    report.refused += 1
+                }
+                Ok(Submitted::Created(_)) => report.created += 1,
+                Ok(Submitted::Existing(_)) => report.existing += 1,
+                Err(SubmitError::Conflict(job_id)) => {
+                    tracing::warn!(%job_id, partition = message.partition(), offset = message.offset(),
+                        "request conflicts with the existing job; the original stays, the request is dead-lettered");
+                    metrics::counter!("flotilla_request_conflicts_total").increment(1);
+                    let reason = format!(
+                        "job {job_id} exists with different content; the original job stays"
+                    );
+                    letters.push((
+                        message,
+                        DeadLetter {
+                            code: "conflict",
+                            reason,
+                        },
+                    ));
+                }
+                Err(other) => {
+                    letters.push((
+                        message,
+                        DeadLetter {
+                            code: "refused",
+                            reason: other.to_string(),
+                        },
+                    ));
+                }
+            }
+        }
+        for (message, letter) in &letters {
+            dead_letter::send(
+                &self.dead_letters,
+                &self.settings.dead_letter_topic,
+                message,
+                letter,
+            )
+            .await
+            .map_err(Outage::DeadLetter)?;
+            metrics::counter!("flotilla_requests_dead_lettered_total", "code" => letter.code)
+                .increment(1);
+        }
+        report.dead_lettered = letters.len();
+        Ok(report)
+    }
+
+    async fn classify(&self, message: &OwnedMessage) -> Result<Classified, Outage> {
+        let payload = message.payload().unwrap_or_default();
+        let dead = |code: &'static str, reason: String| {
+            Ok(Classified::DeadLetter(DeadLetter { code, reason }))
+        };
+        if payload.len() > self.settings.max_request_bytes {
+            let limit = self.settings.max_request_bytes;
+            return dead(
+                "oversize",
+                format!(
+                    "request of {} bytes is over the limit of {limit} bytes",
+                    payload.len()
+                ),
+            );
+        }
+        let request: WorkflowRunRequest = match self.codec.decode(payload).await {
+            Ok(request) => request,
+            Err(e) if e.is_transient() => return Err(Outage::Registry(e)),
+            Err(CodecError::Decode(e)) => return dead(e.code(), e.to_string()),
+            Err(CodecError::NoRegistry(_)) => {
+                return dead("no_registry", CodecError::NoRegistry(0).to_string());
+            }
+            Err(e) => return dead("undecodable", e.to_string()),
+        };
+        let traceparent = message.headers().and_then(|headers| {
+            headers
+                .iter()
+                .find(|h| h.key.eq_ignore_ascii_case("traceparent"))
+                .and_then(|h| h.value)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .map(str::to_owned)
+        });
+        Ok(Classified::Submit(Submission {
+            job_id: request.job_id(),
+            workflow: WorkflowRef::Stored(request.workflow_name().to_owned()),
+            input: request.into_input(),
+            traceparent,
+        }))
+    }
+}

@@ -1,0 +1,132 @@
+//! Reading jobs and stored workflows: what the API shows, through the engine
+//! so that handlers never touch the store.
+
+use chrono::{DateTime, Utc};
+use flotilla_store::definitions::{self, StoredDefinition};
+use flotilla_store::runs::{self, ListFilter, RunRow};
+use flotilla_store::{RunStatus, StoreError};
+use uuid::Uuid;
+
+use super::Engine;
+
+/// Page size when none (or 0) is asked for.
+pub const DEFAULT_PAGE: i64 = 50;
+/// The most one page holds; larger limits are clamped, not refused.
+pub const MAX_PAGE: i64 = 500;
+
+/// Which jobs to list.
+#[derive(Debug, Clone, Default)]
+pub struct JobQuery {
+    pub status: Option<RunStatus>,
+    pub workflow_name: Option<String>,
+    /// 0 means [`DEFAULT_PAGE`]; above [`MAX_PAGE`] means [`MAX_PAGE`].
+    pub limit: i64,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of jobs, newest first.
+#[derive(Debug)]
+pub struct JobPage {
+    pub jobs: Vec<RunRow>,
+    /// Where the next page starts; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A listing that cannot be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error("limit {0} is negative")]
+    NegativeLimit(i64),
+    #[error("cursor {0:?} is not one this API handed out")]
+    BadCursor(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for ListError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+impl Engine {
+    /// The row of `job_id`, if there is one.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn job(&self, job_id: Uuid) -> Result<Option<RunRow>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        Ok(runs::get(&mut conn, job_id).await?)
+    }
+
+    /// A page of jobs, newest first.
+    ///
+    /// # Errors
+    /// A negative limit, a cursor this engine did not hand out, database errors.
+    pub async fn jobs(&self, query: &JobQuery) -> Result<JobPage, ListError> {
+        let limit = match query.limit {
+            0 => DEFAULT_PAGE,
+            n if n < 0 => return Err(ListError::NegativeLimit(n)),
+            n => n.min(MAX_PAGE),
+        };
+        let before = match query.cursor.as_deref().filter(|c| !c.is_empty()) {
+            None => None,
+            Some(raw) => Some(parse_cursor(raw).ok_or_else(|| ListError::BadCursor(raw.into()))?),
+        };
+        let filter = ListFilter {
+            status: query.status,
+            workflow_name: query.workflow_name.as_deref().filter(|w| !w.is_empty()),
+            before,
+        };
+        let mut conn = self.pool().acquire().await?;
+        // One more than asked says whether a next page exists.
+        let mut jobs = runs::list(&mut conn, &filter, limit + 1).await?;
+        let page = usize::try_from(limit).unwrap_or(usize::MAX);
+        let next_cursor = if jobs.len() > page {
+            jobs.truncate(page);
+            jobs.last().map(cursor_of)
+        } else {
+            None
+        };
+        Ok(JobPage { jobs, next_cursor })
+    }
+
+    /// The newest version of the stored workflow `name`.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn workflow(&self, name: &str) -> Result<Option<StoredDefinition>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        Ok(definitions::newest(&mut conn, name).await?)
+    }
+
+    /// The newest version of every stored workflow.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn workflows(&self) -> Result<Vec<StoredDefinition>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        Ok(definitions::list_newest(&mut conn).await?)
+    }
+
+    /// Whether the database answers (for readiness).
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(self.pool()).await?;
+        Ok(())
+    }
+}
+
+/// `<created_at micros>_<job_id>`: opaque to clients.
+fn cursor_of(row: &RunRow) -> String {
+    format!("{}_{}", row.created_at.timestamp_micros(), row.job_id)
+}
+
+fn parse_cursor(raw: &str) -> Option<(DateTime<Utc>, Uuid)> {
+    let (micros, id) = raw.split_once('_')?;
+    let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+    Some((at, Uuid::parse_str(id).ok()?))
+}

@@ -1,0 +1,96 @@
+//! How a segment ends: the result and verdict after the last step, or a
+//! failure settled by its class.
+
+use serde_json::{Map, Value as Json};
+
+use super::Engine;
+use super::claimed::{ClaimedRun, SegmentStop};
+use super::segment::Outcome;
+use super::step::build;
+use crate::target::StepFailure;
+use crate::workflow::CompiledWorkflow;
+use crate::workflow::expr::Scope;
+
+/// After the last step: the output mapping gives the result, the verdict
+/// expression (or `completed N steps`) the verdict.
+pub(super) async fn finish(
+    engine: &Engine,
+    claimed: ClaimedRun,
+    compiled: &CompiledWorkflow,
+    input: &Json,
+    steps: Map<String, Json>,
+) -> Result<Outcome, SegmentStop> {
+    let job_id = claimed.job_id();
+    let count = steps.len();
+    let last = compiled
+        .steps
+        .last()
+        .and_then(|s| steps.get(&s.definition.name))
+        .cloned();
+    let scope = Scope::default()
+        .with("input", input)
+        .with("steps", &Json::Object(steps));
+    let result = if compiled.output.is_empty() {
+        Ok(last.unwrap_or(Json::Null))
+    } else {
+        build(&compiled.output, &scope).map_err(|e| format!("output mapping: {e}"))
+    };
+    let result = match result {
+        Ok(result) => result,
+        Err(e) => return settle(engine, claimed, StepFailure::Defect(e)).await,
+    };
+    let verdict = match &compiled.verdict {
+        None => Ok(format!("completed {count} steps")),
+        Some(expression) => match expression.evaluate(&scope.with("result", &result)) {
+            Ok(Json::String(text)) if !text.trim().is_empty() => Ok(text),
+            Ok(other) => Err(format!(
+                "verdict expression gave {other}, not a non-empty string"
+            )),
+            Err(e) => Err(format!("verdict expression {e}")),
+        },
+    };
+    match verdict {
+        Ok(verdict) => {
+            claimed.complete(&result, &verdict).await?;
+            Ok(Outcome::Completed(job_id))
+        }
+        Err(e) => settle(engine, claimed, StepFailure::Defect(e)).await,
+    }
+}
+
+/// Settles a failed segment by class: retryable → QUEUED with backoff, or
+/// DEAD on the last attempt; verdict and defect → FAILED.
+pub(super) async fn settle(
+    engine: &Engine,
+    claimed: ClaimedRun,
+    failure: StepFailure,
+) -> Result<Outcome, SegmentStop> {
+    let job_id = claimed.job_id();
+    let (attempt, max_attempts) = (claimed.row().attempt, claimed.row().max_attempts);
+    match failure {
+        StepFailure::Retryable(error) if attempt >= max_attempts => {
+            tracing::warn!(%job_id, attempt, %error, "attempts exhausted; job is DEAD");
+            claimed.dead(&error).await?;
+            Ok(Outcome::Dead(job_id))
+        }
+        StepFailure::Retryable(error) => {
+            let delay = flotilla_runtime::backoff::exponential(engine.settings().backoff_base, attempt);
+            tracing::info!(%job_id, attempt, %error, ?delay, "retryable failure; requeued");
+            claimed.requeue(&error, engine.now() + delay).await?;
+            Ok(Outcome::Requeued(job_id))
+        }
+        StepFailure::Verdict {
+            message,
+            violations,
+        } => {
+            tracing::info!(%job_id, %message, "job failed on a verdict");
+            claimed.fail(&message, Some(&violations.join("; "))).await?;
+            Ok(Outcome::Failed(job_id))
+        }
+        StepFailure::Defect(error) => {
+            tracing::error!(%job_id, %error, "job failed on a defect");
+            claimed.fail(&error, None).await?;
+            Ok(Outcome::Failed(job_id))
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Calling one step: build its request from the rules, call the target
+//! under one timer, and judge the response against the step's schema and
+//! `validate` rules.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value as Json};
+use tokio_util::sync::CancellationToken;
+
+use super::Engine;
+use super::claimed::ClaimedRun;
+use crate::target::{StepFailure, TargetCall};
+use crate::workflow::CompiledStep;
+use crate::workflow::compile::{Assignment, schema_violations};
+use crate::workflow::expr::Scope;
+
+/// Why a step gave no response.
+pub(super) enum Invocation {
+    LeaseLost,
+    Failed(StepFailure),
+}
+
+impl Engine {
+    pub(super) async fn invoke(
+        &self,
+        claimed: &ClaimedRun,
+        step: &CompiledStep,
+        scope: &Scope,
+        (left, deadline): (Duration, Duration),
+        lease_lost: &CancellationToken,
+    ) -> Result<Json, Invocation> {
+        let name = &step.definition.name;
+        let request = build(&step.rules, scope).map_err(|e| {
+            Invocation::Failed(StepFailure::Defect(format!(
+                "step {name}: building the request: {e}"
+            )))
+        })?;
+        // One timer bounds the call: the step's timeout or what is left of
+        // the segment's deadline, whichever is shorter, reported as itself.
+        let step_limit = step.definition.timeout_ms.map(Duration::from_millis);
+        let limit = step_limit.map_or(left, |step_limit| step_limit.min(left));
+        let call = TargetCall {
+            job_id: claimed.job_id(),
+            step_name: name.clone(),
+            method: step.definition.method.clone(),
+            request,
+            timeout: limit,
+            traceparent: claimed.row().traceparent.clone(),
+        };
+        let target = &step.definition.target;
+        let response = tokio::select! {
+            response = tokio::time::timeout(limit, self.targets().call(target, call)) => {
+                response.unwrap_or_else(|_| Err(StepFailure::Retryable(match step_limit {
+                    Some(step_limit) if step_limit < left => format!(
+                        "target {target} did not answer within the step timeout of {} ms",
+                        step_limit.as_millis()
+                    ),
+                    _ => format!(
+                        "the segment deadline of {} ms passed while waiting for target {target}",
+                        deadline.as_millis()
+                    ),
+                })))
+            }
+            () = lease_lost.cancelled() => return Err(Invocation::LeaseLost),
+        };
+        let response = response.map_err(|failure| match failure {
+            StepFailure::Retryable(e) => {
+                Invocation::Failed(StepFailure::Retryable(format!("step {name}: {e}")))
+            }
+            StepFailure::Defect(e) => {
+                Invocation::Failed(StepFailure::Defect(format!("step {name}: {e}")))
+            }
+            verdict @ StepFailure::Verdict { .. } => Invocation::Failed(verdict),
+        })?;
+        check_response(step, &response, scope).map_err(Invocation::Failed)?;
+        Ok(response)
+    }
+}
+
+/// Builds a JSON object by evaluating each assignment into its field path.
+pub(super) fn build(assignments: &[Assignment], scope: &Scope) -> Result<Json, String> {
+    let mut document = Json::Object(Map::new());
+    for assignment in assignments {
+        let value = assignment.expression.evaluate(scope)?;
+        let mut at = &mut document;
+        let (last, parents) = assignment.path.split_last().ok_or("empty field path")?;
+        for segment in parents {
+            let object = at
+                .as_object_mut()
+                .ok_or_else(|| format!("{segment} is set to a non-object earlier"))?;
+            at = object
+                .entry(segment.clone())
+                .or_insert_with(|| Json::Object(Map::new()));
+        }
+        at.as_object_mut()
+            .ok_or_else(|| {
+                format!(
+                    "{} is set to a non-object earlier",
+                    assignment.path.join(".")
+                )
+            })?
+            .insert(last.clone(), value);
+    }
+    Ok(document)
+}
+
+/// A response must fit the step's output schema (else the target broke its
+/// contract: a defect) and pass every `validate` rule (else a verdict).
+pub(super) fn check_response(
+    step: &CompiledStep,
+    response: &Json,
+    scope: &Scope,
+) -> Result<(), StepFailure> {
+    let name = &step.definition.name;
+    if let Some(schema) = &step.output_schema {
+        schema_violations(schema, response).map_err(|violations| {
+            StepFailure::Defect(format!(
+                "step {name}: the response does not fit the output schema: {}",
+                violations.join("; ")
+            ))
+        })?;
+    }
+    let scope = scope.clone().with("response", response);
+    let mut violations = Vec::new();
+    for rule in &step.validate {
+        match rule.evaluate_bool(&scope) {
+            Ok(true) => {}
+            Ok(false) => violations.push(format!("{name}: {}", rule.source())),
+            Err(e) => {
+                return Err(StepFailure::Defect(format!(
+                    "step {name}: validate rule {e}"
+                )));
+            }
+        }
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(StepFailure::Verdict {
+            message: format!("step {name} failed validation: {}", violations.join("; ")),
+            violations,
+        })
+    }
+}

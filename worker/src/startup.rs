@@ -1,0 +1,244 @@
+//! Building a worker from its settings and running it until it is told to
+//! stop: the engine's claim loops, the request consumer and the API, joined
+//! under one grace timer.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_codec::{Codec, CodecError};
+use flotilla_runtime::identity::{self, BlankIdentity};
+use flotilla_runtime::kafka::{self, BrokerError};
+use rdkafka::error::KafkaError;
+use secrecy::ExposeSecret as _;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::WorkerConfig;
+use crate::consumer::{ConsumerSettings, RequestConsumer};
+use crate::engine::{Engine, EngineSettings, RegisterError, SystemClock};
+use crate::target::Targets;
+use crate::target::config::TargetsFileError;
+use crate::api;
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Identity(#[from] BlankIdentity),
+    #[error("no API tokens: set FLOTILLA_API_TOKENS, or pass --insecure-no-auth to serve /v1 without auth")]
+    NoTokens,
+    #[error(transparent)]
+    Targets(#[from] TargetsFileError),
+    #[error("connecting to Postgres: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("reaching the Kafka broker: {0}")]
+    Broker(#[from] BrokerError),
+    #[error("configuring the schema registry: {0}")]
+    Registry(#[from] CodecError),
+    #[error("registering workflows from {dir}: {source}")]
+    Workflows {
+        dir: PathBuf,
+        source: RegisterError,
+    },
+    #[error("creating the request consumer: {0}")]
+    Consumer(#[from] KafkaError),
+    #[error("binding the API on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A worker ready to run: connected, its topics ensured, its API bound.
+#[derive(Debug)]
+pub struct Application {
+    engine: Engine,
+    consumer: Option<RequestConsumer>,
+    listener: TcpListener,
+    router: axum::Router,
+    grace: Duration,
+}
+
+impl Application {
+    /// Connects to Postgres, loads the targets file and builds the worker.
+    ///
+    /// # Errors
+    /// See [`StartupError`]: each names what could not be reached or read.
+    pub async fn build(config: WorkerConfig) -> Result<Self, StartupError> {
+        let mut targets = Targets::default();
+        if let Some(path) = &config.engine.targets_file {
+            crate::target::config::load(path, &mut targets)?;
+        }
+        let pool = flotilla_store::connect(&config.database).await?;
+        Self::with_parts(config, pool, targets).await
+    }
+
+    /// Builds the worker on an open pool with these targets (in-process ones
+    /// included): what [`Application::build`] does after connecting, and
+    /// what tests call with their own database.
+    ///
+    /// # Errors
+    /// See [`StartupError`].
+    pub async fn with_parts(
+        config: WorkerConfig,
+        pool: PgPool,
+        targets: Targets,
+    ) -> Result<Self, StartupError> {
+        let worker_id = identity::resolve(config.worker_id.as_deref())?;
+        let tokens = api::Tokens::parse(config.http.api_tokens.as_ref().map(|t| t.expose_secret()));
+        if tokens.is_empty() && !config.http.insecure_no_auth {
+            return Err(StartupError::NoTokens);
+        }
+        tracing::info!(%worker_id, ?targets, "worker starting");
+        let engine = Engine::new(
+            pool,
+            targets,
+            Arc::new(SystemClock),
+            engine_settings(&worker_id, &config),
+        );
+        if let Some(dir) = &config.engine.workflows_dir {
+            let loaded = engine.register_workflows_dir(dir).await.map_err(|source| {
+                StartupError::Workflows {
+                    dir: dir.clone(),
+                    source,
+                }
+            })?;
+            tracing::info!(count = loaded.len(), dir = %dir.display(), "workflows registered");
+        }
+        let consumer = if config.consumer.consume_requests {
+            Some(subscribe(&engine, &config).await?)
+        } else {
+            None
+        };
+        if tokens.is_empty() {
+            tracing::warn!("the API serves /v1 WITHOUT AUTH (--insecure-no-auth)");
+        }
+        let state = api::ApiState {
+            engine: engine.clone(),
+            broker: config
+                .consumer
+                .consume_requests
+                .then(|| config.broker.clone()),
+        };
+        let router = api::router(state, tokens, config.http.max_body_bytes);
+        let addr = config.http.http_addr;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartupError::Bind { addr, source })?;
+        Ok(Self {
+            engine,
+            consumer,
+            listener,
+            router,
+            grace: *config.shutdown_grace,
+        })
+    }
+
+    /// Where the API listens (the real port when configured with port 0).
+    ///
+    /// # Panics
+    /// The bound socket has no address (it always has).
+    #[must_use]
+    pub fn api_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    #[must_use]
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Runs until `shutdown`, then stops claiming, consuming and accepting,
+    /// and gives in-flight work the grace period, all three together. What
+    /// is still running then is abandoned: segments to their leases, the
+    /// consumer's uncommitted batch to redelivery, API calls to their clients.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) {
+        let Self {
+            engine,
+            consumer,
+            listener,
+            router,
+            grace,
+        } = self;
+        tracing::info!(api = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            loops = engine.settings().worker_count, "worker ready");
+        let api = tokio::spawn(api::serve(listener, router, shutdown.clone()));
+        let (consumer, clients) = match consumer {
+            Some(consumer) => {
+                let clients = consumer.clients();
+                (Some(tokio::spawn(consumer.run(shutdown.clone()))), Some(clients))
+            }
+            None => (None, None),
+        };
+        let claims = {
+            let (engine, shutdown) = (engine.clone(), shutdown.clone());
+            tokio::spawn(async move { engine.run(shutdown, grace).await })
+        };
+        shutdown.cancelled().await;
+        let deadline = tokio::time::Instant::now() + grace;
+        finish_by(deadline, "claim loops", claims).await;
+        if let Some(consumer) = consumer {
+            finish_by(deadline, "request consumer", consumer).await;
+        }
+        finish_by(deadline, "API", api).await;
+        if let Some(clients) = clients {
+            clients.drop_off_runtime();
+        }
+        engine.pool().close().await;
+        tracing::info!(worker_id = %engine.settings().worker_id, "worker stopped");
+    }
+}
+
+/// Waits for `task` until `deadline`, then aborts it.
+async fn finish_by<T>(deadline: tokio::time::Instant, what: &str, mut task: JoinHandle<T>) {
+    match tokio::time::timeout_at(deadline, &mut task).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "{what} task failed"),
+        Err(_) => {
+            tracing::warn!("{what} still busy at the end of the grace period; abandoning it");
+            task.abort();
+        }
+    }
+}
+
+fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
+    let engine = &config.engine;
+    let mut settings = EngineSettings::new(worker_id);
+    settings.worker_count = engine.worker_count;
+    settings.lease = *engine.lease;
+    settings.backoff_base = *engine.backoff_base;
+    settings.sweep_interval = *engine.sweep_interval;
+    settings.idle_poll_max = *engine.idle_poll_max;
+    settings
+}
+
+/// Checks the broker, ensures the request and dead-letter topics, subscribes.
+async fn subscribe(engine: &Engine, config: &WorkerConfig) -> Result<RequestConsumer, StartupError> {
+    let consumer = &config.consumer;
+    kafka::check_reachable(&config.broker, *consumer.connect_timeout).await?;
+    let codec = Codec::from_config(config.broker.schema_registry_url.as_deref())?;
+    let mut settings = ConsumerSettings::new(
+        config.broker.clone(),
+        &consumer.request_topic,
+        &consumer.consumer_group,
+    );
+    settings.batch_size = consumer.request_batch_size.max(1);
+    settings.batch_wait = *consumer.request_batch_wait;
+    settings.max_request_bytes = consumer.max_request_bytes;
+    kafka::ensure_topics(
+        &config.broker,
+        &[&settings.request_topic, &settings.dead_letter_topic],
+        consumer.topic_partitions,
+    )
+    .await?;
+    tracing::info!(topic = %settings.request_topic, group = %settings.group, "consuming requests");
+    Ok(RequestConsumer::subscribe(
+        engine.clone(),
+        Arc::new(codec),
+        settings,
+    )?)
+}
