@@ -7,16 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_relay::{Relay, RelaySettings};
+use flotilla_store::SystemClock;
 use flotilla_tests::process::Running;
 use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, create_topic, unique};
-use flotilla_worker::api::{self, ApiState};
-use flotilla_worker::engine::{Engine, EngineSettings, SystemClock};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::test_support::{TEST_TOKEN, TestApp};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
 /// Runs `flotilla` with `args` off the async runtime; returns (exit code, stdout+stderr lines).
 async fn flotilla(
@@ -37,21 +36,12 @@ async fn flotilla(
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn the_cli_drives_a_job_from_submit_to_its_completed_event(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let mut targets = Targets::default();
-        targets.register("echo", Arc::new(FnTarget(|call: TargetCall| async move { Ok::<_, StepFailure>(json!({"echo": call.request})) })), 8);
-        let engine = Engine::new(pool.clone(), targets, Arc::new(SystemClock), EngineSettings::new("cli-test"));
-        let state = ApiState { engine: engine.clone(), bootstrap_servers: None };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = TestApp::spawn(pool.clone()).await;
+        let url = app.url.clone();
         let stop = CancellationToken::new();
-        tokio::spawn(api::serve(listener, api::router(state, api::tokens_from("cli-token"), api::DEFAULT_BODY_LIMIT), stop.clone()));
-        tokio::spawn({
-            let (engine, stop) = (engine.clone(), stop.clone());
-            async move { engine.run(stop, Duration::from_secs(5)).await }
-        });
         let topic = unique("cli-events");
         create_topic(&topic, 3).await.unwrap();
-        let relay = Relay::new(pool.clone(), Arc::new(SystemClock), RelaySettings::new(&bootstrap_servers(), &topic, "cli-relay")).unwrap();
+        let relay = Relay::new(pool.clone(), Arc::new(SystemClock), RelaySettings::new(flotilla_tests::broker(), &topic, "cli-relay")).unwrap();
         tokio::spawn({
             let stop = stop.clone();
             async move { relay.run(stop, Duration::from_secs(5)).await }
@@ -59,7 +49,7 @@ async fn the_cli_drives_a_job_from_submit_to_its_completed_event(pool: PgPool) {
 
         let env = vec![
             ("FLOTILLA_URL", url.clone()),
-            ("FLOTILLA_TOKEN", "cli-token".to_owned()),
+            ("FLOTILLA_TOKEN", TEST_TOKEN.to_owned()),
             ("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers()),
             ("FLOTILLA_EVENT_TOPIC", topic.clone()),
         ];
@@ -110,6 +100,7 @@ async fn the_cli_drives_a_job_from_submit_to_its_completed_event(pool: PgPool) {
         assert_eq!(code, Some(0));
         assert!(out.iter().any(|l| l.starts_with(&job_id) && l.contains("COMPLETED")), "{out:?}");
         stop.cancel();
+        app.stop().await;
     })
     .await
     .expect("the CLI test timed out");

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla_relay::{Relay, RelaySettings};
-use flotilla_worker::engine::SystemClock;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use flotilla_runtime::BrokerConfig;
+use flotilla_store::SystemClock;
+use flotilla_tests::scratch::ScratchDatabase;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -29,26 +30,10 @@ const INSERT: &str = "
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter("warn").init();
     let backlog: i64 = std::env::args().nth(1).map_or(Ok(100_000), |a| a.parse())?;
-    let server = std::env::var("DATABASE_URL")?;
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")?;
-    let scratch = format!("flotilla_relay_{}", Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&server).await?;
-    sqlx::query(&format!("CREATE DATABASE {scratch}"))
-        .execute(&mut admin)
-        .await?;
-    let (base, _) = server
-        .rsplit_once('/')
-        .ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&format!("{base}/{scratch}"))
-        .await?;
-    flotilla_worker::db::migrate(&pool).await?;
-    let result = measure(&pool, &bootstrap, backlog).await;
-    pool.close().await;
-    sqlx::query(&format!("DROP DATABASE {scratch}"))
-        .execute(&mut admin)
-        .await?;
+    let scratch = ScratchDatabase::create("flotilla_relay", 8).await?;
+    let result = measure(&scratch.pool, &bootstrap, backlog).await;
+    scratch.drop_now().await?;
     result
 }
 
@@ -69,7 +54,8 @@ fn start(
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     (0..relays)
         .map(|n| {
-            let mut settings = RelaySettings::new(bootstrap, topic, &format!("bench-{n}"));
+            let mut settings =
+                RelaySettings::new(BrokerConfig::new(bootstrap), topic, &format!("bench-{n}"));
             settings.batch_size = 2_000;
             settings.idle_poll_max = Duration::from_millis(10);
             let relay = Relay::new(pool.clone(), Arc::new(SystemClock), settings)?;
@@ -84,7 +70,7 @@ fn start(
 async fn measure(pool: &PgPool, bootstrap: &str, backlog: i64) -> anyhow::Result<()> {
     for relays in [1, 2] {
         let topic = format!("relay-bench-{}", Uuid::new_v4().simple());
-        flotilla_worker::kafka::ensure_topics(bootstrap, &[&topic], 3).await?;
+        flotilla_runtime::kafka::ensure_topics(&BrokerConfig::new(bootstrap), &[&topic], 3).await?;
         sqlx::query("TRUNCATE workflow_run_outbox")
             .execute(pool)
             .await?;
@@ -109,7 +95,7 @@ async fn measure(pool: &PgPool, bootstrap: &str, backlog: i64) -> anyhow::Result
 
     // Steady load: 10 events every 10 ms for 10 s, one relay.
     let topic = format!("relay-bench-{}", Uuid::new_v4().simple());
-    flotilla_worker::kafka::ensure_topics(bootstrap, &[&topic], 3).await?;
+    flotilla_runtime::kafka::ensure_topics(&BrokerConfig::new(bootstrap), &[&topic], 3).await?;
     sqlx::query("TRUNCATE workflow_run_outbox")
         .execute(pool)
         .await?;

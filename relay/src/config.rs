@@ -146,7 +146,11 @@ impl From<RelayArgs> for RelaySettings {
             .filter(|id| !id.trim().is_empty())
             .unwrap_or_else(|| {
                 let host = flotilla_runtime::identity::host_name();
-                let host = if host.is_empty() { "relay".into() } else { host };
+                let host = if host.is_empty() {
+                    "relay".into()
+                } else {
+                    host
+                };
                 format!("{host}-{}", std::process::id())
             });
         let mut settings = Self::new(args.broker, &args.event_topic, &relay_id);

@@ -7,7 +7,10 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     telemetry::init(&cli.telemetry)?;
     if let Some(Command::ReplayFailed { database, job_id }) = cli.command {
-        println!("{}", flotilla_relay::replay_failed(&database, job_id).await?);
+        println!(
+            "{}",
+            flotilla_relay::replay_failed(&database, job_id).await?
+        );
         return Ok(());
     }
     let shutdown = shutdown::on_signal()?;

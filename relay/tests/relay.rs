@@ -9,9 +9,9 @@ use chrono::Utc;
 use flotilla_contracts::WorkflowRunEvent;
 use flotilla_relay::publisher::EVENT_TYPE_HEADER;
 use flotilla_relay::{Relay, RelaySettings};
+use flotilla_store::outbox::{self, EventKind, EventStamp};
+use flotilla_store::{ManualClock, SystemClock};
 use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, close_consumer, create_topic, unique};
-use flotilla_worker::engine::{ManualClock, SystemClock};
-use flotilla_worker::store::outbox::{self, EventKind, EventStamp};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Headers;
 use rdkafka::{ClientConfig, Message};
@@ -20,7 +20,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
 /// Inserts `count` events (ACCEPTED, checkpoints…, COMPLETED) for each job,
 /// interleaved across jobs as concurrent jobs would write them.
@@ -53,7 +53,11 @@ async fn insert_events(pool: &PgPool, jobs: &[Uuid], count: i64, result: serde_j
 }
 
 fn settings(bootstrap: &str, topic: &str, relay_id: &str) -> RelaySettings {
-    let mut settings = RelaySettings::new(bootstrap, topic, relay_id);
+    let mut settings = RelaySettings::new(
+        flotilla_runtime::BrokerConfig::new(bootstrap),
+        topic,
+        relay_id,
+    );
     settings.idle_poll_max = Duration::from_millis(20);
     settings.backoff_base = Duration::from_millis(100);
     settings
@@ -357,7 +361,7 @@ async fn a_row_the_broker_always_refuses_lands_failed_after_ten_attempts_without
         assert_eq!(sequences_by_job(&events)[&big], [1, 3], "the gap at 2 is visible through sequence");
 
         let mut conn = pool.acquire().await.unwrap();
-        assert_eq!(outbox::replay_failed(&mut conn, Some(big), Utc::now()).await.unwrap(), 1);
+        assert_eq!(outbox::relay::replay_failed(&mut conn, Some(big), Utc::now()).await.unwrap(), 1);
         assert_eq!(count(&pool, "PENDING").await, 1, "an operator puts it back");
     })
     .await

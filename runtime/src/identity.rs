@@ -29,7 +29,9 @@ pub fn host_name() -> String {
 
 /// Neither a configured id nor a host name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the worker id is blank: set FLOTILLA_WORKER_ID (it names the lease owner on claimed rows)")]
+#[error(
+    "the worker id is blank: set FLOTILLA_WORKER_ID (it names the lease owner on claimed rows)"
+)]
 pub struct BlankIdentity;
 
 #[cfg(test)]

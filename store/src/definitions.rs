@@ -1,8 +1,8 @@
 //! `workflow_definition`: stored workflows, versioned by name.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgTransaction};
 use sqlx::types::Json;
+use sqlx::{PgConnection, PgTransaction};
 
 /// A stored version of a workflow.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]

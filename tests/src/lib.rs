@@ -6,6 +6,7 @@
 
 pub mod process;
 pub mod proxy;
+pub mod scratch;
 
 use std::time::Duration;
 
@@ -34,6 +35,12 @@ pub fn service_env(name: &str) -> String {
 #[must_use]
 pub fn bootstrap_servers() -> String {
     service_env("KAFKA_BOOTSTRAP_SERVERS")
+}
+
+/// The test broker as the binaries' settings describe it (JSON on the wire).
+#[must_use]
+pub fn broker() -> flotilla_runtime::BrokerConfig {
+    flotilla_runtime::BrokerConfig::new(&bootstrap_servers())
 }
 
 #[must_use]

@@ -9,13 +9,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flotilla_tests::scratch::ScratchDatabase;
 use flotilla_worker::engine::{
     Engine, EngineSettings, RefusalMode, Submission, SystemClock, WorkflowRef,
 };
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -25,26 +25,9 @@ async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let jobs: usize = args.next().map_or(Ok(5_000), |a| a.parse())?;
     let loops: usize = args.next().map_or(Ok(8), |a| a.parse())?;
-    let server = std::env::var("DATABASE_URL")?;
-    let scratch = format!("flotilla_bench_{}", Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&server).await?;
-    sqlx::query(&format!("CREATE DATABASE {scratch}"))
-        .execute(&mut admin)
-        .await?;
-    let (base, _) = server
-        .rsplit_once('/')
-        .ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
-    let pool = PgPoolOptions::new()
-        .max_connections(loops as u32 + 4)
-        .connect(&format!("{base}/{scratch}"))
-        .await?;
-    flotilla_worker::db::migrate(&pool).await?;
-
-    let result = measure(&pool, jobs, loops).await;
-    pool.close().await;
-    sqlx::query(&format!("DROP DATABASE {scratch}"))
-        .execute(&mut admin)
-        .await?;
+    let scratch = ScratchDatabase::create("flotilla_bench", loops as u32 + 4).await?;
+    let result = measure(&scratch.pool, jobs, loops).await;
+    scratch.drop_now().await?;
     result
 }
 

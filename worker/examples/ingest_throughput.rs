@@ -10,17 +10,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla_codec::Codec;
-use flotilla_contracts::WorkflowRunRequest;
+use flotilla_contracts::{WorkflowRunRequest, topics};
+use flotilla_runtime::BrokerConfig;
+use flotilla_tests::scratch::ScratchDatabase;
 use flotilla_worker::consumer::{ConsumerSettings, RequestConsumer};
 use flotilla_worker::engine::{Engine, EngineSettings, SystemClock};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
-use rdkafka::ClientConfig;
+use flotilla_worker::test_support::echo_targets;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::json;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -34,28 +34,12 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let requests: usize = std::env::args().nth(1).map_or(Ok(100_000), |a| a.parse())?;
-    let server = std::env::var("DATABASE_URL")?;
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")?;
     let registry = std::env::var("SCHEMA_REGISTRY_URL")?;
     for (label, registry) in [("JSON", None), ("Avro (registry)", Some(registry.as_str()))] {
-        let scratch = format!("flotilla_ingest_{}", Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&server).await?;
-        sqlx::query(&format!("CREATE DATABASE {scratch}"))
-            .execute(&mut admin)
-            .await?;
-        let (base, _) = server
-            .rsplit_once('/')
-            .ok_or_else(|| anyhow::anyhow!("DATABASE_URL has no database"))?;
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&format!("{base}/{scratch}"))
-            .await?;
-        flotilla_worker::db::migrate(&pool).await?;
-        let outcome = measure(&pool, &bootstrap, registry, requests).await;
-        pool.close().await;
-        sqlx::query(&format!("DROP DATABASE {scratch}"))
-            .execute(&mut admin)
-            .await?;
+        let scratch = ScratchDatabase::create("flotilla_ingest", 8).await?;
+        let outcome = measure(&scratch.pool, &bootstrap, registry, requests).await;
+        scratch.drop_now().await?;
         let (produced, ingested) = outcome?;
         println!(
             "{label}: produced {requests} in {:.1} s; ingested (rows durable, offsets committed) in {:.1} s = {:.0} requests/s",
@@ -75,35 +59,22 @@ async fn measure(
 ) -> anyhow::Result<(Duration, Duration)> {
     let topic = format!("ingest-{}", Uuid::new_v4().simple());
     let group = format!("ingest-{}", Uuid::new_v4().simple());
-    flotilla_worker::kafka::ensure_topics(
-        bootstrap,
-        &[&topic, &format!("{topic}.dlq")],
-        PARTITIONS,
-    )
-    .await?;
-    let mut targets = Targets::default();
-    targets.register(
-        "noop",
-        Arc::new(FnTarget(|_: TargetCall| async {
-            Ok::<_, StepFailure>(json!({}))
-        })),
-        8,
-    );
+    let broker = BrokerConfig::new(bootstrap);
+    let dead_letters = topics::dead_letter_topic(&topic);
+    flotilla_runtime::kafka::ensure_topics(&broker, &[&topic, &dead_letters], PARTITIONS).await?;
     let engine = Engine::new(
         pool.clone(),
-        targets,
+        echo_targets(),
         Arc::new(SystemClock),
         EngineSettings::new("ingest"),
     );
     engine
-        .register_workflow(&json!({"name": "small", "input_schema": {}, "steps": [{"name": "s", "target": "noop", "method": "m"}]}))
+        .register_workflow(&json!({"name": "small", "input_schema": {}, "steps": [{"name": "s", "target": "echo", "method": "m"}]}))
         .await?;
 
     let codec = Arc::new(Codec::from_config(registry)?);
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    let producer: FutureProducer = broker
+        .idempotent_producer()
         .set("linger.ms", "20")
         .set("compression.type", "lz4")
         .create()?;
@@ -124,15 +95,12 @@ async fn measure(
     }
     let produced = started.elapsed();
 
-    let settings = ConsumerSettings::new(bootstrap, &topic, &group);
+    let settings = ConsumerSettings::new(broker.clone(), &topic, &group);
     let consumer = RequestConsumer::subscribe(engine, codec, settings)?;
     let stop = CancellationToken::new();
     let started = Instant::now();
     let handle = tokio::spawn(consumer.run(stop.clone()));
-    let watcher: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", &group)
-        .create()?;
+    let watcher: BaseConsumer = broker.client().set("group.id", &group).create()?;
     loop {
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run")
             .fetch_one(pool)

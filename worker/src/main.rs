@@ -12,7 +12,9 @@ async fn main() -> anyhow::Result<()> {
         let pool = flotilla_store::connect(&database)
             .await
             .context("connecting to Postgres")?;
-        flotilla_store::migrate(&pool).await.context("applying migrations")?;
+        flotilla_store::migrate(&pool)
+            .await
+            .context("applying migrations")?;
         tracing::info!("migrations applied");
         return Ok(());
     }

@@ -17,19 +17,21 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::api;
 use crate::config::WorkerConfig;
 use crate::consumer::{ConsumerSettings, RequestConsumer};
 use crate::engine::{Engine, EngineSettings, RegisterError, SystemClock};
 use crate::target::Targets;
 use crate::target::config::TargetsFileError;
-use crate::api;
 
 /// Why a worker could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     #[error(transparent)]
     Identity(#[from] BlankIdentity),
-    #[error("no API tokens: set FLOTILLA_API_TOKENS, or pass --insecure-no-auth to serve /v1 without auth")]
+    #[error(
+        "no API tokens: set FLOTILLA_API_TOKENS, or pass --insecure-no-auth to serve /v1 without auth"
+    )]
     NoTokens,
     #[error(transparent)]
     Targets(#[from] TargetsFileError),
@@ -40,10 +42,7 @@ pub enum StartupError {
     #[error("configuring the schema registry: {0}")]
     Registry(#[from] CodecError),
     #[error("registering workflows from {dir}: {source}")]
-    Workflows {
-        dir: PathBuf,
-        source: RegisterError,
-    },
+    Workflows { dir: PathBuf, source: RegisterError },
     #[error("creating the request consumer: {0}")]
     Consumer(#[from] KafkaError),
     #[error("binding the API on {addr}: {source}")]
@@ -144,7 +143,9 @@ impl Application {
     /// The bound socket has no address (it always has).
     #[must_use]
     pub fn api_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("a bound listener has an address")
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
     }
 
     #[must_use]
@@ -170,7 +171,10 @@ impl Application {
         let (consumer, clients) = match consumer {
             Some(consumer) => {
                 let clients = consumer.clients();
-                (Some(tokio::spawn(consumer.run(shutdown.clone()))), Some(clients))
+                (
+                    Some(tokio::spawn(consumer.run(shutdown.clone()))),
+                    Some(clients),
+                )
             }
             None => (None, None),
         };
@@ -217,7 +221,10 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
 }
 
 /// Checks the broker, ensures the request and dead-letter topics, subscribes.
-async fn subscribe(engine: &Engine, config: &WorkerConfig) -> Result<RequestConsumer, StartupError> {
+async fn subscribe(
+    engine: &Engine,
+    config: &WorkerConfig,
+) -> Result<RequestConsumer, StartupError> {
     let consumer = &config.consumer;
     kafka::check_reachable(&config.broker, *consumer.connect_timeout).await?;
     let codec = Codec::from_config(config.broker.schema_registry_url.as_deref())?;

@@ -3,15 +3,15 @@
 
 use std::sync::Arc;
 
-use clap::Parser as _;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::Application;
 use crate::config::Cli;
 use crate::engine::Engine;
 use crate::target::{FnTarget, StepFailure, Target, TargetCall, Targets};
-use crate::Application;
 
 /// The bearer token a [`TestApp`] accepts unless told otherwise.
 pub const TEST_TOKEN: &str = "test-token";
@@ -75,7 +75,12 @@ impl TestApp {
             "5s",
         ];
         args.extend_from_slice(flags);
-        let cli = Cli::try_parse_from(args).expect("test worker flags");
+        // A flag given again in `flags` overrides the default above.
+        let matches = Cli::command()
+            .args_override_self(true)
+            .try_get_matches_from(args)
+            .expect("test worker flags");
+        let cli = Cli::from_arg_matches(&matches).expect("test worker flags");
         let app = Application::with_parts(cli.worker, pool, targets)
             .await
             .expect("building the test worker");

@@ -64,7 +64,7 @@ async fn migrate_subcommand_applies_the_migrations(pool: PgPool) {
     assert_eq!(tables, 1);
 }
 
-#[sqlx::test(migrator = "flotilla_worker::db::MIGRATOR")]
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
 async fn worker_exits_zero_on_sigterm(pool: PgPool) {
     let mut running = Running::start(worker(&url_of(&pool).await));
     running.wait_for_line("worker ready", Duration::from_secs(60));
@@ -138,7 +138,7 @@ async fn slow_service() -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
     (url, calls)
 }
 
-#[sqlx::test(migrator = "flotilla_worker::db::MIGRATOR")]
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
 async fn worker_runs_a_request_from_kafka_and_finishes_it_after_sigterm(pool: PgPool) {
     let (url, mut calls) = slow_service().await;
     let dir = std::env::temp_dir().join(format!("flotilla-binary-{}", uuid::Uuid::new_v4()));

@@ -60,7 +60,9 @@ impl From<OperatorError> for Problem {
 impl From<ListError> for Problem {
     fn from(e: ListError) -> Self {
         match e {
-            ListError::NegativeLimit(_) | ListError::BadCursor(_) => Self::bad_request(e.to_string()),
+            ListError::NegativeLimit(_) | ListError::BadCursor(_) => {
+                Self::bad_request(e.to_string())
+            }
             ListError::Store(e) => e.into(),
         }
     }

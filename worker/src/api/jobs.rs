@@ -59,7 +59,11 @@ pub async fn submit(
     let submission = Submission {
         job_id: body.job_id.unwrap_or_else(Uuid::new_v4),
         workflow,
-        input: if body.input.is_null() { json!({}) } else { body.input },
+        input: if body.input.is_null() {
+            json!({})
+        } else {
+            body.input
+        },
         traceparent: None,
     };
     let (status, row) = match state.engine.submit(submission, RefusalMode::Refuse).await? {

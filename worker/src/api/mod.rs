@@ -13,10 +13,10 @@ pub mod views;
 mod workflows;
 
 use axum::Router;
-use flotilla_runtime::BrokerConfig;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post, put};
+use flotilla_runtime::BrokerConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

@@ -32,7 +32,8 @@ impl Engine {
     ) -> Result<Registered, RegisterError> {
         let compiled = self.compile(document)?;
         let mut tx = self.pool().begin().await?;
-        let registered = definitions::register(&mut tx, &compiled.definition.name, document).await?;
+        let registered =
+            definitions::register(&mut tx, &compiled.definition.name, document).await?;
         tx.commit().await?;
         Ok(registered)
     }

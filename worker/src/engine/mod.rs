@@ -24,8 +24,8 @@ pub use claimed::{ClaimedRun, LeaseLost, SegmentStop};
 pub use complete_step::{CompleteError, CompleteOutcome};
 pub use definitions::RegisterError;
 pub use flotilla_store::{Clock, ManualClock, SystemClock};
-pub use reads::{JobPage, JobQuery, ListError};
 pub use operator::OperatorError;
+pub use reads::{JobPage, JobQuery, ListError};
 pub use segment::Outcome;
 pub use submit::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
 

@@ -94,7 +94,11 @@ impl Engine {
         let swept = lease::sweep_expired(&mut tx, now, self.settings().sweep_batch).await?;
         tx.commit().await?;
         if swept.requeued + swept.dead > 0 {
-            tracing::info!(requeued = swept.requeued, dead = swept.dead, "swept expired leases");
+            tracing::info!(
+                requeued = swept.requeued,
+                dead = swept.dead,
+                "swept expired leases"
+            );
             for _ in 0..swept.requeued {
                 self.wake();
             }

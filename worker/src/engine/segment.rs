@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use flotilla_store::runs::Checkpoint;
 use flotilla_store::runs::lease;
-use flotilla_store::runs::{Checkpoint};
 use serde_json::{Map, Value as Json};
 use uuid::Uuid;
 

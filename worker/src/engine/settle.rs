@@ -74,7 +74,8 @@ pub(super) async fn settle(
             Ok(Outcome::Dead(job_id))
         }
         StepFailure::Retryable(error) => {
-            let delay = flotilla_runtime::backoff::exponential(engine.settings().backoff_base, attempt);
+            let delay =
+                flotilla_runtime::backoff::exponential(engine.settings().backoff_base, attempt);
             tracing::info!(%job_id, attempt, %error, ?delay, "retryable failure; requeued");
             claimed.requeue(&error, engine.now() + delay).await?;
             Ok(Outcome::Requeued(job_id))

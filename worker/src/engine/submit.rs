@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use serde_json::Value as Json;
-use sha2::{Digest, Sha256};
 use flotilla_store::runs::{self, NewRun, Refusal, RunRow};
 use flotilla_store::{RunStatus, StoreError, definitions};
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgTransaction};
 use uuid::Uuid;
 

@@ -5,9 +5,9 @@
 //! Schema is compiled once, and every problem found is reported together,
 //! each naming its step and field (see [`compile`]).
 
+pub mod compile;
 pub mod expr;
 mod model;
-pub mod compile;
 
-pub use model::{Completion, StepDefinition, WorkflowDefinition};
 pub use compile::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition};
+pub use model::{Completion, StepDefinition, WorkflowDefinition};

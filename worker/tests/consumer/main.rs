@@ -20,7 +20,7 @@ use support::{count, produce_raw, produce_request, producer, topics};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
 async fn within_deadline(test: impl Future<Output = ()>) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, test)

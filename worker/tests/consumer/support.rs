@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use flotilla_codec::Codec;
 use flotilla_contracts::WorkflowRunRequest;
-use flotilla_tests::{bootstrap_servers, create_topic, schema_registry_url, unique};
+use flotilla_tests::{create_topic, schema_registry_url, unique};
 use flotilla_worker::consumer::{ConsumerSettings, RequestConsumer};
 use flotilla_worker::engine::{Engine, EngineSettings, SystemClock};
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -74,7 +74,8 @@ pub fn codec() -> Arc<Codec> {
 }
 
 pub fn consumer(engine: &Engine, topics: &Topics) -> RequestConsumer {
-    let mut settings = ConsumerSettings::new(&bootstrap_servers(), &topics.requests, &topics.group);
+    let mut settings =
+        ConsumerSettings::new(flotilla_tests::broker(), &topics.requests, &topics.group);
     settings.batch_size = 200;
     settings.max_request_bytes = MAX_REQUEST_BYTES;
     settings.outage_backoff_max = Duration::from_millis(500);
@@ -82,10 +83,8 @@ pub fn consumer(engine: &Engine, topics: &Topics) -> RequestConsumer {
 }
 
 pub fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers())
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    flotilla_tests::broker()
+        .idempotent_producer()
         .set("linger.ms", "5")
         .create()
         .unwrap()

@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_contracts::WorkflowRunEventType as E;
+use flotilla_store::RunStatus;
+use flotilla_store::runs::Checkpoint;
 use flotilla_worker::engine::{Outcome, SegmentStop, SystemClock};
-use flotilla_worker::store::runs::{Checkpoint, RunStatus};
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
 use sqlx::PgPool;
@@ -18,7 +19,7 @@ use crate::support::{
     self, Calls, echo_targets, engine, eventually, manual_clock, row, submit, three_steps,
 };
 
-const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn every_job_is_claimed_by_one_loop_at_a_time_and_checkpointed_once(pool: PgPool) {
@@ -162,7 +163,7 @@ async fn checkpoint_survives_worker_crash(pool: PgPool) {
     segment.abort(); // the worker dies mid-flight; its lease stays on the row
     assert!(segment.await.unwrap_err().is_cancelled());
     let stuck = row(&pool, job_id).await;
-    assert_eq!(stuck.status(), RunStatus::Running);
+    assert_eq!(stuck.status, RunStatus::Running);
     assert_eq!(stuck.checkpoints.0.as_array().unwrap().len(), 2);
 
     let survivor = engine(&pool, targets, clock.clone(), "survivor");
@@ -232,7 +233,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
     ));
 
     let current = row(&pool, job_id).await;
-    assert_eq!(current.status(), RunStatus::Running);
+    assert_eq!(current.status, RunStatus::Running);
     assert_eq!(current.lease_owner.as_deref(), Some("fresh"));
     assert_eq!(
         current.checkpoints.0,
@@ -347,14 +348,14 @@ async fn store_failure_while_checkpointing_requeues_and_never_settles(pool: PgPo
     );
 
     let left = row(&pool, job_id).await;
-    assert_eq!(left.status(), RunStatus::Running, "nothing settled the job");
+    assert_eq!(left.status, RunStatus::Running, "nothing settled the job");
     assert_eq!(left.checkpoints.0.as_array().unwrap().len(), 1);
 
     let calls = Calls::default();
     let rescuer = engine(&pool, echo_targets(&calls), clock.clone(), "rescuer");
     clock.advance(Duration::from_secs(61));
     assert_eq!(rescuer.sweep().await.unwrap(), 1);
-    assert_eq!(row(&pool, job_id).await.status(), RunStatus::Queued);
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Queued);
     assert_eq!(
         rescuer.run_once().await.unwrap(),
         Outcome::Completed(job_id)

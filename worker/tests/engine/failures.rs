@@ -9,8 +9,8 @@ use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use flotilla_contracts::WorkflowRunEventType as E;
+use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Clock, Engine, Outcome};
-use flotilla_worker::store::runs::RunStatus;
 use flotilla_worker::target::http::HttpTarget;
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
@@ -18,7 +18,7 @@ use sqlx::PgPool;
 
 use crate::support::{self, Calls, echo_targets, engine, manual_clock, row, submit};
 
-const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
 fn one_step(name: &str, target: &str, extra: Value) -> Value {
     let mut step = json!({"name": "only", "target": target, "method": "go"});
@@ -56,7 +56,7 @@ async fn retryable_failures_back_off_exponentially_then_die_with_the_last_error(
     let start = clock.now();
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
     let queued = row(&pool, job_id).await;
-    assert_eq!(queued.status(), RunStatus::Queued);
+    assert_eq!(queued.status, RunStatus::Queued);
     assert_eq!(queued.run_after, start + Duration::from_secs(5));
     clock.advance(Duration::from_millis(4_999));
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Idle);
@@ -73,7 +73,7 @@ async fn retryable_failures_back_off_exponentially_then_die_with_the_last_error(
     // Attempt 3 is the last (max_attempts 3): DEAD with that error verbatim.
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Dead(job_id));
     let dead = row(&pool, job_id).await;
-    assert_eq!(dead.status(), RunStatus::Dead);
+    assert_eq!(dead.status, RunStatus::Dead);
     assert_eq!(dead.attempt, 3);
     assert_eq!(
         dead.error.as_deref(),
@@ -109,7 +109,7 @@ async fn a_failing_validate_rule_is_a_verdict(pool: PgPool) {
     let job_id = submit(&engine, "judged", json!({"age": 12})).await;
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
     let failed = row(&pool, job_id).await;
-    assert_eq!(failed.status(), RunStatus::Failed);
+    assert_eq!(failed.status, RunStatus::Failed);
     assert_eq!(
         failed.verdict.as_deref(),
         Some("only: response.request.age >= 18")
@@ -173,7 +173,7 @@ async fn http_target_statuses_map_to_the_failure_taxonomy(pool: PgPool) {
 
     let ok = run_against_status(&engine, 200).await;
     let done = row(&pool, ok).await;
-    assert_eq!(done.status(), RunStatus::Completed);
+    assert_eq!(done.status, RunStatus::Completed);
     assert_eq!(
         done.result.unwrap().0,
         json!({"idempotency_key": format!("{ok}:call"), "echo": {"x": 1}})
@@ -181,7 +181,7 @@ async fn http_target_statuses_map_to_the_failure_taxonomy(pool: PgPool) {
 
     let verdict = run_against_status(&engine, 422).await;
     let failed = row(&pool, verdict).await;
-    assert_eq!(failed.status(), RunStatus::Failed);
+    assert_eq!(failed.status, RunStatus::Failed);
     assert_eq!(
         failed.verdict.as_deref(),
         Some("name is on a sanctions list")
@@ -190,14 +190,14 @@ async fn http_target_statuses_map_to_the_failure_taxonomy(pool: PgPool) {
     for defect in [400, 500] {
         let job_id = run_against_status(&engine, defect).await;
         let failed = row(&pool, job_id).await;
-        assert_eq!(failed.status(), RunStatus::Failed, "{defect}");
+        assert_eq!(failed.status, RunStatus::Failed, "{defect}");
         assert_eq!(failed.verdict, None, "a defect is not a verdict");
         assert!(failed.error.unwrap().contains(&defect.to_string()));
     }
 
     let retry = run_against_status(&engine, 503).await;
     let queued = row(&pool, retry).await;
-    assert_eq!(queued.status(), RunStatus::Queued);
+    assert_eq!(queued.status, RunStatus::Queued);
     assert!(queued.error.unwrap().contains("503"));
 }
 
@@ -237,9 +237,23 @@ async fn editing_a_workflow_does_not_shift_a_live_job(pool: PgPool) {
 
     let mut edited = json!({"name": "evolving", "input_schema": {}, "steps": [{"name": "other", "target": "echo", "method": "m"}]});
     let v2 = engine.register_workflow(&edited).await.unwrap();
-    assert_eq!(v2.version, 2);
+    assert_eq!((v2.definition.version, v2.created), (2, true));
+    let again = engine.register_workflow(&edited).await.unwrap();
+    assert_eq!(
+        (again.definition.version, again.created),
+        (2, false),
+        "same document, no new version"
+    );
     edited["steps"][0]["name"] = json!("renamed");
-    assert_eq!(engine.register_workflow(&edited).await.unwrap().version, 3);
+    assert_eq!(
+        engine
+            .register_workflow(&edited)
+            .await
+            .unwrap()
+            .definition
+            .version,
+        3
+    );
 
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
     assert_eq!(

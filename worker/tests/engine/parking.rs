@@ -1,15 +1,15 @@
 //! Parking on external steps, complete-step, and the operator verbs.
 
 use flotilla_contracts::WorkflowRunEventType as E;
+use flotilla_store::RunStatus;
 use flotilla_worker::engine::{CompleteError, CompleteOutcome, Engine, OperatorError, Outcome};
-use flotilla_worker::store::runs::RunStatus;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::{self, Calls, echo_targets, engine, manual_clock, row, submit};
 
-const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
 /// prepare (echo) → approve (external, must say approved) → notify (echo).
 async fn approval_engine(pool: &PgPool, calls: &Calls) -> Engine {
@@ -43,7 +43,7 @@ async fn an_external_step_parks_the_job_and_complete_step_resumes_it(pool: PgPoo
     let engine = approval_engine(&pool, &calls).await;
     let job_id = parked_job(&engine).await;
     let waiting = row(&pool, job_id).await;
-    assert_eq!(waiting.status(), RunStatus::Waiting);
+    assert_eq!(waiting.status, RunStatus::Waiting);
     assert_eq!(waiting.outstanding_step.as_deref(), Some("approve"));
     assert_eq!(waiting.lease_token, None);
     assert_eq!(
@@ -62,7 +62,7 @@ async fn an_external_step_parks_the_job_and_complete_step_resumes_it(pool: PgPoo
         .await
         .unwrap();
     assert_eq!(outcome, CompleteOutcome::Completed);
-    assert_eq!(row(&pool, job_id).await.status(), RunStatus::Queued);
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Queued);
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
     assert_eq!(calls.of(job_id), ["prepare", "notify"]);
     assert_eq!(
@@ -178,7 +178,7 @@ async fn a_rejected_external_response_fails_the_job_as_a_verdict(pool: PgPool) {
         }
     );
     let failed = row(&pool, refused).await;
-    assert_eq!(failed.status(), RunStatus::Failed);
+    assert_eq!(failed.status, RunStatus::Failed);
     assert_eq!(
         failed.verdict.as_deref(),
         Some("approve: response.approved == true")
@@ -206,7 +206,7 @@ async fn operators_cancel_waiting_jobs_and_retry_failed_ones(pool: PgPool) {
     let job_id = parked_job(&engine).await;
 
     let cancelled = engine.cancel(job_id, "customer withdrew").await.unwrap();
-    assert_eq!(cancelled.status(), RunStatus::Cancelled);
+    assert_eq!(cancelled.status, RunStatus::Cancelled);
     assert_eq!(cancelled.error.as_deref(), Some("customer withdrew"));
     let events = support::events(&pool, job_id).await;
     assert_eq!(events.last().unwrap().event_type(), E::Cancelled);
@@ -221,7 +221,7 @@ async fn operators_cancel_waiting_jobs_and_retry_failed_ones(pool: PgPool) {
 
     let retried = engine.retry(job_id).await.unwrap();
     assert_eq!(
-        (retried.status(), retried.attempt, retried.error),
+        (retried.status, retried.attempt, retried.error),
         (RunStatus::Queued, 0, None)
     );
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));

@@ -2,15 +2,15 @@
 //! refusals recorded as FAILED rows for the consumer.
 
 use flotilla_contracts::WorkflowRunEventType as E;
+use flotilla_store::RunStatus;
 use flotilla_worker::engine::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
-use flotilla_worker::store::runs::RunStatus;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::{self, Calls, echo_targets, engine, manual_clock, row};
 
-const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_worker::db::MIGRATOR;
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
 fn stored(job_id: Uuid, name: &str, input: serde_json::Value) -> Submission {
     Submission {
@@ -94,7 +94,7 @@ async fn an_input_that_fails_the_schema_is_refused_before_anything_is_written(po
         .unwrap();
     assert!(matches!(recorded, Submitted::Created(_)));
     let failed = row(&pool, job_id).await;
-    assert_eq!(failed.status(), RunStatus::Failed);
+    assert_eq!(failed.status, RunStatus::Failed);
     assert!(
         failed
             .error
@@ -127,7 +127,7 @@ async fn an_unknown_workflow_is_refused_or_recorded_as_failed(pool: PgPool) {
         .unwrap();
     let failed = row(&pool, job_id).await;
     assert_eq!(
-        (failed.status(), failed.workflow_name.as_str()),
+        (failed.status, failed.workflow_name.as_str()),
         (RunStatus::Failed, "ghost")
     );
     assert!(failed.error.unwrap().contains("unknown workflow \"ghost\""));

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType};
+use flotilla_store::{outbox, runs};
 use flotilla_worker::engine::{
     Clock, Engine, EngineSettings, ManualClock, RefusalMode, Submission, WorkflowRef,
 };
-use flotilla_worker::store::{outbox, runs};
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;

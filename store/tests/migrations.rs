@@ -1,6 +1,6 @@
 //! The migrations apply to a fresh database, and applying them again changes nothing.
 
-use flotilla_worker::db;
+use flotilla_store as store;
 use sqlx::PgPool;
 
 async fn applied(pool: &PgPool) -> Vec<(i64, Vec<u8>)> {
@@ -12,9 +12,9 @@ async fn applied(pool: &PgPool) -> Vec<(i64, Vec<u8>)> {
 
 #[sqlx::test(migrations = false)]
 async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool) {
-    db::migrate(&pool).await.unwrap();
+    store::migrate(&pool).await.unwrap();
     let first = applied(&pool).await;
-    assert_eq!(first.len(), db::MIGRATOR.iter().count());
+    assert_eq!(first.len(), store::MIGRATOR.iter().count());
 
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables
@@ -54,11 +54,11 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
         );
     }
 
-    db::migrate(&pool).await.unwrap();
+    store::migrate(&pool).await.unwrap();
     assert_eq!(applied(&pool).await, first, "a second run applies nothing");
 }
 
-#[sqlx::test(migrator = "flotilla_worker::db::MIGRATOR")]
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
 async fn the_schema_refuses_states_outside_the_contract(pool: PgPool) {
     let insert = |status: &'static str| {
         sqlx::query(

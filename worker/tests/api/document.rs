@@ -1,0 +1,137 @@
+//! Body limits, the 503 without a database, and the OpenAPI document.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{Api, MIGRATOR, TOKEN};
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_body_over_the_limit_is_413_and_bad_json_is_400(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    let big = json!({"workflow_name": "x", "input": {"blob": "x".repeat(5000)}});
+    let (status, problem) = api.call(Method::POST, "/v1/jobs", Some(big)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(problem["detail"].as_str().unwrap().contains("request body"));
+    let response = api
+        .client
+        .post(format!("{}/v1/jobs", api.base))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+}
+
+#[tokio::test]
+async fn without_a_database_the_api_answers_503_with_the_reason() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(1))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/none")
+        .unwrap();
+    let api = Api::start(&pool).await;
+    let (status, problem) = api
+        .call(Method::GET, &format!("/v1/jobs/{}", Uuid::new_v4()), None)
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("database unavailable"),
+        "{problem}"
+    );
+    assert_eq!(
+        api.call(Method::GET, "/readyz", None).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        api.call(Method::GET, "/healthz", None).await.0,
+        StatusCode::OK
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    let response = api
+        .client
+        .get(format!("{}/openapi.json", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "/openapi.json is open");
+    let document: Value = response.json().await.unwrap();
+    assert!(
+        document["openapi"].as_str().unwrap().starts_with("3."),
+        "OpenAPI 3"
+    );
+    assert!(document["info"]["title"].is_string() && document["info"]["version"].is_string());
+    assert_eq!(
+        document["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for (method, operation) in operations.as_object().unwrap() {
+            assert!(
+                operation["responses"]
+                    .as_object()
+                    .is_some_and(|r| !r.is_empty()),
+                "{method} {path} documents its responses"
+            );
+            documented.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    // The routes of DESIGN.md, as the router is built.
+    let served: std::collections::BTreeSet<(String, String)> = [
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs"),
+        ("GET", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs/{job_id}/steps/{step_name}/complete"),
+        ("POST", "/v1/jobs/{job_id}/retry"),
+        ("POST", "/v1/jobs/{job_id}/cancel"),
+        ("PUT", "/v1/workflows/{name}"),
+        ("GET", "/v1/workflows"),
+        ("GET", "/v1/workflows/{name}"),
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+    ]
+    .into_iter()
+    .map(|(m, p)| (m.to_owned(), p.to_owned()))
+    .collect();
+    assert_eq!(documented, served);
+
+    // And every documented route is really served: no fallback 404, no 405.
+    for (method, path) in &documented {
+        let concrete = path
+            .replace("{job_id}", &Uuid::new_v4().to_string())
+            .replace("{step_name}", "s")
+            .replace("{name}", "w");
+        let response = api
+            .client
+            .request(method.parse().unwrap(), format!("{}{concrete}", api.base))
+            .bearer_auth(TOKEN)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        assert_ne!(
+            body["detail"], "no such route",
+            "{method} {path} is documented but not routed"
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! The job verbs answer with the contract's statuses.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::{Api, MIGRATOR, approval};
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn submit_get_complete_retry_and_cancel_answer_with_the_contract_statuses(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    assert_eq!(
+        api.call(Method::PUT, "/v1/workflows/approval", Some(approval()))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        api.call(Method::PUT, "/v1/workflows/approval", Some(approval()))
+            .await
+            .0,
+        StatusCode::OK,
+        "same document, same version"
+    );
+    let (status, problem) = api.call(Method::PUT, "/v1/workflows/approval", Some(json!({"name": "approval", "input_schema": {}, "steps": [{"name": "x", "target": "nope", "method": "m"}]}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["problems"][0]["field"], "target");
+    let (status, listed) = api.call(Method::GET, "/v1/workflows", None).await;
+    assert_eq!(
+        (status, listed["workflows"][0]["name"].clone()),
+        (StatusCode::OK, json!("approval"))
+    );
+    assert_eq!(
+        api.call(Method::GET, "/v1/workflows/ghost", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    let job_id = Uuid::new_v4();
+    let body = json!({"workflow_name": "approval", "input": {"amount": 5}, "job_id": job_id});
+    let (status, job) = api.call(Method::POST, "/v1/jobs", Some(body.clone())).await;
+    assert_eq!(
+        (status, job["status"].clone()),
+        (StatusCode::CREATED, json!("QUEUED"))
+    );
+    assert_eq!(
+        api.call(Method::POST, "/v1/jobs", Some(body)).await.0,
+        StatusCode::OK
+    );
+    let conflicting =
+        json!({"workflow_name": "approval", "input": {"amount": 6}, "job_id": job_id});
+    assert_eq!(
+        api.call(Method::POST, "/v1/jobs", Some(conflicting))
+            .await
+            .0,
+        StatusCode::CONFLICT
+    );
+    let (status, problem) = api
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "approval", "workflow": approval(), "input": {}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("exactly one of")
+    );
+    assert_eq!(
+        api.call(Method::POST, "/v1/jobs", Some(json!({"input": {}})))
+            .await
+            .0,
+        StatusCode::BAD_REQUEST
+    );
+    let (status, problem) = api
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "approval", "input": {"amount": "x"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        problem["violations"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("/amount")
+    );
+    assert_eq!(
+        api.call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "ghost"}))
+        )
+        .await
+        .0,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    assert_eq!(
+        api.call(Method::GET, &format!("/v1/jobs/{}", Uuid::new_v4()), None)
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+    let (status, problem) = api.call(Method::GET, "/v1/jobs/not-a-uuid", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(problem["detail"].as_str().unwrap().contains("not a UUID"));
+
+    // Complete-step: WrongState while queued, then park, reject, complete.
+    let complete = |id: Uuid, response: Value| {
+        (
+            Method::POST,
+            format!("/v1/jobs/{id}/steps/approve/complete"),
+            Some(json!({"response": response})),
+        )
+    };
+    let (m, p, b) = complete(job_id, json!({"ok": true}));
+    let (status, problem) = api.call(m, &p, b).await;
+    assert_eq!(
+        (status, problem["status"].clone()),
+        (StatusCode::CONFLICT, json!("QUEUED"))
+    );
+    api.engine.run_once().await.unwrap();
+    let (m, p, b) = complete(job_id, json!({"ok": true}));
+    let (status, outcome) = api.call(m, &p, b).await;
+    assert_eq!(
+        (status, outcome["outcome"].clone()),
+        (StatusCode::OK, json!("COMPLETED"))
+    );
+    let (m, p, b) = complete(job_id, json!({"ok": true}));
+    assert_eq!(api.call(m, &p, b).await.1["outcome"], "ALREADY_DONE");
+
+    let refused = Uuid::new_v4();
+    api.call(
+        Method::POST,
+        "/v1/jobs",
+        Some(json!({"workflow_name": "approval", "input": {"amount": 1}, "job_id": refused})),
+    )
+    .await;
+    // Run everything runnable: the first job finishes, the new one parks.
+    while api.engine.run_once().await.unwrap() != flotilla_worker::engine::Outcome::Idle {}
+    let (m, p, b) = complete(refused, json!({"ok": false}));
+    let (status, problem) = api.call(m, &p, b).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem["violations"][0], "approve: response.ok == true");
+    assert_eq!(
+        api.call(Method::POST, &format!("/v1/jobs/{refused}/cancel"), None)
+            .await
+            .0,
+        StatusCode::CONFLICT
+    );
+    let (status, retried) = api
+        .call(Method::POST, &format!("/v1/jobs/{refused}/retry"), None)
+        .await;
+    assert_eq!(
+        (status, retried["status"].clone()),
+        (StatusCode::OK, json!("QUEUED"))
+    );
+    let (status, cancelled) = api
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{refused}/cancel"),
+            Some(json!({"reason": "duplicate"})),
+        )
+        .await;
+    assert_eq!(
+        (
+            status,
+            cancelled["status"].clone(),
+            cancelled["error"].clone()
+        ),
+        (StatusCode::OK, json!("CANCELLED"), json!("duplicate"))
+    );
+}

@@ -1,0 +1,84 @@
+//! The HTTP API over real HTTP on port 0 against a real Postgres: a whole
+//! worker (`TestApp`) without claim loops, so jobs stay where a test puts them.
+
+mod auth;
+mod document;
+mod jobs;
+mod listing;
+
+use flotilla_worker::engine::Engine;
+use flotilla_worker::test_support::{TestApp, echo_targets};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+pub const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+pub const TOKEN: &str = "s3cret";
+
+#[derive(Debug)]
+pub struct Api {
+    pub base: String,
+    pub client: Client,
+    pub engine: Engine,
+    _app: TestApp,
+}
+
+impl Api {
+    /// A worker that runs no claim loops, accepts two tokens and bodies up to 4 KiB.
+    pub async fn start(pool: &PgPool) -> Self {
+        let flags = [
+            "--worker-count",
+            "0",
+            "--api-tokens",
+            "other, s3cret",
+            "--max-body-bytes",
+            "4096",
+        ];
+        let app = TestApp::spawn_with(pool.clone(), &flags, echo_targets()).await;
+        Self {
+            base: app.url.clone(),
+            client: Client::new(),
+            engine: app.engine.clone(),
+            _app: app,
+        }
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(TOKEN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        if !status.is_success() {
+            let content_type = response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            assert_eq!(
+                content_type, "application/problem+json",
+                "{status} on {path}"
+            );
+        }
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+pub fn approval() -> Value {
+    json!({
+        "name": "approval",
+        "input_schema": {"type": "object", "required": ["amount"], "properties": {"amount": {"type": "integer"}}},
+        "steps": [
+            {"name": "check", "target": "echo", "method": "check", "rules": ["amount = input.amount"]},
+            {"name": "approve", "target": "echo", "method": "approve", "completion": "external", "validate": ["response.ok == true"]}
+        ]
+    })
+}
