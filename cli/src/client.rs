@@ -3,12 +3,13 @@
 
 use clap::Args;
 use reqwest::{Method, StatusCode};
+use secrecy::{ExposeSecret as _, SecretString};
 use serde_json::Value;
 
 use crate::Failure;
 
 #[derive(Debug, Clone, Args)]
-pub struct ApiArgs {
+pub(crate) struct ApiArgs {
     /// Base URL of a worker's API.
     #[arg(
         long,
@@ -17,12 +18,16 @@ pub struct ApiArgs {
         global = true
     )]
     pub url: String,
-    /// Bearer token for `/v1`.
-    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true, global = true)]
-    pub token: Option<String>,
+    /// Bearer token for `/v1` (a secret: never printed).
+    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true, global = true, value_parser = secret)]
+    pub token: Option<SecretString>,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+fn secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(SecretString::from(value))
 }
 
 /// Exit codes: 0 ok, 1 unreachable or server error, 2 bad usage or input,
@@ -39,7 +44,7 @@ fn exit_code(status: StatusCode) -> u8 {
 
 impl ApiArgs {
     /// Sends a request and returns the JSON body of a success.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,
@@ -48,7 +53,7 @@ impl ApiArgs {
         let url = format!("{}{path}", self.url.trim_end_matches('/'));
         let mut request = reqwest::Client::new().request(method, &url);
         if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
+            request = request.bearer_auth(token.expose_secret());
         }
         if let Some(body) = body {
             request = request.json(body);

@@ -9,7 +9,7 @@ use crate::Failure;
 use crate::client::ApiArgs;
 
 /// JSON text, or @path to read it from a file.
-pub fn json_arg(raw: &str, what: &str) -> Result<Value, Failure> {
+pub(crate) fn json_arg(raw: &str, what: &str) -> Result<Value, Failure> {
     let text = match raw.strip_prefix('@') {
         Some(path) => std::fs::read_to_string(path)
             .map_err(|e| Failure::usage(anyhow::anyhow!("reading {path}: {e}")))?,
@@ -20,7 +20,7 @@ pub fn json_arg(raw: &str, what: &str) -> Result<Value, Failure> {
 }
 
 #[derive(Debug, Args)]
-pub struct SubmitArgs {
+pub(crate) struct SubmitArgs {
     /// A stored workflow to run.
     #[arg(
         long,
@@ -40,7 +40,7 @@ pub struct SubmitArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     #[arg(long)]
     status: Option<String>,
     #[arg(long)]
@@ -52,7 +52,7 @@ pub struct ListArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum WorkflowsCommand {
+pub(crate) enum WorkflowsCommand {
     /// Register a definition (JSON or @file) as the newest version of its name.
     Put { definition: String },
     /// Show the newest version of a workflow.
@@ -91,7 +91,7 @@ fn show(api: &ApiArgs, value: &Value, table: impl FnOnce(&Value)) {
     }
 }
 
-pub async fn submit(api: &ApiArgs, args: SubmitArgs) -> Result<(), Failure> {
+pub(crate) async fn submit(api: &ApiArgs, args: SubmitArgs) -> Result<(), Failure> {
     let mut body = json!({ "input": json_arg(&args.input, "--input")? });
     match (args.workflow, args.workflow_file) {
         (Some(name), _) => body["workflow_name"] = json!(name),
@@ -112,7 +112,7 @@ pub async fn submit(api: &ApiArgs, args: SubmitArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-pub async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
+pub(crate) async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
     let job = api
         .call(Method::GET, &format!("/v1/jobs/{job_id}"), None)
         .await?;
@@ -135,7 +135,7 @@ pub async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
     Ok(())
 }
 
-pub async fn list(api: &ApiArgs, args: ListArgs) -> Result<(), Failure> {
+pub(crate) async fn list(api: &ApiArgs, args: ListArgs) -> Result<(), Failure> {
     let mut query = vec![format!("limit={}", args.limit)];
     for (key, value) in [
         ("status", args.status),
@@ -158,7 +158,7 @@ pub async fn list(api: &ApiArgs, args: ListArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-pub async fn complete(
+pub(crate) async fn complete(
     api: &ApiArgs,
     job_id: &str,
     step: &str,
@@ -178,7 +178,7 @@ pub async fn complete(
     Ok(())
 }
 
-pub async fn verb(
+pub(crate) async fn verb(
     api: &ApiArgs,
     job_id: &str,
     verb: &str,
@@ -196,7 +196,7 @@ pub async fn verb(
     Ok(())
 }
 
-pub async fn workflows(api: &ApiArgs, command: WorkflowsCommand) -> Result<(), Failure> {
+pub(crate) async fn workflows(api: &ApiArgs, command: WorkflowsCommand) -> Result<(), Failure> {
     match command {
         WorkflowsCommand::Put { definition } => {
             let document = json_arg(&definition, "the definition")?;

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::Failure;
 
 #[derive(Debug, Args)]
-pub struct ProduceArgs {
+pub(crate) struct ProduceArgs {
     /// The stored workflow to run.
     #[arg(long)]
     workflow: String,
@@ -37,7 +37,7 @@ pub struct ProduceArgs {
     traceparent: Option<String>,
 }
 
-pub async fn run(args: ProduceArgs) -> Result<(), Failure> {
+pub(crate) async fn run(args: ProduceArgs) -> Result<(), Failure> {
     let text = match args.input.strip_prefix('@') {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("reading {path}"))

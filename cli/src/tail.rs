@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::Failure;
 
 #[derive(Debug, Args)]
-pub struct TailArgs {
+pub(crate) struct TailArgs {
     /// Only this job's events.
     #[arg(long)]
     job: Option<Uuid>,
@@ -37,7 +37,7 @@ pub struct TailArgs {
     json: bool,
 }
 
-pub async fn run(args: TailArgs) -> Result<(), Failure> {
+pub(crate) async fn run(args: TailArgs) -> Result<(), Failure> {
     let codec =
         Codec::from_config(args.kafka.schema_registry_url.as_deref()).map_err(Failure::usage)?;
     let consumer: StreamConsumer = args

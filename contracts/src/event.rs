@@ -359,11 +359,11 @@ mod micros {
     use chrono::{DateTime, SecondsFormat, Utc};
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&at.to_rfc3339_opts(SecondsFormat::Micros, true))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
         let text = String::deserialize(d)?;
         DateTime::parse_from_rfc3339(&text)
             .map(|at| super::truncate_to_micros(at.with_timezone(&Utc)))

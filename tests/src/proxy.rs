@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -13,6 +13,7 @@ use tokio::sync::watch;
 pub struct Proxy {
     address: SocketAddr,
     open: Arc<AtomicBool>,
+    refused: Arc<AtomicU64>,
     generation: watch::Sender<u64>,
 }
 
@@ -27,11 +28,14 @@ impl Proxy {
             .expect("binding the proxy");
         let address = listener.local_addr().expect("proxy address");
         let open = Arc::new(AtomicBool::new(true));
+        let refused = Arc::new(AtomicU64::new(0));
         let (generation, _) = watch::channel(0u64);
         let (accept_open, accept_generation) = (open.clone(), generation.clone());
+        let accept_refused = refused.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if !accept_open.load(Ordering::SeqCst) {
+                    accept_refused.fetch_add(1, Ordering::SeqCst);
                     drop(client); // refused while cut
                     continue;
                 }
@@ -51,6 +55,7 @@ impl Proxy {
         Self {
             address,
             open,
+            refused,
             generation,
         }
     }
@@ -64,6 +69,12 @@ impl Proxy {
     pub fn cut(&self) {
         self.open.store(false, Ordering::SeqCst);
         self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Connections refused while the link was cut: someone is trying.
+    #[must_use]
+    pub fn refused_connections(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
     }
 
     pub fn restore(&self) {

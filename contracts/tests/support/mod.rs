@@ -6,15 +6,15 @@ use flotilla_contracts::{EventHeader, WorkflowRunEvent, WorkflowRunRequest};
 use serde_json::json;
 use uuid::Uuid;
 
-pub const JOB_ID: Uuid = Uuid::from_u128(0x0192_7c1e_4b2a_7d3e_9f10_2233_4455_6677);
-pub const EVENT_ID: Uuid = Uuid::from_u128(0x0192_7c1e_4b2a_7d3e_9f10_8899_aabb_ccdd);
+pub(crate) const JOB_ID: Uuid = Uuid::from_u128(0x0192_7c1e_4b2a_7d3e_9f10_2233_4455_6677);
+pub(crate) const EVENT_ID: Uuid = Uuid::from_u128(0x0192_7c1e_4b2a_7d3e_9f10_8899_aabb_ccdd);
 
-pub fn at() -> DateTime<Utc> {
+pub(crate) fn at() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 29, 12, 30, 45).unwrap()
         + chrono::TimeDelta::microseconds(123_456)
 }
 
-pub fn header(sequence: i64) -> EventHeader {
+pub(crate) fn header(sequence: i64) -> EventHeader {
     EventHeader {
         event_id: EVENT_ID,
         job_id: JOB_ID,
@@ -25,7 +25,7 @@ pub fn header(sequence: i64) -> EventHeader {
     }
 }
 
-pub fn request() -> WorkflowRunRequest {
+pub(crate) fn request() -> WorkflowRunRequest {
     WorkflowRunRequest::new(
         JOB_ID,
         "kyc-check",
@@ -34,11 +34,11 @@ pub fn request() -> WorkflowRunRequest {
     .unwrap()
 }
 
-pub fn completed() -> WorkflowRunEvent {
+pub(crate) fn completed() -> WorkflowRunEvent {
     WorkflowRunEvent::completed(header(5), "approved: score 0.93", json!({"score": 0.93})).unwrap()
 }
 
-pub fn failed() -> WorkflowRunEvent {
+pub(crate) fn failed() -> WorkflowRunEvent {
     WorkflowRunEvent::failed(
         header(3),
         "step screen: 422 sanctions hit",

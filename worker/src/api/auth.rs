@@ -48,7 +48,11 @@ impl Tokens {
     }
 }
 
-pub async fn require_token(State(tokens): State<Tokens>, request: Request, next: Next) -> Response {
+pub(super) async fn require_token(
+    State(tokens): State<Tokens>,
+    request: Request,
+    next: Next,
+) -> Response {
     if tokens.0.is_empty() {
         return next.run(request).await;
     }

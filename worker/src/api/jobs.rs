@@ -24,7 +24,7 @@ fn job_id(raw: &str) -> Result<Uuid, Problem> {
 /// Exactly one of `workflow` (inline definition) and `workflow_name`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct SubmitBody {
+pub(super) struct SubmitBody {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     workflow: Option<Value>,
@@ -38,7 +38,7 @@ pub struct SubmitBody {
 }
 
 #[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
-pub async fn submit(
+pub(super) async fn submit(
     State(state): State<ApiState>,
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> Result<Response, Problem> {
@@ -74,7 +74,7 @@ pub async fn submit(
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{job_id}", params(("job_id" = String, Path, description = "the job id (UUID)")), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
-pub async fn get(
+pub(super) async fn get(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
 ) -> Result<axum::Json<JobView>, Problem> {
@@ -89,7 +89,7 @@ pub async fn get(
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct ListQuery {
+pub(super) struct ListQuery {
     status: Option<String>,
     workflow_name: Option<String>,
     limit: Option<i64>,
@@ -97,7 +97,7 @@ pub struct ListQuery {
 }
 
 #[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, description = "newest first", body = JobPageView), (status = 400, description = "bad status, limit or cursor", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
-pub async fn list(
+pub(super) async fn list(
     State(state): State<ApiState>,
     Query(query): Query<ListQuery>,
 ) -> Result<axum::Json<JobPageView>, Problem> {
@@ -122,13 +122,13 @@ pub async fn list(
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CompleteBody {
+pub(super) struct CompleteBody {
     #[schema(value_type = Object)]
     response: Value,
 }
 
 #[utoipa::path(post, path = "/v1/jobs/{job_id}/steps/{step_name}/complete", params(("job_id" = String, Path), ("step_name" = String, Path)), request_body = CompleteBody, responses((status = 200, description = "`{outcome: COMPLETED | ALREADY_DONE}`"), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "wrong state; the body has the job status", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "response rejected; the job failed", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
-pub async fn complete(
+pub(super) async fn complete(
     State(state): State<ApiState>,
     Path((raw, step)): Path<(String, String)>,
     ApiJson(body): ApiJson<CompleteBody>,
@@ -162,7 +162,7 @@ pub async fn complete(
 }
 
 #[utoipa::path(post, path = "/v1/jobs/{job_id}/retry", params(("job_id" = String, Path)), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not DEAD, FAILED or CANCELLED", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
-pub async fn retry(
+pub(super) async fn retry(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
 ) -> Result<axum::Json<JobView>, Problem> {
@@ -172,13 +172,13 @@ pub async fn retry(
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CancelBody {
+pub(super) struct CancelBody {
     #[serde(default)]
     reason: Option<String>,
 }
 
 #[utoipa::path(post, path = "/v1/jobs/{job_id}/cancel", params(("job_id" = String, Path)), request_body(content = Option<CancelBody>), responses((status = 200, body = JobView), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not QUEUED or WAITING", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
-pub async fn cancel(
+pub(super) async fn cancel(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
     body: axum::body::Bytes,

@@ -12,13 +12,13 @@ use super::problem::{Problem, ProblemDoc};
 
 /// Alive (the process answers).
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "`{status: ok}`")))]
-pub async fn healthz() -> axum::Json<Value> {
+pub(super) async fn healthz() -> axum::Json<Value> {
     axum::Json(json!({ "status": "ok" }))
 }
 
 /// Ready when the database and (if configured) the broker answer.
 #[utoipa::path(get, path = "/readyz", responses((status = 200, description = "`{status: ready}`"), (status = 503, description = "database or broker unavailable", body = ProblemDoc, content_type = "application/problem+json")))]
-pub async fn readyz(
+pub(super) async fn readyz(
     State(state): State<ApiState>,
 ) -> Result<axum::Json<serde_json::Value>, Problem> {
     let database = tokio::time::timeout(Duration::from_secs(2), state.engine.ping()).await;
@@ -64,7 +64,7 @@ pub(super) fn prometheus() -> Option<&'static metrics_exporter_prometheus::Prome
 
 /// Prometheus text exposition of the process's metrics.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
-pub async fn metrics() -> Result<([(HeaderName, &'static str); 1], String), Problem> {
+pub(super) async fn metrics() -> Result<([(HeaderName, &'static str); 1], String), Problem> {
     let handle = prometheus().ok_or_else(|| {
         Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -79,6 +79,6 @@ pub async fn metrics() -> Result<([(HeaderName, &'static str); 1], String), Prob
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "the OpenAPI 3 document")))]
-pub async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
+pub(super) async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
     axum::Json(super::openapi::ApiDoc::openapi())
 }

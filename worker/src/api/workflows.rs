@@ -10,7 +10,7 @@ use super::ApiState;
 use super::problem::{ApiJson, Problem, ProblemDoc};
 
 #[utoipa::path(put, path = "/v1/workflows/{name}", params(("name" = String, Path)), request_body(content = Object, description = "the workflow definition"), responses((status = 201, description = "new version"), (status = 200, description = "same as the newest version"), (status = 400, description = "name mismatch or bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "every problem of the definition", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
-pub async fn put(
+pub(super) async fn put(
     State(state): State<ApiState>,
     Path(name): Path<String>,
     ApiJson(document): ApiJson<Value>,
@@ -31,13 +31,13 @@ pub async fn put(
 }
 
 #[utoipa::path(get, path = "/v1/workflows", responses((status = 200, description = "`{workflows}`: newest version of each")), security(("bearer" = [])))]
-pub async fn list(State(state): State<ApiState>) -> Result<axum::Json<Value>, Problem> {
+pub(super) async fn list(State(state): State<ApiState>) -> Result<axum::Json<Value>, Problem> {
     let workflows = state.engine.workflows().await?;
     Ok(axum::Json(json!({ "workflows": workflows })))
 }
 
 #[utoipa::path(get, path = "/v1/workflows/{name}", params(("name" = String, Path)), responses((status = 200, description = "the newest version"), (status = 404, description = "no such workflow", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
-pub async fn get(
+pub(super) async fn get(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> Result<axum::Json<StoredDefinition>, Problem> {

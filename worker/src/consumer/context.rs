@@ -50,7 +50,7 @@ impl ConsumerContext for RequestConsumerContext {
 }
 
 /// `topic/partition@offset, …` for logs.
-pub fn describe(partitions: &TopicPartitionList) -> String {
+pub(super) fn describe(partitions: &TopicPartitionList) -> String {
     partitions
         .elements()
         .iter()

@@ -2,7 +2,7 @@
 //!
 //! A batch (up to `batch_size` messages or `batch_wait`) is decoded, its
 //! requests submitted in one database transaction, its undecodable messages
-//! dead-lettered ([`persist`]), and only then are its offsets stored and
+//! dead-lettered (`persist.rs`), and only then are its offsets stored and
 //! committed. Every message has exactly one outcome and the partition always
 //! moves on; when Postgres (or the registry, or the dead-letter topic) is
 //! unavailable the partitions are paused and the same batch retried with

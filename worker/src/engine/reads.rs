@@ -10,16 +10,16 @@ use uuid::Uuid;
 use super::Engine;
 
 /// Page size when none (or 0) is asked for.
-pub const DEFAULT_PAGE: i64 = 50;
+pub(super) const DEFAULT_PAGE: i64 = 50;
 /// The most one page holds; larger limits are clamped, not refused.
-pub const MAX_PAGE: i64 = 500;
+pub(super) const MAX_PAGE: i64 = 500;
 
 /// Which jobs to list.
 #[derive(Debug, Clone, Default)]
 pub struct JobQuery {
     pub status: Option<RunStatus>,
     pub workflow_name: Option<String>,
-    /// 0 means [`DEFAULT_PAGE`]; above [`MAX_PAGE`] means [`MAX_PAGE`].
+    /// 0 means the default page (50); above the most a page holds (500), that most.
     pub limit: i64,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,

@@ -20,18 +20,18 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-pub const PARTITIONS: i32 = 3;
+pub(crate) const PARTITIONS: i32 = 3;
 /// The consumers' request size limit here (the default is 1 MiB; a test
 /// message above that would exceed the producer's own limit).
-pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
-pub struct Topics {
+pub(crate) struct Topics {
     pub requests: String,
     pub dead_letters: String,
     pub group: String,
 }
 
-pub async fn topics() -> Topics {
+pub(crate) async fn topics() -> Topics {
     let requests = unique("requests");
     let dead_letters = format!("{requests}.dlq");
     create_topic(&requests, PARTITIONS).await.unwrap();
@@ -43,7 +43,7 @@ pub async fn topics() -> Topics {
     }
 }
 
-pub fn engine(pool: &PgPool) -> Engine {
+pub(crate) fn engine(pool: &PgPool) -> Engine {
     let mut targets = Targets::default();
     targets.register(
         "echo",
@@ -58,7 +58,7 @@ pub fn engine(pool: &PgPool) -> Engine {
 }
 
 /// `greet`: one echo step; the input needs a string `name`.
-pub async fn register_greet(engine: &Engine) {
+pub(crate) async fn register_greet(engine: &Engine) {
     engine
         .register_workflow(&json!({
             "name": "greet",
@@ -69,11 +69,11 @@ pub async fn register_greet(engine: &Engine) {
         .unwrap();
 }
 
-pub fn codec() -> Arc<Codec> {
+pub(crate) fn codec() -> Arc<Codec> {
     Arc::new(Codec::with_registry(&schema_registry_url()).unwrap())
 }
 
-pub fn consumer(engine: &Engine, topics: &Topics) -> RequestConsumer {
+pub(crate) fn consumer(engine: &Engine, topics: &Topics) -> RequestConsumer {
     let mut settings =
         ConsumerSettings::new(flotilla_tests::broker(), &topics.requests, &topics.group);
     settings.batch_size = 200;
@@ -82,7 +82,7 @@ pub fn consumer(engine: &Engine, topics: &Topics) -> RequestConsumer {
     RequestConsumer::subscribe(engine.clone(), codec(), settings).unwrap()
 }
 
-pub fn producer() -> FutureProducer {
+pub(crate) fn producer() -> FutureProducer {
     flotilla_tests::broker()
         .idempotent_producer()
         .set("linger.ms", "5")
@@ -91,7 +91,7 @@ pub fn producer() -> FutureProducer {
 }
 
 /// Produces raw bytes keyed `key`; returns (partition, offset).
-pub async fn produce_raw(
+pub(crate) async fn produce_raw(
     producer: &FutureProducer,
     topic: &str,
     key: &str,
@@ -111,7 +111,7 @@ pub async fn produce_raw(
 }
 
 /// Produces a request for `greet`, Avro through the registry or JSON.
-pub async fn produce_request(
+pub(crate) async fn produce_request(
     producer: &FutureProducer,
     topic: &str,
     job_id: Uuid,
@@ -127,20 +127,20 @@ pub async fn produce_request(
     produce_raw(producer, topic, &job_id.to_string(), &bytes, None).await;
 }
 
-pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+pub(crate) async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// A dead-letter record: its payload and headers by name.
 #[derive(Debug)]
-pub struct Letter {
+pub(crate) struct Letter {
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
     pub headers: HashMap<String, String>,
 }
 
 /// Reads exactly `expected` records from the dead-letter topic.
-pub async fn dead_letters(topic: &str, expected: usize) -> Vec<Letter> {
+pub(crate) async fn dead_letters(topic: &str, expected: usize) -> Vec<Letter> {
     let consumer: StreamConsumer =
         flotilla_tests::manual_commit_consumer_config(&unique("dlq-reader"))
             .create()
@@ -173,7 +173,7 @@ pub async fn dead_letters(topic: &str, expected: usize) -> Vec<Letter> {
 }
 
 /// The group's committed offset and the high watermark, per partition.
-pub fn committed_and_end(topic: &str, group: &str) -> Vec<(i64, i64)> {
+pub(crate) fn committed_and_end(topic: &str, group: &str) -> Vec<(i64, i64)> {
     let consumer: BaseConsumer = flotilla_tests::manual_commit_consumer_config(group)
         .create()
         .unwrap();
@@ -201,7 +201,7 @@ pub fn committed_and_end(topic: &str, group: &str) -> Vec<(i64, i64)> {
 }
 
 /// Polls until every partition's committed offset reached its end.
-pub async fn wait_committed_to_end(topic: &str, group: &str) {
+pub(crate) async fn wait_committed_to_end(topic: &str, group: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let (topic_owned, group_owned) = (topic.to_owned(), group.to_owned());
@@ -220,7 +220,7 @@ pub async fn wait_committed_to_end(topic: &str, group: &str) {
     }
 }
 
-pub fn traceparent_header(value: &str) -> OwnedHeaders {
+pub(crate) fn traceparent_header(value: &str) -> OwnedHeaders {
     OwnedHeaders::new().insert(Header {
         key: "traceparent",
         value: Some(value.as_bytes()),

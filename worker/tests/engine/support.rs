@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-pub fn settings(worker_id: &str) -> EngineSettings {
+pub(crate) fn settings(worker_id: &str) -> EngineSettings {
     let mut settings = EngineSettings::new(worker_id);
     settings.lease = Duration::from_secs(60);
     settings.idle_poll_max = Duration::from_millis(50);
@@ -24,29 +24,34 @@ pub fn settings(worker_id: &str) -> EngineSettings {
     settings
 }
 
-pub fn manual_clock() -> Arc<ManualClock> {
+pub(crate) fn manual_clock() -> Arc<ManualClock> {
     Arc::new(ManualClock::new(
         Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap(),
     ))
 }
 
-pub fn engine(pool: &PgPool, targets: Targets, clock: Arc<dyn Clock>, worker_id: &str) -> Engine {
+pub(crate) fn engine(
+    pool: &PgPool,
+    targets: Targets,
+    clock: Arc<dyn Clock>,
+    worker_id: &str,
+) -> Engine {
     Engine::new(pool.clone(), targets, clock, settings(worker_id))
 }
 
 /// Every call a target saw, as (job, step).
 #[derive(Debug, Clone, Default)]
-pub struct Calls(Arc<Mutex<Vec<(Uuid, String)>>>);
+pub(crate) struct Calls(Arc<Mutex<Vec<(Uuid, String)>>>);
 
 impl Calls {
-    pub fn record(&self, call: &TargetCall) {
+    pub(crate) fn record(&self, call: &TargetCall) {
         self.0
             .lock()
             .unwrap()
             .push((call.job_id, call.step_name.clone()));
     }
 
-    pub fn of(&self, job_id: Uuid) -> Vec<String> {
+    pub(crate) fn of(&self, job_id: Uuid) -> Vec<String> {
         self.0
             .lock()
             .unwrap()
@@ -56,7 +61,7 @@ impl Calls {
             .collect()
     }
 
-    pub fn per_job_step(&self) -> HashMap<(Uuid, String), usize> {
+    pub(crate) fn per_job_step(&self) -> HashMap<(Uuid, String), usize> {
         let mut counts = HashMap::new();
         for key in self.0.lock().unwrap().iter() {
             *counts.entry(key.clone()).or_insert(0) += 1;
@@ -66,7 +71,7 @@ impl Calls {
 }
 
 /// A target `echo` that records calls and answers `{"step": <name>, "request": <request>}`.
-pub fn echo_targets(calls: &Calls) -> Targets {
+pub(crate) fn echo_targets(calls: &Calls) -> Targets {
     let calls = calls.clone();
     let mut targets = Targets::default();
     targets.register(
@@ -81,7 +86,7 @@ pub fn echo_targets(calls: &Calls) -> Targets {
 }
 
 /// A three-step workflow on `target`, each step passing a counter along.
-pub fn three_steps(name: &str, target: &str) -> Value {
+pub(crate) fn three_steps(name: &str, target: &str) -> Value {
     json!({
         "name": name,
         "input_schema": {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}},
@@ -95,7 +100,7 @@ pub fn three_steps(name: &str, target: &str) -> Value {
     })
 }
 
-pub async fn submit(engine: &Engine, workflow: &str, input: Value) -> Uuid {
+pub(crate) async fn submit(engine: &Engine, workflow: &str, input: Value) -> Uuid {
     let job_id = Uuid::new_v4();
     let submission = Submission {
         job_id,
@@ -110,17 +115,17 @@ pub async fn submit(engine: &Engine, workflow: &str, input: Value) -> Uuid {
     job_id
 }
 
-pub async fn row(pool: &PgPool, job_id: Uuid) -> runs::RunRow {
+pub(crate) async fn row(pool: &PgPool, job_id: Uuid) -> runs::RunRow {
     let mut conn = pool.acquire().await.unwrap();
     runs::get(&mut conn, job_id).await.unwrap().unwrap()
 }
 
-pub async fn events(pool: &PgPool, job_id: Uuid) -> Vec<WorkflowRunEvent> {
+pub(crate) async fn events(pool: &PgPool, job_id: Uuid) -> Vec<WorkflowRunEvent> {
     let mut conn = pool.acquire().await.unwrap();
     outbox::events_of(&mut conn, job_id).await.unwrap()
 }
 
-pub async fn event_types(pool: &PgPool, job_id: Uuid) -> Vec<WorkflowRunEventType> {
+pub(crate) async fn event_types(pool: &PgPool, job_id: Uuid) -> Vec<WorkflowRunEventType> {
     events(pool, job_id)
         .await
         .iter()
@@ -129,7 +134,7 @@ pub async fn event_types(pool: &PgPool, job_id: Uuid) -> Vec<WorkflowRunEventTyp
 }
 
 /// Polls `check` every 20 ms until it holds, failing after `timeout`.
-pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
