@@ -9,6 +9,7 @@
 pub mod avro;
 mod error;
 mod event;
+mod event_type;
 pub mod framing;
 pub mod json;
 mod request;

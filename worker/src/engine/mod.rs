@@ -5,6 +5,7 @@
 mod claimed;
 mod complete_step;
 mod definitions;
+mod digest;
 mod operator;
 mod reads;
 mod runner;

@@ -11,7 +11,7 @@ use flotilla_contracts::WorkflowRunRequest;
 use flotilla_tests::{create_topic, schema_registry_url, unique};
 use flotilla_worker::consumer::{ConsumerSettings, RequestConsumer};
 use flotilla_worker::engine::{Engine, EngineSettings, SystemClock};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::test_support::echo_targets;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -44,17 +44,14 @@ pub(crate) async fn topics() -> Topics {
 }
 
 pub(crate) fn engine(pool: &PgPool) -> Engine {
-    let mut targets = Targets::default();
-    targets.register(
-        "echo",
-        Arc::new(FnTarget(|call: TargetCall| async move {
-            Ok::<_, StepFailure>(json!({"echo": call.request}))
-        })),
-        8,
-    );
     let mut settings = EngineSettings::new("consumer-test");
     settings.idle_poll_max = Duration::from_millis(50);
-    Engine::new(pool.clone(), targets, Arc::new(SystemClock), settings)
+    Engine::new(
+        pool.clone(),
+        echo_targets(),
+        Arc::new(SystemClock),
+        settings,
+    )
 }
 
 /// `greet`: one echo step; the input needs a string `name`.

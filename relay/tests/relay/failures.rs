@@ -1,0 +1,113 @@
+//! Broker outages and rows the broker refuses.
+
+use super::*;
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn rows_stay_pending_while_the_broker_is_down_then_publish_in_order(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let topic = unique("events");
+        cluster.create_topic(&topic, 3, 1).unwrap();
+        let bootstrap = cluster.bootstrap_servers();
+        let jobs: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
+        insert_events(&pool, &jobs, 4, json!({})).await;
+        let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
+        let mut relay_settings = settings(&bootstrap, &topic, "lonely");
+        relay_settings.delivery_timeout = Duration::from_secs(2);
+        let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
+
+        cluster.broker_down(1).unwrap();
+        let report = relay.drain_once().await.unwrap();
+        assert_eq!(report.published, 0);
+        assert!(report.failed > 0);
+        assert_eq!(
+            count(&pool, "PENDING").await,
+            40,
+            "nothing marked while the broker is down"
+        );
+        let attempts: i32 = sqlx::query_scalar("SELECT max(attempts) FROM workflow_run_outbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(attempts, 1);
+
+        cluster.broker_up(1).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while count(&pool, "PUBLISHED").await < 40 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "rows did not publish after the broker returned"
+            );
+            clock.advance(Duration::from_secs(1));
+            relay.drain_once().await.unwrap();
+        }
+        let events = read_events(&bootstrap, &topic, 40).await;
+        for (job, sequences) in sequences_by_job(&events) {
+            let mut deduped = sequences.clone();
+            deduped.dedup();
+            assert_eq!(deduped, [1, 2, 3, 4], "job {job} in order: {sequences:?}");
+        }
+        drop(relay);
+        drop(cluster); // nextest's per-test deadline guards against a hang here
+    })
+    .await
+    .expect("timed out");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_row_the_broker_always_refuses_lands_failed_after_ten_attempts_without_blocking_others(
+    pool: PgPool,
+) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let topic = unique("events");
+        create_topic(&topic, 3).await.unwrap();
+
+        // Job `big`: its COMPLETED (sequence 2) is too large; a later event must wait for it.
+        let big = Uuid::new_v4();
+        insert_events(&pool, &[big], 2, json!({"blob": "x".repeat(5_000)})).await;
+        let mut conn = pool.acquire().await.unwrap();
+        let stamp = EventStamp { job_id: big, event_sequence: 3, workflow_name: "relayed".into(), attempt: 2, traceparent: None };
+        outbox::insert(&mut conn, &stamp, EventKind::Failed { error: "later".into(), verdict: None }, Utc::now()).await.unwrap();
+        let others: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
+        insert_events(&pool, &others, 2, json!({})).await;
+        let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
+        let mut relay_settings = settings(&bootstrap_servers(), &topic, "strict");
+        relay_settings.max_message_bytes = 2_000;
+        let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
+
+        for attempt in 1..=10 {
+            relay.drain_once().await.unwrap();
+            let (status, attempts): (String, i32) =
+                sqlx::query_as("SELECT status, attempts FROM workflow_run_outbox WHERE job_id = $1 AND sequence = 2")
+                    .bind(big)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(attempts, attempt);
+            assert_eq!(status, if attempt < 10 { "PENDING" } else { "FAILED" });
+            let later: String = sqlx::query_scalar("SELECT status FROM workflow_run_outbox WHERE job_id = $1 AND sequence = 3")
+                .bind(big)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            if attempt < 10 {
+                assert_eq!(later, "PENDING", "a later event never overtakes one being retried");
+            }
+            clock.advance(Duration::from_secs(3600));
+        }
+        assert_eq!(count(&pool, "FAILED").await, 1);
+        let error: String = sqlx::query_scalar("SELECT last_error FROM workflow_run_outbox WHERE status = 'FAILED'").fetch_one(&pool).await.unwrap();
+        assert!(error.contains("too large"), "{error}");
+        // Other jobs were never held up, and once the big one is dead-lettered its later event goes.
+        relay.drain_once().await.unwrap();
+        assert_eq!(count(&pool, "PUBLISHED").await, 12);
+        let events = read_events(&bootstrap_servers(), &topic, 12).await;
+        assert_eq!(sequences_by_job(&events)[&big], [1, 3], "the gap at 2 is visible through sequence");
+
+        let mut conn = pool.acquire().await.unwrap();
+        assert_eq!(outbox::relay::replay_failed(&mut conn, Some(big), Utc::now()).await.unwrap(), 1);
+        assert_eq!(count(&pool, "PENDING").await, 1, "an operator puts it back");
+    })
+    .await
+    .expect("timed out");
+}

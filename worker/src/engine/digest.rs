@@ -1,0 +1,83 @@
+//! What identifies a submission's content, so a repeated `job_id` can be
+//! told apart as an idempotent repeat or a conflict.
+
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+use super::submit::{Submission, WorkflowRef};
+
+/// What identifies a submission's content: the workflow reference (a stored
+/// name, not its version, so a repeat after a new version is still the same
+/// request) and the input, hashed over canonical JSON.
+pub(super) fn request_digest(submission: &Submission) -> String {
+    let workflow = match &submission.workflow {
+        WorkflowRef::Stored(name) => serde_json::json!({ "stored": name }),
+        WorkflowRef::Inline(document) => serde_json::json!({ "inline": document }),
+    };
+    let mut canonical = String::new();
+    write_canonical(
+        &serde_json::json!({ "workflow": workflow, "input": submission.input }),
+        &mut canonical,
+    );
+    let digest = Sha256::digest(canonical.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// JSON with object keys sorted at every level, whatever map order serde_json uses.
+fn write_canonical(value: &Json, out: &mut String) {
+    match value {
+        Json::Object(fields) => {
+            let mut keys: Vec<&String> = fields.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Json::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(&fields[key], out);
+            }
+            out.push('}');
+        }
+        Json::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+
+    #[test]
+    fn digest_ignores_key_order_but_not_content() {
+        let submission = |input: Json| Submission {
+            job_id: Uuid::nil(),
+            workflow: WorkflowRef::Stored("w".into()),
+            input,
+            traceparent: None,
+        };
+        let a = request_digest(&submission(
+            serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}}),
+        ));
+        let b = request_digest(&submission(
+            serde_json::json!({"b": {"d": 3, "c": 2}, "a": 1}),
+        ));
+        let c = request_digest(&submission(
+            serde_json::json!({"a": 1, "b": {"c": 2, "d": 4}}),
+        ));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+}

@@ -1,0 +1,134 @@
+//! Requests become rows, and a killed consumer loses and duplicates nothing.
+
+use super::*;
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_thousand_mixed_avro_and_json_requests_become_a_thousand_completed_jobs(pool: PgPool) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let producer = producer();
+        let mut ids = Vec::new();
+        for n in 0..1000 {
+            let job_id = Uuid::new_v4();
+            produce_request(
+                &producer,
+                &topics.requests,
+                job_id,
+                json!({"name": format!("n{n}")}),
+                n % 2 == 0,
+            )
+            .await;
+            ids.push(job_id);
+        }
+        let (stop, handle) = spawn(support::consumer(&engine, &topics));
+        wait_rows(&pool, 1000).await;
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        stop.cancel();
+        handle.await.unwrap();
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM workflow_run WHERE status = 'QUEUED'"
+            )
+            .await,
+            1000
+        );
+        let stored: HashSet<Uuid> = sqlx::query_scalar("SELECT job_id FROM workflow_run")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(stored, ids.iter().copied().collect());
+
+        let run = CancellationToken::new();
+        let runner = tokio::spawn({
+            let (engine, run) = (engine.clone(), run.clone());
+            async move { engine.run(run, Duration::from_secs(10)).await }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while count(
+            &pool,
+            "SELECT count(*) FROM workflow_run WHERE status = 'COMPLETED'",
+        )
+        .await
+            < 1000
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "jobs did not complete"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        run.cancel();
+        runner.await.unwrap();
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_consumer_killed_between_row_commit_and_offset_commit_loses_and_duplicates_nothing(
+    pool: PgPool,
+) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let producer = producer();
+        for n in 0..30 {
+            produce_request(
+                &producer,
+                &topics.requests,
+                Uuid::new_v4(),
+                json!({"name": format!("n{n}")}),
+                n % 3 == 0,
+            )
+            .await;
+        }
+        // First life: rows committed, then the process dies before the offset commit.
+        let doomed = support::consumer(&engine, &topics);
+        let never = CancellationToken::new();
+        let mut seen = 0;
+        while seen < 30 {
+            let batch = doomed.next_batch(&never).await.unwrap();
+            seen += batch.len();
+            doomed.persist(&batch).await.unwrap();
+        }
+        doomed.close();
+        assert_eq!(count(&pool, "SELECT count(*) FROM workflow_run").await, 30);
+
+        // Second life: everything is redelivered and recognised.
+        let reborn = support::consumer(&engine, &topics);
+        let mut total = BatchReport::default();
+        let mut redelivered = 0;
+        while redelivered < 30 {
+            let batch = reborn.next_batch(&never).await.unwrap();
+            redelivered += batch.len();
+            let report = reborn.persist(&batch).await.unwrap();
+            total.existing += report.existing;
+            total.created += report.created;
+            reborn.commit(&batch);
+        }
+        assert_eq!(
+            total,
+            BatchReport {
+                existing: 30,
+                ..BatchReport::default()
+            }
+        );
+        assert_eq!(count(&pool, "SELECT count(*) FROM workflow_run").await, 30);
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM workflow_run_outbox WHERE event_type = 'ACCEPTED'"
+            )
+            .await,
+            30
+        );
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        reborn.close();
+    })
+    .await;
+}

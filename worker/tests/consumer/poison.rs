@@ -1,0 +1,151 @@
+//! What cannot become a queued row: dead letters and FAILED rows.
+
+use super::*;
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn poison_messages_are_dead_lettered_with_reasons_and_the_partitions_move_on(pool: PgPool) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let producer = producer();
+        let good = |n: usize| json!({"name": format!("good{n}")});
+        let request_avro = support::codec()
+            .encode(&topics.requests, &flotilla_contracts::WorkflowRunRequest::new(Uuid::new_v4(), "greet", good(99)).unwrap())
+            .await
+            .unwrap();
+        let poison: Vec<(&str, Vec<u8>)> = vec![
+            ("unknown_magic_byte", b"\x07 garbage bytes".to_vec()),
+            ("avro_mismatch", request_avro[..request_avro.len() - 3].to_vec()),
+            ("unknown_schema_id", framing::frame(999_999_999, b"\x02")),
+            ("json_mismatch", br#"{"job_id":"not-a-uuid","workflow_name":"greet","input":{}}"#.to_vec()),
+            ("json_mismatch", br#"{"workflow_name":"greet","input":{}}"#.to_vec()),
+            ("oversize", {
+                let mut big = br#"{"job_id":"6f1c1c9e-0d7a-4d53-9a55-1f8f6b1c2d3e","workflow_name":"greet","input":{"name":""#.to_vec();
+                big.extend(std::iter::repeat_n(b'x', support::MAX_REQUEST_BYTES + 10));
+                big.extend_from_slice(br#""}}"#);
+                big
+            }),
+            ("empty", Vec::new()),
+        ];
+        let mut good_ids = Vec::new();
+        for (n, (_, bytes)) in poison.iter().enumerate() {
+            let job_id = Uuid::new_v4();
+            produce_request(&producer, &topics.requests, job_id, good(n), n % 2 == 0).await;
+            good_ids.push(job_id);
+            let headers = support::traceparent_header("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+            produce_raw(&producer, &topics.requests, &format!("poison-{n}"), bytes, Some(headers)).await;
+        }
+        let (stop, handle) = spawn(support::consumer(&engine, &topics));
+        let letters = support::dead_letters(&topics.dead_letters, poison.len()).await;
+        wait_rows(&pool, good_ids.len() as i64).await;
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        stop.cancel();
+        handle.await.unwrap();
+
+        assert_eq!(count(&pool, "SELECT count(*) FROM workflow_run WHERE status = 'QUEUED'").await, good_ids.len() as i64);
+        let mut by_key: Vec<(String, String)> = letters
+            .iter()
+            .map(|l| (String::from_utf8(l.key.clone().unwrap()).unwrap(), l.headers[CODE].clone()))
+            .collect();
+        by_key.sort();
+        let expected: Vec<(String, String)> = poison.iter().enumerate().map(|(n, (code, _))| (format!("poison-{n}"), (*code).to_owned())).collect();
+        assert_eq!(by_key, expected);
+        for letter in &letters {
+            let n: usize = String::from_utf8(letter.key.clone().unwrap()).unwrap()["poison-".len()..].parse().unwrap();
+            assert_eq!(letter.payload, poison[n].1, "the original value is kept");
+            assert_eq!(letter.headers[SOURCE_TOPIC], topics.requests);
+            assert!(letter.headers[SOURCE_PARTITION].parse::<i32>().is_ok());
+            assert!(letter.headers[SOURCE_OFFSET].parse::<i64>().is_ok());
+            assert!(!letter.headers[REASON].is_empty());
+            assert!(letter.headers.contains_key("traceparent"), "original headers are kept");
+        }
+        let reason_of = |code: &str| letters.iter().find(|l| l.headers[CODE] == code).unwrap().headers[REASON].clone();
+        assert!(reason_of("unknown_schema_id").contains("999999999"));
+        assert!(reason_of("oversize").contains(&format!("over the limit of {} bytes", support::MAX_REQUEST_BYTES)));
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn unknown_workflows_and_bad_inputs_become_failed_rows_with_events(pool: PgPool) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let producer = producer();
+        let (unknown, bad_input, conflicting) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let ghost =
+            flotilla_contracts::WorkflowRunRequest::new(unknown, "ghost", json!({})).unwrap();
+        produce_raw(
+            &producer,
+            &topics.requests,
+            "a",
+            &flotilla_contracts::json::encode(&ghost).unwrap(),
+            None,
+        )
+        .await;
+        produce_request(
+            &producer,
+            &topics.requests,
+            bad_input,
+            json!({"name": 42}),
+            true,
+        )
+        .await;
+        produce_request(
+            &producer,
+            &topics.requests,
+            conflicting,
+            json!({"name": "first"}),
+            false,
+        )
+        .await;
+        produce_request(
+            &producer,
+            &topics.requests,
+            conflicting,
+            json!({"name": "second"}),
+            false,
+        )
+        .await;
+
+        let (stop, handle) = spawn(support::consumer(&engine, &topics));
+        let letters = support::dead_letters(&topics.dead_letters, 1).await;
+        wait_rows(&pool, 3).await;
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        stop.cancel();
+        handle.await.unwrap();
+
+        for (job_id, needle) in [
+            (unknown, "unknown workflow \"ghost\""),
+            (bad_input, "/name: 42 is not of type \"string\""),
+        ] {
+            let (status, error): (String, String) =
+                sqlx::query_as("SELECT status, error FROM workflow_run WHERE job_id = $1")
+                    .bind(job_id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(status, "FAILED");
+            assert!(error.contains(needle), "{error}");
+            let events: Vec<String> =
+                sqlx::query_scalar("SELECT event_type FROM workflow_run_outbox WHERE job_id = $1")
+                    .bind(job_id)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(events, ["FAILED"]);
+        }
+        let input: serde_json::Value =
+            sqlx::query_scalar("SELECT input FROM workflow_run WHERE job_id = $1")
+                .bind(conflicting)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(input, json!({"name": "first"}), "the original stays");
+        assert_eq!(letters[0].headers[CODE], "conflict");
+        assert!(letters[0].headers[REASON].contains(&conflicting.to_string()));
+    })
+    .await;
+}
