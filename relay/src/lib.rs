@@ -1,5 +1,5 @@
 //! `flotilla-relay`: drains the transactional outbox to the event topic
-//! (DESIGN.md guarantee 8). Rows are published oldest first, keyed by job id,
+//! (guarantee 8 in docs/architecture.md). Rows are published oldest first, keyed by job id,
 //! with the idempotent producer, and marked PUBLISHED only after the broker
 //! acknowledged them: at least once, with the same `event_id` on a repeat.
 //! Per-job order across replicas comes from bucket ownership ([`buckets`]).

@@ -1,5 +1,5 @@
 //! The relay against real Postgres and the real broker (the librdkafka mock
-//! cluster where the broker must fail): DESIGN.md guarantee 8.
+//! cluster where the broker must fail): guarantee 8 in docs/architecture.md.
 
 mod failures;
 mod order;

@@ -1,4 +1,4 @@
-//! The HTTP API on the worker (axum): the verbs of DESIGN.md under `/v1`
+//! The HTTP API on the worker (axum): the verbs of the contract (docs/architecture.md) under `/v1`
 //! behind bearer tokens, and the open operational routes. Every error is
 //! `application/problem+json`; without a database the API still answers,
 //! with 503 and the reason.

@@ -1,4 +1,4 @@
-//! The request consumer: the request topic → rows (DESIGN.md guarantee 9).
+//! The request consumer: the request topic → rows (guarantee 9 in docs/architecture.md).
 //!
 //! A batch (up to `batch_size` messages or `batch_wait`) is decoded, its
 //! requests submitted in one database transaction, its undecodable messages

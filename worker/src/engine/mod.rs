@@ -46,7 +46,7 @@ pub const DEFAULT_SWEEP_BATCH: i64 = 100;
 /// Longest an idle claim loop waits before polling again, unless configured.
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(500);
 
-/// How an engine behaves; defaults as DESIGN.md states them.
+/// How an engine behaves; defaults as listed in docs/operations.md.
 #[derive(Debug, Clone)]
 pub struct EngineSettings {
     /// Lease owner written on claimed rows; never blank.

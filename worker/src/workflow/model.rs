@@ -1,4 +1,4 @@
-//! The workflow document as users write it (DESIGN.md, "Workflow definitions").
+//! The workflow document as users write it (see "Workflow definitions" in docs/architecture.md).
 
 use serde::{Deserialize, Serialize};
 

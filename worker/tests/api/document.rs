@@ -91,7 +91,7 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
             documented.insert((method.to_uppercase(), path.clone()));
         }
     }
-    // The routes of DESIGN.md, as the router is built.
+    // The routes of the contract (docs/architecture.md), as the router is built.
     let served: std::collections::BTreeSet<(String, String)> = [
         ("POST", "/v1/jobs"),
         ("GET", "/v1/jobs"),

@@ -1,5 +1,5 @@
 //! The request consumer against the real broker, registry and Postgres
-//! (DESIGN.md guarantee 9). Every test has its own topics, group, database
+//! (guarantee 9 in docs/architecture.md). Every test has its own topics, group, database
 //! and deadline.
 
 mod flow;

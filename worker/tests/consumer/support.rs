@@ -33,7 +33,7 @@ pub(crate) struct Topics {
 
 pub(crate) async fn topics() -> Topics {
     let requests = unique("requests");
-    let dead_letters = format!("{requests}.dlq");
+    let dead_letters = flotilla_contracts::topics::dead_letter_topic(&requests);
     create_topic(&requests, PARTITIONS).await.unwrap();
     create_topic(&dead_letters, 1).await.unwrap();
     Topics {
