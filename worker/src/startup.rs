@@ -68,6 +68,8 @@ impl Application {
     /// # Errors
     /// See [`StartupError`]: each names what could not be reached or read.
     pub async fn build(config: WorkerConfig) -> Result<Self, StartupError> {
+        // Settings that are wrong on their own fail before anything is reached.
+        check_settings(&config)?;
         let mut targets = Targets::default();
         if let Some(path) = &config.engine.targets_file {
             crate::target::config::load(path, &mut targets)?;
@@ -87,11 +89,7 @@ impl Application {
         pool: PgPool,
         targets: Targets,
     ) -> Result<Self, StartupError> {
-        let worker_id = identity::resolve(config.worker_id.as_deref())?;
-        let tokens = api::Tokens::parse(config.http.api_tokens.as_ref().map(|t| t.expose_secret()));
-        if tokens.is_empty() && !config.http.insecure_no_auth {
-            return Err(StartupError::NoTokens);
-        }
+        let (worker_id, tokens) = check_settings(&config)?;
         tracing::info!(%worker_id, ?targets, "worker starting");
         let engine = Engine::new(
             pool,
@@ -195,6 +193,16 @@ impl Application {
         engine.pool().close().await;
         tracing::info!(worker_id = %engine.settings().worker_id, "worker stopped");
     }
+}
+
+/// The worker id and the API tokens, or why the settings cannot work.
+fn check_settings(config: &WorkerConfig) -> Result<(String, api::Tokens), StartupError> {
+    let worker_id = identity::resolve(config.worker_id.as_deref())?;
+    let tokens = api::Tokens::parse(config.http.api_tokens.as_ref().map(|t| t.expose_secret()));
+    if tokens.is_empty() && !config.http.insecure_no_auth {
+        return Err(StartupError::NoTokens);
+    }
+    Ok((worker_id, tokens))
 }
 
 /// Waits for `task` until `deadline`, then aborts it.

@@ -1,4 +1,4 @@
-//! The workflow document as users write it (see "Workflow definitions" in docs/architecture.md).
+//! The workflow document as users write it (its rules: docs/architecture.md).
 
 use serde::{Deserialize, Serialize};
 
