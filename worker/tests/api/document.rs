@@ -88,6 +88,14 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
                     .is_some_and(|r| !r.is_empty()),
                 "{method} {path} documents its responses"
             );
+            if path.starts_with("/v1/") {
+                for shared in ["401", "403", "503"] {
+                    assert!(
+                        operation["responses"].get(shared).is_some(),
+                        "{method} {path} documents the shared {shared}"
+                    );
+                }
+            }
             documented.insert((method.to_uppercase(), path.clone()));
         }
     }
