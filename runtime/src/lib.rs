@@ -9,5 +9,6 @@ pub mod identity;
 pub mod kafka;
 pub mod shutdown;
 pub mod telemetry;
+pub mod trace;
 
 pub use kafka::BrokerConfig;

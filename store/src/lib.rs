@@ -29,3 +29,22 @@ pub enum StoreError {
     #[error("event refused by the contract: {0}")]
     Event(#[from] flotilla_contracts::RuleViolation),
 }
+
+impl StoreError {
+    /// Whether the store refused *this data* (a value it cannot hold, a
+    /// broken constraint, an event the contract refuses) rather than failed
+    /// as a service: retrying the same data will fail the same way.
+    #[must_use]
+    pub fn is_about_the_data(&self) -> bool {
+        match self {
+            Self::Database(sqlx::Error::Database(e)) => e.code().is_some_and(|code| {
+                // 22: data exception (NUL in text or JSON, bad encoding, out
+                // of range); 54: program limit (an index entry too large);
+                // 23514: a CHECK constraint.
+                code.starts_with("22") || code.starts_with("54") || code == "23514"
+            }),
+            Self::Database(_) => false,
+            Self::Corrupt { .. } | Self::Event(_) => true,
+        }
+    }
+}

@@ -185,63 +185,103 @@ pub async fn transition(
     Ok(true)
 }
 
-/// What one sweep did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Swept {
-    /// Jobs back in the queue.
-    pub requeued: u64,
-    /// Jobs whose lapsed lease was their last attempt: DEAD, with their event.
-    pub dead: u64,
+/// What sweeping one lapsed lease did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swept {
+    /// Back in the queue.
+    Requeued,
+    /// The lapsed lease was the job's last attempt: DEAD, with its event.
+    Dead,
 }
 
-/// Requeues up to `limit` RUNNING rows whose lease passed before `now`;
-/// rows that used their last attempt go DEAD instead, with their event.
+/// Up to `limit` RUNNING jobs whose lease passed before `now`, oldest first.
 ///
 /// # Errors
-/// Database errors; an event the contract refuses.
-pub async fn sweep_expired(
-    tx: &mut PgTransaction<'_>,
+/// Database errors.
+pub async fn lapsed(
+    conn: &mut PgConnection,
     now: DateTime<Utc>,
     limit: i64,
-) -> Result<Swept, StoreError> {
-    let expired: Vec<(Uuid, i32, i32, Option<String>)> = sqlx::query_as(
-        "SELECT job_id, attempt, max_attempts, lease_owner FROM workflow_run
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT job_id FROM workflow_run
          WHERE status = 'RUNNING' AND lease_until < $1
-         ORDER BY lease_until LIMIT $2
-         FOR UPDATE SKIP LOCKED",
+         ORDER BY lease_until LIMIT $2",
     )
     .bind(now)
     .bind(limit)
-    .fetch_all(&mut **tx)
+    .fetch_all(conn)
+    .await
+}
+
+/// Settles one lapsed lease: requeues the job, or sends it DEAD (with its
+/// event) when that was its last attempt. `None` when the job is no longer
+/// lapsed or someone else holds its row lock.
+///
+/// # Errors
+/// Database errors; an event the contract refuses.
+pub async fn sweep_one(
+    tx: &mut PgTransaction<'_>,
+    job_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<Option<Swept>, StoreError> {
+    let lapsed: Option<(i32, i32, Option<String>)> = sqlx::query_as(
+        "SELECT attempt, max_attempts, lease_owner FROM workflow_run
+         WHERE job_id = $1 AND status = 'RUNNING' AND lease_until < $2
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(job_id)
+    .bind(now)
+    .fetch_optional(&mut **tx)
     .await?;
-    let mut swept = Swept::default();
-    for (job_id, attempt, max_attempts, owner) in expired {
-        let error = format!(
-            "lease expired: worker {} stopped renewing during attempt {attempt}",
-            owner.as_deref().unwrap_or("?")
-        );
-        let last_attempt = attempt >= max_attempts;
-        let set = if last_attempt {
-            "status = 'DEAD', event_sequence = event_sequence + 1"
-        } else {
-            "status = 'QUEUED', run_after = $2"
-        };
-        let stamp: EventStamp = sqlx::query_as(&format!(
-            "UPDATE workflow_run SET {set}, error = $3, lease_owner = NULL, lease_token = NULL,
-                 lease_until = NULL, updated_at = $2
-             WHERE job_id = $1 RETURNING {STAMP}"
-        ))
-        .bind(job_id)
-        .bind(now)
-        .bind(&error)
-        .fetch_one(&mut **tx)
-        .await?;
-        if last_attempt {
-            outbox::insert(tx, &stamp, EventKind::Dead { error }, now).await?;
-            swept.dead += 1;
-        } else {
-            swept.requeued += 1;
-        }
+    let Some((attempt, max_attempts, owner)) = lapsed else {
+        return Ok(None);
+    };
+    let error = format!(
+        "lease expired: worker {} stopped renewing during attempt {attempt}",
+        owner.as_deref().unwrap_or("?")
+    );
+    let last_attempt = attempt >= max_attempts;
+    let set = if last_attempt {
+        "status = 'DEAD', event_sequence = event_sequence + 1"
+    } else {
+        "status = 'QUEUED', run_after = $2"
+    };
+    let stamp: EventStamp = sqlx::query_as(&format!(
+        "UPDATE workflow_run SET {set}, error = $3, lease_owner = NULL, lease_token = NULL,
+             lease_until = NULL, updated_at = $2
+         WHERE job_id = $1 RETURNING {STAMP}"
+    ))
+    .bind(job_id)
+    .bind(now)
+    .bind(&error)
+    .fetch_one(&mut **tx)
+    .await?;
+    if last_attempt {
+        outbox::insert(tx, &stamp, EventKind::Dead { error }, now).await?;
+        Ok(Some(Swept::Dead))
+    } else {
+        Ok(Some(Swept::Requeued))
     }
-    Ok(swept)
+}
+
+/// Moves a lapsed lease that could not be swept to `until`, behind the
+/// others, so one row the sweeper cannot settle never holds the rest back.
+///
+/// # Errors
+/// Database errors.
+pub async fn defer_sweep(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    until: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workflow_run SET lease_until = $2
+         WHERE job_id = $1 AND status = 'RUNNING' AND lease_until < $2",
+    )
+    .bind(job_id)
+    .bind(until)
+    .execute(conn)
+    .await?;
+    Ok(())
 }

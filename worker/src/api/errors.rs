@@ -33,6 +33,10 @@ impl From<SubmitError> for Problem {
                 let extra = json!({ "violations": violations });
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()).with(extra)
             }
+            SubmitError::Unstorable(ref unstorable) => {
+                let extra = json!({ "field": unstorable.field });
+                Self::bad_request(e.to_string()).with(extra)
+            }
             SubmitError::Store(e) => e.into(),
         }
     }
@@ -42,6 +46,10 @@ impl From<CompleteError> for Problem {
     fn from(e: CompleteError) -> Self {
         match e {
             CompleteError::NotFound(_) => Self::not_found(e.to_string()),
+            CompleteError::Unstorable(ref unstorable) => {
+                let extra = json!({ "field": unstorable.field });
+                Self::bad_request(e.to_string()).with(extra)
+            }
             CompleteError::Store(e) => e.into(),
         }
     }

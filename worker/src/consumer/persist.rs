@@ -83,6 +83,17 @@ impl RequestConsumer {
                         },
                     ));
                 }
+                Err(SubmitError::Unstorable(unstorable)) => {
+                    tracing::warn!(partition = message.partition(), offset = message.offset(),
+                        reason = %unstorable, "request cannot be stored; dead-lettered");
+                    letters.push((
+                        message,
+                        DeadLetter {
+                            code: "unstorable",
+                            reason: format!("the request cannot be stored: {unstorable}"),
+                        },
+                    ));
+                }
                 Err(other) => {
                     letters.push((
                         message,

@@ -14,7 +14,7 @@ use flotilla_store::runs::{Checkpoint, RunRow};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::Engine;
+use super::{Engine, sanitize};
 
 /// The lease is gone: the sweeper requeued the job and maybe another worker claimed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -30,6 +30,10 @@ pub enum SegmentStop {
     /// lapse and the sweeper to requeue it; nothing is settled.
     #[error("store failed: {0}")]
     Store(#[from] StoreError),
+    /// The store refused a value of this job (a target's response it cannot
+    /// hold, say): the job was FAILED as a defect with this reason instead.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl From<sqlx::Error> for SegmentStop {
@@ -65,10 +69,32 @@ impl Lease {
         }
     }
 
+    /// Writes `change`; when the store refuses its values (not a failure of
+    /// the store itself), fails the job as a defect with the store's reason,
+    /// on this attempt, rather than leave it to lapse and be tried again.
     async fn write(&self, change: Transition<'_>) -> Result<(), SegmentStop> {
+        match self.try_write(&change).await {
+            Err(SegmentStop::Store(e))
+                if e.is_about_the_data() && !matches!(change, Transition::Fail { .. }) =>
+            {
+                let error =
+                    sanitize::error_text(&format!("the store refused a value of this job: {e}"));
+                tracing::error!(job_id = %self.job_id, %error, "job failed: the store refused its data");
+                self.try_write(&Transition::Fail {
+                    error: &error,
+                    verdict: None,
+                })
+                .await?;
+                Err(SegmentStop::Refused(error))
+            }
+            other => other,
+        }
+    }
+
+    async fn try_write(&self, change: &Transition<'_>) -> Result<(), SegmentStop> {
         let now = self.engine.now();
         let mut tx = self.engine.pool().begin().await?;
-        if lease::transition(&mut tx, self.job_id, self.token, now, &change).await? {
+        if lease::transition(&mut tx, self.job_id, self.token, now, change).await? {
             tx.commit().await?;
             Ok(())
         } else {
@@ -138,6 +164,7 @@ impl ClaimedRun {
                 match lease.renew().await {
                     Ok(()) => {}
                     Err(SegmentStop::LeaseLost(_)) => return signal.cancel(),
+                    Err(SegmentStop::Refused(_)) => {}
                     Err(SegmentStop::Store(e)) => {
                         tracing::warn!(job_id = %lease.job_id, error = %e, "lease renewal failed; retrying");
                     }
@@ -190,7 +217,15 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn fail(self, error: &str, verdict: Option<&str>) -> Result<(), SegmentStop> {
-        self.lease.write(Transition::Fail { error, verdict }).await
+        let error = sanitize::error_text(error);
+        let verdict = verdict.map(sanitize::error_text);
+        let verdict = verdict.as_deref();
+        self.lease
+            .write(Transition::Fail {
+                error: &error,
+                verdict,
+            })
+            .await
     }
 
     /// Attempts exhausted: DEAD with the last error verbatim.
@@ -198,7 +233,8 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn dead(self, error: &str) -> Result<(), SegmentStop> {
-        self.lease.write(Transition::Dead { error }).await
+        let error = sanitize::error_text(error);
+        self.lease.write(Transition::Dead { error: &error }).await
     }
 
     /// Back to the queue after a retryable failure, eligible again at `run_after`.
@@ -206,8 +242,12 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn requeue(self, error: &str, run_after: DateTime<Utc>) -> Result<(), SegmentStop> {
+        let error = sanitize::error_text(error);
         self.lease
-            .write(Transition::Requeue { error, run_after })
+            .write(Transition::Requeue {
+                error: &error,
+                run_after,
+            })
             .await
     }
 }

@@ -13,6 +13,7 @@ use flotilla_store::{RunStatus, StoreError};
 
 use super::Engine;
 use super::step::check_response;
+use super::storable::{self, Unstorable};
 use crate::target::StepFailure;
 use crate::workflow::expr::Scope;
 
@@ -37,6 +38,9 @@ pub enum CompleteOutcome {
 pub enum CompleteError {
     #[error("job {0} not found")]
     NotFound(Uuid),
+    /// The response holds a value the store cannot keep; nothing changed.
+    #[error("the response cannot be stored: {0}")]
+    Unstorable(#[from] Unstorable),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -92,6 +96,7 @@ impl Engine {
         step: &str,
         response: serde_json::Value,
     ) -> Result<CompleteOutcome, CompleteError> {
+        storable::check_json("response", &response)?;
         let row = {
             let mut conn = self.pool().acquire().await?;
             runs::get(&mut conn, job_id)

@@ -2,6 +2,7 @@
 //! operator verbs. [`Engine`] is a cheap handle (clone it into every task);
 //! the consumer, the API and the tests all drive jobs through it.
 
+mod batch;
 mod claimed;
 mod complete_step;
 mod definitions;
@@ -9,9 +10,12 @@ mod digest;
 mod operator;
 mod reads;
 mod runner;
+mod sanitize;
+pub use sanitize::MAX_ERROR_CHARS;
 mod segment;
 mod settle;
 mod step;
+mod storable;
 mod submit;
 
 use std::collections::HashMap;
@@ -21,6 +25,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
+pub use batch::BatchOutcome;
 pub use claimed::{ClaimedRun, LeaseLost, SegmentStop};
 pub use complete_step::{CompleteError, CompleteOutcome};
 pub use definitions::RegisterError;
@@ -28,6 +33,7 @@ pub use flotilla_store::{Clock, ManualClock, SystemClock};
 pub use operator::OperatorError;
 pub use reads::{JobPage, JobQuery, ListError};
 pub use segment::Outcome;
+pub use storable::{MAX_WORKFLOW_NAME_CHARS, Unstorable};
 pub use submit::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
 
 use crate::target::Targets;

@@ -10,13 +10,15 @@ use std::time::Duration;
 
 use flotilla_runtime::backoff::Doubling;
 use flotilla_store::StoreError;
-use flotilla_store::runs::lease;
+use flotilla_store::runs::lease::{self, Swept};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{Engine, Outcome};
 
 const IDLE_POLL_MIN: Duration = Duration::from_millis(10);
+/// How far back a lapsed lease the sweeper cannot settle is put.
+const SWEEP_DEFER: Duration = Duration::from_secs(60);
 /// Pause after a failed claim (the database is unreachable).
 const CLAIM_ERROR_PAUSE: Duration = Duration::from_secs(1);
 
@@ -83,26 +85,53 @@ impl Engine {
     }
 
     /// One sweeper pass: requeues up to `sweep_batch` RUNNING jobs whose
-    /// lease expired (DEAD, with its event, when that was the last attempt).
-    /// Returns how many jobs it touched.
+    /// lease lapsed (DEAD, with its event, when that was the last attempt),
+    /// each in a transaction of its own. A job that cannot be settled is
+    /// logged and put behind the others. Returns how many jobs it settled.
     ///
     /// # Errors
-    /// Database errors.
+    /// The database cannot be reached.
     pub async fn sweep(&self) -> Result<u64, StoreError> {
         let now = self.now();
-        let mut tx = self.pool().begin().await?;
-        let swept = lease::sweep_expired(&mut tx, now, self.settings().sweep_batch).await?;
-        tx.commit().await?;
-        if swept.requeued + swept.dead > 0 {
-            tracing::info!(
-                requeued = swept.requeued,
-                dead = swept.dead,
-                "swept expired leases"
-            );
-            for _ in 0..swept.requeued {
-                self.wake();
+        let lapsed = {
+            let mut conn = self.pool().acquire().await?;
+            lease::lapsed(&mut conn, now, self.settings().sweep_batch).await?
+        };
+        let (mut requeued, mut dead) = (0u64, 0u64);
+        for job_id in lapsed {
+            match self.sweep_one(job_id).await {
+                Ok(Some(Swept::Requeued)) => {
+                    requeued += 1;
+                    self.wake();
+                }
+                Ok(Some(Swept::Dead)) => dead += 1,
+                Ok(None) => {}
+                Err(e) if e.is_about_the_data() => {
+                    tracing::error!(%job_id, error = %e, "a lapsed lease cannot be settled; it waits behind the others");
+                    let until = now + SWEEP_DEFER;
+                    let mut conn = self.pool().acquire().await?;
+                    lease::defer_sweep(&mut conn, job_id, until).await?;
+                }
+                Err(e) => return Err(e),
             }
         }
-        Ok(swept.requeued + swept.dead)
+        if requeued + dead > 0 {
+            tracing::info!(requeued, dead, "swept expired leases");
+        }
+        Ok(requeued + dead)
+    }
+
+    async fn sweep_one(&self, job_id: uuid::Uuid) -> Result<Option<Swept>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        match lease::sweep_one(&mut tx, job_id, self.now()).await {
+            Ok(swept) => {
+                tx.commit().await?;
+                Ok(swept)
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                Err(e)
+            }
+        }
     }
 }

@@ -73,6 +73,7 @@ impl Engine {
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(SegmentStop::LeaseLost(_)) => Outcome::LeaseLost(job_id),
+            Err(SegmentStop::Refused(_)) => Outcome::Failed(job_id),
             Err(SegmentStop::Store(e)) => {
                 tracing::error!(%job_id, error = %e, "store failed mid-segment; the lease will lapse and the job be retried");
                 Outcome::StoreFailed(job_id)

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::Engine;
 use super::digest::request_digest;
+use super::storable::{self, Unstorable};
 use crate::workflow::InvalidDefinition;
 
 /// Which workflow to run.
@@ -75,6 +76,9 @@ pub enum SubmitError {
     },
     #[error("job {0} exists with different content")]
     Conflict(Uuid),
+    /// A value the store cannot hold (a NUL, an over-long name, the nil id).
+    #[error("the request cannot be stored: {0}")]
+    Unstorable(#[from] Unstorable),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -88,6 +92,37 @@ impl SubmitError {
             Self::UnknownWorkflow(_) | Self::InvalidDefinition(_) | Self::InvalidInput { .. }
         )
     }
+}
+
+impl SubmitError {
+    /// A store error about the data (the database refused this request's
+    /// content) becomes [`SubmitError::Unstorable`]; others stay as they are.
+    pub(super) fn data_to_unstorable(self) -> Self {
+        match self {
+            Self::Store(e) if e.is_about_the_data() => Self::Unstorable(Unstorable {
+                field: "request".into(),
+                reason: format!("was refused by the database: {e}"),
+            }),
+            other => other,
+        }
+    }
+}
+
+/// Checks what the store cannot hold before anything is written, and drops
+/// a malformed `traceparent` (with a warning) rather than store or forward it.
+///
+/// # Errors
+/// What the store cannot hold, naming the field.
+pub(super) fn admit(mut submission: Submission) -> Result<Submission, Unstorable> {
+    storable::check_submission(&submission)?;
+    if let Some(traceparent) = &submission.traceparent
+        && !flotilla_runtime::trace::valid_traceparent(traceparent)
+    {
+        tracing::warn!(job_id = %submission.job_id, traceparent = %traceparent.escape_debug(),
+            "malformed traceparent dropped");
+        submission.traceparent = None;
+    }
+    Ok(submission)
 }
 
 impl From<sqlx::Error> for SubmitError {
@@ -116,10 +151,12 @@ impl Engine {
         submission: Submission,
         mode: RefusalMode,
     ) -> Result<Submitted, SubmitError> {
+        let submission = admit(submission)?;
         let mut tx = self.pool().begin().await?;
         let submitted = self
-            .submit_in(&mut tx, submission, mode, self.now(), &mut HashMap::new())
-            .await;
+            .submit_in(&mut tx, &submission, mode, self.now(), &mut HashMap::new())
+            .await
+            .map_err(SubmitError::data_to_unstorable);
         // Only a submission that went through commits: an error part-way
         // must not leave a row without its event.
         match &submitted {
@@ -134,58 +171,21 @@ impl Engine {
         submitted
     }
 
-    /// Submits many jobs in one transaction: every row and its first event
-    /// commit together or not at all. Refusals are recorded as FAILED rows;
-    /// a conflict is that item's error and writes nothing for it.
-    ///
-    /// # Errors
-    /// Store errors: then nothing of the batch was written.
-    pub async fn submit_batch(
-        &self,
-        submissions: Vec<Submission>,
-    ) -> Result<Vec<Result<Submitted, SubmitError>>, StoreError> {
-        let now = self.now();
-        let mut tx = self.pool().begin().await?;
-        let mut results = Vec::with_capacity(submissions.len());
-        let mut newest = HashMap::new();
-        for submission in submissions {
-            match self
-                .submit_in(&mut tx, submission, RefusalMode::Record, now, &mut newest)
-                .await
-            {
-                Err(SubmitError::Store(e)) => {
-                    tx.rollback().await?;
-                    return Err(e);
-                }
-                result => results.push(result),
-            }
-        }
-        tx.commit().await?;
-        for result in &results {
-            if let Ok(Submitted::Created(row)) = result
-                && row.status == RunStatus::Queued
-            {
-                self.wake();
-            }
-        }
-        Ok(results)
-    }
-
     /// The submission inside the caller's transaction; the caller commits.
-    async fn submit_in(
+    pub(super) async fn submit_in(
         &self,
         tx: &mut PgTransaction<'_>,
-        submission: Submission,
+        submission: &Submission,
         mode: RefusalMode,
         now: DateTime<Utc>,
         newest: &mut NewestDefinitions,
     ) -> Result<Submitted, SubmitError> {
-        let digest = request_digest(&submission);
-        let (resolved, refusal) = match self.resolve(tx, &submission, newest).await {
+        let digest = request_digest(submission);
+        let (resolved, refusal) = match self.resolve(tx, submission, newest).await {
             Ok(resolved) => (resolved, None),
             Err(refused) if refused.is_refusal() && mode == RefusalMode::Record => {
                 let resolved = Resolved {
-                    workflow_name: refused_name(&submission),
+                    workflow_name: refused_name(submission),
                     workflow_version: None,
                     definition: Json::Null,
                     max_attempts: 1,

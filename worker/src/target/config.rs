@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::http::HttpTarget;
+use super::http::{DEFAULT_MAX_RESPONSE_BYTES, HttpTarget};
 use super::{DEFAULT_MAX_CONCURRENT, Targets};
 
 #[derive(Debug, Deserialize)]
@@ -26,6 +26,9 @@ enum TargetConfig {
         timeout_ms: Option<u64>,
         #[serde(default)]
         max_concurrent: Option<usize>,
+        /// Largest response body accepted (a defect above it).
+        #[serde(default)]
+        max_response_bytes: Option<usize>,
     },
 }
 
@@ -74,9 +77,11 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 base_url,
                 timeout_ms,
                 max_concurrent,
+                max_response_bytes,
             } => {
                 let timeout = timeout_ms.map_or(DEFAULT_HTTP_TIMEOUT, Duration::from_millis);
-                let target = HttpTarget::new(&base_url, timeout).map_err(|reason| {
+                let limit = max_response_bytes.unwrap_or(DEFAULT_MAX_RESPONSE_BYTES);
+                let target = HttpTarget::new(&base_url, timeout, limit).map_err(|reason| {
                     TargetsFileError::Target {
                         path: shown(),
                         name: name.clone(),

@@ -10,28 +10,41 @@ use reqwest::StatusCode;
 
 use super::{StepFailure, Target, TargetCall};
 
+/// The largest response body read from a target, unless configured.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 10 * 1024 * 1024;
+
 #[derive(Debug)]
 pub struct HttpTarget {
     base_url: String,
     client: reqwest::Client,
+    max_response_bytes: usize,
 }
 
 impl HttpTarget {
-    /// A target at `base_url`; `timeout` bounds each call (a backstop to the engine's timers).
+    /// A target at `base_url`; `timeout` bounds each call (a backstop to the
+    /// engine's timers); a response body above `max_response_bytes` is a
+    /// defect. Redirects are not followed: a target that redirects broke its
+    /// contract (and following one would turn a POST into a GET).
     ///
     /// # Errors
     /// The base URL is not http(s), or the client cannot be built.
-    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn new(
+        base_url: &str,
+        timeout: Duration,
+        max_response_bytes: usize,
+    ) -> Result<Self, String> {
         if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
             return Err(format!("base_url {base_url:?} is not an http(s) URL"));
         }
         let client = reqwest::Client::builder()
             .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Self {
             base_url: base_url.trim_end_matches('/').to_owned(),
             client,
+            max_response_bytes,
         })
     }
 }
@@ -50,17 +63,49 @@ impl Target for HttpTarget {
         if let Some(traceparent) = &call.traceparent {
             request = request.header("traceparent", traceparent);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| StepFailure::Retryable(format!("POST {url}: {e}")))?;
+        let response = request.send().await.map_err(|e| {
+            if e.is_builder() {
+                // The request itself cannot be built (a header value, the
+                // URL): the same call would fail the same way.
+                StepFailure::Defect(format!("POST {url}: building the request: {e}"))
+            } else {
+                StepFailure::Retryable(format!("POST {url}: {e}"))
+            }
+        })?;
         let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| StepFailure::Retryable(format!("POST {url}: reading the body: {e}")))?;
+        let body = read_capped(response, self.max_response_bytes, &url).await?;
         classify(&url, status, &body)
     }
+}
+
+/// The body, refused as a defect once it passes `limit` (announced or read).
+async fn read_capped(
+    mut response: reqwest::Response,
+    limit: usize,
+    url: &str,
+) -> Result<Vec<u8>, StepFailure> {
+    let too_large = |size: String| {
+        StepFailure::Defect(format!(
+            "POST {url}: the response body is {size} bytes, over the limit of {limit}"
+        ))
+    };
+    if let Some(announced) = response.content_length()
+        && usize::try_from(announced).map_or(true, |n| n > limit)
+    {
+        return Err(too_large(announced.to_string()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| StepFailure::Retryable(format!("POST {url}: reading the body: {e}")))?
+    {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large(format!("more than {}", body.len() + chunk.len())));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Value, StepFailure> {

@@ -176,3 +176,38 @@ async fn submit_get_complete_retry_and_cancel_answer_with_the_contract_statuses(
         (StatusCode::OK, json!("CANCELLED"), json!("duplicate"))
     );
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_nil_job_id_and_unstorable_values_are_400_naming_the_field(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    api.call(Method::PUT, "/v1/workflows/approval", Some(approval()))
+        .await;
+    let cases = [
+        (
+            json!({"workflow_name": "approval", "input": {"amount": 1}, "job_id": Uuid::nil()}),
+            "job_id",
+        ),
+        (
+            json!({"workflow_name": "approval", "input": {"amount": 1, "memo": "a\u{0}b"}}),
+            "input.memo",
+        ),
+        (
+            json!({"workflow_name": "appr\u{0}oval", "input": {"amount": 1}}),
+            "workflow_name",
+        ),
+    ];
+    for (body, field) in cases {
+        let (status, problem) = api.call(Method::POST, "/v1/jobs", Some(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+        assert_eq!(problem["field"], field, "{problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(field),
+            "{problem}"
+        );
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "nothing was written");
+}

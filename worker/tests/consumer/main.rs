@@ -4,6 +4,7 @@
 
 mod flow;
 mod group;
+mod hostile;
 mod poison;
 
 mod support;

@@ -107,6 +107,27 @@ pub(crate) async fn produce_raw(
     (delivery.partition, delivery.offset)
 }
 
+/// Produces raw bytes to one partition, keyed by nothing.
+pub(crate) async fn produce_to(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: i32,
+    payload: &[u8],
+    headers: Option<OwnedHeaders>,
+) {
+    let mut record = FutureRecord::<(), [u8]>::to(topic)
+        .partition(partition)
+        .payload(payload);
+    if let Some(headers) = headers {
+        record = record.headers(headers);
+    }
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+}
+
 /// Produces a request for `greet`, Avro through the registry or JSON.
 pub(crate) async fn produce_request(
     producer: &FutureProducer,

@@ -153,7 +153,12 @@ async fn status_server() -> String {
 
 async fn http_engine(pool: &PgPool) -> Engine {
     let mut targets = Targets::default();
-    let target = HttpTarget::new(&status_server().await, Duration::from_secs(5)).unwrap();
+    let target = HttpTarget::new(
+        &status_server().await,
+        Duration::from_secs(5),
+        flotilla_worker::target::http::DEFAULT_MAX_RESPONSE_BYTES,
+    )
+    .unwrap();
     targets.register("http", Arc::new(target), 8);
     engine(pool, targets, manual_clock(), "w")
 }

@@ -3,6 +3,8 @@
 
 mod claims;
 mod failures;
+mod hostile;
 mod parking;
+mod responses;
 mod submission;
 mod support;

@@ -1,0 +1,64 @@
+//! W3C trace context (`traceparent`) as it arrives from outside: checked
+//! before it is stored or forwarded, so a malformed one goes no further.
+
+/// Whether `value` is a well-formed W3C `traceparent`:
+/// `version-trace_id-parent_id-flags` in lowercase hex, the version not
+/// `ff`, neither id all zeros. Version `00` has exactly four fields; a later
+/// version may append more after a `-`.
+#[must_use]
+pub fn valid_traceparent(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    if bytes.len() < 55 || (bytes.len() > 55 && bytes[55] != b'-') {
+        return false;
+    }
+    let mut fields = value[..55].split('-');
+    let (Some(version), Some(trace_id), Some(parent_id), Some(flags), None) = (
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+    ) else {
+        return false;
+    };
+    let hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let all_zero = |s: &str| s.bytes().all(|b| b == b'0');
+    hex(version, 2)
+        && version != "ff"
+        && (version != "00" || bytes.len() == 55)
+        && hex(trace_id, 32)
+        && !all_zero(trace_id)
+        && hex(parent_id, 16)
+        && !all_zero(parent_id)
+        && hex(flags, 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn well_formed_traceparents_pass_and_malformed_ones_do_not() {
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(valid_traceparent(good));
+        assert!(valid_traceparent(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"
+        ));
+        for bad in [
+            "",
+            "garbage",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\u{0}",
+        ] {
+            assert!(!valid_traceparent(bad), "{bad:?}");
+        }
+    }
+}

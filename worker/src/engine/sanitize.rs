@@ -1,0 +1,69 @@
+//! Error texts that come from outside (a target's body, a URL, a library's
+//! message) are made safe before they are stored and published: no NUL (the
+//! store refuses it), no credentials from URLs, and a bounded length.
+
+/// The longest error text stored, in characters.
+pub const MAX_ERROR_CHARS: usize = 4096;
+
+/// `text` with NULs replaced, URL credentials redacted, and cut to
+/// [`MAX_ERROR_CHARS`] characters with a note of what was cut.
+#[must_use]
+pub(crate) fn error_text(text: &str) -> String {
+    let redacted = redact_url_credentials(&text.replace('\0', "\u{FFFD}"));
+    let chars = redacted.chars().count();
+    if chars <= MAX_ERROR_CHARS {
+        return redacted;
+    }
+    let kept: String = redacted.chars().take(MAX_ERROR_CHARS).collect();
+    format!("{kept}… ({} more characters cut)", chars - MAX_ERROR_CHARS)
+}
+
+/// `scheme://user:password@host` → `scheme://***@host`, wherever it appears.
+fn redact_url_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (before, after) = rest.split_at(at + 3);
+        out.push_str(before);
+        let authority_end = after
+            .find(|c: char| {
+                matches!(c, '/' | '?' | '#') || c.is_whitespace() || c == '"' || c == '\''
+            })
+            .unwrap_or(after.len());
+        let authority = &after[..authority_end];
+        match authority.rfind('@') {
+            Some(user_end) => {
+                out.push_str("***");
+                out.push_str(&authority[user_end..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &after[authority_end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_in_urls_are_redacted_and_nuls_replaced() {
+        assert_eq!(
+            error_text("POST https://bob:s3cret@api.example/v1/x: 500 \0 from http://plain/y"),
+            "POST https://***@api.example/v1/x: 500 \u{FFFD} from http://plain/y"
+        );
+        assert_eq!(
+            error_text("see postgres://u:p@db:5432"),
+            "see postgres://***@db:5432"
+        );
+    }
+
+    #[test]
+    fn long_texts_are_cut_with_a_note() {
+        let cut = error_text(&"é".repeat(MAX_ERROR_CHARS + 10));
+        assert!(cut.ends_with("… (10 more characters cut)"), "{cut}");
+        assert_eq!(cut.chars().filter(|c| *c == 'é').count(), MAX_ERROR_CHARS);
+    }
+}

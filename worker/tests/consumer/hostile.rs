@@ -1,0 +1,97 @@
+//! Requests that decode but that the store cannot hold: each is dead-lettered
+//! on its own and every other request of its partition becomes a row.
+
+use super::*;
+
+/// JSON request text with `name` spliced in raw (so it may carry escapes).
+fn raw_request(job_id: Uuid, workflow_name: &str, input: &str) -> Vec<u8> {
+    format!(r#"{{"job_id": "{job_id}", "workflow_name": {workflow_name}, "input": {input}}}"#)
+        .into_bytes()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_nul_request_between_good_ones_on_every_partition_is_dead_lettered_and_the_rest_become_rows(
+    pool: PgPool,
+) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let (stop_a, first) = spawn(support::consumer(&engine, &topics));
+        let (stop_b, second) = spawn(support::consumer(&engine, &topics));
+        let producer = producer();
+        let mut good = Vec::new();
+        for partition in 0..support::PARTITIONS {
+            let bad = [
+                raw_request(Uuid::new_v4(), r#""greet""#, r#"{"name": "a\u0000b"}"#),
+                raw_request(Uuid::new_v4(), r#""gr\u0000eet""#, r#"{"name": "x"}"#),
+                raw_request(
+                    Uuid::new_v4(),
+                    &format!("\"{}\"", "w".repeat(3000)),
+                    r#"{"name": "x"}"#,
+                ),
+                raw_request(Uuid::nil(), r#""greet""#, r#"{"name": "x"}"#),
+            ];
+            for payload in bad {
+                let job_id = Uuid::new_v4();
+                good.push(job_id);
+                let ok = raw_request(job_id, r#""greet""#, r#"{"name": "fine"}"#);
+                support::produce_to(&producer, &topics.requests, partition, &ok, None).await;
+                support::produce_to(&producer, &topics.requests, partition, &payload, None).await;
+            }
+            // A traceparent with a NUL is dropped; its request is still a row.
+            let job_id = Uuid::new_v4();
+            good.push(job_id);
+            let traced = raw_request(job_id, r#""greet""#, r#"{"name": "traced"}"#);
+            let header = support::traceparent_header("00-\u{0}-bad");
+            support::produce_to(
+                &producer,
+                &topics.requests,
+                partition,
+                &traced,
+                Some(header),
+            )
+            .await;
+        }
+        let expected_rows = i64::try_from(good.len()).unwrap();
+        wait_rows(&pool, expected_rows).await;
+        let letters = support::dead_letters(&topics.dead_letters, 12).await;
+        let codes: Vec<&str> = letters.iter().map(|l| l.headers[CODE].as_str()).collect();
+        assert_eq!(
+            codes.iter().filter(|c| **c == "unstorable").count(),
+            9,
+            "{codes:?}"
+        );
+        assert_eq!(
+            codes.iter().filter(|c| **c == "rule_broken").count(),
+            3,
+            "{codes:?}"
+        );
+        assert!(
+            letters
+                .iter()
+                .filter(|l| l.headers[CODE] == "unstorable")
+                .all(|l| l.headers[REASON].contains("NUL")
+                    || l.headers[REASON].contains("over the limit"))
+        );
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        assert_eq!(
+            count(&pool, "SELECT count(*) FROM workflow_run").await,
+            expected_rows
+        );
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM workflow_run WHERE traceparent IS NOT NULL"
+            )
+            .await,
+            0,
+            "no malformed traceparent was stored"
+        );
+        stop_a.cancel();
+        stop_b.cancel();
+        first.await.unwrap();
+        second.await.unwrap();
+    })
+    .await;
+}

@@ -1,0 +1,214 @@
+//! Hostile values one layer below the wire: what the store refuses stays
+//! with its own submission or row and stops nothing else.
+
+use std::time::Duration;
+
+use flotilla_store::{Clock as _, RunStatus};
+use flotilla_worker::engine::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::{self, Calls, echo_targets, engine, manual_clock, row};
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+fn stored(job_id: Uuid, name: &str, input: serde_json::Value) -> Submission {
+    Submission {
+        job_id,
+        workflow: WorkflowRef::Stored(name.into()),
+        input,
+        traceparent: None,
+    }
+}
+
+async fn rows(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM workflow_run")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn unstorable_submissions_are_refused_naming_the_field_before_anything_is_written(
+    pool: PgPool,
+) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("safe", "echo"))
+        .await
+        .unwrap();
+    let cases = [
+        (stored(Uuid::nil(), "safe", json!({"n": 1})), "job_id"),
+        (
+            stored(Uuid::new_v4(), "safe", json!({"n": 1, "note": "a\u{0}b"})),
+            "input.note",
+        ),
+        (
+            stored(Uuid::new_v4(), "sa\u{0}fe", json!({"n": 1})),
+            "workflow_name",
+        ),
+        (
+            stored(Uuid::new_v4(), &"w".repeat(5000), json!({"n": 1})),
+            "workflow_name",
+        ),
+    ];
+    for (submission, field) in cases {
+        for mode in [RefusalMode::Refuse, RefusalMode::Record] {
+            match engine.submit(submission.clone(), mode).await {
+                Err(SubmitError::Unstorable(unstorable)) => assert_eq!(unstorable.field, field),
+                other => panic!("{field}: expected Unstorable, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(rows(&pool).await, 0, "nothing was written");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_malformed_traceparent_is_dropped_and_the_job_still_runs(pool: PgPool) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("traced", "echo"))
+        .await
+        .unwrap();
+    let mut submission = stored(Uuid::new_v4(), "traced", json!({"n": 1}));
+    submission.traceparent = Some("00-not-a-trace\u{0}".into());
+    let job_id = submission.job_id;
+    engine
+        .submit(submission, RefusalMode::Refuse)
+        .await
+        .unwrap();
+    let stored = row(&pool, job_id).await;
+    assert_eq!(
+        (stored.status, stored.traceparent),
+        (RunStatus::Queued, None)
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_request_the_database_refuses_fails_alone_and_the_rest_of_its_batch_commits(
+    pool: PgPool,
+) {
+    // A constraint of this test's own database stands in for any content
+    // the store refuses that no check before writing caught.
+    sqlx::query("ALTER TABLE workflow_run ADD CONSTRAINT test_refuses_poison CHECK (input->>'poison' IS NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("batched", "echo"))
+        .await
+        .unwrap();
+    let good = |n| stored(Uuid::new_v4(), "batched", json!({"n": n}));
+    let poison = stored(Uuid::new_v4(), "batched", json!({"n": 2, "poison": "yes"}));
+    let results = engine
+        .submit_batch(vec![
+            good(1),
+            poison,
+            good(3),
+            stored(Uuid::nil(), "batched", json!({})),
+        ])
+        .await
+        .expect("a data error is not an outage");
+    assert!(matches!(results[0], Ok(Submitted::Created(_))));
+    match &results[1] {
+        Err(SubmitError::Unstorable(unstorable)) => assert!(
+            unstorable.reason.contains("test_refuses_poison"),
+            "the reason names the database's refusal: {unstorable}"
+        ),
+        other => panic!("expected Unstorable, got {other:?}"),
+    }
+    assert!(matches!(results[2], Ok(Submitted::Created(_))));
+    assert!(matches!(&results[3], Err(SubmitError::Unstorable(u)) if u.field == "job_id"));
+    assert_eq!(rows(&pool).await, 2);
+    let accepted: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM workflow_run_outbox WHERE event_type = 'ACCEPTED'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        accepted, 2,
+        "each row with its event, nothing for the refused ones"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_schema_refuses_the_nil_job_id(pool: PgPool) {
+    let refused = sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest, status, max_attempts)
+         VALUES ('00000000-0000-0000-0000-000000000000', 'w', '{}', '{}', 'd', 'QUEUED', 3)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("workflow_run_job_id_not_nil"),
+        "{refused}"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_sweep_next_to_a_row_that_cannot_be_settled_still_requeues_the_others(pool: PgPool) {
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    engine
+        .register_workflow(&support::three_steps("swept", "echo"))
+        .await
+        .unwrap();
+    let healthy = support::submit(&engine, "swept", json!({"n": 1})).await;
+    // A row written by another version: its blank name makes its DEAD event
+    // break the contract, so its last-attempt lapse can never be settled.
+    let broken = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest, status,
+             attempt, max_attempts, lease_owner, lease_token, lease_until, created_at)
+         VALUES ($1, ' ', '{}', '{}', 'd', 'RUNNING', 1, 1, 'gone', gen_random_uuid(), $2, $2)",
+    )
+    .bind(broken)
+    .bind(clock.now() - chrono::TimeDelta::hours(1))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let claimed = engine
+        .claim()
+        .await
+        .unwrap()
+        .expect("the healthy job is claimable");
+    assert_eq!(claimed.job_id(), healthy);
+    drop(claimed); // its worker dies: the lease lapses
+    clock.advance(Duration::from_secs(120));
+
+    assert_eq!(engine.sweep().await.unwrap(), 1, "the healthy job is swept");
+    assert_eq!(row(&pool, healthy).await.status, RunStatus::Queued);
+    let stuck = row(&pool, broken).await;
+    assert_eq!(
+        stuck.status,
+        RunStatus::Running,
+        "nothing half-written for the broken row"
+    );
+    assert!(
+        stuck.lease_until.unwrap() > clock.now(),
+        "the broken row waits behind the others"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_external_response_the_store_cannot_hold_is_refused_before_the_job_is_touched(
+    pool: PgPool,
+) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    let refused = engine
+        .complete_step(
+            Uuid::new_v4(),
+            "approve",
+            json!({"ok": true, "note": "\u{0}"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, flotilla_worker::engine::CompleteError::Unstorable(u) if u.field == "response.note"),
+        "{refused:?}"
+    );
+}
