@@ -14,6 +14,7 @@ use flotilla_contracts::{DecodeError, RuleViolation, json};
 use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
 use schema_registry_converter::async_impl::schema_registry::SrSettings;
 use schema_registry_converter::avro_common::get_supplied_schema;
+use schema_registry_converter::error::SRCError;
 use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
 
 /// How long one registry request may take before it counts as unavailable.
@@ -199,8 +200,41 @@ impl Registry {
     {
         match self.decoder.get_schema(schema_id).await {
             Ok(schema) => Ok(schema),
-            Err(e) if e.retriable => Err(CodecError::RegistryUnavailable(e.to_string())),
-            Err(_) => Err(DecodeError::UnknownSchemaId(schema_id).into()),
+            Err(e) => {
+                // Only successes are cached: the decoder keeps errors it
+                // thinks final, and a registry that answered 500 once would
+                // refuse this id for the life of the process.
+                self.decoder.remove_errors_from_cache();
+                if is_definitely_not_found(&e) {
+                    Err(DecodeError::UnknownSchemaId(schema_id).into())
+                } else {
+                    Err(CodecError::RegistryUnavailable(format!(
+                        "resolving schema id {schema_id} at {}: {}",
+                        self.url,
+                        describe(&e)
+                    )))
+                }
+            }
         }
+    }
+}
+
+/// Only a registry's definite answer that the id does not exist (HTTP 404
+/// with its error code 40403) condemns a message; a 5xx, a 429, a timeout,
+/// an auth failure, a 404 from something that is not a registry, an answer
+/// that does not parse: all are the world's fault, and the message waits.
+fn is_definitely_not_found(error: &SRCError) -> bool {
+    error.error.contains("status 404")
+        && error
+            .cause
+            .as_deref()
+            .is_some_and(|cause| cause.starts_with("error_code: 40403"))
+}
+
+/// The registry's error in one line: what failed and why.
+fn describe(error: &SRCError) -> String {
+    match &error.cause {
+        Some(cause) => format!("{} ({cause})", error.error),
+        None => error.error.clone(),
     }
 }

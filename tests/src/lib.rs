@@ -6,6 +6,7 @@
 
 pub mod process;
 pub mod proxy;
+pub mod registry_stub;
 pub mod scratch;
 
 use std::time::Duration;

@@ -95,3 +95,54 @@ async fn a_nul_request_between_good_ones_on_every_partition_is_dead_lettered_and
     })
     .await;
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_registry_answering_500_then_200_pauses_and_both_requests_become_rows(pool: PgPool) {
+    use flotilla_contracts::{Message as _, WorkflowRunRequest};
+    use flotilla_tests::registry_stub::{RegistryStub, schema_answer};
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let stub = RegistryStub::start(vec![
+            (
+                500,
+                r#"{"error_code": 50001, "message": "boom"}"#.to_owned(),
+            ),
+            schema_answer(WorkflowRunRequest::schema_text()),
+        ])
+        .await;
+        let codec = std::sync::Arc::new(flotilla_codec::Codec::with_registry(&stub.url()).unwrap());
+        let (stop, handle) = spawn(support::consumer_with_codec(&engine, &topics, codec));
+        let producer = producer();
+        for name in ["first", "second"] {
+            produce_request(
+                &producer,
+                &topics.requests,
+                Uuid::new_v4(),
+                json!({"name": name}),
+                true,
+            )
+            .await;
+        }
+        wait_rows(&pool, 2).await;
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        assert!(
+            stub.requests() >= 2,
+            "the 500 was met and the id asked again"
+        );
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM workflow_run WHERE status = 'QUEUED'"
+            )
+            .await,
+            2
+        );
+        stop.cancel();
+        handle.await.unwrap();
+        let letters = support::dead_letter_count(&topics.dead_letters);
+        assert_eq!(letters, 0, "nothing was dead-lettered");
+    })
+    .await;
+}

@@ -71,12 +71,21 @@ pub(crate) fn codec() -> Arc<Codec> {
 }
 
 pub(crate) fn consumer(engine: &Engine, topics: &Topics) -> RequestConsumer {
+    consumer_with_codec(engine, topics, codec())
+}
+
+/// A consumer that resolves schema ids through `codec`.
+pub(crate) fn consumer_with_codec(
+    engine: &Engine,
+    topics: &Topics,
+    codec: Arc<Codec>,
+) -> RequestConsumer {
     let mut settings =
         ConsumerSettings::new(flotilla_tests::broker(), &topics.requests, &topics.group);
     settings.batch_size = 200;
     settings.max_request_bytes = MAX_REQUEST_BYTES;
     settings.outage_backoff_max = Duration::from_millis(500);
-    RequestConsumer::subscribe(engine.clone(), codec(), settings).unwrap()
+    RequestConsumer::subscribe(engine.clone(), codec, settings).unwrap()
 }
 
 pub(crate) fn producer() -> FutureProducer {
@@ -188,6 +197,19 @@ pub(crate) async fn dead_letters(topic: &str, expected: usize) -> Vec<Letter> {
     }
     flotilla_tests::close_consumer(consumer);
     letters
+}
+
+/// How many records the (one-partition) dead-letter topic holds.
+pub(crate) fn dead_letter_count(topic: &str) -> i64 {
+    let consumer: BaseConsumer =
+        flotilla_tests::manual_commit_consumer_config(&unique("dlq-count"))
+            .create()
+            .unwrap();
+    let (low, high) = consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .unwrap();
+    std::thread::spawn(move || drop(consumer));
+    high - low
 }
 
 /// The group's committed offset and the high watermark, per partition.

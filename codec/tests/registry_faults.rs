@@ -1,0 +1,63 @@
+//! A registry that misbehaves is an outage, not a verdict on the message:
+//! only a definite "schema not found" (404 with error code 40403) condemns
+//! the bytes, and no error is remembered.
+
+use flotilla_codec::{Codec, CodecError};
+use flotilla_contracts::{DecodeError, Message as _, WorkflowRunRequest, avro, framing};
+use flotilla_tests::registry_stub::{RegistryStub, not_found_answer, schema_answer};
+use serde_json::json;
+use uuid::Uuid;
+
+/// Avro bytes of a request, framed with schema id 7 (the stub answers any id).
+fn avro_request() -> (WorkflowRunRequest, Vec<u8>) {
+    let request = WorkflowRunRequest::new(Uuid::new_v4(), "w", json!({"n": 1})).unwrap();
+    let bytes = framing::frame(7, &avro::encode_datum(&request).unwrap());
+    (request, bytes)
+}
+
+#[tokio::test]
+async fn registry_failures_are_outages_and_are_not_remembered() {
+    let (request, bytes) = avro_request();
+    let good = schema_answer(WorkflowRunRequest::schema_text());
+    let script = vec![
+        (
+            500,
+            r#"{"error_code": 50001, "message": "boom"}"#.to_owned(),
+        ),
+        (429, "{}".to_owned()),
+        (401, r#"{"error_code": 40101, "message": "no"}"#.to_owned()),
+        (404, "<html>not a registry</html>".to_owned()),
+        (200, "not json".to_owned()),
+        good,
+    ];
+    let stub = RegistryStub::start(script).await;
+    let codec = Codec::with_registry(&stub.url()).unwrap();
+    for expected in ["500", "429", "401", "404", "decod"] {
+        match codec.decode::<WorkflowRunRequest>(&bytes).await {
+            Err(e @ CodecError::RegistryUnavailable(_)) => {
+                assert!(e.is_transient());
+                assert!(
+                    e.to_string().to_lowercase().contains(expected),
+                    "the reason names the real cause ({expected}): {e}"
+                );
+            }
+            other => panic!("{expected}: expected an outage, got {other:?}"),
+        }
+    }
+    let decoded = codec.decode::<WorkflowRunRequest>(&bytes).await.unwrap();
+    assert_eq!(
+        decoded, request,
+        "the same id resolves once the registry answers"
+    );
+}
+
+#[tokio::test]
+async fn only_a_definite_not_found_dead_letters() {
+    let (_, bytes) = avro_request();
+    let stub = RegistryStub::start(vec![not_found_answer()]).await;
+    let codec = Codec::with_registry(&stub.url()).unwrap();
+    match codec.decode::<WorkflowRunRequest>(&bytes).await {
+        Err(CodecError::Decode(DecodeError::UnknownSchemaId(7))) => {}
+        other => panic!("expected an unknown schema id, got {other:?}"),
+    }
+}
