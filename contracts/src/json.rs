@@ -41,3 +41,33 @@ pub fn decode<M: Message>(bytes: &[u8]) -> Result<M, DecodeError> {
     message.check_rules()?;
     Ok(message)
 }
+
+/// Decodes a message this program stored earlier, possibly written by a
+/// newer version of it (a rolling deploy): top-level fields the message's
+/// schema does not name are dropped, then the message is decoded and its
+/// rules checked as if it came off the wire.
+///
+/// # Errors
+/// As [`decode`]: the stored document does not fit, or breaks a rule.
+pub fn decode_stored<M: Message>(mut stored: serde_json::Value) -> Result<M, DecodeError> {
+    if let (Some(fields), Some(known)) = (stored.as_object_mut(), known_fields::<M>()) {
+        fields.retain(|name, _| known.iter().any(|k| k == name));
+    }
+    let bytes = serde_json::to_vec(&stored).map_err(|e| DecodeError::JsonMismatch {
+        schema: M::AVRO_NAME,
+        reason: e.to_string(),
+    })?;
+    decode(&bytes)
+}
+
+/// The field names of `M`'s record schema (the JSON encoding uses the same).
+fn known_fields<M: Message>() -> Option<Vec<String>> {
+    let schema: serde_json::Value = serde_json::from_str(M::schema_text()).ok()?;
+    let fields = schema.get("fields")?.as_array()?;
+    Some(
+        fields
+            .iter()
+            .filter_map(|f| f.get("name")?.as_str().map(str::to_owned))
+            .collect(),
+    )
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flotilla_codec::Codec;
+use flotilla_contracts::{WorkflowRunEvent, json};
 use flotilla_store::outbox::relay::{self as outbox, PendingEvent};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -28,6 +29,8 @@ pub struct DrainReport {
 pub struct PublishedBatch {
     acked: Vec<i64>,
     failures: Vec<(PendingEvent, String)>,
+    /// Rows whose payload does not decode: they can never be published.
+    unreadable: Vec<(PendingEvent, String)>,
 }
 
 impl PublishedBatch {
@@ -56,10 +59,15 @@ impl PublishedBatch {
             tracing::warn!(event_id = %row.event_id, job_id = %row.job_id, sequence = row.sequence, attempt = row.attempts + 1, %error, "publish failed");
             outbox::record_failure(&mut tx, row.id, error, next).await?;
         }
+        for (row, error) in &self.unreadable {
+            tracing::error!(event_id = %row.event_id, job_id = %row.job_id, sequence = row.sequence, %error,
+                "stored event does not decode; the row is FAILED");
+            outbox::fail_now(&mut tx, row.id, error).await?;
+        }
         tx.commit().await?;
         Ok(DrainReport {
             published: self.acked.len(),
-            failed: self.failures.len(),
+            failed: self.failures.len() + self.unreadable.len(),
         })
     }
 }
@@ -96,11 +104,20 @@ impl Publisher {
         let mut blocked: HashSet<Uuid> = HashSet::new();
         let mut in_flight: Vec<(PendingEvent, DeliveryFuture)> = Vec::with_capacity(rows.len());
         let mut failures = Vec::new();
+        let mut unreadable = Vec::new();
         for row in rows {
             if blocked.contains(&row.job_id) {
                 continue;
             }
-            match self.send(&row).await {
+            let event = match json::decode_stored::<WorkflowRunEvent>(row.payload.0.clone()) {
+                Ok(event) => event,
+                Err(e) => {
+                    blocked.insert(row.job_id);
+                    unreadable.push((row, format!("the stored event does not decode: {e}")));
+                    continue;
+                }
+            };
+            match self.send(&row, &event).await {
                 Ok(delivery) => in_flight.push((row, delivery)),
                 Err(error) => {
                     blocked.insert(row.job_id);
@@ -116,11 +133,18 @@ impl Publisher {
                 Err(_) => failures.push((row, "the producer dropped the delivery".into())),
             }
         }
-        PublishedBatch { acked, failures }
+        PublishedBatch {
+            acked,
+            failures,
+            unreadable,
+        }
     }
 
-    async fn send(&self, row: &PendingEvent) -> Result<DeliveryFuture, String> {
-        let event = &row.payload.0;
+    async fn send(
+        &self,
+        row: &PendingEvent,
+        event: &WorkflowRunEvent,
+    ) -> Result<DeliveryFuture, String> {
         let bytes = self
             .codec
             .encode(&self.topic, event)

@@ -2,7 +2,6 @@
 //! marking, failure backoff, retention and the operator's replay.
 
 use chrono::{DateTime, Utc};
-use flotilla_contracts::WorkflowRunEvent;
 use sqlx::PgConnection;
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -15,7 +14,9 @@ pub struct PendingEvent {
     pub job_id: Uuid,
     pub sequence: i64,
     pub event_type: String,
-    pub payload: Json<WorkflowRunEvent>,
+    /// The stored event, read raw: one row a newer or broken writer left
+    /// must not fail the whole read (see `flotilla_contracts::json::decode_stored`).
+    pub payload: Json<serde_json::Value>,
     pub traceparent: Option<String>,
     pub attempts: i32,
 }
@@ -94,6 +95,23 @@ pub async fn record_failure(
     .bind(error)
     .bind(next_attempt_at)
     .bind(MAX_PUBLISH_ATTEMPTS)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Lands row `id` FAILED at once: it can never be published as it is (its
+/// payload does not decode). An operator's replay puts it back.
+///
+/// # Errors
+/// Database errors.
+pub async fn fail_now(conn: &mut PgConnection, id: i64, error: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workflow_run_outbox SET status = 'FAILED', attempts = attempts + 1, last_error = $2
+         WHERE id = $1 AND status = 'PENDING'",
+    )
+    .bind(id)
+    .bind(error)
     .execute(conn)
     .await?;
     Ok(())
