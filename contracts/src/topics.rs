@@ -1,5 +1,6 @@
-//! The default names of the topics and the consumer group (each spelled
-//! once, here); every one is configurable in the binaries.
+//! The default names of the topics and the consumer group, and the default
+//! size limit of a record (each spelled once, here); every one is
+//! configurable in the binaries.
 
 /// Where clients produce `WorkflowRunRequest`s.
 pub const REQUEST_TOPIC: &str = "workflow-run-requests";
@@ -13,3 +14,8 @@ pub const CONSUMER_GROUP: &str = "flotilla-worker";
 pub fn dead_letter_topic(request_topic: &str) -> String {
     format!("{request_topic}.dlq")
 }
+
+/// The largest record the relay sends by default (Kafka's own default
+/// `message.max.bytes` is about the same); workers refuse results whose
+/// event would not fit.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;

@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
+use clap::builder::{RangedI64ValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, Subcommand};
 use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::settings::{DAY, HOUR, MILLISECOND, SECOND, YEAR, duration_between};
 use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
 
@@ -20,7 +22,7 @@ pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// How long the producer tries to deliver one record, unless configured.
 pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest record the producer sends, unless configured.
-pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1_000_000;
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = topics::DEFAULT_MAX_MESSAGE_BYTES;
 /// How long PUBLISHED rows are kept, unless configured.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Rows one retention statement deletes.
@@ -71,34 +73,34 @@ pub struct RelayArgs {
     #[arg(long, env = "FLOTILLA_EVENT_TOPIC", default_value = topics::EVENT_TOPIC)]
     pub event_topic: String,
     /// Partitions of the event topic when the relay creates it.
-    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = DEFAULT_TOPIC_PARTITIONS)]
+    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = DEFAULT_TOPIC_PARTITIONS, value_parser = RangedI64ValueParser::<i32>::new().range(1..=10_000))]
     pub topic_partitions: i32,
     /// This relay's name in the bucket leases; defaults to host name and process id.
     #[arg(long, env = "FLOTILLA_RELAY_ID")]
     pub relay_id: Option<String>,
     /// Rows published per round.
-    #[arg(long, env = "FLOTILLA_RELAY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE)]
+    #[arg(long, env = "FLOTILLA_RELAY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE, value_parser = RangedI64ValueParser::<i64>::new().range(1..=100_000))]
     pub batch_size: i64,
     /// Longest an idle relay waits before looking again.
-    #[arg(long, env = "FLOTILLA_RELAY_IDLE_POLL_MAX", default_value_t = DEFAULT_IDLE_POLL_MAX.into())]
+    #[arg(long, env = "FLOTILLA_RELAY_IDLE_POLL_MAX", default_value_t = DEFAULT_IDLE_POLL_MAX.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub idle_poll_max: humantime::Duration,
     /// How long a bucket lease lasts without renewal.
-    #[arg(long, env = "FLOTILLA_RELAY_LEASE", default_value_t = DEFAULT_LEASE.into())]
+    #[arg(long, env = "FLOTILLA_RELAY_LEASE", default_value_t = DEFAULT_LEASE.into(), value_parser = duration_between(SECOND, HOUR))]
     pub lease: humantime::Duration,
     /// Base of the backoff after a failed publish (`base × 2^(attempts−1)`).
-    #[arg(long, env = "FLOTILLA_RELAY_BACKOFF_BASE", default_value_t = DEFAULT_BACKOFF_BASE.into())]
+    #[arg(long, env = "FLOTILLA_RELAY_BACKOFF_BASE", default_value_t = DEFAULT_BACKOFF_BASE.into(), value_parser = duration_between(MILLISECOND, DAY))]
     pub backoff_base: humantime::Duration,
     /// How long the producer tries to deliver one record.
-    #[arg(long, env = "FLOTILLA_RELAY_DELIVERY_TIMEOUT", default_value_t = DEFAULT_DELIVERY_TIMEOUT.into())]
+    #[arg(long, env = "FLOTILLA_RELAY_DELIVERY_TIMEOUT", default_value_t = DEFAULT_DELIVERY_TIMEOUT.into(), value_parser = duration_between(SECOND, DAY))]
     pub delivery_timeout: humantime::Duration,
     /// Largest record the producer sends; bigger rows fail (and land FAILED).
-    #[arg(long, env = "FLOTILLA_RELAY_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
+    #[arg(long, env = "FLOTILLA_RELAY_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000))]
     pub max_message_bytes: usize,
     /// How long PUBLISHED rows are kept.
-    #[arg(long, env = "FLOTILLA_OUTBOX_RETENTION", default_value_t = DEFAULT_RETENTION.into())]
+    #[arg(long, env = "FLOTILLA_OUTBOX_RETENTION", default_value_t = DEFAULT_RETENTION.into(), value_parser = duration_between(SECOND, YEAR * 10))]
     pub retention: humantime::Duration,
     /// How long in-flight deliveries may take after SIGTERM.
-    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value_t = DEFAULT_SHUTDOWN_GRACE.into())]
+    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value_t = DEFAULT_SHUTDOWN_GRACE.into(), value_parser = duration_between(Duration::ZERO, HOUR))]
     pub shutdown_grace: humantime::Duration,
 }
 

@@ -9,6 +9,7 @@ pub mod config;
 pub mod publisher;
 pub mod startup;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use flotilla_codec::CodecError;
 use flotilla_runtime::backoff::Doubling;
 use flotilla_store::Clock;
 use flotilla_store::outbox::relay as outbox;
+use futures_util::FutureExt as _;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 use sqlx::PgPool;
@@ -132,7 +134,14 @@ impl Relay {
         while !shutdown.is_cancelled() {
             let round =
                 tokio::time::timeout(grace.max(self.settings.delivery_timeout), self.drain_once());
-            let pause = match round.await {
+            // One round that panics is logged and counted; the relay goes on.
+            let Ok(round) = AssertUnwindSafe(round).catch_unwind().await else {
+                tracing::error!("relay round panicked; its rows stay PENDING");
+                metrics::counter!("flotilla_relay_round_panics_total").increment(1);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            };
+            let pause = match round {
                 Ok(Ok(report)) if report.published + report.failed > 0 => {
                     idle.reset();
                     tracing::debug!(?report, "relay round");

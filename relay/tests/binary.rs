@@ -24,3 +24,32 @@ fn relay_exits_zero_on_sigterm() {
         running.output.join("\n")
     );
 }
+
+#[test]
+fn settings_that_make_no_sense_are_refused_at_start_up_naming_the_flag() {
+    for (variable, value, flag) in [
+        ("FLOTILLA_RELAY_BATCH_SIZE", "0", "--batch-size"),
+        ("FLOTILLA_RELAY_LEASE", "0s", "--lease"),
+        (
+            "FLOTILLA_RELAY_IDLE_POLL_MAX",
+            "999years",
+            "--idle-poll-max",
+        ),
+    ] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
+        command
+            .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+            .env(variable, value);
+        let mut running = Running::start(command);
+        let status = running.wait(Duration::from_secs(30));
+        assert!(!status.success(), "{variable}={value} was accepted");
+        assert!(
+            running
+                .output
+                .iter()
+                .any(|l| l.contains(flag) && l.contains(value)),
+            "{variable}={value}: {}",
+            running.output.join("\n")
+        );
+    }
+}

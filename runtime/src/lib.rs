@@ -7,7 +7,9 @@
 pub mod backoff;
 pub mod identity;
 pub mod kafka;
+pub mod settings;
 pub mod shutdown;
+pub mod supervise;
 pub mod telemetry;
 pub mod trace;
 

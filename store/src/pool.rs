@@ -24,11 +24,11 @@ pub struct DatabaseConfig {
     pub database_url: SecretString,
 
     /// Most connections this process keeps open.
-    #[arg(long, env = "FLOTILLA_DB_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "FLOTILLA_DB_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=10_000))]
     pub db_max_connections: u32,
 
     /// How long to wait for a connection from the pool.
-    #[arg(long, env = "FLOTILLA_DB_ACQUIRE_TIMEOUT", default_value_t = DEFAULT_ACQUIRE_TIMEOUT.into())]
+    #[arg(long, env = "FLOTILLA_DB_ACQUIRE_TIMEOUT", default_value_t = DEFAULT_ACQUIRE_TIMEOUT.into(), value_parser = parse_acquire_timeout)]
     pub db_acquire_timeout: humantime::Duration,
 }
 
@@ -50,6 +50,18 @@ impl DatabaseConfig {
 /// Never; the signature is clap's.
 pub fn parse_secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
     Ok(SecretString::from(value))
+}
+
+/// A wait for a pooled connection: more than nothing, at most an hour.
+fn parse_acquire_timeout(text: &str) -> Result<humantime::Duration, String> {
+    let parsed = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if parsed.is_zero() || parsed > Duration::from_secs(3600) {
+        return Err(format!(
+            "{} is out of range: it must be above 0s and at most 1h",
+            humantime::format_duration(parsed)
+        ));
+    }
+    Ok(parsed.into())
 }
 
 /// Opens a pool and checks that the database answers.

@@ -5,9 +5,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::{RangedI64ValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, Subcommand};
 use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::settings::{DAY, HOUR, MILLISECOND, SECOND, duration_between};
 use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
 use secrecy::SecretString;
@@ -69,7 +71,7 @@ pub struct WorkerConfig {
 
     /// How long in-flight work may take to finish after SIGTERM; the worker
     /// exits by then whatever is still running.
-    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value_t = DEFAULT_SHUTDOWN_GRACE.into())]
+    #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value_t = DEFAULT_SHUTDOWN_GRACE.into(), value_parser = duration_between(Duration::ZERO, HOUR))]
     pub shutdown_grace: humantime::Duration,
 }
 
@@ -89,23 +91,23 @@ pub struct ConsumerConfig {
     pub consume_requests: bool,
 
     /// Most requests persisted in one database transaction.
-    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_SIZE", default_value_t = consumer::DEFAULT_BATCH_SIZE)]
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_SIZE", default_value_t = consumer::DEFAULT_BATCH_SIZE, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub request_batch_size: usize,
 
     /// How long a batch waits to fill once its first request arrived.
-    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value_t = consumer::DEFAULT_BATCH_WAIT.into())]
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value_t = consumer::DEFAULT_BATCH_WAIT.into(), value_parser = duration_between(Duration::ZERO, Duration::from_secs(60)))]
     pub request_batch_wait: humantime::Duration,
 
     /// Requests larger than this many bytes are dead-lettered.
-    #[arg(long, env = "FLOTILLA_MAX_REQUEST_BYTES", default_value_t = consumer::DEFAULT_MAX_REQUEST_BYTES)]
+    #[arg(long, env = "FLOTILLA_MAX_REQUEST_BYTES", default_value_t = consumer::DEFAULT_MAX_REQUEST_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_request_bytes: usize,
 
     /// Partitions of the request and dead-letter topics when the worker creates them.
-    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = DEFAULT_TOPIC_PARTITIONS)]
+    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = DEFAULT_TOPIC_PARTITIONS, value_parser = RangedI64ValueParser::<i32>::new().range(1..=10_000))]
     pub topic_partitions: i32,
 
     /// How long to wait for the broker at start-up.
-    #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value_t = DEFAULT_CONNECT_TIMEOUT.into())]
+    #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value_t = DEFAULT_CONNECT_TIMEOUT.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub connect_timeout: humantime::Duration,
 }
 
@@ -122,23 +124,28 @@ pub struct EngineConfig {
 
     /// Claim loops in this process (jobs run at once); 0 runs none (a member
     /// that only serves the API and consumes requests).
-    #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = engine::DEFAULT_WORKER_COUNT)]
+    #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = engine::DEFAULT_WORKER_COUNT, value_parser = RangedU64ValueParser::<usize>::new().range(0..=1024))]
     pub worker_count: usize,
 
     /// Lease a claim holds without renewal; renewed every third of it.
-    #[arg(long, env = "FLOTILLA_LEASE", default_value_t = engine::DEFAULT_LEASE.into())]
+    #[arg(long, env = "FLOTILLA_LEASE", default_value_t = engine::DEFAULT_LEASE.into(), value_parser = duration_between(SECOND, DAY))]
     pub lease: humantime::Duration,
 
     /// Base of the retry backoff `base × 2^(attempt−1)`.
-    #[arg(long, env = "FLOTILLA_BACKOFF_BASE", default_value_t = engine::DEFAULT_BACKOFF_BASE.into())]
+    #[arg(long, env = "FLOTILLA_BACKOFF_BASE", default_value_t = engine::DEFAULT_BACKOFF_BASE.into(), value_parser = duration_between(MILLISECOND, DAY))]
     pub backoff_base: humantime::Duration,
 
     /// How often the sweeper requeues jobs whose lease expired.
-    #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value_t = engine::DEFAULT_SWEEP_INTERVAL.into())]
+    #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value_t = engine::DEFAULT_SWEEP_INTERVAL.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub sweep_interval: humantime::Duration,
 
+    /// Largest event the relay publishes (its `--max-message-bytes`): a
+    /// result whose COMPLETED event would be larger fails the job instead.
+    #[arg(long, env = "FLOTILLA_MAX_EVENT_BYTES", default_value_t = topics::DEFAULT_MAX_MESSAGE_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(4096..=1_000_000_000))]
+    pub max_event_bytes: usize,
+
     /// Longest an idle claim loop waits before polling the queue again.
-    #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value_t = engine::DEFAULT_IDLE_POLL_MAX.into())]
+    #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value_t = engine::DEFAULT_IDLE_POLL_MAX.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub idle_poll_max: humantime::Duration,
 }
 
@@ -158,6 +165,6 @@ pub struct HttpConfig {
     pub insecure_no_auth: bool,
 
     /// Largest request body accepted, in bytes (413 above).
-    #[arg(long, env = "FLOTILLA_MAX_BODY_BYTES", default_value_t = api::DEFAULT_BODY_LIMIT)]
+    #[arg(long, env = "FLOTILLA_MAX_BODY_BYTES", default_value_t = api::DEFAULT_BODY_LIMIT, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_body_bytes: usize,
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use flotilla_codec::{Codec, CodecError};
 use flotilla_runtime::identity::{self, BlankIdentity};
 use flotilla_runtime::kafka::{self, BrokerError};
+use flotilla_runtime::supervise::run_once_or_die;
 use rdkafka::error::KafkaError;
 use secrecy::ExposeSecret as _;
 use sqlx::PgPool;
@@ -169,10 +170,10 @@ impl Application {
         let (consumer, clients) = match consumer {
             Some(consumer) => {
                 let clients = consumer.clients();
-                (
-                    Some(tokio::spawn(consumer.run(shutdown.clone()))),
-                    Some(clients),
-                )
+                let health = engine.health().clone();
+                let run = consumer.run(shutdown.clone());
+                let supervised = run_once_or_die(health, "request consumer".into(), run);
+                (Some(tokio::spawn(supervised)), Some(clients))
             }
             None => (None, None),
         };
@@ -225,6 +226,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.backoff_base = *engine.backoff_base;
     settings.sweep_interval = *engine.sweep_interval;
     settings.idle_poll_max = *engine.idle_poll_max;
+    settings.max_event_bytes = engine.max_event_bytes;
     settings
 }
 

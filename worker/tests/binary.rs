@@ -224,3 +224,31 @@ fn worker_refuses_to_serve_the_api_without_tokens_unless_told_to() {
         running.output.join("\n")
     );
 }
+
+#[test]
+fn settings_that_would_panic_or_make_no_sense_are_refused_at_start_up_naming_the_flag() {
+    let cases = [
+        ("FLOTILLA_SWEEP_INTERVAL", "0s", "--sweep-interval"),
+        ("FLOTILLA_LEASE", "1000years", "--lease"),
+        ("FLOTILLA_LEASE", "0s", "--lease"),
+        ("FLOTILLA_IDLE_POLL_MAX", "0ms", "--idle-poll-max"),
+        ("FLOTILLA_REQUEST_BATCH_SIZE", "0", "--request-batch-size"),
+        ("FLOTILLA_WORKER_COUNT", "100000", "--worker-count"),
+        ("FLOTILLA_DB_ACQUIRE_TIMEOUT", "0s", "--db-acquire-timeout"),
+    ];
+    for (variable, value, flag) in cases {
+        let mut command = worker("postgres://postgres@127.0.0.1:1/none");
+        command.env(variable, value);
+        let mut running = Running::start(command);
+        let status = running.wait(Duration::from_secs(30));
+        assert!(!status.success(), "{variable}={value} was accepted");
+        assert!(
+            running
+                .output
+                .iter()
+                .any(|l| l.contains(flag) && l.contains(value)),
+            "{variable}={value}: {}",
+            running.output.join("\n")
+        );
+    }
+}

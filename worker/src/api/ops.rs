@@ -16,8 +16,9 @@ pub(super) async fn healthz() -> axum::Json<Value> {
     axum::Json(json!({ "status": "ok" }))
 }
 
-/// Ready when the database and (if configured) the broker answer.
-#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "`{status: ready}`"), (status = 503, description = "database or broker unavailable", body = ProblemDoc, content_type = "application/problem+json")))]
+/// Ready when the database answers, every supervised task runs, and (if
+/// configured) the broker answers.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "`{status: ready}`"), (status = 503, description = "database or broker unavailable, or a task not running", body = ProblemDoc, content_type = "application/problem+json")))]
 pub(super) async fn readyz(
     State(state): State<ApiState>,
 ) -> Result<axum::Json<serde_json::Value>, Problem> {
@@ -31,6 +32,13 @@ pub(super) async fn readyz(
                 "database did not answer within 2 s",
             ));
         }
+    }
+    let problems = state.engine.health().problems();
+    if !problems.is_empty() {
+        return Err(Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("tasks not running: {}", problems.join("; ")),
+        ));
     }
     if let Some(broker) = &state.broker {
         flotilla_runtime::kafka::check_reachable(broker, Duration::from_secs(2))

@@ -7,10 +7,14 @@
 
 use std::time::Duration;
 
+use std::panic::AssertUnwindSafe;
+
 use chrono::{DateTime, Utc};
+use flotilla_runtime::supervise::panic_message;
 use flotilla_store::StoreError;
 use flotilla_store::runs::lease::{self, Transition};
 use flotilla_store::runs::{Checkpoint, RunRow};
+use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -106,6 +110,24 @@ impl Lease {
     }
 }
 
+/// The fenced writer of a claimed run, kept aside so a segment that
+/// panicked can still settle its job.
+#[derive(Debug, Clone)]
+pub(super) struct Fence(Lease);
+
+impl Fence {
+    /// Fails the job as a defect, if this worker still holds it.
+    pub(super) async fn fail_defect(&self, error: &str) -> Result<(), SegmentStop> {
+        let error = sanitize::error_text(error);
+        self.0
+            .write(Transition::Fail {
+                error: &error,
+                verdict: None,
+            })
+            .await
+    }
+}
+
 /// Renews the lease in the background until dropped; [`Heartbeat::lost`] is
 /// cancelled when a renewal finds the lease gone.
 #[derive(Debug)]
@@ -148,6 +170,10 @@ impl ClaimedRun {
         self.row.job_id
     }
 
+    pub(super) fn fence(&self) -> Fence {
+        Fence(self.lease.clone())
+    }
+
     /// Starts renewing the lease every third of its term. A renewal that
     /// fails for another reason than a lost lease is retried at the next
     /// tick: the term leaves room for two misses.
@@ -156,20 +182,29 @@ impl ClaimedRun {
         let every = (lease.engine.settings().lease / 3).max(Duration::from_millis(10));
         let lost = CancellationToken::new();
         let signal = lost.clone();
-        let task = tokio::spawn(async move {
+        let job_id = lease.job_id;
+        let renewals = async move {
             let mut ticks = tokio::time::interval(every);
             ticks.tick().await;
             loop {
                 ticks.tick().await;
                 match lease.renew().await {
                     Ok(()) => {}
-                    Err(SegmentStop::LeaseLost(_)) => return signal.cancel(),
+                    Err(SegmentStop::LeaseLost(_)) => return,
                     Err(SegmentStop::Refused(_)) => {}
                     Err(SegmentStop::Store(e)) => {
-                        tracing::warn!(job_id = %lease.job_id, error = %e, "lease renewal failed; retrying");
+                        tracing::warn!(%job_id, error = %e, "lease renewal failed; retrying");
                     }
                 }
             }
+        };
+        let task = tokio::spawn(async move {
+            // Renewals that stop for any reason, a panic included, mean the
+            // lease can no longer be counted on: the segment stops.
+            if let Err(panic) = AssertUnwindSafe(renewals).catch_unwind().await {
+                tracing::error!(%job_id, panic = %panic_message(panic.as_ref()), "heartbeat panicked");
+            }
+            signal.cancel();
         });
         Heartbeat { task, lost }
     }

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flotilla_runtime::supervise::Health;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
@@ -69,6 +70,9 @@ pub struct EngineSettings {
     pub sweep_batch: i64,
     /// Longest an idle claim loop waits before polling again.
     pub idle_poll_max: Duration,
+    /// The largest event the relay can publish: a result whose COMPLETED
+    /// event would be larger fails the job instead.
+    pub max_event_bytes: usize,
 }
 
 impl EngineSettings {
@@ -82,6 +86,7 @@ impl EngineSettings {
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             sweep_batch: DEFAULT_SWEEP_BATCH,
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
+            max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -102,6 +107,8 @@ struct Inner {
     work_available: Notify,
     /// Compiled definition snapshots, by the snapshot's text.
     compiled: Mutex<HashMap<String, Arc<CompiledWorkflow>>>,
+    /// The supervised tasks of this process (claim loops, sweeper, consumer).
+    health: Health,
 }
 
 /// Compiled snapshots kept; beyond this the cache starts over (rarely hit:
@@ -124,6 +131,7 @@ impl Engine {
                 settings,
                 work_available: Notify::new(),
                 compiled: Mutex::new(HashMap::new()),
+                health: Health::default(),
             }),
         }
     }
@@ -136,6 +144,12 @@ impl Engine {
     #[must_use]
     pub fn settings(&self) -> &EngineSettings {
         &self.inner.settings
+    }
+
+    /// The supervised tasks of this process; readiness fails on a dead one.
+    #[must_use]
+    pub fn health(&self) -> &Health {
+        &self.inner.health
     }
 
     #[must_use]

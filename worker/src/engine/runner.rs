@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use flotilla_runtime::backoff::Doubling;
+use flotilla_runtime::supervise::restart_on_panic;
 use flotilla_store::StoreError;
 use flotilla_store::runs::lease::{self, Swept};
 use tokio::task::JoinSet;
@@ -30,13 +31,23 @@ impl Engine {
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
         let mut tasks = JoinSet::new();
         for index in 0..self.settings().worker_count {
-            let engine = self.clone();
-            let shutdown = shutdown.clone();
-            tasks.spawn(async move { engine.claim_loop(index, shutdown).await });
+            let (engine, shutdown) = (self.clone(), shutdown.clone());
+            let health = self.health().clone();
+            tasks.spawn(restart_on_panic(
+                health,
+                format!("claim loop {index}"),
+                move || {
+                    let (engine, shutdown) = (engine.clone(), shutdown.clone());
+                    async move { engine.claim_loop(index, shutdown).await }
+                },
+            ));
         }
-        let engine = self.clone();
-        let sweeper_stop = shutdown.clone();
-        tasks.spawn(async move { engine.sweeper(sweeper_stop).await });
+        let (engine, shutdown_sweeper) = (self.clone(), shutdown.clone());
+        let health = self.health().clone();
+        tasks.spawn(restart_on_panic(health, "sweeper".into(), move || {
+            let (engine, shutdown) = (engine.clone(), shutdown_sweeper.clone());
+            async move { engine.sweeper(shutdown).await }
+        }));
 
         shutdown.cancelled().await;
         tracing::info!(?grace, "stopping claims; waiting for in-flight segments");

@@ -2,7 +2,11 @@
 //! until it completes, parks, fails, or must be retried. How a step is
 //! called is [`super::step`]; how a segment ends is [`super::settle`].
 
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
+
+use flotilla_runtime::supervise::panic_message;
+use futures_util::FutureExt as _;
 
 use flotilla_store::runs::Checkpoint;
 use flotilla_store::runs::lease;
@@ -67,9 +71,22 @@ impl Engine {
     pub async fn run_segment(&self, claimed: ClaimedRun) -> Outcome {
         let job_id = claimed.job_id();
         let heartbeat = claimed.heartbeat();
+        let fence = claimed.fence();
         let span = tracing::info_span!("segment", %job_id, attempt = claimed.row().attempt);
-        let outcome =
-            tracing::Instrument::instrument(self.segment(claimed, heartbeat.lost()), span).await;
+        let segment =
+            tracing::Instrument::instrument(self.segment(claimed, heartbeat.lost()), span);
+        let outcome = match AssertUnwindSafe(segment).catch_unwind().await {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                // A bug met by this job's data: settle it as a defect, keep the loop.
+                let error = format!("the segment panicked: {}", panic_message(panic.as_ref()));
+                tracing::error!(%job_id, %error, "segment panicked");
+                fence
+                    .fail_defect(&error)
+                    .await
+                    .map(|()| Outcome::Failed(job_id))
+            }
+        };
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(SegmentStop::LeaseLost(_)) => Outcome::LeaseLost(job_id),

@@ -49,13 +49,31 @@ pub(super) async fn finish(
             Err(e) => Err(format!("verdict expression {e}")),
         },
     };
-    match verdict {
+    match verdict.and_then(|verdict| fits_an_event(engine, &result, verdict)) {
         Ok(verdict) => {
             claimed.complete(&result, &verdict).await?;
             Ok(Outcome::Completed(job_id))
         }
         Err(e) => settle(engine, claimed, StepFailure::Defect(e)).await,
     }
+}
+
+/// Room an event needs besides its result and verdict: ids, names, type,
+/// times, and the record's key and headers.
+const EVENT_OVERHEAD_BYTES: usize = 2048;
+
+/// The verdict back when the COMPLETED event carrying `result` fits the
+/// relay's record limit; otherwise why not (the job fails instead of
+/// leaving an event that could never be published).
+fn fits_an_event(engine: &Engine, result: &Json, verdict: String) -> Result<String, String> {
+    let limit = engine.settings().max_event_bytes;
+    let size = serde_json::to_vec(result).map_or(usize::MAX, |text| text.len()) + verdict.len();
+    if size.saturating_add(EVENT_OVERHEAD_BYTES) > limit {
+        return Err(format!(
+            "the result and verdict are {size} bytes: the COMPLETED event would exceed the event limit of {limit} bytes"
+        ));
+    }
+    Ok(verdict)
 }
 
 /// Settles a failed segment by class: retryable → QUEUED with backoff, or

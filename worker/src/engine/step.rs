@@ -2,7 +2,11 @@
 //! under one timer, and judge the response against the step's schema and
 //! `validate` rules.
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
+
+use flotilla_runtime::supervise::panic_message;
+use futures_util::FutureExt as _;
 
 use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
@@ -48,8 +52,19 @@ impl Engine {
             traceparent: claimed.row().traceparent.clone(),
         };
         let target = &step.definition.target;
+        // A target that panics fails this job as a defect; the loop goes on.
+        let guarded = AssertUnwindSafe(self.targets().call(target, call))
+            .catch_unwind()
+            .map(|called| {
+                called.unwrap_or_else(|panic| {
+                    Err(StepFailure::Defect(format!(
+                        "target {target} panicked: {}",
+                        panic_message(panic.as_ref())
+                    )))
+                })
+            });
         let response = tokio::select! {
-            response = tokio::time::timeout(limit, self.targets().call(target, call)) => {
+            response = tokio::time::timeout(limit, guarded) => {
                 response.unwrap_or_else(|_| Err(StepFailure::Retryable(match step_limit {
                     Some(step_limit) if step_limit < left => format!(
                         "target {target} did not answer within the step timeout of {} ms",

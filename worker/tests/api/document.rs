@@ -143,3 +143,27 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
         );
     }
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn readiness_fails_while_a_supervised_task_is_dead_and_names_it(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    assert_eq!(
+        api.call(Method::GET, "/readyz", None).await.0,
+        StatusCode::OK
+    );
+    api.engine
+        .health()
+        .dead("request consumer", "panicked: boom");
+    let (status, problem) = api.call(Method::GET, "/readyz", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("request consumer died: panicked: boom"),
+        "{detail}"
+    );
+    assert_eq!(
+        api.call(Method::GET, "/healthz", None).await.0,
+        StatusCode::OK,
+        "alive, not ready"
+    );
+}
