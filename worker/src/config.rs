@@ -94,6 +94,10 @@ pub struct ConsumerConfig {
     #[arg(long, env = "FLOTILLA_REQUEST_BATCH_SIZE", default_value_t = consumer::DEFAULT_BATCH_SIZE, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub request_batch_size: usize,
 
+    /// A batch closes once its requests hold this many bytes (memory bound).
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_BYTES", default_value_t = consumer::DEFAULT_BATCH_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    pub request_batch_bytes: usize,
+
     /// How long a batch waits to fill once its first request arrived.
     #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value_t = consumer::DEFAULT_BATCH_WAIT.into(), value_parser = duration_between(Duration::ZERO, Duration::from_secs(60)))]
     pub request_batch_wait: humantime::Duration,

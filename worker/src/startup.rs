@@ -245,6 +245,7 @@ async fn subscribe(
     );
     settings.batch_size = consumer.request_batch_size.max(1);
     settings.batch_wait = *consumer.request_batch_wait;
+    settings.batch_bytes = consumer.request_batch_bytes;
     settings.max_request_bytes = consumer.max_request_bytes;
     kafka::ensure_topics(
         &config.broker,

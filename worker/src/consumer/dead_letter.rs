@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use rdkafka::Message;
-use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+
+use super::Received;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 /// Header names added to a dead-lettered record.
@@ -35,11 +37,14 @@ pub struct DeadLetter {
 pub async fn send(
     producer: &FutureProducer,
     topic: &str,
-    message: &OwnedMessage,
+    message: &Received,
     letter: &DeadLetter,
 ) -> Result<(), rdkafka::error::KafkaError> {
     use rdkafka::error::KafkaError;
     use rdkafka::types::RDKafkaErrorCode;
+    if message.dropped_value_bytes().is_some() {
+        return produce(producer, topic, message, letter, false).await;
+    }
     match produce(producer, topic, message, letter, true).await {
         Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
             tracing::warn!(
@@ -55,7 +60,7 @@ pub async fn send(
 async fn produce(
     producer: &FutureProducer,
     topic: &str,
-    message: &OwnedMessage,
+    message: &Received,
     letter: &DeadLetter,
     with_value: bool,
 ) -> Result<(), rdkafka::error::KafkaError> {
@@ -70,7 +75,10 @@ async fn produce(
     }
     let partition = message.partition().to_string();
     let offset = message.offset().to_string();
-    let value_size = message.payload().map_or(0, <[u8]>::len).to_string();
+    let value_size = message
+        .dropped_value_bytes()
+        .unwrap_or_else(|| message.payload().map_or(0, <[u8]>::len))
+        .to_string();
     let mut headers = headers
         .insert(Header {
             key: REASON,

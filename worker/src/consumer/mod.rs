@@ -11,6 +11,7 @@
 mod context;
 pub mod dead_letter;
 mod persist;
+mod received;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,13 +23,13 @@ use flotilla_runtime::BrokerConfig;
 use flotilla_runtime::backoff::Doubling;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 pub use context::RequestConsumerContext;
 pub use persist::{BatchReport, Outage};
+pub use received::Received;
 
 use crate::engine::Engine;
 
@@ -38,6 +39,8 @@ pub const DEFAULT_BATCH_SIZE: usize = 500;
 pub const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(100);
 /// Requests above this many bytes are dead-lettered, unless configured.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// The most message bytes one batch holds in memory, unless configured.
+pub const DEFAULT_BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Longest pause between retries of a batch during an outage.
 pub const DEFAULT_OUTAGE_BACKOFF_MAX: Duration = Duration::from_secs(10);
 const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -51,6 +54,8 @@ pub struct ConsumerSettings {
     pub dead_letter_topic: String,
     pub group: String,
     pub batch_size: usize,
+    /// A batch closes once its messages hold this many bytes.
+    pub batch_bytes: usize,
     pub batch_wait: Duration,
     /// Requests above this many bytes are dead-lettered as oversize.
     pub max_request_bytes: usize,
@@ -67,6 +72,7 @@ impl ConsumerSettings {
             dead_letter_topic: topics::dead_letter_topic(request_topic),
             group: group.to_owned(),
             batch_size: DEFAULT_BATCH_SIZE,
+            batch_bytes: DEFAULT_BATCH_BYTES,
             batch_wait: DEFAULT_BATCH_WAIT,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             outage_backoff_max: DEFAULT_OUTAGE_BACKOFF_MAX,
@@ -133,23 +139,29 @@ impl RequestConsumer {
         self.close();
     }
 
-    /// Waits for the next message, then takes more for up to `batch_wait`.
-    /// `None` on shutdown.
-    pub async fn next_batch(&self, shutdown: &CancellationToken) -> Option<Vec<OwnedMessage>> {
+    /// Waits for the next message, then takes more for up to `batch_wait`,
+    /// `batch_size` messages or `batch_bytes` bytes. `None` on shutdown.
+    pub async fn next_batch(&self, shutdown: &CancellationToken) -> Option<Vec<Received>> {
+        let limit = self.settings.max_request_bytes;
         let mut batch = Vec::new();
         while batch.is_empty() {
             tokio::select! {
                 received = self.consumer.recv() => match received {
-                    Ok(message) => batch.push(message.detach()),
+                    Ok(message) => batch.push(Received::take(&message, limit)),
                     Err(e) => tracing::warn!(error = %e, "consumer error"),
                 },
                 () = shutdown.cancelled() => return None,
             }
         }
+        let mut bytes: usize = batch.iter().map(Received::held_bytes).sum();
         let deadline = tokio::time::Instant::now() + self.settings.batch_wait;
-        while batch.len() < self.settings.batch_size {
+        while batch.len() < self.settings.batch_size && bytes < self.settings.batch_bytes {
             match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                Ok(Ok(message)) => batch.push(message.detach()),
+                Ok(Ok(message)) => {
+                    let received = Received::take(&message, limit);
+                    bytes += received.held_bytes();
+                    batch.push(received);
+                }
                 Ok(Err(e)) => tracing::warn!(error = %e, "consumer error"),
                 Err(_) => break,
             }
@@ -159,7 +171,7 @@ impl RequestConsumer {
 
     async fn persist_until_done(
         &self,
-        batch: &[OwnedMessage],
+        batch: &[Received],
         shutdown: &CancellationToken,
     ) -> Option<BatchReport> {
         let mut backoff = Doubling::new(OUTAGE_BACKOFF_MIN, self.settings.outage_backoff_max);
@@ -196,7 +208,7 @@ impl RequestConsumer {
 
     /// Stores, per partition, the offset after the highest message of the
     /// (durable) batch, and commits asynchronously.
-    pub fn commit(&self, batch: &[OwnedMessage]) {
+    pub fn commit(&self, batch: &[Received]) {
         let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
         for message in batch {
             let entry = next

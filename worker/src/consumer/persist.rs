@@ -5,10 +5,10 @@ use flotilla_codec::CodecError;
 use flotilla_contracts::WorkflowRunRequest;
 use flotilla_store::{RunStatus, StoreError};
 use rdkafka::Message;
-use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::message::Headers;
 
-use super::RequestConsumer;
 use super::dead_letter::{self, DeadLetter};
+use super::{Received, RequestConsumer};
 use crate::engine::{Submission, SubmitError, Submitted, WorkflowRef};
 
 /// What a persisted batch came to.
@@ -46,10 +46,10 @@ impl RequestConsumer {
     ///
     /// # Errors
     /// An [`Outage`]: nothing may be committed for this batch; retry it.
-    pub async fn persist(&self, batch: &[OwnedMessage]) -> Result<BatchReport, Outage> {
+    pub async fn persist(&self, batch: &[Received]) -> Result<BatchReport, Outage> {
         let mut report = BatchReport::default();
-        let mut letters: Vec<(&OwnedMessage, DeadLetter)> = Vec::new();
-        let mut submitted: Vec<&OwnedMessage> = Vec::new();
+        let mut letters: Vec<(&Received, DeadLetter)> = Vec::new();
+        let mut submitted: Vec<&Received> = Vec::new();
         let mut submissions = Vec::new();
         for message in batch {
             match self.classify(message).await? {
@@ -121,21 +121,18 @@ impl RequestConsumer {
         Ok(report)
     }
 
-    async fn classify(&self, message: &OwnedMessage) -> Result<Classified, Outage> {
-        let payload = message.payload().unwrap_or_default();
+    async fn classify(&self, message: &Received) -> Result<Classified, Outage> {
         let dead = |code: &'static str, reason: String| {
             Ok(Classified::DeadLetter(DeadLetter { code, reason }))
         };
-        if payload.len() > self.settings.max_request_bytes {
+        if let Some(size) = message.dropped_value_bytes() {
             let limit = self.settings.max_request_bytes;
             return dead(
                 "oversize",
-                format!(
-                    "request of {} bytes is over the limit of {limit} bytes",
-                    payload.len()
-                ),
+                format!("request of {size} bytes is over the limit of {limit} bytes"),
             );
         }
+        let payload = message.payload().unwrap_or_default();
         let request: WorkflowRunRequest = match self.codec.decode(payload).await {
             Ok(request) => request,
             Err(e) if e.is_transient() => return Err(Outage::Registry(e)),

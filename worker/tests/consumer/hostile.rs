@@ -146,3 +146,62 @@ async fn a_registry_answering_500_then_200_pauses_and_both_requests_become_rows(
     })
     .await;
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn batches_are_bounded_by_bytes_and_an_oversize_value_is_never_copied(pool: PgPool) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        let mut settings = flotilla_worker::consumer::ConsumerSettings::new(
+            flotilla_tests::broker(),
+            &topics.requests,
+            &topics.group,
+        );
+        settings.max_request_bytes = 8 * 1024;
+        settings.batch_bytes = 12 * 1024;
+        settings.batch_wait = Duration::from_secs(5);
+        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
+            engine,
+            support::codec(),
+            settings,
+        )
+        .unwrap();
+        let producer = producer();
+        let big = vec![b'x'; 100 * 1024];
+        support::produce_to(&producer, &topics.requests, 0, &big, None).await;
+        for _ in 0..6 {
+            support::produce_to(&producer, &topics.requests, 0, &[b'y'; 5 * 1024], None).await;
+        }
+        let never = CancellationToken::new();
+        let first = consumer.next_batch(&never).await.unwrap();
+        assert_eq!(first[0].dropped_value_bytes(), Some(100 * 1024));
+        assert!(
+            rdkafka::Message::payload(&*first[0]).is_none(),
+            "the oversize value was left behind"
+        );
+        // A batch closes once it holds 12 KiB: at most three 5 KiB values.
+        let held = |batch: &[flotilla_worker::consumer::Received]| {
+            batch
+                .iter()
+                .filter(|m| rdkafka::Message::payload(&***m).is_some())
+                .count()
+        };
+        let mut held_per_batch = vec![held(&first)];
+        let mut taken = first.len();
+        while taken < 7 {
+            let batch = consumer.next_batch(&never).await.unwrap();
+            taken += batch.len();
+            held_per_batch.push(held(&batch));
+        }
+        assert!(
+            held_per_batch.iter().all(|n| *n <= 3),
+            "values per batch: {held_per_batch:?}"
+        );
+        assert!(
+            held_per_batch.len() >= 2,
+            "the bytes bound closed a batch: {held_per_batch:?}"
+        );
+        consumer.close();
+    })
+    .await;
+}

@@ -17,7 +17,7 @@ use flotilla_contracts::framing;
 use flotilla_tests::KAFKA_TEST_TIMEOUT;
 use flotilla_worker::consumer::BatchReport;
 use flotilla_worker::consumer::dead_letter::{
-    CODE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC,
+    CODE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC, VALUE_DROPPED,
 };
 use serde_json::json;
 use sqlx::PgPool;
