@@ -87,6 +87,8 @@ pub struct RequestConsumer {
     engine: Engine,
     codec: Arc<Codec>,
     settings: ConsumerSettings,
+    /// Set once a message could not be read: nothing is committed after it.
+    stalled: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RequestConsumer {
@@ -121,6 +123,7 @@ impl RequestConsumer {
             engine,
             codec,
             settings,
+            stalled: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -132,6 +135,12 @@ impl RequestConsumer {
             };
             tracing::debug!(messages = batch.len(), ?report, "batch persisted");
             self.commit(&batch);
+            if self.is_stalled() {
+                // Keep the group seat (and the partitions paused) until told
+                // to stop: an operator looks at the message that cannot be read.
+                shutdown.cancelled().await;
+                break;
+            }
         }
         if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
             tracing::debug!(error = %e, "final commit had nothing to do or failed");
@@ -148,6 +157,10 @@ impl RequestConsumer {
             tokio::select! {
                 received = self.consumer.recv() => match received {
                     Ok(message) => batch.push(Received::take(&message, limit)),
+                    Err(e) if self.stall_on(&e) => {
+                        shutdown.cancelled().await;
+                        return None;
+                    }
                     Err(e) => tracing::warn!(error = %e, "consumer error"),
                 },
                 () = shutdown.cancelled() => return None,
@@ -162,6 +175,9 @@ impl RequestConsumer {
                     bytes += received.held_bytes();
                     batch.push(received);
                 }
+                // What came before the unreadable message is still persisted
+                // and committed; nothing after it is.
+                Ok(Err(e)) if self.stall_on(&e) => break,
                 Ok(Err(e)) => tracing::warn!(error = %e, "consumer error"),
                 Err(_) => break,
             }
@@ -206,9 +222,37 @@ impl RequestConsumer {
         }
     }
 
+    fn is_stalled(&self) -> bool {
+        self.stalled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// When `error` says a message could not be read (librdkafka would skip
+    /// it), stops consuming loudly instead: every partition paused, offsets
+    /// never stored past it, an error logged and counted, and readiness
+    /// failing. The client does not say which partition, so all stop.
+    fn stall_on(&self, error: &KafkaError) -> bool {
+        if !is_unreadable(error) {
+            return false;
+        }
+        if !self.stalled.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let reason = format!(
+                "a message could not be read ({error}); consumption stopped so that nothing is committed past it"
+            );
+            metrics::counter!("flotilla_unreadable_messages_total").increment(1);
+            self.engine.health().dead("request consumer", reason);
+            let assignment = self.consumer.assignment().unwrap_or_default();
+            if let Err(e) = self.consumer.pause(&assignment) {
+                tracing::error!(error = %e, "pausing partitions failed");
+            }
+        }
+        true
+    }
+
     /// Stores, per partition, the offset after the highest message of the
     /// (durable) batch, and commits asynchronously.
     pub fn commit(&self, batch: &[Received]) {
+        // After an unreadable message, the batch that preceded it is the
+        // last one committed (it was taken before the error).
         let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
         for message in batch {
             let entry = next
@@ -250,6 +294,19 @@ impl RequestConsumer {
     }
 }
 
+/// Whether a consumer error means a message was skipped unread: a batch
+/// that does not decompress or does not parse. Transport errors are not.
+#[must_use]
+pub fn is_unreadable(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        error,
+        KafkaError::MessageConsumption(
+            Code::BadCompression | Code::BadMessage | Code::InvalidMessage | Code::InvalidRecord
+        )
+    )
+}
+
 /// See [`RequestConsumer::clients`].
 pub struct KafkaClients {
     _consumer: Arc<StreamConsumer<RequestConsumerContext>>,
@@ -266,5 +323,29 @@ impl KafkaClients {
     /// Releases this hold on a thread of its own.
     pub fn drop_off_runtime(self) {
         std::thread::spawn(move || drop(self));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode as Code;
+
+    use super::is_unreadable;
+
+    #[test]
+    fn a_batch_that_cannot_be_read_stops_consumption_and_transport_errors_do_not() {
+        assert!(is_unreadable(&KafkaError::MessageConsumption(
+            Code::BadCompression
+        )));
+        assert!(is_unreadable(&KafkaError::MessageConsumption(
+            Code::InvalidMessage
+        )));
+        assert!(!is_unreadable(&KafkaError::MessageConsumption(
+            Code::BrokerTransportFailure
+        )));
+        assert!(!is_unreadable(&KafkaError::MessageConsumption(
+            Code::AllBrokersDown
+        )));
     }
 }

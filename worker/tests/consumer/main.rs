@@ -2,6 +2,7 @@
 //! (guarantee 9 in docs/architecture.md). Every test has its own topics, group, database
 //! and deadline.
 
+mod codecs;
 mod flow;
 mod group;
 mod hostile;
