@@ -3,7 +3,7 @@
 //! [`super::errors`]. The 401, 403 and 503 answers every route shares are
 //! added to the document in [`super::openapi`].
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use flotilla_store::RunStatus;
@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::ApiState;
-use super::problem::{ApiJson, Problem, ProblemDoc};
+use super::problem::{ApiJson, ApiQuery, Problem, ProblemDoc};
 use super::views::{JobPageView, JobView};
 use crate::engine::{CompleteOutcome, JobQuery, RefusalMode, Submission, Submitted, WorkflowRef};
 
@@ -37,7 +37,7 @@ pub(super) struct SubmitBody {
     job_id: Option<Uuid>,
 }
 
-#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn submit(
     State(state): State<ApiState>,
     ApiJson(body): ApiJson<SubmitBody>,
@@ -73,7 +73,7 @@ pub(super) async fn submit(
     Ok((status, axum::Json(JobView::from(row))).into_response())
 }
 
-#[utoipa::path(get, path = "/v1/jobs/{job_id}", params(("job_id" = String, Path, description = "the job id (UUID)")), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/jobs/{job_id}", params(("job_id" = Uuid, Path, description = "the job id")), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn get(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
@@ -99,7 +99,7 @@ pub(super) struct ListQuery {
 #[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, description = "newest first", body = JobPageView), (status = 400, description = "bad status, limit or cursor", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn list(
     State(state): State<ApiState>,
-    Query(query): Query<ListQuery>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<JobPageView>, Problem> {
     let status = match query.status.as_deref().filter(|s| !s.is_empty()) {
         None => None,
@@ -127,7 +127,7 @@ pub(super) struct CompleteBody {
     response: Value,
 }
 
-#[utoipa::path(post, path = "/v1/jobs/{job_id}/steps/{step_name}/complete", params(("job_id" = String, Path), ("step_name" = String, Path)), request_body = CompleteBody, responses((status = 200, description = "`{outcome: COMPLETED | ALREADY_DONE}`"), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "wrong state; the body has the job status", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "response rejected; the job failed", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/steps/{step_name}/complete", params(("job_id" = Uuid, Path), ("step_name" = String, Path)), request_body = CompleteBody, responses((status = 200, description = "`{outcome: COMPLETED | ALREADY_DONE}`"), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "wrong state; the body has the job status", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "response rejected; the job failed", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn complete(
     State(state): State<ApiState>,
     Path((raw, step)): Path<(String, String)>,
@@ -161,7 +161,7 @@ pub(super) async fn complete(
     }
 }
 
-#[utoipa::path(post, path = "/v1/jobs/{job_id}/retry", params(("job_id" = String, Path)), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not DEAD, FAILED or CANCELLED", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/retry", params(("job_id" = Uuid, Path)), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not DEAD, FAILED or CANCELLED", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn retry(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
@@ -177,7 +177,7 @@ pub(super) struct CancelBody {
     reason: Option<String>,
 }
 
-#[utoipa::path(post, path = "/v1/jobs/{job_id}/cancel", params(("job_id" = String, Path)), request_body(content = Option<CancelBody>), responses((status = 200, body = JobView), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not QUEUED or WAITING", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/cancel", params(("job_id" = Uuid, Path)), request_body(content = Option<CancelBody>), responses((status = 200, body = JobView), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not QUEUED or WAITING", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn cancel(
     State(state): State<ApiState>,
     Path(raw): Path<String>,

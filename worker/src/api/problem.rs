@@ -99,3 +99,28 @@ where
         }
     }
 }
+
+/// `axum::extract::Query` whose rejections (a value that does not parse) are problems.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Self(value)),
+            Err(rejection) => Err(Problem::new(
+                rejection.status(),
+                format!("query string: {}", rejection.body_text()),
+            )),
+        }
+    }
+}

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::ApiState;
 use super::problem::{ApiJson, Problem, ProblemDoc};
 
-#[utoipa::path(put, path = "/v1/workflows/{name}", params(("name" = String, Path)), request_body(content = Object, description = "the workflow definition"), responses((status = 201, description = "new version"), (status = 200, description = "same as the newest version"), (status = 400, description = "name mismatch or bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "every problem of the definition", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(put, path = "/v1/workflows/{name}", params(("name" = String, Path)), request_body(content = Object, description = "the workflow definition"), responses((status = 201, description = "new version"), (status = 200, description = "same as the newest version"), (status = 400, description = "name mismatch or bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "every problem of the definition", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn put(
     State(state): State<ApiState>,
     Path(name): Path<String>,
