@@ -119,3 +119,19 @@ async fn a_body_over_the_cap_and_a_redirect_are_defects(pool: PgPool) {
     let error = row(&pool, redirected).await.error.unwrap();
     assert!(error.contains("307"), "not followed, a defect: {error}");
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_request_that_cannot_be_built_is_a_defect_not_a_retry(pool: PgPool) {
+    let engine = hostile_engine(&pool).await;
+    // The step name goes into the Idempotency-Key header, where a newline
+    // can never be sent.
+    let workflow = json!({"name": "unsendable", "input_schema": {},
+        "steps": [{"name": "bad\nname", "target": "http", "method": "ok"}]});
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "unsendable", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    let failed = row(&pool, job_id).await;
+    assert_eq!(failed.attempt, 1);
+    let error = failed.error.unwrap();
+    assert!(error.contains("building the request"), "{error}");
+}
