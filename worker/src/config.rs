@@ -131,9 +131,14 @@ pub struct EngineConfig {
     #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = engine::DEFAULT_WORKER_COUNT, value_parser = RangedU64ValueParser::<usize>::new().range(0..=1024))]
     pub worker_count: usize,
 
-    /// Lease a claim holds without renewal; renewed every third of it.
+    /// Lease a claim holds without renewal; renewed every quarter of it. A
+    /// killed worker's jobs are resumed after about this plus a sweep interval.
     #[arg(long, env = "FLOTILLA_LEASE", default_value_t = engine::DEFAULT_LEASE.into(), value_parser = duration_between(SECOND, DAY))]
     pub lease: humantime::Duration,
+
+    /// Lapsed leases in a row after which a job goes DEAD (a lapse spends no attempt).
+    #[arg(long, env = "FLOTILLA_MAX_LEASE_LOSSES", default_value_t = engine::DEFAULT_MAX_LEASE_LOSSES, value_parser = RangedI64ValueParser::<i32>::new().range(1..=1000))]
+    pub max_lease_losses: i32,
 
     /// Base of the retry backoff `base × 2^(attempt−1)`.
     #[arg(long, env = "FLOTILLA_BACKOFF_BASE", default_value_t = engine::DEFAULT_BACKOFF_BASE.into(), value_parser = duration_between(MILLISECOND, DAY))]

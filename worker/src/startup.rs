@@ -223,6 +223,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     let mut settings = EngineSettings::new(worker_id);
     settings.worker_count = engine.worker_count;
     settings.lease = *engine.lease;
+    settings.max_lease_losses = engine.max_lease_losses;
     settings.backoff_base = *engine.backoff_base;
     settings.sweep_interval = *engine.sweep_interval;
     settings.idle_poll_max = *engine.idle_poll_max;

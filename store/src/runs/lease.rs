@@ -125,7 +125,8 @@ impl Transition<'_> {
     /// The SET clause; parameters from `$4` on are bound by [`transition`].
     fn assignments(&self) -> String {
         const RELEASE: &str = "lease_owner = NULL, lease_token = NULL, lease_until = NULL";
-        const NEXT: &str = "event_sequence = event_sequence + 1";
+        // Every transition is the work going on: lapses before it no longer count.
+        const NEXT: &str = "event_sequence = event_sequence + 1, lease_losses = 0";
         match self {
             Self::Checkpoint(_) => {
                 format!("checkpoints = checkpoints || jsonb_build_array($4::jsonb), {NEXT}")
@@ -141,7 +142,9 @@ impl Transition<'_> {
             }
             Self::Dead { .. } => format!("status = 'DEAD', error = $4, {RELEASE}, {NEXT}"),
             Self::Requeue { .. } => {
-                format!("status = 'QUEUED', error = $4, run_after = $5, {RELEASE}")
+                format!(
+                    "status = 'QUEUED', error = $4, run_after = $5, lease_losses = 0, {RELEASE}"
+                )
             }
         }
     }
@@ -188,9 +191,9 @@ pub async fn transition(
 /// What sweeping one lapsed lease did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Swept {
-    /// Back in the queue.
+    /// Back in the queue, its attempt given back.
     Requeued,
-    /// The lapsed lease was the job's last attempt: DEAD, with its event.
+    /// It lost its worker `max_lease_losses` times in a row: DEAD, with its event.
     Dead,
 }
 
@@ -214,9 +217,11 @@ pub async fn lapsed(
     .await
 }
 
-/// Settles one lapsed lease: requeues the job, or sends it DEAD (with its
-/// event) when that was its last attempt. `None` when the job is no longer
-/// lapsed or someone else holds its row lock.
+/// Settles one lapsed lease. A lapse is not a failure of the work: the job
+/// goes back to the queue with its attempt given back, and the lapse is
+/// counted; the `max_lease_losses`-th lapse in a row sends it DEAD (with its
+/// event) instead. `None` when the job is no longer lapsed or someone else
+/// holds its row lock.
 ///
 /// # Errors
 /// Database errors; an event the contract refuses.
@@ -224,9 +229,10 @@ pub async fn sweep_one(
     tx: &mut PgTransaction<'_>,
     job_id: Uuid,
     now: DateTime<Utc>,
+    max_lease_losses: i32,
 ) -> Result<Option<Swept>, StoreError> {
     let lapsed: Option<(i32, i32, Option<String>)> = sqlx::query_as(
-        "SELECT attempt, max_attempts, lease_owner FROM workflow_run
+        "SELECT attempt, lease_losses, lease_owner FROM workflow_run
          WHERE job_id = $1 AND status = 'RUNNING' AND lease_until < $2
          FOR UPDATE SKIP LOCKED",
     )
@@ -234,30 +240,41 @@ pub async fn sweep_one(
     .bind(now)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some((attempt, max_attempts, owner)) = lapsed else {
+    let Some((attempt, losses, owner)) = lapsed else {
         return Ok(None);
     };
-    let error = format!(
-        "lease expired: worker {} stopped renewing during attempt {attempt}",
-        owner.as_deref().unwrap_or("?")
-    );
-    let last_attempt = attempt >= max_attempts;
-    let set = if last_attempt {
-        "status = 'DEAD', event_sequence = event_sequence + 1"
+    let owner = owner.as_deref().unwrap_or("?");
+    let losses = losses + 1;
+    let dead = losses >= max_lease_losses;
+    let (set, error) = if dead {
+        (
+            "status = 'DEAD', event_sequence = event_sequence + 1",
+            format!(
+                "lost its worker {losses} times in a row (the last, {owner}, stopped renewing its lease during attempt {attempt}); \
+                 a job that stops its worker every time is not tried again"
+            ),
+        )
     } else {
-        "status = 'QUEUED', run_after = $2"
+        (
+            "status = 'QUEUED', run_after = $2, attempt = greatest(attempt - 1, 0)",
+            format!(
+                "lease expired: worker {owner} stopped renewing during attempt {attempt}; \
+                 requeued without spending the attempt ({losses} lapse(s) in a row)"
+            ),
+        )
     };
     let stamp: EventStamp = sqlx::query_as(&format!(
-        "UPDATE workflow_run SET {set}, error = $3, lease_owner = NULL, lease_token = NULL,
-             lease_until = NULL, updated_at = $2
+        "UPDATE workflow_run SET {set}, error = $3, lease_losses = $4, lease_owner = NULL,
+             lease_token = NULL, lease_until = NULL, updated_at = $2
          WHERE job_id = $1 RETURNING {STAMP}"
     ))
     .bind(job_id)
     .bind(now)
     .bind(&error)
+    .bind(losses)
     .fetch_one(&mut **tx)
     .await?;
-    if last_attempt {
+    if dead {
         outbox::insert(tx, &stamp, EventKind::Dead { error }, now).await?;
         Ok(Some(Swept::Dead))
     } else {

@@ -174,12 +174,12 @@ impl ClaimedRun {
         Fence(self.lease.clone())
     }
 
-    /// Starts renewing the lease every third of its term. A renewal that
+    /// Starts renewing the lease every quarter of its term. A renewal that
     /// fails for another reason than a lost lease is retried at the next
-    /// tick: the term leaves room for two misses.
+    /// tick: the term leaves room for three misses.
     pub(super) fn heartbeat(&self) -> Heartbeat {
         let lease = self.lease.clone();
-        let every = (lease.engine.settings().lease / 3).max(Duration::from_millis(10));
+        let every = (lease.engine.settings().lease / 4).max(Duration::from_millis(10));
         let lost = CancellationToken::new();
         let signal = lost.clone();
         let job_id = lease.job_id;

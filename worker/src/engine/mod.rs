@@ -40,8 +40,11 @@ pub use submit::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
 use crate::target::Targets;
 use crate::workflow::{CompiledWorkflow, InvalidDefinition};
 
-/// Lease a claim holds without renewal, unless configured.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(300);
+/// Lease a claim holds without renewal, unless configured: short, so a
+/// killed worker's jobs resume within about 30 s (lease plus a sweep).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
+/// How many lapsed leases in a row send a job DEAD, unless configured.
+pub const DEFAULT_MAX_LEASE_LOSSES: i32 = 3;
 /// Base of the retry backoff, unless configured.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(5);
 /// Claim loops per process, unless configured.
@@ -58,8 +61,10 @@ pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(500);
 pub struct EngineSettings {
     /// Lease owner written on claimed rows; never blank.
     pub worker_id: String,
-    /// How long a claim holds a job without renewal (renewed every third).
+    /// How long a claim holds a job without renewal (renewed every quarter).
     pub lease: Duration,
+    /// Lapsed leases in a row after which a job goes DEAD.
+    pub max_lease_losses: i32,
     /// Retry backoff base: `base × 2^(attempt−1)`.
     pub backoff_base: Duration,
     /// Claim loops per process.
@@ -81,6 +86,7 @@ impl EngineSettings {
         Self {
             worker_id: worker_id.into(),
             lease: DEFAULT_LEASE,
+            max_lease_losses: DEFAULT_MAX_LEASE_LOSSES,
             backoff_base: DEFAULT_BACKOFF_BASE,
             worker_count: DEFAULT_WORKER_COUNT,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,

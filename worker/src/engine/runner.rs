@@ -134,7 +134,8 @@ impl Engine {
 
     async fn sweep_one(&self, job_id: uuid::Uuid) -> Result<Option<Swept>, StoreError> {
         let mut tx = self.pool().begin().await?;
-        match lease::sweep_one(&mut tx, job_id, self.now()).await {
+        let losses = self.settings().max_lease_losses;
+        match lease::sweep_one(&mut tx, job_id, self.now(), losses).await {
             Ok(swept) => {
                 tx.commit().await?;
                 Ok(swept)

@@ -67,7 +67,7 @@ impl Engine {
     }
 
     /// Runs a claimed job until it settles or the segment must stop, renewing
-    /// the lease every third of its term meanwhile.
+    /// the lease every quarter of its term meanwhile.
     pub async fn run_segment(&self, claimed: ClaimedRun) -> Outcome {
         let job_id = claimed.job_id();
         let heartbeat = claimed.heartbeat();

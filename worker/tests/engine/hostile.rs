@@ -159,12 +159,12 @@ async fn a_sweep_next_to_a_row_that_cannot_be_settled_still_requeues_the_others(
         .unwrap();
     let healthy = support::submit(&engine, "swept", json!({"n": 1})).await;
     // A row written by another version: its blank name makes its DEAD event
-    // break the contract, so its last-attempt lapse can never be settled.
+    // break the contract, so its third lapse in a row can never be settled.
     let broken = Uuid::new_v4();
     sqlx::query(
         "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest, status,
-             attempt, max_attempts, lease_owner, lease_token, lease_until, created_at)
-         VALUES ($1, ' ', '{}', '{}', 'd', 'RUNNING', 1, 1, 'gone', gen_random_uuid(), $2, $2)",
+             attempt, max_attempts, lease_owner, lease_token, lease_until, lease_losses, created_at)
+         VALUES ($1, ' ', '{}', '{}', 'd', 'RUNNING', 1, 1, 'gone', gen_random_uuid(), $2, 2, $2)",
     )
     .bind(broken)
     .bind(clock.now() - chrono::TimeDelta::hours(1))

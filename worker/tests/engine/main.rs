@@ -4,6 +4,7 @@
 mod claims;
 mod failures;
 mod hostile;
+mod lapses;
 mod panics;
 mod parking;
 mod responses;
