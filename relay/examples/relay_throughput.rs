@@ -70,7 +70,8 @@ fn start(
 async fn measure(pool: &PgPool, bootstrap: &str, backlog: i64) -> anyhow::Result<()> {
     for relays in [1, 2] {
         let topic = format!("relay-bench-{}", Uuid::new_v4().simple());
-        flotilla_runtime::kafka::ensure_topics(&BrokerConfig::new(bootstrap), &[&topic], 3).await?;
+        flotilla_runtime::kafka::ensure_topics(&BrokerConfig::new(bootstrap), &[&topic], layout())
+            .await?;
         sqlx::query("TRUNCATE workflow_run_outbox")
             .execute(pool)
             .await?;
@@ -95,7 +96,8 @@ async fn measure(pool: &PgPool, bootstrap: &str, backlog: i64) -> anyhow::Result
 
     // Steady load: 10 events every 10 ms for 10 s, one relay.
     let topic = format!("relay-bench-{}", Uuid::new_v4().simple());
-    flotilla_runtime::kafka::ensure_topics(&BrokerConfig::new(bootstrap), &[&topic], 3).await?;
+    flotilla_runtime::kafka::ensure_topics(&BrokerConfig::new(bootstrap), &[&topic], layout())
+        .await?;
     sqlx::query("TRUNCATE workflow_run_outbox")
         .execute(pool)
         .await?;
@@ -123,4 +125,12 @@ async fn measure(pool: &PgPool, bootstrap: &str, backlog: i64) -> anyhow::Result
         "steady 1,000 events/s, one relay: commit -> broker ack p50 {p50:.1} ms, p99 {p99:.1} ms"
     );
     Ok(())
+}
+
+/// Three partitions, one replica: the single test broker.
+fn layout() -> flotilla_runtime::kafka::TopicLayout {
+    flotilla_runtime::kafka::TopicLayout {
+        topic_partitions: 3,
+        topic_replication: 1,
+    }
 }

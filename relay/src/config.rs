@@ -7,6 +7,7 @@ use clap::builder::{RangedI64ValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, Subcommand};
 use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::kafka::TopicLayout;
 use flotilla_runtime::settings::{DAY, HOUR, MILLISECOND, SECOND, YEAR, duration_between};
 use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
@@ -29,8 +30,6 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_RETENTION_BATCH: i64 = 1000;
 /// How often retention runs.
 pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
-/// Partitions of the event topic when the relay creates it, unless configured.
-pub const DEFAULT_TOPIC_PARTITIONS: i32 = 3;
 /// How long in-flight deliveries may take after SIGTERM, unless configured.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
@@ -72,9 +71,9 @@ pub struct RelayArgs {
     /// Topic of WorkflowRunEvent messages.
     #[arg(long, env = "FLOTILLA_EVENT_TOPIC", default_value = topics::EVENT_TOPIC)]
     pub event_topic: String,
-    /// Partitions of the event topic when the relay creates it.
-    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = DEFAULT_TOPIC_PARTITIONS, value_parser = RangedI64ValueParser::<i32>::new().range(1..=10_000))]
-    pub topic_partitions: i32,
+    /// How the event topic is created when missing.
+    #[command(flatten)]
+    pub topics: TopicLayout,
     /// This relay's name in the bucket leases; defaults to host name and process id.
     #[arg(long, env = "FLOTILLA_RELAY_ID")]
     pub relay_id: Option<String>,

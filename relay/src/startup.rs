@@ -38,7 +38,7 @@ pub async fn run(
 ) -> Result<(), StartupError> {
     let pool = flotilla_store::connect(database).await?;
     kafka::check_reachable(&args.broker, CONNECT_TIMEOUT).await?;
-    kafka::ensure_topics(&args.broker, &[&args.event_topic], args.topic_partitions).await?;
+    kafka::ensure_topics(&args.broker, &[&args.event_topic], args.topics).await?;
     let grace = *args.shutdown_grace;
     let relay = Relay::new(pool.clone(), Arc::new(SystemClock), args.into())?;
     tracing::info!("relay ready");

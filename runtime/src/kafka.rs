@@ -105,21 +105,64 @@ pub async fn check_reachable(broker: &BrokerConfig, timeout: Duration) -> Result
     .map_err(|_| BrokerError::Interrupted)?
 }
 
-/// Creates the topics that do not exist yet (replication 1 on a single
-/// broker; operators of a real cluster create them with their own settings
-/// first, and then this does nothing).
+/// How topics this process creates are laid out: `-1` leaves a value to the
+/// broker's defaults (`num.partitions`, `default.replication.factor`), so a
+/// topic is never created with replication 1 on a cluster unless told to.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct TopicLayout {
+    /// Partitions of a topic this process creates (-1: the broker's default).
+    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = BROKER_DEFAULT, value_parser = parse_layout)]
+    pub topic_partitions: i32,
+
+    /// Replication factor of a topic this process creates (-1: the broker's default).
+    #[arg(long, env = "FLOTILLA_TOPIC_REPLICATION", default_value_t = BROKER_DEFAULT, value_parser = parse_layout)]
+    pub topic_replication: i32,
+}
+
+/// "Whatever the broker's default is", in a CreateTopics request.
+pub const BROKER_DEFAULT: i32 = -1;
+
+impl TopicLayout {
+    /// The broker's defaults for both.
+    #[must_use]
+    pub fn broker_defaults() -> Self {
+        Self {
+            topic_partitions: BROKER_DEFAULT,
+            topic_replication: BROKER_DEFAULT,
+        }
+    }
+}
+
+fn parse_layout(text: &str) -> Result<i32, String> {
+    match text.parse::<i32>() {
+        Ok(n) if n == BROKER_DEFAULT || (1..=100_000).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{text} is neither -1 (the broker's default) nor a count from 1 to 100000"
+        )),
+    }
+}
+
+/// Creates the topics that do not exist yet, laid out as `layout` says;
+/// topics that exist are left as they are (operators of a real cluster may
+/// create them with their own settings first).
 ///
 /// # Errors
 /// The broker refuses for another reason than "already exists".
 pub async fn ensure_topics(
     broker: &BrokerConfig,
     topics: &[&str],
-    partitions: i32,
+    layout: TopicLayout,
 ) -> Result<(), BrokerError> {
     let admin: AdminClient<DefaultClientContext> = broker.client().create()?;
     let new_topics: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|topic| NewTopic::new(topic, partitions, TopicReplication::Fixed(1)))
+        .map(|topic| {
+            NewTopic::new(
+                topic,
+                layout.topic_partitions,
+                TopicReplication::Fixed(layout.topic_replication),
+            )
+        })
         .collect();
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin.create_topics(&new_topics, &options).await;
@@ -127,7 +170,7 @@ pub async fn ensure_topics(
     std::thread::spawn(move || drop(admin));
     for result in results? {
         match result {
-            Ok(topic) => tracing::info!(topic, partitions, "topic created"),
+            Ok(topic) => tracing::info!(topic, ?layout, "topic created"),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((topic, code)) => return Err(BrokerError::CreateTopic { topic, code }),
         }

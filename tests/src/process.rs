@@ -92,6 +92,16 @@ impl Running {
         self.wait(timeout)
     }
 
+    /// Kills the process at once (SIGKILL): no shutdown, no goodbye to the broker.
+    ///
+    /// # Panics
+    /// The process cannot be killed or waited for.
+    pub fn kill(&mut self) {
+        self.child.kill().expect("killing the child");
+        self.child.wait().expect("reaping the child");
+        self.output.extend(self.lines.try_iter());
+    }
+
     /// Waits for the process to exit on its own.
     ///
     /// # Panics

@@ -61,7 +61,7 @@ async fn measure(
     let group = format!("ingest-{}", Uuid::new_v4().simple());
     let broker = BrokerConfig::new(bootstrap);
     let dead_letters = topics::dead_letter_topic(&topic);
-    flotilla_runtime::kafka::ensure_topics(&broker, &[&topic, &dead_letters], PARTITIONS).await?;
+    flotilla_runtime::kafka::ensure_topics(&broker, &[&topic, &dead_letters], layout()).await?;
     let engine = Engine::new(
         pool.clone(),
         echo_targets(),
@@ -131,4 +131,12 @@ fn committed(watcher: &BaseConsumer, topic: &str) -> anyhow::Result<i64> {
             _ => 0,
         })
         .sum())
+}
+
+/// Three partitions, one replica: the single test broker.
+fn layout() -> flotilla_runtime::kafka::TopicLayout {
+    flotilla_runtime::kafka::TopicLayout {
+        topic_partitions: 3,
+        topic_replication: 1,
+    }
 }

@@ -9,6 +9,7 @@ use clap::builder::{RangedI64ValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, Subcommand};
 use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::kafka::TopicLayout;
 use flotilla_runtime::settings::{DAY, HOUR, MILLISECOND, SECOND, duration_between};
 use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
@@ -20,8 +21,6 @@ use crate::{api, consumer, engine};
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Where the API listens, unless configured.
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8080";
-/// Partitions of the topics the worker creates, unless configured.
-pub const DEFAULT_TOPIC_PARTITIONS: i32 = 3;
 /// How long to wait for the broker at start-up, unless configured.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -86,6 +85,12 @@ pub struct ConsumerConfig {
     #[arg(long, env = "FLOTILLA_CONSUMER_GROUP", default_value = topics::CONSUMER_GROUP)]
     pub consumer_group: String,
 
+    /// Static group membership keyed on the worker id (`group.instance.id`):
+    /// a worker restarted with its id gets its partitions back at once. Two
+    /// live workers must never share an id then.
+    #[arg(long, env = "FLOTILLA_STATIC_MEMBERSHIP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub static_membership: bool,
+
     /// Consume the request topic in this process.
     #[arg(long, env = "FLOTILLA_CONSUME_REQUESTS", default_value_t = true, action = clap::ArgAction::Set)]
     pub consume_requests: bool,
@@ -106,9 +111,9 @@ pub struct ConsumerConfig {
     #[arg(long, env = "FLOTILLA_MAX_REQUEST_BYTES", default_value_t = consumer::DEFAULT_MAX_REQUEST_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_request_bytes: usize,
 
-    /// Partitions of the request and dead-letter topics when the worker creates them.
-    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = DEFAULT_TOPIC_PARTITIONS, value_parser = RangedI64ValueParser::<i32>::new().range(1..=10_000))]
-    pub topic_partitions: i32,
+    /// How the request and dead-letter topics are created when missing.
+    #[command(flatten)]
+    pub topics: TopicLayout,
 
     /// How long to wait for the broker at start-up.
     #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value_t = DEFAULT_CONNECT_TIMEOUT.into(), value_parser = duration_between(MILLISECOND, HOUR))]

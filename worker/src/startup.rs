@@ -108,7 +108,7 @@ impl Application {
             tracing::info!(count = loaded.len(), dir = %dir.display(), "workflows registered");
         }
         let consumer = if config.consumer.consume_requests {
-            Some(subscribe(&engine, &config).await?)
+            Some(subscribe(&engine, &config, &worker_id).await?)
         } else {
             None
         };
@@ -235,6 +235,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
 async fn subscribe(
     engine: &Engine,
     config: &WorkerConfig,
+    worker_id: &str,
 ) -> Result<RequestConsumer, StartupError> {
     let consumer = &config.consumer;
     kafka::check_reachable(&config.broker, *consumer.connect_timeout).await?;
@@ -247,11 +248,12 @@ async fn subscribe(
     settings.batch_size = consumer.request_batch_size.max(1);
     settings.batch_wait = *consumer.request_batch_wait;
     settings.batch_bytes = consumer.request_batch_bytes;
+    settings.group_instance_id = consumer.static_membership.then(|| worker_id.to_owned());
     settings.max_request_bytes = consumer.max_request_bytes;
     kafka::ensure_topics(
         &config.broker,
         &[&settings.request_topic, &settings.dead_letter_topic],
-        consumer.topic_partitions,
+        consumer.topics,
     )
     .await?;
     tracing::info!(topic = %settings.request_topic, group = %settings.group, "consuming requests");

@@ -53,6 +53,9 @@ pub struct ConsumerSettings {
     /// `<request topic>.dlq` unless set otherwise.
     pub dead_letter_topic: String,
     pub group: String,
+    /// Static group membership (`group.instance.id`): a member restarted
+    /// with the same id gets its partitions back at once, without a rebalance.
+    pub group_instance_id: Option<String>,
     pub batch_size: usize,
     /// A batch closes once its messages hold this many bytes.
     pub batch_bytes: usize,
@@ -71,6 +74,7 @@ impl ConsumerSettings {
             request_topic: request_topic.to_owned(),
             dead_letter_topic: topics::dead_letter_topic(request_topic),
             group: group.to_owned(),
+            group_instance_id: None,
             batch_size: DEFAULT_BATCH_SIZE,
             batch_bytes: DEFAULT_BATCH_BYTES,
             batch_wait: DEFAULT_BATCH_WAIT,
@@ -109,11 +113,13 @@ impl RequestConsumer {
         codec: Arc<Codec>,
         settings: ConsumerSettings,
     ) -> Result<Self, KafkaError> {
-        let consumer: StreamConsumer<RequestConsumerContext> = settings
-            .broker
-            .manual_commit_consumer(&settings.group)
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .create_with_context(RequestConsumerContext)?;
+        let mut config = settings.broker.manual_commit_consumer(&settings.group);
+        config.set("partition.assignment.strategy", "cooperative-sticky");
+        if let Some(instance) = &settings.group_instance_id {
+            config.set("group.instance.id", instance);
+        }
+        let consumer: StreamConsumer<RequestConsumerContext> =
+            config.create_with_context(RequestConsumerContext)?;
         consumer.subscribe(&[&settings.request_topic])?;
         let consumer = Arc::new(consumer);
         let dead_letters: FutureProducer = settings.broker.idempotent_producer().create()?;

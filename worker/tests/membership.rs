@@ -1,0 +1,142 @@
+//! Static group membership: a worker killed with SIGKILL and restarted with
+//! the same id gets its partitions back at once. (On the test broker a new
+//! dynamic member is never given a killed member's partitions, so without
+//! static membership this test would stall for good.)
+
+use std::process::Command;
+use std::time::Duration;
+
+use flotilla_tests::process::Running;
+use flotilla_tests::{KAFKA_TEST_TIMEOUT, unique};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+async fn url_of(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").unwrap();
+    format!("{}/{name}", base.rsplit_once('/').unwrap().0)
+}
+
+/// A worker that only ingests: no claim loops, so rows stay QUEUED.
+fn ingesting_worker(
+    database_url: &str,
+    topic: &str,
+    group: &str,
+    dir: &std::path::Path,
+) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
+    command
+        .env("DATABASE_URL", database_url)
+        .env(
+            "KAFKA_BOOTSTRAP_SERVERS",
+            flotilla_tests::bootstrap_servers(),
+        )
+        .env("FLOTILLA_WORKER_ID", "static-member")
+        .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
+        .env("FLOTILLA_API_TOKENS", "t")
+        .env("FLOTILLA_REQUEST_TOPIC", topic)
+        .env("FLOTILLA_CONSUMER_GROUP", group)
+        .env("FLOTILLA_WORKER_COUNT", "0")
+        .env("FLOTILLA_WORKFLOWS_DIR", dir)
+        .env("FLOTILLA_TARGETS_FILE", dir.with_extension("targets.yaml"))
+        .env("NO_COLOR", "1");
+    command
+}
+
+async fn produce(topic: &str, count: usize) {
+    let producer: rdkafka::producer::FutureProducer = flotilla_tests::broker()
+        .idempotent_producer()
+        .create()
+        .unwrap();
+    for _ in 0..count {
+        let request = flotilla_contracts::WorkflowRunRequest::new(
+            Uuid::new_v4(),
+            "noop",
+            serde_json::json!({}),
+        )
+        .unwrap();
+        let payload = flotilla_contracts::json::encode(&request).unwrap();
+        let key = request.job_id().to_string();
+        producer
+            .send(
+                rdkafka::producer::FutureRecord::to(topic)
+                    .key(&key)
+                    .payload(&payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+}
+
+async fn wait_rows(pool: &PgPool, expected: i64, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if rows >= expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{rows} rows of {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn start(command: Command) -> Running {
+    tokio::task::spawn_blocking(move || {
+        let mut running = Running::start(command);
+        running.wait_for_line("worker ready", Duration::from_secs(60));
+        running
+    })
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_killed_and_restarted_with_its_id_gets_its_partitions_back(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let dir = std::env::temp_dir().join(format!("flotilla-membership-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let noop = serde_json::json!({"name": "noop", "input_schema": {},
+            "steps": [{"name": "never", "target": "svc", "method": "m"}]});
+        std::fs::write(dir.join("noop.json"), noop.to_string()).unwrap();
+        let targets = dir.with_extension("targets.yaml");
+        std::fs::write(
+            &targets,
+            "targets:\n  svc:\n    kind: http\n    base_url: http://127.0.0.1:1\n",
+        )
+        .unwrap();
+        let (topic, group) = (unique("membership-requests"), unique("membership-workers"));
+        flotilla_tests::create_topic(&topic, 3).await.unwrap();
+        let url = url_of(&pool).await;
+
+        let mut first = start(ingesting_worker(&url, &topic, &group, &dir)).await;
+        produce(&topic, 6).await;
+        wait_rows(&pool, 6, Duration::from_secs(60)).await;
+        first.kill();
+
+        produce(&topic, 6).await;
+        let mut second = start(ingesting_worker(&url, &topic, &group, &dir)).await;
+        // Well inside the 45 s session timeout: no rebalance was waited for.
+        wait_rows(&pool, 12, Duration::from_secs(40)).await;
+        let status = tokio::task::spawn_blocking(move || second.terminate(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        assert!(status.success());
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_file(dir.with_extension("targets.yaml")).unwrap();
+    })
+    .await
+    .expect("the membership test timed out");
+}
