@@ -171,7 +171,10 @@ impl Application {
             Some(consumer) => {
                 let clients = consumer.clients();
                 let health = engine.health().clone();
-                let run = consumer.run(shutdown.clone());
+                let stop = shutdown.clone();
+                let run = async move {
+                    consumer.run(stop).await;
+                };
                 let supervised = run_once_or_die(health, "request consumer".into(), run);
                 (Some(tokio::spawn(supervised)), Some(clients))
             }

@@ -5,17 +5,40 @@
 //! partitions are revoked, the stored offsets are committed synchronously so
 //! the next owner resumes right after the last durable message.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::topic_partition_list::TopicPartitionList;
 
+/// The callbacks' state: whether the consumer is riding out an outage (then
+/// every partition assigned meanwhile is paused on arrival too).
 #[derive(Debug, Default)]
-pub struct RequestConsumerContext;
+pub struct RequestConsumerContext {
+    outage: AtomicBool,
+}
+
+impl RequestConsumerContext {
+    pub(super) fn set_outage(&self, on: bool) {
+        self.outage.store(on, Ordering::SeqCst);
+    }
+}
 
 impl ClientContext for RequestConsumerContext {}
 
 impl ConsumerContext for RequestConsumerContext {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let (Rebalance::Assign(partitions), true) =
+            (rebalance, self.outage.load(Ordering::SeqCst))
+        {
+            tracing::info!(partitions = %describe(partitions), "assigned during an outage; paused");
+            if let Err(e) = consumer.pause(partitions) {
+                tracing::warn!(error = %e, "pausing newly assigned partitions failed");
+            }
+        }
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(partitions) => {

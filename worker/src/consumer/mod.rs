@@ -10,6 +10,7 @@
 
 mod context;
 pub mod dead_letter;
+mod outage;
 mod persist;
 mod received;
 
@@ -20,7 +21,6 @@ use std::time::Duration;
 use flotilla_codec::Codec;
 use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
-use flotilla_runtime::backoff::Doubling;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
@@ -28,6 +28,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 pub use context::RequestConsumerContext;
+pub use outage::is_unreadable;
 pub use persist::{BatchReport, Outage};
 pub use received::Received;
 
@@ -43,7 +44,9 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Longest pause between retries of a batch during an outage.
 pub const DEFAULT_OUTAGE_BACKOFF_MAX: Duration = Duration::from_secs(10);
-const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub(crate) const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// How long one dead-letter delivery may take before the batch is retried.
+pub const DEAD_LETTER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How the consumer reads and batches.
 #[derive(Debug, Clone)]
@@ -64,6 +67,8 @@ pub struct ConsumerSettings {
     pub max_request_bytes: usize,
     /// Longest pause between retries of a batch during an outage.
     pub outage_backoff_max: Duration,
+    /// `max.poll.interval.ms` (and the session timeout), when not librdkafka's default.
+    pub max_poll_interval: Option<Duration>,
 }
 
 impl ConsumerSettings {
@@ -80,6 +85,7 @@ impl ConsumerSettings {
             batch_wait: DEFAULT_BATCH_WAIT,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             outage_backoff_max: DEFAULT_OUTAGE_BACKOFF_MAX,
+            max_poll_interval: None,
         }
     }
 }
@@ -93,6 +99,17 @@ pub struct RequestConsumer {
     settings: ConsumerSettings,
     /// Set once a message could not be read: nothing is committed after it.
     stalled: std::sync::atomic::AtomicBool,
+    /// Messages that arrived while riding out an outage, for the next batch.
+    carried: std::sync::Mutex<Vec<Received>>,
+    /// Times librdkafka said this member went too long without polling.
+    poll_interval_exceeded: std::sync::atomic::AtomicU64,
+}
+
+/// What a consumer saw while it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Times it went too long without polling (and so lost its group seat).
+    pub poll_interval_exceeded: u64,
 }
 
 impl std::fmt::Debug for RequestConsumer {
@@ -118,11 +135,26 @@ impl RequestConsumer {
         if let Some(instance) = &settings.group_instance_id {
             config.set("group.instance.id", instance);
         }
+        if let Some(interval) = settings.max_poll_interval {
+            // librdkafka wants the session timeout within the poll interval.
+            let millis = interval.as_millis().to_string();
+            config
+                .set("max.poll.interval.ms", &millis)
+                .set("session.timeout.ms", &millis);
+        }
         let consumer: StreamConsumer<RequestConsumerContext> =
-            config.create_with_context(RequestConsumerContext)?;
+            config.create_with_context(RequestConsumerContext::default())?;
         consumer.subscribe(&[&settings.request_topic])?;
         let consumer = Arc::new(consumer);
-        let dead_letters: FutureProducer = settings.broker.idempotent_producer().create()?;
+        let dead_letters: FutureProducer = settings
+            .broker
+            .idempotent_producer()
+            // A dead letter that cannot be delivered soon is an outage, retried.
+            .set(
+                "message.timeout.ms",
+                DEAD_LETTER_TIMEOUT.as_millis().to_string(),
+            )
+            .create()?;
         Ok(Self {
             consumer,
             dead_letters,
@@ -130,11 +162,13 @@ impl RequestConsumer {
             codec,
             settings,
             stalled: std::sync::atomic::AtomicBool::new(false),
+            carried: std::sync::Mutex::new(Vec::new()),
+            poll_interval_exceeded: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     /// Consumes until `shutdown`: batch, persist (retrying through outages), commit.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(self, shutdown: CancellationToken) -> ConsumerStats {
         while let Some(batch) = self.next_batch(&shutdown).await {
             let Some(report) = self.persist_until_done(&batch, &shutdown).await else {
                 break; // shut down mid-outage: nothing committed, the batch is redelivered
@@ -151,14 +185,25 @@ impl RequestConsumer {
         if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
             tracing::debug!(error = %e, "final commit had nothing to do or failed");
         }
+        let stats = ConsumerStats {
+            poll_interval_exceeded: self
+                .poll_interval_exceeded
+                .load(std::sync::atomic::Ordering::SeqCst),
+        };
         self.close();
+        stats
     }
 
     /// Waits for the next message, then takes more for up to `batch_wait`,
     /// `batch_size` messages or `batch_bytes` bytes. `None` on shutdown.
     pub async fn next_batch(&self, shutdown: &CancellationToken) -> Option<Vec<Received>> {
         let limit = self.settings.max_request_bytes;
-        let mut batch = Vec::new();
+        let mut batch = std::mem::take(
+            &mut *self
+                .carried
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         while batch.is_empty() {
             tokio::select! {
                 received = self.consumer.recv() => match received {
@@ -167,7 +212,7 @@ impl RequestConsumer {
                         shutdown.cancelled().await;
                         return None;
                     }
-                    Err(e) => tracing::warn!(error = %e, "consumer error"),
+                    Err(e) => self.note_error(&e),
                 },
                 () = shutdown.cancelled() => return None,
             }
@@ -184,74 +229,11 @@ impl RequestConsumer {
                 // What came before the unreadable message is still persisted
                 // and committed; nothing after it is.
                 Ok(Err(e)) if self.stall_on(&e) => break,
-                Ok(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+                Ok(Err(e)) => self.note_error(&e),
                 Err(_) => break,
             }
         }
         Some(batch)
-    }
-
-    async fn persist_until_done(
-        &self,
-        batch: &[Received],
-        shutdown: &CancellationToken,
-    ) -> Option<BatchReport> {
-        let mut backoff = Doubling::new(OUTAGE_BACKOFF_MIN, self.settings.outage_backoff_max);
-        let mut paused: Option<TopicPartitionList> = None;
-        loop {
-            match self.persist(batch).await {
-                Ok(report) => {
-                    if let Some(partitions) = paused {
-                        tracing::info!("outage over; resuming partitions");
-                        if let Err(e) = self.consumer.resume(&partitions) {
-                            tracing::warn!(error = %e, "resuming partitions failed");
-                        }
-                    }
-                    return Some(report);
-                }
-                Err(outage) => {
-                    let pause = backoff.next_pause();
-                    tracing::warn!(error = %outage, retry_in = ?pause, "batch not persisted; pausing and retrying");
-                    if paused.is_none() {
-                        let assignment = self.consumer.assignment().unwrap_or_default();
-                        if let Err(e) = self.consumer.pause(&assignment) {
-                            tracing::warn!(error = %e, "pausing partitions failed");
-                        }
-                        paused = Some(assignment);
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        () = shutdown.cancelled() => return None,
-                    }
-                }
-            }
-        }
-    }
-
-    fn is_stalled(&self) -> bool {
-        self.stalled.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// When `error` says a message could not be read (librdkafka would skip
-    /// it), stops consuming loudly instead: every partition paused, offsets
-    /// never stored past it, an error logged and counted, and readiness
-    /// failing. The client does not say which partition, so all stop.
-    fn stall_on(&self, error: &KafkaError) -> bool {
-        if !is_unreadable(error) {
-            return false;
-        }
-        if !self.stalled.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            let reason = format!(
-                "a message could not be read ({error}); consumption stopped so that nothing is committed past it"
-            );
-            metrics::counter!("flotilla_unreadable_messages_total").increment(1);
-            self.engine.health().dead("request consumer", reason);
-            let assignment = self.consumer.assignment().unwrap_or_default();
-            if let Err(e) = self.consumer.pause(&assignment) {
-                tracing::error!(error = %e, "pausing partitions failed");
-            }
-        }
-        true
     }
 
     /// Stores, per partition, the offset after the highest message of the
@@ -300,19 +282,6 @@ impl RequestConsumer {
     }
 }
 
-/// Whether a consumer error means a message was skipped unread: a batch
-/// that does not decompress or does not parse. Transport errors are not.
-#[must_use]
-pub fn is_unreadable(error: &KafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as Code;
-    matches!(
-        error,
-        KafkaError::MessageConsumption(
-            Code::BadCompression | Code::BadMessage | Code::InvalidMessage | Code::InvalidRecord
-        )
-    )
-}
-
 /// See [`RequestConsumer::clients`].
 pub struct KafkaClients {
     _consumer: Arc<StreamConsumer<RequestConsumerContext>>,
@@ -329,29 +298,5 @@ impl KafkaClients {
     /// Releases this hold on a thread of its own.
     pub fn drop_off_runtime(self) {
         std::thread::spawn(move || drop(self));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use rdkafka::error::KafkaError;
-    use rdkafka::types::RDKafkaErrorCode as Code;
-
-    use super::is_unreadable;
-
-    #[test]
-    fn a_batch_that_cannot_be_read_stops_consumption_and_transport_errors_do_not() {
-        assert!(is_unreadable(&KafkaError::MessageConsumption(
-            Code::BadCompression
-        )));
-        assert!(is_unreadable(&KafkaError::MessageConsumption(
-            Code::InvalidMessage
-        )));
-        assert!(!is_unreadable(&KafkaError::MessageConsumption(
-            Code::BrokerTransportFailure
-        )));
-        assert!(!is_unreadable(&KafkaError::MessageConsumption(
-            Code::AllBrokersDown
-        )));
     }
 }

@@ -7,6 +7,7 @@ mod flow;
 mod group;
 mod hostile;
 mod poison;
+mod seat;
 
 mod support;
 
@@ -37,7 +38,10 @@ async fn within_deadline(test: impl Future<Output = ()>) {
 /// Runs the consumer in the background; returns its stop switch and handle.
 fn spawn(
     consumer: flotilla_worker::consumer::RequestConsumer,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<flotilla_worker::consumer::ConsumerStats>,
+) {
     let stop = CancellationToken::new();
     let handle = tokio::spawn(consumer.run(stop.clone()));
     (stop, handle)

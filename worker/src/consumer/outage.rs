@@ -1,0 +1,165 @@
+//! Riding out what is not this batch's fault: an outage of the database,
+//! the registry or the dead-letter topic (pause, keep polling, retry the
+//! same batch), and a message the client cannot read (stop loudly rather
+//! than commit past it).
+
+use std::time::Duration;
+
+use flotilla_runtime::backoff::Doubling;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use tokio_util::sync::CancellationToken;
+
+use super::{BatchReport, OUTAGE_BACKOFF_MIN, Received, RequestConsumer};
+
+impl RequestConsumer {
+    /// Persists `batch`, riding out outages: the partitions are paused
+    /// (those assigned meanwhile too, on arrival) and the same batch retried
+    /// with backoff, while the consumer keeps polling so it keeps its group
+    /// seat and rebalances finish. `None` on shutdown.
+    pub(super) async fn persist_until_done(
+        &self,
+        batch: &[Received],
+        shutdown: &CancellationToken,
+    ) -> Option<BatchReport> {
+        let mut backoff = Doubling::new(OUTAGE_BACKOFF_MIN, self.settings.outage_backoff_max);
+        let mut in_outage = false;
+        loop {
+            match self.persist(batch).await {
+                Ok(report) => {
+                    if in_outage {
+                        self.end_outage();
+                    }
+                    return Some(report);
+                }
+                Err(outage) => {
+                    let pause = backoff.next_pause();
+                    tracing::warn!(error = %outage, retry_in = ?pause, "batch not persisted; pausing and retrying");
+                    if !in_outage {
+                        self.begin_outage();
+                        in_outage = true;
+                    }
+                    if !self.poll_paused(pause, shutdown).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn begin_outage(&self) {
+        self.consumer.context().set_outage(true);
+        let assignment = self.consumer.assignment().unwrap_or_default();
+        if let Err(e) = self.consumer.pause(&assignment) {
+            tracing::warn!(error = %e, "pausing partitions failed");
+        }
+    }
+
+    fn end_outage(&self) {
+        self.consumer.context().set_outage(false);
+        tracing::info!("outage over; resuming partitions");
+        let assignment = self.consumer.assignment().unwrap_or_default();
+        if let Err(e) = self.consumer.resume(&assignment) {
+            tracing::warn!(error = %e, "resuming partitions failed");
+        }
+    }
+
+    /// Polls for `pause` with the partitions paused: the group sees a live
+    /// member, rebalances complete, and a message that still arrives (from a
+    /// partition assigned as the pause began) is kept for the next batch.
+    /// `false` on shutdown.
+    async fn poll_paused(&self, pause: Duration, shutdown: &CancellationToken) -> bool {
+        let until = tokio::time::Instant::now() + pause;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return true,
+                () = shutdown.cancelled() => return false,
+                received = self.consumer.recv() => match received {
+                    Ok(message) => {
+                        let kept = Received::take(&message, self.settings.max_request_bytes);
+                        self.carried
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(kept);
+                    }
+                    Err(e) => self.note_error(&e),
+                },
+            }
+        }
+    }
+
+    pub(super) fn note_error(&self, error: &KafkaError) {
+        if matches!(
+            error,
+            KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::PollExceeded)
+        ) {
+            self.poll_interval_exceeded
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            metrics::counter!("flotilla_consumer_poll_interval_exceeded_total").increment(1);
+        }
+        tracing::warn!(error = %error, "consumer error");
+    }
+
+    pub(super) fn is_stalled(&self) -> bool {
+        self.stalled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// When `error` says a message could not be read (librdkafka would skip
+    /// it), stops consuming loudly instead: every partition paused, offsets
+    /// never stored past it, an error logged and counted, and readiness
+    /// failing. The client does not say which partition, so all stop.
+    pub(super) fn stall_on(&self, error: &KafkaError) -> bool {
+        if !is_unreadable(error) {
+            return false;
+        }
+        if !self.stalled.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let reason = format!(
+                "a message could not be read ({error}); consumption stopped so that nothing is committed past it"
+            );
+            metrics::counter!("flotilla_unreadable_messages_total").increment(1);
+            self.engine.health().dead("request consumer", reason);
+            let assignment = self.consumer.assignment().unwrap_or_default();
+            if let Err(e) = self.consumer.pause(&assignment) {
+                tracing::error!(error = %e, "pausing partitions failed");
+            }
+        }
+        true
+    }
+}
+
+/// Whether a consumer error means a message was skipped unread: a batch
+/// that does not decompress or does not parse. Transport errors are not.
+#[must_use]
+pub fn is_unreadable(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        error,
+        KafkaError::MessageConsumption(
+            Code::BadCompression | Code::BadMessage | Code::InvalidMessage | Code::InvalidRecord
+        )
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode as Code;
+
+    use super::is_unreadable;
+
+    #[test]
+    fn a_batch_that_cannot_be_read_stops_consumption_and_transport_errors_do_not() {
+        assert!(is_unreadable(&KafkaError::MessageConsumption(
+            Code::BadCompression
+        )));
+        assert!(is_unreadable(&KafkaError::MessageConsumption(
+            Code::InvalidMessage
+        )));
+        assert!(!is_unreadable(&KafkaError::MessageConsumption(
+            Code::BrokerTransportFailure
+        )));
+        assert!(!is_unreadable(&KafkaError::MessageConsumption(
+            Code::AllBrokersDown
+        )));
+    }
+}
