@@ -3,20 +3,64 @@
 //! Each round a relay heartbeats its membership, counts the live relays, and
 //! moves towards its fair share (`ceil(64 / live)`): it renews what it holds,
 //! releases what is above its share, and claims free or expired buckets up
-//! to it. A relay that dies stops renewing; its buckets expire after the
-//! lease and others take them. The statements are in `flotilla_store::buckets`.
+//! to it. During a round the lease is renewed every third of its term, and
+//! the buckets still held are what the publisher checks before every send:
+//! a bucket lost mid-round (this relay stalled past its lease) is published
+//! no more. Leases are stamped and compared with the database's clock; the
+//! statements are in `flotilla_store::buckets`.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use flotilla_store::buckets::{self, BUCKETS};
 use sqlx::PgPool;
+
+/// The buckets this relay holds right now, shared with the publisher.
+#[derive(Debug, Clone, Default)]
+pub struct HeldBuckets(Arc<Mutex<HashSet<i16>>>);
+
+impl HeldBuckets {
+    fn set(&self, held: &[i16]) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = held.iter().copied().collect();
+    }
+
+    /// Keeps only the buckets still held (a renewal never adds any).
+    fn retain(&self, still: &[i16]) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|bucket| still.contains(bucket));
+    }
+
+    /// Whether rows of `bucket` may be sent now.
+    #[must_use]
+    pub fn holds(&self, bucket: i16) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&bucket)
+    }
+
+    /// How many buckets are held.
+    #[must_use]
+    pub fn count(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct BucketLeases {
     pool: PgPool,
     relay_id: String,
     ttl: Duration,
+    held: HeldBuckets,
 }
 
 impl BucketLeases {
@@ -26,35 +70,84 @@ impl BucketLeases {
             pool,
             relay_id,
             ttl,
+            held: HeldBuckets::default(),
         }
+    }
+
+    #[must_use]
+    pub fn relay_id(&self) -> &str {
+        &self.relay_id
+    }
+
+    /// The buckets held, as the publisher checks them.
+    #[must_use]
+    pub fn held(&self) -> &HeldBuckets {
+        &self.held
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
     }
 
     /// One ownership round; returns the buckets this relay holds now.
     ///
     /// # Errors
     /// Database errors.
-    pub async fn rebalance(&self, now: DateTime<Utc>) -> Result<Vec<i16>, sqlx::Error> {
-        let id = self.relay_id.as_str();
-        let until = now + self.ttl;
+    pub async fn rebalance(&self) -> Result<Vec<i16>, sqlx::Error> {
+        let (id, ttl) = (self.relay_id.as_str(), self.ttl_ms());
         let mut tx = self.pool.begin().await?;
-        buckets::heartbeat(&mut tx, id, now).await?;
-        let live = buckets::count_live(&mut tx, now - self.ttl).await?.max(1);
+        buckets::heartbeat(&mut tx, id).await?;
+        let live = buckets::count_live(&mut tx, ttl).await?.max(1);
         let share = (BUCKETS + live - 1) / live;
-        let mut held = buckets::renew_held(&mut tx, id, now, until).await?;
+        let mut held = buckets::renew_held(&mut tx, id, ttl).await?;
         held.sort_unstable();
         let held_count = i64::try_from(held.len()).unwrap_or(i64::MAX);
         if held_count > share {
             let extra = held.split_off(usize::try_from(share).unwrap_or(0));
             buckets::release(&mut tx, id, &extra).await?;
         } else if held_count < share {
-            let claimed = buckets::claim_free(&mut tx, id, now, until, share - held_count).await?;
+            let claimed = buckets::claim_free(&mut tx, id, ttl, share - held_count).await?;
             held.extend(claimed);
             held.sort_unstable();
             held.dedup();
         }
-        buckets::forget_departed(&mut tx, now - self.ttl * 10).await?;
+        buckets::forget_departed(&mut tx, ttl.saturating_mul(10)).await?;
         tx.commit().await?;
+        self.held.set(&held);
         Ok(held)
+    }
+
+    /// Renews what is held without rebalancing (during a round); a bucket
+    /// whose lease ran out is dropped from [`BucketLeases::held`] at once.
+    ///
+    /// # Errors
+    /// Database errors (then nothing is assumed lost or kept: the marks are fenced).
+    pub async fn renew(&self) -> Result<(), sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let still = buckets::renew_held(&mut conn, &self.relay_id, self.ttl_ms()).await?;
+        let before = self.held.count();
+        self.held.retain(&still);
+        if self.held.count() < before {
+            tracing::warn!(relay = %self.relay_id, lost = before - self.held.count(),
+                "bucket leases ran out mid-round; their rows are published no more by this relay");
+        }
+        Ok(())
+    }
+
+    /// Renews every third of the lease until dropped (the task is aborted).
+    pub(crate) fn keep_renewing(&self) -> RenewalGuard {
+        let leases = self.clone();
+        let every = (self.ttl / 3).max(Duration::from_millis(10));
+        RenewalGuard(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                if let Err(e) = leases.renew().await {
+                    tracing::warn!(error = %e, "renewing bucket leases failed");
+                }
+            }
+        }))
     }
 
     /// Gives every bucket back and leaves (on shutdown), so others take over at once.
@@ -64,6 +157,18 @@ impl BucketLeases {
     pub async fn release_all(&self) -> Result<(), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         buckets::leave(&mut tx, &self.relay_id).await?;
-        tx.commit().await
+        tx.commit().await?;
+        self.held.set(&[]);
+        Ok(())
+    }
+}
+
+/// Stops the renewals of a round when dropped.
+#[derive(Debug)]
+pub(crate) struct RenewalGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for RenewalGuard {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -82,94 +82,132 @@ impl Relay {
         })
     }
 
-    /// Takes its share of buckets and publishes what they hold, without marking.
+    /// Takes its share of buckets and publishes what they hold, renewing
+    /// the leases meanwhile, without marking.
     ///
     /// # Errors
     /// Database errors.
     pub async fn publish_once(&self) -> Result<PublishedBatch, sqlx::Error> {
         let now = self.clock.now();
-        let buckets = self.leases.rebalance(now).await?;
+        let buckets = self.leases.rebalance().await?;
         let rows = {
             let mut conn = self.pool.acquire().await?;
             outbox::publishable(&mut conn, &buckets, now, self.settings.batch_size).await?
         };
-        Ok(self.publisher.publish(rows).await)
+        let _renewing = self.leases.keep_renewing();
+        let deadline = tokio::time::Instant::now() + self.settings.delivery_timeout;
+        Ok(self
+            .publisher
+            .publish(rows, self.leases.held(), deadline)
+            .await)
     }
 
-    /// One round: publish, then mark.
+    /// One round: publish, then mark (fenced on the buckets still held).
     ///
     /// # Errors
     /// Database errors (nothing acknowledged is lost: it is published again).
     pub async fn drain_once(&self) -> Result<DrainReport, sqlx::Error> {
         let batch = self.publish_once().await?;
         batch
-            .mark(&self.pool, self.clock.now(), self.settings.backoff_base)
+            .mark(
+                &self.pool,
+                self.leases.relay_id(),
+                self.clock.now(),
+                self.settings.backoff_base,
+            )
             .await
     }
 
-    /// Deletes PUBLISHED rows older than the retention, in bounded batches.
+    /// Deletes PUBLISHED rows older than the retention, in bounded batches,
+    /// unless another relay is doing it right now. Returns how many.
     ///
     /// # Errors
     /// Database errors.
     pub async fn apply_retention(&self) -> Result<u64, sqlx::Error> {
         let cutoff = self.clock.now() - self.settings.retention;
+        let batch = self.settings.retention_batch;
         let mut deleted = 0;
         loop {
-            let mut conn = self.pool.acquire().await?;
-            let batch =
-                outbox::delete_published_before(&mut conn, cutoff, self.settings.retention_batch)
-                    .await?;
-            deleted += batch;
-            if batch < u64::try_from(self.settings.retention_batch).unwrap_or(u64::MAX) {
+            let mut tx = self.pool.begin().await?;
+            let Some(count) = outbox::delete_published_before(&mut tx, cutoff, batch).await? else {
+                tx.rollback().await?;
+                return Ok(deleted); // another relay holds the retention lock
+            };
+            tx.commit().await?;
+            deleted += count;
+            if count < u64::try_from(batch).unwrap_or(u64::MAX) {
                 return Ok(deleted);
             }
         }
     }
 
-    /// Publishes until `shutdown`; the round in flight finishes (its delivery
-    /// reports awaited and marked) within `grace`, then the buckets are released.
+    /// Retention on its own schedule, whatever the load of the rounds.
+    async fn retention_loop(&self, shutdown: CancellationToken) {
+        let mut ticks = tokio::time::interval(self.settings.retention_interval);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            match self.apply_retention().await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(deleted, "retention deleted published rows"),
+                Err(e) => tracing::warn!(error = %e, "retention failed"),
+            }
+        }
+    }
+
+    /// Publishes until `shutdown`; the round in flight finishes (its
+    /// acknowledgements awaited and marked), then the buckets are released.
+    /// Rounds the world held back (broker or registry unreachable) are
+    /// followed by a pause that doubles up to 10 s; no attempt is spent.
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
+        let retention = {
+            let (relay, stop) = (self.clone(), shutdown.clone());
+            tokio::spawn(async move { relay.retention_loop(stop).await })
+        };
         let mut idle = Doubling::new(IDLE_POLL_MIN, self.settings.idle_poll_max);
-        let mut retention_due = tokio::time::Instant::now();
+        let mut outage = Doubling::new(Duration::from_millis(200), Duration::from_secs(10));
         while !shutdown.is_cancelled() {
-            let round =
-                tokio::time::timeout(grace.max(self.settings.delivery_timeout), self.drain_once());
             // One round that panics is logged and counted; the relay goes on.
-            let Ok(round) = AssertUnwindSafe(round).catch_unwind().await else {
+            let Ok(round) = AssertUnwindSafe(self.drain_once()).catch_unwind().await else {
                 tracing::error!("relay round panicked; its rows stay PENDING");
                 metrics::counter!("flotilla_relay_round_panics_total").increment(1);
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             };
             let pause = match round {
-                Ok(Ok(report)) if report.published + report.failed > 0 => {
-                    idle.reset();
-                    tracing::debug!(?report, "relay round");
-                    continue;
+                Ok(report) => {
+                    metrics::counter!("flotilla_relay_published_total")
+                        .increment(report.published as u64);
+                    metrics::counter!("flotilla_relay_publish_failures_total", "class" => "message")
+                        .increment(report.failed as u64);
+                    metrics::counter!("flotilla_relay_publish_failures_total", "class" => "world")
+                        .increment(report.deferred as u64);
+                    if report.deferred > 0 && report.published == 0 {
+                        tracing::warn!(?report, "nothing could be published; pausing");
+                        outage.next_pause()
+                    } else if report.published + report.failed > 0 {
+                        idle.reset();
+                        outage.reset();
+                        tracing::debug!(?report, "relay round");
+                        continue;
+                    } else {
+                        outage.reset();
+                        idle.next_pause()
+                    }
                 }
-                Ok(Ok(_)) => idle.next_pause(),
-                Ok(Err(e)) => {
+                Err(e) => {
                     tracing::warn!(error = %e, "relay round failed");
-                    Duration::from_secs(1)
-                }
-                Err(_) => {
-                    tracing::warn!("relay round took too long; its rows stay PENDING");
-                    Duration::from_secs(1)
+                    outage.next_pause()
                 }
             };
-            if tokio::time::Instant::now() >= retention_due {
-                match self.apply_retention().await {
-                    Ok(0) => {}
-                    Ok(deleted) => tracing::info!(deleted, "retention deleted published rows"),
-                    Err(e) => tracing::warn!(error = %e, "retention failed"),
-                }
-                retention_due = tokio::time::Instant::now() + self.settings.retention_interval;
-            }
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
                 () = shutdown.cancelled() => {}
             }
         }
+        let _ = tokio::time::timeout(grace, retention).await;
         if let Err(e) = self.leases.release_all().await {
             tracing::warn!(error = %e, "releasing buckets failed; they expire with their lease");
         }

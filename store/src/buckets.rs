@@ -3,9 +3,10 @@
 //! Job ids fall into [`BUCKETS`] buckets (a generated column of the outbox);
 //! a bucket is leased to one relay at a time, so one job's events are always
 //! published by one relay, in order. The fair-share policy that drives these
-//! statements lives with the relay.
+//! statements lives with the relay. Every lease is stamped and compared with
+//! the database's clock, so relays whose clocks disagree still agree on who
+//! holds what.
 
-use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgTransaction};
 
 /// How many buckets the outbox is split into (the schema's `% 64`).
@@ -15,50 +16,47 @@ pub const BUCKETS: i64 = 64;
 ///
 /// # Errors
 /// Database errors.
-pub async fn heartbeat(
-    conn: &mut PgConnection,
-    relay_id: &str,
-    now: DateTime<Utc>,
-) -> Result<(), sqlx::Error> {
+pub async fn heartbeat(conn: &mut PgConnection, relay_id: &str) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO relay_member (relay_id, last_seen) VALUES ($1, $2)
-         ON CONFLICT (relay_id) DO UPDATE SET last_seen = $2",
+        "INSERT INTO relay_member (relay_id, last_seen) VALUES ($1, now())
+         ON CONFLICT (relay_id) DO UPDATE SET last_seen = now()",
     )
     .bind(relay_id)
-    .bind(now)
     .execute(conn)
     .await?;
     Ok(())
 }
 
-/// How many relays were seen after `since`.
+/// How many relays were seen within the last `ttl_ms` milliseconds.
 ///
 /// # Errors
 /// Database errors.
-pub async fn count_live(conn: &mut PgConnection, since: DateTime<Utc>) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM relay_member WHERE last_seen > $1")
-        .bind(since)
-        .fetch_one(conn)
-        .await
+pub async fn count_live(conn: &mut PgConnection, ttl_ms: i64) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM relay_member WHERE last_seen > now() - $1 * interval '1 millisecond'",
+    )
+    .bind(ttl_ms)
+    .fetch_one(conn)
+    .await
 }
 
-/// Extends to `until` every bucket `relay_id` still holds at `now`; returns them.
+/// Extends by `ttl_ms` every bucket `relay_id` still holds; returns them.
+/// A bucket whose lease ran out is not renewed: another relay may hold it.
 ///
 /// # Errors
 /// Database errors.
 pub async fn renew_held(
     conn: &mut PgConnection,
     relay_id: &str,
-    now: DateTime<Utc>,
-    until: DateTime<Utc>,
+    ttl_ms: i64,
 ) -> Result<Vec<i16>, sqlx::Error> {
     sqlx::query_scalar(
-        "UPDATE relay_bucket SET lease_until = $2 WHERE owner = $1 AND lease_until > $3
+        "UPDATE relay_bucket SET lease_until = now() + $2 * interval '1 millisecond'
+         WHERE owner = $1 AND lease_until > now()
          RETURNING bucket",
     )
     .bind(relay_id)
-    .bind(until)
-    .bind(now)
+    .bind(ttl_ms)
     .fetch_all(conn)
     .await
 }
@@ -82,43 +80,38 @@ pub async fn release(
     Ok(())
 }
 
-/// Leases up to `count` free or expired buckets to `relay_id` until `until`.
+/// Leases up to `count` free or expired buckets to `relay_id` for `ttl_ms`.
 ///
 /// # Errors
 /// Database errors.
 pub async fn claim_free(
     conn: &mut PgConnection,
     relay_id: &str,
-    now: DateTime<Utc>,
-    until: DateTime<Utc>,
+    ttl_ms: i64,
     count: i64,
 ) -> Result<Vec<i16>, sqlx::Error> {
     sqlx::query_scalar(
-        "UPDATE relay_bucket SET owner = $1, lease_until = $2
+        "UPDATE relay_bucket SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'
          WHERE bucket IN (
              SELECT bucket FROM relay_bucket
-             WHERE owner IS NULL OR lease_until <= $3
-             ORDER BY bucket LIMIT $4 FOR UPDATE SKIP LOCKED)
+             WHERE owner IS NULL OR lease_until <= now()
+             ORDER BY bucket LIMIT $3 FOR UPDATE SKIP LOCKED)
          RETURNING bucket",
     )
     .bind(relay_id)
-    .bind(until)
-    .bind(now)
+    .bind(ttl_ms)
     .bind(count)
     .fetch_all(conn)
     .await
 }
 
-/// Forgets relays last seen before `before`.
+/// Forgets relays not seen for `ttl_ms` milliseconds.
 ///
 /// # Errors
 /// Database errors.
-pub async fn forget_departed(
-    conn: &mut PgConnection,
-    before: DateTime<Utc>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM relay_member WHERE last_seen < $1")
-        .bind(before)
+pub async fn forget_departed(conn: &mut PgConnection, ttl_ms: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM relay_member WHERE last_seen < now() - $1 * interval '1 millisecond'")
+        .bind(ttl_ms)
         .execute(conn)
         .await?;
     Ok(())

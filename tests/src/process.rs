@@ -92,6 +92,19 @@ impl Running {
         self.wait(timeout)
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, …) to the process.
+    ///
+    /// # Panics
+    /// The signal cannot be sent.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
     /// Kills the process at once (SIGKILL): no shutdown, no goodbye to the broker.
     ///
     /// # Panics

@@ -2,6 +2,7 @@
 //! cluster where the broker must fail): guarantee 8 in docs/architecture.md.
 
 mod failures;
+mod fencing;
 mod hostile;
 mod order;
 mod retention;

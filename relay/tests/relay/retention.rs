@@ -38,3 +38,35 @@ async fn retention_deletes_only_old_published_rows(pool: PgPool) {
         .unwrap();
     assert_eq!(left, &jobs[1..]);
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn retention_runs_on_one_relay_at_a_time(pool: PgPool) {
+    let jobs: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+    insert_events(&pool, &jobs, 1, json!({})).await;
+    sqlx::query("UPDATE workflow_run_outbox SET status = 'PUBLISHED', published_at = now() - interval '30 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let relay = Relay::new(
+        pool.clone(),
+        Arc::new(SystemClock),
+        settings("127.0.0.1:1", "unused", "janitor"),
+    )
+    .unwrap();
+    // Another relay is pruning right now: it holds the retention lock.
+    let mut other = pool.begin().await.unwrap();
+    let held: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_xact_lock(hashtext('flotilla:outbox-retention'))",
+    )
+    .fetch_one(&mut *other)
+    .await
+    .unwrap();
+    assert!(held);
+    assert_eq!(
+        relay.apply_retention().await.unwrap(),
+        0,
+        "it leaves the work to the holder"
+    );
+    other.rollback().await.unwrap();
+    assert_eq!(relay.apply_retention().await.unwrap(), 3);
+}

@@ -14,6 +14,8 @@ pub struct PendingEvent {
     pub job_id: Uuid,
     pub sequence: i64,
     pub event_type: String,
+    /// The row's bucket (of job ids), which a relay must hold to publish it.
+    pub bucket: i16,
     /// The stored event, read raw: one row a newer or broken writer left
     /// must not fail the whole read (see `flotilla_contracts::json::decode_stored`).
     pub payload: Json<serde_json::Value>,
@@ -35,7 +37,7 @@ pub async fn publishable(
     limit: i64,
 ) -> Result<Vec<PendingEvent>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, event_id, job_id, sequence, event_type, payload, traceparent, attempts
+        "SELECT id, event_id, job_id, sequence, event_type, bucket, payload, traceparent, attempts
          FROM workflow_run_outbox o
          WHERE status = 'PENDING' AND bucket = ANY($1) AND next_attempt_at <= $2
            AND NOT EXISTS (
@@ -52,21 +54,30 @@ pub async fn publishable(
     .await
 }
 
-/// Marks rows PUBLISHED (the broker acknowledged them).
+/// The fence of every relay write: the row's bucket is leased to this
+/// relay, checked against the database's clock (not the relay's).
+const HOLDS_BUCKET: &str = "EXISTS (SELECT 1 FROM relay_bucket b
+    WHERE b.bucket = o.bucket AND b.owner = $9 AND b.lease_until > now())";
+
+/// Marks rows PUBLISHED (the broker acknowledged them), only those of
+/// buckets `relay_id` still holds; returns how many.
 ///
 /// # Errors
 /// Database errors.
 pub async fn mark_published(
     conn: &mut PgConnection,
+    relay_id: &str,
     ids: &[i64],
     now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        "UPDATE workflow_run_outbox SET status = 'PUBLISHED', published_at = $2, last_error = NULL
-         WHERE id = ANY($1) AND status = 'PENDING'",
-    )
+    let done = sqlx::query(&format!(
+        "UPDATE workflow_run_outbox o SET status = 'PUBLISHED', published_at = $2, last_error = NULL
+         WHERE o.id = ANY($1) AND o.status = 'PENDING' AND {}",
+        HOLDS_BUCKET.replace("$9", "$3")
+    ))
     .bind(ids)
     .bind(now)
+    .bind(relay_id)
     .execute(conn)
     .await?;
     Ok(done.rows_affected())
@@ -82,19 +93,22 @@ pub const MAX_PUBLISH_ATTEMPTS: i32 = 10;
 /// Database errors.
 pub async fn record_failure(
     conn: &mut PgConnection,
+    relay_id: &str,
     id: i64,
     error: &str,
     next_attempt_at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE workflow_run_outbox SET attempts = attempts + 1, last_error = $2, next_attempt_at = $3,
+    sqlx::query(&format!(
+        "UPDATE workflow_run_outbox o SET attempts = attempts + 1, last_error = $2, next_attempt_at = $3,
              status = CASE WHEN attempts + 1 >= $4 THEN 'FAILED' ELSE 'PENDING' END
-         WHERE id = $1 AND status = 'PENDING'",
-    )
+         WHERE o.id = $1 AND o.status = 'PENDING' AND {}",
+        HOLDS_BUCKET.replace("$9", "$5")
+    ))
     .bind(id)
     .bind(error)
     .bind(next_attempt_at)
     .bind(MAX_PUBLISH_ATTEMPTS)
+    .bind(relay_id)
     .execute(conn)
     .await?;
     Ok(())
@@ -105,27 +119,44 @@ pub async fn record_failure(
 ///
 /// # Errors
 /// Database errors.
-pub async fn fail_now(conn: &mut PgConnection, id: i64, error: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE workflow_run_outbox SET status = 'FAILED', attempts = attempts + 1, last_error = $2
-         WHERE id = $1 AND status = 'PENDING'",
-    )
+pub async fn fail_now(
+    conn: &mut PgConnection,
+    relay_id: &str,
+    id: i64,
+    error: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "UPDATE workflow_run_outbox o SET status = 'FAILED', attempts = attempts + 1, last_error = $2
+         WHERE o.id = $1 AND o.status = 'PENDING' AND {}",
+        HOLDS_BUCKET.replace("$9", "$3")
+    ))
     .bind(id)
     .bind(error)
+    .bind(relay_id)
     .execute(conn)
     .await?;
     Ok(())
 }
 
-/// Deletes up to `limit` PUBLISHED rows published before `cutoff`.
+/// Deletes up to `limit` PUBLISHED rows published before `cutoff`, if no
+/// other relay is doing so right now (a transaction-scoped advisory lock):
+/// `None` when another holds it.
 ///
 /// # Errors
 /// Database errors.
 pub async fn delete_published_before(
-    conn: &mut PgConnection,
+    tx: &mut sqlx::PgTransaction<'_>,
     cutoff: DateTime<Utc>,
     limit: i64,
-) -> Result<u64, sqlx::Error> {
+) -> Result<Option<u64>, sqlx::Error> {
+    let mine: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_xact_lock(hashtext('flotilla:outbox-retention'))",
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    if !mine {
+        return Ok(None);
+    }
     let done = sqlx::query(
         "DELETE FROM workflow_run_outbox WHERE id IN (
              SELECT id FROM workflow_run_outbox WHERE status = 'PUBLISHED' AND published_at < $1
@@ -133,9 +164,9 @@ pub async fn delete_published_before(
     )
     .bind(cutoff)
     .bind(limit)
-    .execute(conn)
+    .execute(&mut **tx)
     .await?;
-    Ok(done.rows_affected())
+    Ok(Some(done.rows_affected()))
 }
 
 /// Operator action: FAILED rows (of one job, or all) back to PENDING with
