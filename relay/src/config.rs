@@ -12,6 +12,8 @@ use flotilla_runtime::settings::{DAY, HOUR, MILLISECOND, SECOND, YEAR, duration_
 use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
 
+/// Where `/healthz`, `/readyz` and `/metrics` listen, unless configured.
+pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8082";
 /// Rows published per round, unless configured.
 pub const DEFAULT_BATCH_SIZE: i64 = 500;
 /// Longest an idle relay waits before looking again, unless configured.
@@ -74,6 +76,9 @@ pub struct RelayArgs {
     /// How the event topic is created when missing.
     #[command(flatten)]
     pub topics: TopicLayout,
+    /// Health, readiness and metrics listener.
+    #[arg(long, env = "FLOTILLA_RELAY_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
+    pub http_addr: std::net::SocketAddr,
     /// This relay's name in the bucket leases; defaults to host name and process id.
     #[arg(long, env = "FLOTILLA_RELAY_ID")]
     pub relay_id: Option<String>,

@@ -6,6 +6,7 @@
 
 pub mod buckets;
 pub mod config;
+pub mod health;
 pub mod publisher;
 pub mod startup;
 
@@ -162,6 +163,17 @@ impl Relay {
     /// Rounds the world held back (broker or registry unreachable) are
     /// followed by a pause that doubles up to 10 s; no attempt is spent.
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
+        self.run_reporting(shutdown, grace, &health::Readiness::default())
+            .await;
+    }
+
+    /// [`Relay::run`], telling `readiness` whether rounds are failing.
+    pub async fn run_reporting(
+        &self,
+        shutdown: CancellationToken,
+        grace: Duration,
+        readiness: &health::Readiness,
+    ) {
         let retention = {
             let (relay, stop) = (self.clone(), shutdown.clone());
             tokio::spawn(async move { relay.retention_loop(stop).await })
@@ -176,6 +188,13 @@ impl Relay {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             };
+            metrics::counter!("flotilla_relay_rounds_total").increment(1);
+            metrics::gauge!("flotilla_relay_buckets_held").set(self.leases.held().count() as f64);
+            let failing = match &round {
+                Ok(report) => report.deferred > 0 && report.published == 0,
+                Err(_) => true,
+            };
+            readiness.round_failed(failing);
             let pause = match round {
                 Ok(report) => {
                     metrics::counter!("flotilla_relay_published_total")

@@ -23,6 +23,11 @@ pub enum StartupError {
     Broker(#[from] BrokerError),
     #[error(transparent)]
     Relay(#[from] RelayError),
+    #[error("binding the health listener on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Connects, ensures the event topic, and publishes until `shutdown`; the
@@ -40,9 +45,22 @@ pub async fn run(
     kafka::check_reachable(&args.broker, CONNECT_TIMEOUT).await?;
     kafka::ensure_topics(&args.broker, &[&args.event_topic], args.topics).await?;
     let grace = *args.shutdown_grace;
+    let readiness = crate::health::Readiness::default();
+    let server = crate::health::serve(
+        args.http_addr,
+        pool.clone(),
+        readiness.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|source| StartupError::Bind {
+        addr: args.http_addr,
+        source,
+    })?;
     let relay = Relay::new(pool.clone(), Arc::new(SystemClock), args.into())?;
     tracing::info!("relay ready");
-    relay.run(shutdown, grace).await;
+    relay.run_reporting(shutdown, grace, &readiness).await;
+    let _ = tokio::time::timeout(grace, server).await;
     tracing::info!("relay stopped");
     pool.close().await;
     Ok(())

@@ -1,12 +1,31 @@
-//! The relay binary starts, connects, and exits 0 on SIGTERM.
+//! The relay binary starts, serves its health routes, and exits 0 on SIGTERM.
 
+use std::io::{Read as _, Write as _};
 use std::process::Command;
 use std::time::Duration;
 
 use flotilla_tests::process::Running;
 
+/// A plain HTTP/1.1 GET: (status, body).
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connecting to the relay");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
 #[test]
-fn relay_exits_zero_on_sigterm() {
+fn relay_serves_health_readiness_and_metrics_and_exits_zero_on_sigterm() {
     let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
     command
         .env("DATABASE_URL", flotilla_tests::service_env("DATABASE_URL"))
@@ -14,9 +33,38 @@ fn relay_exits_zero_on_sigterm() {
             "KAFKA_BOOTSTRAP_SERVERS",
             flotilla_tests::bootstrap_servers(),
         )
+        .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
         .env("NO_COLOR", "1");
     let mut running = Running::start(command);
     running.wait_for_line("relay ready", Duration::from_secs(60));
+    let line = running
+        .output
+        .iter()
+        .find(|l| l.contains("relay health listening"))
+        .expect("the health address is logged")
+        .clone();
+    let addr = line.rsplit("addr=").next().unwrap().trim().to_owned();
+    assert_eq!(get(&addr, "/healthz").0, 200);
+    let (ready, body) = get(&addr, "/readyz");
+    assert_eq!(ready, 200, "{body}");
+    let (status, metrics) = get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut metrics = metrics;
+    while !metrics.contains("flotilla_relay_rounds_total") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no round counted: {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        metrics = get(&addr, "/metrics").1;
+    }
+    assert!(metrics.contains("flotilla_relay_buckets_held"), "{metrics}");
+    assert!(
+        metrics.contains("flotilla_relay_oldest_pending_seconds"),
+        "{metrics}"
+    );
+    assert_eq!(get(&addr, "/nope").0, 404);
     let status = running.terminate(Duration::from_secs(30));
     assert!(
         status.success(),
@@ -39,6 +87,7 @@ fn settings_that_make_no_sense_are_refused_at_start_up_naming_the_flag() {
         let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
         command
             .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+            .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
             .env(variable, value);
         let mut running = Running::start(command);
         let status = running.wait(Duration::from_secs(30));

@@ -60,6 +60,7 @@ fn relay_process(topic: &str, id: &str, database_url: &str) -> Running {
         .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
         .env("FLOTILLA_EVENT_TOPIC", topic)
         .env("FLOTILLA_RELAY_ID", id)
+        .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
         .env("SCHEMA_REGISTRY_URL", "")
         .env("FLOTILLA_RELAY_LEASE", "2s")
         .env("FLOTILLA_RELAY_IDLE_POLL_MAX", "50ms")

@@ -1,0 +1,173 @@
+//! The relay's operational routes, like the worker's: `/healthz` (the
+//! process answers), `/readyz` (the database answers and rounds are not
+//! failing) and `/metrics` (Prometheus text: rounds, buckets held, the age of
+//! the oldest PENDING row, publish failures by class). A small hyper server:
+//! the relay carries no web framework.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// What readiness looks at, shared with the relay's loop.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness {
+    rounds_failing: Arc<AtomicBool>,
+}
+
+impl Readiness {
+    /// Records whether the last round failed (the database or every send).
+    pub fn round_failed(&self, failed: bool) {
+        self.rounds_failing.store(failed, Ordering::SeqCst);
+    }
+}
+
+/// The process's Prometheus recorder, installed on first use.
+fn prometheus() -> Option<&'static PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .as_ref()
+}
+
+/// Binds `addr`, installs the metrics recorder and serves until `shutdown`.
+///
+/// # Errors
+/// The address cannot be bound.
+pub async fn serve(
+    addr: SocketAddr,
+    pool: PgPool,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let _ = prometheus();
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, "relay health listening");
+    Ok(tokio::spawn(async move {
+        loop {
+            let (stream, _) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a health connection failed");
+                        continue;
+                    }
+                },
+                () = shutdown.cancelled() => return,
+            };
+            let (pool, readiness) = (pool.clone(), readiness.clone());
+            tokio::spawn(async move {
+                let service = service_fn(move |request| {
+                    let (pool, readiness) = (pool.clone(), readiness.clone());
+                    async move { Ok::<_, Infallible>(route(&request, &pool, &readiness).await) }
+                });
+                let served = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                if let Err(e) = tokio::time::timeout(Duration::from_secs(30), served)
+                    .await
+                    .unwrap_or(Ok(()))
+                {
+                    tracing::debug!(error = %e, "health connection ended");
+                }
+            });
+        }
+    }))
+}
+
+async fn route(
+    request: &Request<Incoming>,
+    pool: &PgPool,
+    readiness: &Readiness,
+) -> Response<Full<Bytes>> {
+    match request.uri().path() {
+        "/healthz" => json(StatusCode::OK, r#"{"status":"ok"}"#.to_owned()),
+        "/readyz" => ready(pool, readiness).await,
+        "/metrics" => metrics(pool).await,
+        _ => problem(StatusCode::NOT_FOUND, "no such route"),
+    }
+}
+
+async fn ready(pool: &PgPool, readiness: &Readiness) -> Response<Full<Bytes>> {
+    let database = tokio::time::timeout(
+        Duration::from_secs(2),
+        sqlx::query("SELECT 1").execute(pool),
+    )
+    .await;
+    match database {
+        Ok(Ok(_)) if !readiness.rounds_failing.load(Ordering::SeqCst) => {
+            json(StatusCode::OK, r#"{"status":"ready"}"#.to_owned())
+        }
+        Ok(Ok(_)) => problem(StatusCode::SERVICE_UNAVAILABLE, "relay rounds are failing"),
+        Ok(Err(e)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("database unavailable: {e}"),
+        ),
+        Err(_) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database did not answer within 2 s",
+        ),
+    }
+}
+
+async fn metrics(pool: &PgPool) -> Response<Full<Bytes>> {
+    // The backlog is read when asked: one indexed query per scrape.
+    let oldest: Result<Option<f64>, sqlx::Error> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - min(created_at))::float8 FROM workflow_run_outbox WHERE status = 'PENDING'",
+    )
+    .fetch_one(pool)
+    .await;
+    if let Ok(age) = oldest {
+        metrics::gauge!("flotilla_relay_oldest_pending_seconds").set(age.unwrap_or(0.0));
+    }
+    match prometheus() {
+        Some(handle) => {
+            let mut response = Response::new(Full::new(Bytes::from(handle.render())));
+            response.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            response
+        }
+        None => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder unavailable",
+        ),
+    }
+}
+
+fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn problem(status: StatusCode, detail: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = json(status, body.to_string());
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
