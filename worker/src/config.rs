@@ -145,6 +145,11 @@ pub struct EngineConfig {
     #[arg(long, env = "FLOTILLA_MAX_LEASE_LOSSES", default_value_t = engine::DEFAULT_MAX_LEASE_LOSSES, value_parser = RangedI64ValueParser::<i32>::new().range(1..=1000))]
     pub max_lease_losses: i32,
 
+    /// How long a job this worker hands back (it lacks one of the job's
+    /// targets) may wait for a worker that has them before it fails.
+    #[arg(long, env = "FLOTILLA_MISSING_TARGET_WAIT", default_value_t = engine::DEFAULT_MISSING_TARGET_WAIT.into(), value_parser = duration_between(SECOND, DAY))]
+    pub missing_target_wait: humantime::Duration,
+
     /// Base of the retry backoff `base × 2^(attempt−1)`.
     #[arg(long, env = "FLOTILLA_BACKOFF_BASE", default_value_t = engine::DEFAULT_BACKOFF_BASE.into(), value_parser = duration_between(MILLISECOND, DAY))]
     pub backoff_base: humantime::Duration,

@@ -227,6 +227,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.worker_count = engine.worker_count;
     settings.lease = *engine.lease;
     settings.max_lease_losses = engine.max_lease_losses;
+    settings.missing_target_wait = *engine.missing_target_wait;
     settings.backoff_base = *engine.backoff_base;
     settings.sweep_interval = *engine.sweep_interval;
     settings.idle_poll_max = *engine.idle_poll_max;

@@ -95,6 +95,13 @@ pub enum Transition<'a> {
         error: &'a str,
         run_after: DateTime<Utc>,
     },
+    /// Handed back by a worker that lacks a target the job needs, for one
+    /// that has it: no attempt spent, no event; `since` starts the wait.
+    Release {
+        reason: &'a str,
+        run_after: DateTime<Utc>,
+        since: DateTime<Utc>,
+    },
 }
 
 impl Transition<'_> {
@@ -118,7 +125,7 @@ impl Transition<'_> {
             Self::Dead { error } => EventKind::Dead {
                 error: (*error).to_owned(),
             },
-            Self::Requeue { .. } => return None,
+            Self::Requeue { .. } | Self::Release { .. } => return None,
         })
     }
 
@@ -126,7 +133,8 @@ impl Transition<'_> {
     fn assignments(&self) -> String {
         const RELEASE: &str = "lease_owner = NULL, lease_token = NULL, lease_until = NULL";
         // Every transition is the work going on: lapses before it no longer count.
-        const NEXT: &str = "event_sequence = event_sequence + 1, lease_losses = 0";
+        const NEXT: &str =
+            "event_sequence = event_sequence + 1, lease_losses = 0, unplaced_since = NULL";
         match self {
             Self::Checkpoint(_) => {
                 format!("checkpoints = checkpoints || jsonb_build_array($4::jsonb), {NEXT}")
@@ -141,11 +149,13 @@ impl Transition<'_> {
                 format!("status = 'FAILED', error = $4, verdict = $5, {RELEASE}, {NEXT}")
             }
             Self::Dead { .. } => format!("status = 'DEAD', error = $4, {RELEASE}, {NEXT}"),
-            Self::Requeue { .. } => {
-                format!(
-                    "status = 'QUEUED', error = $4, run_after = $5, lease_losses = 0, {RELEASE}"
-                )
-            }
+            Self::Requeue { .. } => format!(
+                "status = 'QUEUED', error = $4, run_after = $5, lease_losses = 0, unplaced_since = NULL, {RELEASE}"
+            ),
+            Self::Release { .. } => format!(
+                "status = 'QUEUED', error = $4, run_after = $5, attempt = greatest(attempt - 1, 0),
+                 unplaced_since = coalesce(unplaced_since, $6), {RELEASE}"
+            ),
         }
     }
 }
@@ -177,6 +187,11 @@ pub async fn transition(
         Transition::Fail { error, verdict } => query.bind(*error).bind(*verdict),
         Transition::Dead { error } => query.bind(*error),
         Transition::Requeue { error, run_after } => query.bind(*error).bind(*run_after),
+        Transition::Release {
+            reason,
+            run_after,
+            since,
+        } => query.bind(*reason).bind(*run_after).bind(*since),
     };
     let stamp: Option<EventStamp> = query.fetch_optional(&mut **tx).await?;
     let Some(stamp) = stamp else {

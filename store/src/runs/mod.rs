@@ -52,6 +52,8 @@ pub struct RunRow {
     pub lease_token: Option<Uuid>,
     /// Lapsed leases since the job last made progress.
     pub lease_losses: i32,
+    /// Since when only workers lacking one of its targets have claimed it.
+    pub unplaced_since: Option<DateTime<Utc>>,
     pub event_sequence: i64,
     pub traceparent: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -83,7 +85,7 @@ impl RunRow {
 
 const COLUMNS: &str = "job_id, workflow_name, workflow_version, definition, input, request_digest, status, \
     attempt, max_attempts, run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner, \
-    lease_until, lease_token, lease_losses, event_sequence, traceparent, created_at, updated_at";
+    lease_until, lease_token, lease_losses, unplaced_since, event_sequence, traceparent, created_at, updated_at";
 
 /// The columns an event repeats, returned by every commit-point statement.
 const STAMP: &str = "job_id, event_sequence, workflow_name, attempt, traceparent";

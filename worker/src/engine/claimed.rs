@@ -272,6 +272,27 @@ impl ClaimedRun {
         self.lease.write(Transition::Dead { error: &error }).await
     }
 
+    /// Hands the job back for a worker that has the targets this one lacks,
+    /// spending no attempt; `since` is when that wait began.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    pub async fn release(
+        self,
+        reason: &str,
+        run_after: DateTime<Utc>,
+        since: DateTime<Utc>,
+    ) -> Result<(), SegmentStop> {
+        let reason = sanitize::error_text(reason);
+        self.lease
+            .write(Transition::Release {
+                reason: &reason,
+                run_after,
+                since,
+            })
+            .await
+    }
+
     /// Back to the queue after a retryable failure, eligible again at `run_after`.
     ///
     /// # Errors

@@ -8,6 +8,7 @@ mod complete_step;
 mod definitions;
 mod digest;
 mod operator;
+mod placement;
 mod reads;
 mod runner;
 mod sanitize;
@@ -43,6 +44,8 @@ use crate::workflow::{CompiledWorkflow, InvalidDefinition};
 /// Lease a claim holds without renewal, unless configured: short, so a
 /// killed worker's jobs resume within about 30 s (lease plus a sweep).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
+/// How long a job may wait for a worker that has its targets, unless configured.
+pub const DEFAULT_MISSING_TARGET_WAIT: Duration = Duration::from_secs(15 * 60);
 /// How many lapsed leases in a row send a job DEAD, unless configured.
 pub const DEFAULT_MAX_LEASE_LOSSES: i32 = 3;
 /// Base of the retry backoff, unless configured.
@@ -65,6 +68,9 @@ pub struct EngineSettings {
     pub lease: Duration,
     /// Lapsed leases in a row after which a job goes DEAD.
     pub max_lease_losses: i32,
+    /// How long a job handed back for lacking targets may wait for a worker
+    /// that has them before it fails.
+    pub missing_target_wait: Duration,
     /// Retry backoff base: `base × 2^(attempt−1)`.
     pub backoff_base: Duration,
     /// Claim loops per process.
@@ -87,6 +93,7 @@ impl EngineSettings {
             worker_id: worker_id.into(),
             lease: DEFAULT_LEASE,
             max_lease_losses: DEFAULT_MAX_LEASE_LOSSES,
+            missing_target_wait: DEFAULT_MISSING_TARGET_WAIT,
             backoff_base: DEFAULT_BACKOFF_BASE,
             worker_count: DEFAULT_WORKER_COUNT,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
@@ -179,7 +186,8 @@ impl Engine {
         self.inner.work_available.notify_one();
     }
 
-    /// Compiles a definition document, reusing an earlier compilation.
+    /// Compiles a definition document against this worker's targets,
+    /// reusing an earlier compilation.
     ///
     /// # Errors
     /// Every problem of the definition.
@@ -187,14 +195,39 @@ impl Engine {
         &self,
         document: &serde_json::Value,
     ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
-        let key = document.to_string();
+        self.compile_cached(document, false)
+    }
+
+    /// Compiles a stored definition for a submission: it was checked against
+    /// its registrar's targets, and this worker may lack some of them during
+    /// a rolling deploy (placement decides at run time, see `placement.rs`).
+    pub(super) fn compile_stored(
+        &self,
+        document: &serde_json::Value,
+    ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
+        self.compile_cached(document, true)
+    }
+
+    fn compile_cached(
+        &self,
+        document: &serde_json::Value,
+        any_target: bool,
+    ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
+        let key = format!("{}{document}", if any_target { "*" } else { "" });
         if let Some(compiled) = self.compiled_cache().get(&key) {
             return Ok(compiled.clone());
         }
-        let compiled = Arc::new(CompiledWorkflow::compile(
-            document,
-            &self.inner.targets.names(),
-        )?);
+        let mut known = self.inner.targets.names();
+        if any_target {
+            known.extend(
+                document["steps"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|step| step["target"].as_str().map(str::to_owned)),
+            );
+        }
+        let compiled = Arc::new(CompiledWorkflow::compile(document, &known)?);
         let mut cache = self.compiled_cache();
         if cache.len() >= COMPILED_CACHE_LIMIT {
             cache.clear();

@@ -35,6 +35,8 @@ pub enum Outcome {
     Dead(Uuid),
     /// QUEUED again after a retryable failure.
     Requeued(Uuid),
+    /// Handed back: this worker lacks a target the job needs.
+    Released(Uuid),
     /// Another worker took the job; this segment wrote nothing more.
     LeaseLost(Uuid),
     /// The store failed mid-segment; the job waits for its lease to lapse.
@@ -109,6 +111,10 @@ impl Engine {
     ) -> Result<Outcome, SegmentStop> {
         let job_id = claimed.job_id();
         let started = Instant::now();
+        let missing = self.missing_targets(&claimed.row().definition.0);
+        if !missing.is_empty() {
+            return self.release_for_others(claimed, &missing).await;
+        }
         let compiled = match self.compile(&claimed.row().definition.0) {
             Ok(compiled) => compiled,
             Err(invalid) => {

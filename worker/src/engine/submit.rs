@@ -243,7 +243,10 @@ impl Engine {
                 (stored.definition.0.clone(), Some(stored.version))
             }
         };
-        let compiled = self.compile(&document)?;
+        let compiled = match &submission.workflow {
+            WorkflowRef::Stored(_) => self.compile_stored(&document)?,
+            WorkflowRef::Inline(_) => self.compile(&document)?,
+        };
         compiled
             .check_input(&submission.input)
             .map_err(|violations| SubmitError::InvalidInput {

@@ -7,6 +7,7 @@ mod hostile;
 mod lapses;
 mod panics;
 mod parking;
+mod placement;
 mod responses;
 mod submission;
 mod support;
