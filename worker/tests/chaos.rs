@@ -79,7 +79,7 @@ async fn record(
         *n += 1;
         *n
     };
-    if calls == 1 && job.as_u128() % 10 == 0 {
+    if calls == 1 && job.as_u128().is_multiple_of(10) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({"busy": true})),
@@ -299,9 +299,9 @@ async fn chaos(pool: PgPool) {
     let mut tally: BTreeMap<&str, u32> = BTreeMap::new();
     let mut kinds: Vec<u64> = (0..5).collect();
     let storm_end = Instant::now() + size.storm;
-    let mut round = 0;
+    let mut round: usize = 0;
     while Instant::now() < storm_end {
-        if round % 5 == 0 {
+        if round.is_multiple_of(5) {
             for i in (1..kinds.len()).rev() {
                 kinds.swap(i, usize::try_from(faults.next(i as u64 + 1)).unwrap());
             }
@@ -443,7 +443,11 @@ async fn chaos(pool: PgPool) {
             );
         }
     }
-    let transient = produced.iter().filter(|j| j.as_u128() % 10 == 0).count() * 3;
+    let transient = produced
+        .iter()
+        .filter(|j| j.as_u128().is_multiple_of(10))
+        .count()
+        * 3;
     let repeats: u32 = calls.values().map(|n| n - 1).sum();
 
     println!(
