@@ -33,6 +33,8 @@ const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 struct Size {
     requests: usize,
     storm: Duration,
+    /// The whole run's deadline, so a hang fails instead of eating CI.
+    deadline: Duration,
 }
 
 fn size() -> Size {
@@ -40,11 +42,13 @@ fn size() -> Size {
         Size {
             requests: 2000,
             storm: Duration::from_secs(180),
+            deadline: Duration::from_secs(1100),
         }
     } else {
         Size {
             requests: 200,
             storm: Duration::from_secs(40),
+            deadline: Duration::from_secs(400),
         }
     }
 }
@@ -208,7 +212,7 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn the_fleet_loses_nothing_through_kills_pauses_and_outages(pool: PgPool) {
-    tokio::time::timeout(Duration::from_secs(420), chaos(pool))
+    tokio::time::timeout(size().deadline, chaos(pool))
         .await
         .expect("the chaos suite timed out");
 }
@@ -271,24 +275,23 @@ async fn chaos(pool: PgPool) {
                 .unwrap();
             let gap = storm / u32::try_from(requests).unwrap();
             let mut ids = Vec::with_capacity(requests);
+            let mut deliveries = Vec::with_capacity(requests);
             for _ in 0..requests {
                 let request =
                     flotilla_contracts::WorkflowRunRequest::new(Uuid::new_v4(), "chaos", json!({}))
                         .unwrap();
                 let payload = flotilla_contracts::json::encode(&request).unwrap();
                 let key = request.job_id().to_string();
-                producer
-                    .send(
-                        rdkafka::producer::FutureRecord::to(&topic)
-                            .key(&key)
-                            .payload(&payload),
-                        Duration::from_secs(30),
-                    )
-                    .await
-                    .map_err(|(e, _)| e)
-                    .unwrap();
+                let record = rdkafka::producer::FutureRecord::to(&topic)
+                    .key(&key)
+                    .payload(&payload);
+                // Sent at an even pace; acknowledgements are awaited at the end.
+                deliveries.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
                 ids.push(request.job_id());
                 tokio::time::sleep(gap).await;
+            }
+            for delivery in deliveries {
+                delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
             }
             ids
         })
