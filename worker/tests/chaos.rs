@@ -409,15 +409,32 @@ async fn chaos(pool: PgPool) {
         .iter()
         .map(|(_, _, k)| usize::try_from(*k).unwrap())
         .sum();
+    // Read every partition from its start to its end, no group involved.
     let consumer: StreamConsumer =
         flotilla_tests::manual_commit_consumer_config(&unique("chaos-reader"))
             .create()
             .unwrap();
-    consumer.subscribe(&[&fleet.events]).unwrap();
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut ends = HashMap::new();
+    for partition in 0..3 {
+        let (_, high) = consumer
+            .fetch_watermarks(&fleet.events, partition, Duration::from_secs(10))
+            .unwrap();
+        ends.insert(partition, high);
+        assignment
+            .add_partition_offset(&fleet.events, partition, rdkafka::Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    let mut read: HashMap<i32, i64> = HashMap::new();
     let mut seen = HashSet::new();
     let (mut delivered, mut streams) = (0usize, HashMap::<Uuid, (i32, Vec<i64>)>::new());
-    while seen.len() < expected {
+    while ends
+        .iter()
+        .any(|(p, end)| read.get(p).copied().unwrap_or(0) < *end)
+    {
         let message = consumer.recv().await.unwrap();
+        read.insert(message.partition(), message.offset() + 1);
         delivered += 1;
         let event =
             flotilla_contracts::json::decode::<WorkflowRunEvent>(message.payload().unwrap())
@@ -430,6 +447,7 @@ async fn chaos(pool: PgPool) {
             stream.1.push(event.sequence());
         }
     }
+    assert_eq!(seen.len(), expected, "every event on the topic");
     close_consumer(consumer);
     for (job, k) in rows.iter().map(|(id, _, k)| (id, *k)) {
         let want: Vec<i64> = (1..=k).collect();
