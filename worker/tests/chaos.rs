@@ -20,7 +20,7 @@ use axum::routing::post;
 use flotilla_contracts::WorkflowRunEvent;
 use flotilla_tests::process::Running;
 use flotilla_tests::proxy::Proxy;
-use flotilla_tests::{bootstrap_servers, close_consumer, create_topic, unique};
+use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use serde_json::json;
@@ -53,6 +53,20 @@ fn size() -> Size {
     }
 }
 
+/// The share of (job, step) pairs whose first call answers 503, in percent
+/// (`FLOTILLA_CHAOS_FAIL_PERCENT`, 10 by default).
+fn fail_percent() -> u128 {
+    std::env::var("FLOTILLA_CHAOS_FAIL_PERCENT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(10)
+}
+
+/// Whether the first call of `job`'s steps fails transiently.
+fn flaky(job: Uuid) -> bool {
+    job.as_u128() % 100 < fail_percent()
+}
+
 /// A small deterministic random sequence (xorshift), so a failing run can be replayed.
 struct Faults(u64);
 
@@ -65,8 +79,8 @@ impl Faults {
     }
 }
 
-/// Every call the target saw: (job, step) → count; a tenth of the first
-/// calls of a step answer 503 (transient), so retries happen too.
+/// Every call the target saw: (job, step) → count; the first calls of some
+/// jobs' steps answer 503 (transient, see [`flaky`]), so retries happen too.
 #[derive(Clone, Default)]
 struct Recorder(Arc<Mutex<HashMap<(Uuid, String), u32>>>);
 
@@ -83,7 +97,7 @@ async fn record(
         *n += 1;
         *n
     };
-    if calls == 1 && job.as_u128().is_multiple_of(10) {
+    if calls == 1 && flaky(job) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({"busy": true})),
@@ -119,8 +133,76 @@ fn relay_binary() -> PathBuf {
     relay
 }
 
+/// A broker of the suite's own (tansu on a free port, its own SQLite file),
+/// so it can be restarted without disturbing the tests running beside it.
+/// Without `FLOTILLA_TANSU_BIN` (a broker that `scripts/services` reused) the
+/// shared broker is used and not restarted.
+struct Broker {
+    address: String,
+    own: Option<(PathBuf, PathBuf, Running)>,
+}
+
+impl Broker {
+    fn start(dir: &Path) -> Self {
+        let Ok(bin) = std::env::var("FLOTILLA_TANSU_BIN") else {
+            return Self {
+                address: flotilla_tests::bootstrap_servers(),
+                own: None,
+            };
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let address = format!("127.0.0.1:{port}");
+        let data = dir.join("broker");
+        std::fs::create_dir_all(&data).unwrap();
+        let running = Self::spawn(Path::new(&bin), &data, &address);
+        Self {
+            address,
+            own: Some((PathBuf::from(bin), data, running)),
+        }
+    }
+
+    fn spawn(bin: &Path, data: &Path, address: &str) -> Running {
+        let mut command = Command::new(bin);
+        command
+            .current_dir(data)
+            .arg("broker")
+            .arg("--listener-url")
+            .arg(format!("tcp://{address}"))
+            .arg("--advertised-listener-url")
+            .arg(format!("tcp://{address}"))
+            .arg("--storage-engine")
+            .arg("sqlite://tansu.db");
+        let running = Running::start(command);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(address).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the suite's broker did not answer"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        running
+    }
+
+    /// Kills the broker and starts it again on the same storage. `false`
+    /// when the shared broker is in use (it is never restarted).
+    fn restart(&mut self) -> bool {
+        let Some((bin, data, running)) = &mut self.own else {
+            return false;
+        };
+        running.kill();
+        *running = Self::spawn(bin, data, &self.address);
+        true
+    }
+}
+
 struct Fleet {
     dir: PathBuf,
+    bootstrap: String,
     topic: String,
     events: String,
     group: String,
@@ -133,7 +215,7 @@ impl Fleet {
         let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
         command
             .env("DATABASE_URL", &self.worker_db)
-            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
+            .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)
             .env("SCHEMA_REGISTRY_URL", "")
             .env("FLOTILLA_WORKER_ID", format!("chaos-worker-{n}"))
             .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
@@ -156,7 +238,7 @@ impl Fleet {
         let mut command = Command::new(relay_binary());
         command
             .env("DATABASE_URL", &self.relay_db)
-            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
+            .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)
             .env("SCHEMA_REGISTRY_URL", "")
             .env("FLOTILLA_EVENT_TOPIC", &self.events)
             .env("FLOTILLA_RELAY_ID", format!("chaos-relay-{n}"))
@@ -239,7 +321,14 @@ async fn chaos(pool: PgPool) {
             .unwrap()
     };
     let proxy = Proxy::start(upstream).await;
+    let mut broker = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || Broker::start(&dir))
+            .await
+            .unwrap()
+    };
     let fleet = Arc::new(Fleet {
+        bootstrap: broker.address.clone(),
         topic: unique("chaos-requests"),
         events: unique("chaos-events"),
         group: unique("chaos-workers"),
@@ -247,8 +336,14 @@ async fn chaos(pool: PgPool) {
         relay_db: url_of(&pool, None).await,
         dir: dir.clone(),
     });
-    create_topic(&fleet.topic, 3).await.unwrap();
-    create_topic(&fleet.events, 3).await.unwrap();
+    let layout = flotilla_runtime::kafka::TopicLayout {
+        topic_partitions: 3,
+        topic_replication: 1,
+    };
+    let kafka = flotilla_runtime::BrokerConfig::new(&fleet.bootstrap);
+    flotilla_runtime::kafka::ensure_topics(&kafka, &[&fleet.topic, &fleet.events], layout)
+        .await
+        .unwrap();
 
     let spawn_all = {
         let fleet = fleet.clone();
@@ -267,12 +362,11 @@ async fn chaos(pool: PgPool) {
     // Requests arrive over the whole storm, as an outside client sends them.
     let producer = {
         let topic = fleet.topic.clone();
+        let kafka = kafka.clone();
         let (requests, storm) = (size.requests, size.storm);
         tokio::spawn(async move {
-            let producer: rdkafka::producer::FutureProducer = flotilla_tests::broker()
-                .idempotent_producer()
-                .create()
-                .unwrap();
+            let producer: rdkafka::producer::FutureProducer =
+                kafka.idempotent_producer().create().unwrap();
             let gap = storm / u32::try_from(requests).unwrap();
             let mut ids = Vec::with_capacity(requests);
             let mut deliveries = Vec::with_capacity(requests);
@@ -303,7 +397,26 @@ async fn chaos(pool: PgPool) {
     let mut kinds: Vec<u64> = (0..5).collect();
     let storm_end = Instant::now() + size.storm;
     let mut round: usize = 0;
+    let midpoint = Instant::now() + size.storm / 2;
+    let mut broker_restarted = false;
     while Instant::now() < storm_end {
+        if !broker_restarted && Instant::now() >= midpoint {
+            broker_restarted = true;
+            let restarted = tokio::task::spawn_blocking(move || {
+                let restarted = broker.restart();
+                (broker, restarted)
+            })
+            .await
+            .unwrap();
+            broker = restarted.0;
+            if restarted.1 {
+                *tally.entry("broker restarted on its storage").or_default() += 1;
+            } else {
+                println!(
+                    "chaos: the shared broker is in use (FLOTILLA_TANSU_BIN unset); not restarting it"
+                );
+            }
+        }
         if round.is_multiple_of(5) {
             for i in (1..kinds.len()).rev() {
                 kinds.swap(i, usize::try_from(faults.next(i as u64 + 1)).unwrap());
@@ -410,10 +523,10 @@ async fn chaos(pool: PgPool) {
         .map(|(_, _, k)| usize::try_from(*k).unwrap())
         .sum();
     // Read every partition from its start to its end, no group involved.
-    let consumer: StreamConsumer =
-        flotilla_tests::manual_commit_consumer_config(&unique("chaos-reader"))
-            .create()
-            .unwrap();
+    let consumer: StreamConsumer = kafka
+        .manual_commit_consumer(&unique("chaos-reader"))
+        .create()
+        .unwrap();
     let mut assignment = rdkafka::TopicPartitionList::new();
     let mut ends = HashMap::new();
     for partition in 0..3 {
@@ -464,11 +577,7 @@ async fn chaos(pool: PgPool) {
             );
         }
     }
-    let transient = produced
-        .iter()
-        .filter(|j| j.as_u128().is_multiple_of(10))
-        .count()
-        * 3;
+    let transient = produced.iter().filter(|j| flaky(**j)).count() * 3;
     let repeats: u32 = calls.values().map(|n| n - 1).sum();
 
     println!(
@@ -498,6 +607,7 @@ async fn chaos(pool: PgPool) {
     };
     tokio::task::spawn_blocking(move || {
         workers.into_iter().chain(relays).for_each(stop);
+        drop(broker);
     })
     .await
     .unwrap();
