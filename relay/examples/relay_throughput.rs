@@ -130,6 +130,7 @@ async fn measure(pool: &PgPool, bootstrap: &str, backlog: i64) -> anyhow::Result
 /// Three partitions, one replica: the single test broker.
 fn layout() -> flotilla_runtime::kafka::TopicLayout {
     flotilla_runtime::kafka::TopicLayout {
+        create_topics: true,
         topic_partitions: 3,
         topic_replication: 1,
     }

@@ -102,3 +102,32 @@ fn settings_that_make_no_sense_are_refused_at_start_up_naming_the_flag() {
         );
     }
 }
+
+#[test]
+fn with_topic_creation_off_the_relay_leaves_topics_to_the_operator() {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
+    command
+        .env("DATABASE_URL", flotilla_tests::service_env("DATABASE_URL"))
+        .env(
+            "KAFKA_BOOTSTRAP_SERVERS",
+            flotilla_tests::bootstrap_servers(),
+        )
+        .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
+        .env(
+            "FLOTILLA_EVENT_TOPIC",
+            flotilla_tests::unique("operator-made"),
+        )
+        .env("FLOTILLA_CREATE_TOPICS", "false")
+        .env("NO_COLOR", "1");
+    let mut running = Running::start(command);
+    running.wait_for_line("relay ready", Duration::from_secs(60));
+    assert!(
+        running
+            .output
+            .iter()
+            .any(|l| l.contains("topic creation is off")),
+        "{}",
+        running.output.join("\n")
+    );
+    assert!(running.terminate(Duration::from_secs(30)).success());
+}

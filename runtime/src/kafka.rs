@@ -110,6 +110,11 @@ pub async fn check_reachable(broker: &BrokerConfig, timeout: Duration) -> Result
 /// topic is never created with replication 1 on a cluster unless told to.
 #[derive(Debug, Clone, Copy, Args)]
 pub struct TopicLayout {
+    /// Create missing topics at start-up; `false` leaves them to the operator
+    /// (a cluster whose ACLs forbid creating topics).
+    #[arg(long, env = "FLOTILLA_CREATE_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub create_topics: bool,
+
     /// Partitions of a topic this process creates (-1: the broker's default).
     #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = BROKER_DEFAULT, value_parser = parse_layout)]
     pub topic_partitions: i32,
@@ -127,6 +132,7 @@ impl TopicLayout {
     #[must_use]
     pub fn broker_defaults() -> Self {
         Self {
+            create_topics: true,
             topic_partitions: BROKER_DEFAULT,
             topic_replication: BROKER_DEFAULT,
         }
@@ -153,6 +159,10 @@ pub async fn ensure_topics(
     topics: &[&str],
     layout: TopicLayout,
 ) -> Result<(), BrokerError> {
+    if !layout.create_topics {
+        tracing::info!(?topics, "topic creation is off; the topics must exist");
+        return Ok(());
+    }
     let admin: AdminClient<DefaultClientContext> = broker.client().create()?;
     let new_topics: Vec<NewTopic<'_>> = topics
         .iter()

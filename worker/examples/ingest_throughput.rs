@@ -136,6 +136,7 @@ fn committed(watcher: &BaseConsumer, topic: &str) -> anyhow::Result<i64> {
 /// Three partitions, one replica: the single test broker.
 fn layout() -> flotilla_runtime::kafka::TopicLayout {
     flotilla_runtime::kafka::TopicLayout {
+        create_topics: true,
         topic_partitions: 3,
         topic_replication: 1,
     }

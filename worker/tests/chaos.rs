@@ -337,6 +337,7 @@ async fn chaos(pool: PgPool) {
         dir: dir.clone(),
     });
     let layout = flotilla_runtime::kafka::TopicLayout {
+        create_topics: true,
         topic_partitions: 3,
         topic_replication: 1,
     };
