@@ -89,17 +89,7 @@ fn settings_that_make_no_sense_are_refused_at_start_up_naming_the_flag() {
             .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
             .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
             .env(variable, value);
-        let mut running = Running::start(command);
-        let status = running.wait(Duration::from_secs(30));
-        assert!(!status.success(), "{variable}={value} was accepted");
-        assert!(
-            running
-                .output
-                .iter()
-                .any(|l| l.contains(flag) && l.contains(value)),
-            "{variable}={value}: {}",
-            running.output.join("\n")
-        );
+        flotilla_tests::process::assert_refused(command, flag, value);
     }
 }
 

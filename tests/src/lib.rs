@@ -4,6 +4,7 @@
 //! The services come from `scripts/services up`; a test that cannot find one
 //! fails with a message saying so instead of skipping.
 
+pub mod database;
 pub mod process;
 pub mod proxy;
 pub mod registry_stub;

@@ -138,6 +138,25 @@ impl Running {
     }
 }
 
+/// Runs `command` and checks it refuses to start, with a message naming
+/// `flag` and the `value` it was given.
+///
+/// # Panics
+/// It started, or its output does not name the flag and value.
+pub fn assert_refused(command: Command, flag: &str, value: &str) {
+    let mut running = Running::start(command);
+    let status = running.wait(Duration::from_secs(30));
+    assert!(!status.success(), "{flag} {value} was accepted");
+    assert!(
+        running
+            .output
+            .iter()
+            .any(|l| l.contains(flag) && l.contains(value)),
+        "{flag} {value}: {}",
+        running.output.join("\n")
+    );
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -9,17 +9,6 @@ use sqlx::PgPool;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_flotilla-worker");
 
-/// The URL of the database `pool` is connected to (a per-test database).
-async fn url_of(pool: &PgPool) -> String {
-    let name: String = sqlx::query_scalar("SELECT current_database()::text")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").unwrap();
-    let (server, _) = base.rsplit_once('/').unwrap();
-    format!("{server}/{name}")
-}
-
 fn worker(database_url: &str) -> Command {
     let mut command = Command::new(BINARY);
     command
@@ -45,7 +34,7 @@ fn worker(database_url: &str) -> Command {
 
 #[sqlx::test(migrations = false)]
 async fn migrate_subcommand_applies_the_migrations(pool: PgPool) {
-    let url = url_of(&pool).await;
+    let url = flotilla_tests::database::url_of(&pool).await;
     let mut migrate = Command::new(BINARY);
     migrate.arg("migrate").env("DATABASE_URL", &url);
     let mut running = Running::start(migrate);
@@ -66,7 +55,7 @@ async fn migrate_subcommand_applies_the_migrations(pool: PgPool) {
 
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
 async fn worker_exits_zero_on_sigterm(pool: PgPool) {
-    let mut running = Running::start(worker(&url_of(&pool).await));
+    let mut running = Running::start(worker(&flotilla_tests::database::url_of(&pool).await));
     running.wait_for_line("worker ready", Duration::from_secs(60));
     let status = running.terminate(Duration::from_secs(30));
     assert!(
@@ -155,7 +144,7 @@ async fn worker_runs_a_request_from_kafka_and_finishes_it_after_sigterm(pool: Pg
     std::fs::write(dir.join("workflows/slow.json"), workflow.to_string()).unwrap();
 
     let topic = flotilla_tests::unique("binary-requests");
-    let mut command = worker(&url_of(&pool).await);
+    let mut command = worker(&flotilla_tests::database::url_of(&pool).await);
     command
         .env("FLOTILLA_REQUEST_TOPIC", &topic)
         .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
@@ -239,16 +228,6 @@ fn settings_that_would_panic_or_make_no_sense_are_refused_at_start_up_naming_the
     for (variable, value, flag) in cases {
         let mut command = worker("postgres://postgres@127.0.0.1:1/none");
         command.env(variable, value);
-        let mut running = Running::start(command);
-        let status = running.wait(Duration::from_secs(30));
-        assert!(!status.success(), "{variable}={value} was accepted");
-        assert!(
-            running
-                .output
-                .iter()
-                .any(|l| l.contains(flag) && l.contains(value)),
-            "{variable}={value}: {}",
-            running.output.join("\n")
-        );
+        flotilla_tests::process::assert_refused(command, flag, value);
     }
 }

@@ -19,7 +19,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use flotilla_contracts::WorkflowRunEvent;
 use flotilla_tests::process::Running;
-use flotilla_tests::proxy::Proxy;
 use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -256,22 +255,6 @@ fn start(command: Command, ready: &str) -> Running {
     running
 }
 
-async fn url_of(pool: &PgPool, host_port: Option<&str>) -> String {
-    let name: String = sqlx::query_scalar("SELECT current_database()::text")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").unwrap();
-    let server = base.rsplit_once('/').unwrap().0;
-    match host_port {
-        None => format!("{server}/{name}"),
-        Some(address) => {
-            let (scheme_user, _) = server.rsplit_once('@').unwrap();
-            format!("{scheme_user}@{address}/{name}")
-        }
-    }
-}
-
 fn write_fleet_files(dir: &Path, target: &str) {
     std::fs::create_dir_all(dir.join("workflows")).unwrap();
     std::fs::write(
@@ -312,15 +295,7 @@ async fn chaos(pool: PgPool) {
     let dir = std::env::temp_dir().join(format!("flotilla-chaos-{}", Uuid::new_v4()));
     write_fleet_files(&dir, &target);
 
-    let upstream = {
-        let options = pool.connect_options();
-        tokio::net::lookup_host(format!("{}:{}", options.get_host(), options.get_port()))
-            .await
-            .unwrap()
-            .next()
-            .unwrap()
-    };
-    let proxy = Proxy::start(upstream).await;
+    let proxy = flotilla_tests::database::proxy_for(&pool).await;
     let mut broker = {
         let dir = dir.clone();
         tokio::task::spawn_blocking(move || Broker::start(&dir))
@@ -332,8 +307,8 @@ async fn chaos(pool: PgPool) {
         topic: unique("chaos-requests"),
         events: unique("chaos-events"),
         group: unique("chaos-workers"),
-        worker_db: url_of(&pool, Some(&proxy.address().to_string())).await,
-        relay_db: url_of(&pool, None).await,
+        worker_db: flotilla_tests::database::url_through(&pool, &proxy).await,
+        relay_db: flotilla_tests::database::url_of(&pool).await,
         dir: dir.clone(),
     });
     let layout = flotilla_runtime::kafka::TopicLayout {

@@ -13,15 +13,6 @@ use uuid::Uuid;
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
-async fn url_of(pool: &PgPool) -> String {
-    let name: String = sqlx::query_scalar("SELECT current_database()::text")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").unwrap();
-    format!("{}/{name}", base.rsplit_once('/').unwrap().0)
-}
-
 /// A worker that only ingests: no claim loops, so rows stay QUEUED.
 fn ingesting_worker(
     database_url: &str,
@@ -119,7 +110,7 @@ async fn a_worker_killed_and_restarted_with_its_id_gets_its_partitions_back(pool
         .unwrap();
         let (topic, group) = (unique("membership-requests"), unique("membership-workers"));
         flotilla_tests::create_topic(&topic, 3).await.unwrap();
-        let url = url_of(&pool).await;
+        let url = flotilla_tests::database::url_of(&pool).await;
 
         let mut first = start(ingesting_worker(&url, &topic, &group, &dir)).await;
         produce(&topic, 6).await;

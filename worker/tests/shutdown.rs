@@ -4,13 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use flotilla_tests::proxy::Proxy;
 use flotilla_tests::{KAFKA_TEST_TIMEOUT, create_topic, unique};
 use flotilla_worker::test_support::{TestApp, echo_targets};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use tokio::io::AsyncWriteExt as _;
 use uuid::Uuid;
 
@@ -26,14 +25,8 @@ async fn the_worker_stops_within_its_grace_with_a_stuck_api_client_and_a_paused_
         create_topic(&topic, 1).await.unwrap();
         // The worker reaches Postgres through a proxy the test can cut; a
         // connection it waits for would take a minute to give up.
-        let options: PgConnectOptions = pool.connect_options().as_ref().clone();
-        let upstream = format!("{}:{}", options.get_host(), options.get_port());
-        let proxy = Proxy::start(upstream.parse().unwrap()).await;
-        let proxied = PgPoolOptions::new()
-            .acquire_timeout(Duration::from_secs(60))
-            .connect_with(options.host("127.0.0.1").port(proxy.address().port()))
-            .await
-            .unwrap();
+        let options = PgPoolOptions::new().acquire_timeout(Duration::from_secs(60));
+        let (proxy, proxied) = flotilla_tests::database::behind_proxy(&pool, options).await;
         let group = unique("shutdown-workers");
         let flags = [
             "--consume-requests",

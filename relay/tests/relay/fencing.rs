@@ -86,12 +86,7 @@ async fn a_relay_paused_past_its_lease_and_resumed_publishes_nothing_out_of_orde
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
         let topic = unique("stalled");
         create_topic(&topic, 3).await.unwrap();
-        let name: String = sqlx::query_scalar("SELECT current_database()::text")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        let base = std::env::var("DATABASE_URL").unwrap();
-        let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+        let url = flotilla_tests::database::url_of(&pool).await;
 
         let first: Vec<Uuid> = (0..20).map(|_| Uuid::new_v4()).collect();
         insert_events(&pool, &first, 3, json!({})).await;

@@ -87,24 +87,14 @@ async fn consumers_in_one_group_split_partitions_and_a_joining_one_rebalances_wi
 async fn a_database_outage_pauses_ingestion_commits_nothing_undurable_and_loses_nothing(
     pool: PgPool,
 ) {
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use sqlx::postgres::PgPoolOptions;
     within_deadline(async {
         let topics = topics().await;
         support::register_greet(&support::engine(&pool)).await;
-        let options: PgConnectOptions = pool.connect_options().as_ref().clone();
-        let upstream = format!("{}:{}", options.get_host(), options.get_port());
-        let upstream = tokio::net::lookup_host(upstream)
-            .await
-            .unwrap()
-            .next()
-            .unwrap();
-        let proxy = flotilla_tests::proxy::Proxy::start(upstream).await;
-        let proxied = PgPoolOptions::new()
+        let options = PgPoolOptions::new()
             .max_connections(4)
-            .acquire_timeout(Duration::from_secs(1))
-            .connect_with(options.host("127.0.0.1").port(proxy.address().port()))
-            .await
-            .unwrap();
+            .acquire_timeout(Duration::from_secs(1));
+        let (proxy, proxied) = flotilla_tests::database::behind_proxy(&pool, options).await;
         let engine = support::engine(&proxied);
         let producer = producer();
         let (stop, handle) = spawn(support::consumer(&engine, &topics));

@@ -6,24 +6,14 @@ use super::*;
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn an_outage_longer_than_the_poll_interval_keeps_the_consumer_in_its_group(pool: PgPool) {
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use sqlx::postgres::PgPoolOptions;
     within_deadline(async {
         let topics = topics().await;
         support::register_greet(&support::engine(&pool)).await;
-        let options: PgConnectOptions = pool.connect_options().as_ref().clone();
-        let upstream = format!("{}:{}", options.get_host(), options.get_port());
-        let upstream = tokio::net::lookup_host(upstream)
-            .await
-            .unwrap()
-            .next()
-            .unwrap();
-        let proxy = flotilla_tests::proxy::Proxy::start(upstream).await;
-        let proxied = PgPoolOptions::new()
+        let options = PgPoolOptions::new()
             .max_connections(4)
-            .acquire_timeout(Duration::from_secs(1))
-            .connect_with(options.host("127.0.0.1").port(proxy.address().port()))
-            .await
-            .unwrap();
+            .acquire_timeout(Duration::from_secs(1));
+        let (proxy, proxied) = flotilla_tests::database::behind_proxy(&pool, options).await;
         let engine = support::engine(&proxied);
         let short_poll = |engine| {
             let mut settings = flotilla_worker::consumer::ConsumerSettings::new(

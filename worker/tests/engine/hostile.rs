@@ -4,30 +4,14 @@
 use std::time::Duration;
 
 use flotilla_store::{Clock as _, RunStatus};
-use flotilla_worker::engine::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
+use flotilla_worker::engine::{RefusalMode, SubmitError, Submitted};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{self, Calls, echo_targets, engine, manual_clock, row};
+use crate::support::{self, Calls, echo_targets, engine, manual_clock, row, rows, stored};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
-
-fn stored(job_id: Uuid, name: &str, input: serde_json::Value) -> Submission {
-    Submission {
-        job_id,
-        workflow: WorkflowRef::Stored(name.into()),
-        input,
-        traceparent: None,
-    }
-}
-
-async fn rows(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM workflow_run")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn unstorable_submissions_are_refused_naming_the_field_before_anything_is_written(

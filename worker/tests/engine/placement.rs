@@ -6,13 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{Engine, Outcome, RefusalMode, Submission, WorkflowRef};
+use flotilla_worker::engine::Outcome;
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
 use sqlx::PgPool;
-use uuid::Uuid;
 
-use crate::support::{engine, manual_clock, row};
+use crate::support::{engine, manual_clock, row, submit};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
@@ -36,21 +35,6 @@ fn needing(name: &str, target: &str) -> serde_json::Value {
         "steps": [{"name": "call", "target": target, "method": "m"}]})
 }
 
-async fn submit_through(engine: &Engine, workflow: &str) -> Uuid {
-    let job_id = Uuid::new_v4();
-    let submission = Submission {
-        job_id,
-        workflow: WorkflowRef::Stored(workflow.into()),
-        input: json!({}),
-        traceparent: None,
-    };
-    engine
-        .submit(submission, RefusalMode::Refuse)
-        .await
-        .unwrap();
-    job_id
-}
-
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn an_old_worker_hands_a_job_needing_a_new_target_to_a_new_worker(pool: PgPool) {
     let clock = manual_clock();
@@ -60,7 +44,7 @@ async fn an_old_worker_hands_a_job_needing_a_new_target_to_a_new_worker(pool: Pg
         .await
         .unwrap();
     // The old worker takes the submission (a request on the topic) too.
-    let job_id = submit_through(&old, "uses-added").await;
+    let job_id = submit(&old, "uses-added", json!({})).await;
     assert_eq!(
         row(&pool, job_id).await.status,
         RunStatus::Queued,
@@ -90,7 +74,7 @@ async fn a_new_worker_hands_a_job_needing_a_removed_target_to_an_old_worker(pool
     old.register_workflow(&needing("uses-retired", "retired"))
         .await
         .unwrap();
-    let job_id = submit_through(&old, "uses-retired").await;
+    let job_id = submit(&old, "uses-retired", json!({})).await;
     assert_eq!(new.run_once().await.unwrap(), Outcome::Released(job_id));
     clock.advance(Duration::from_secs(5));
     assert_eq!(old.run_once().await.unwrap(), Outcome::Completed(job_id));
@@ -104,7 +88,7 @@ async fn a_job_no_worker_can_run_fails_after_the_documented_wait(pool: PgPool) {
     gone.register_workflow(&needing("uses-gone", "gone"))
         .await
         .unwrap();
-    let job_id = submit_through(&lonely, "uses-gone").await;
+    let job_id = submit(&lonely, "uses-gone", json!({})).await;
     let wait = lonely.settings().missing_target_wait;
     assert_eq!(lonely.run_once().await.unwrap(), Outcome::Released(job_id));
     clock.advance(wait / 2);

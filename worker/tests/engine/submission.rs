@@ -8,25 +8,9 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{self, Calls, echo_targets, engine, manual_clock, row};
+use crate::support::{self, Calls, echo_targets, engine, manual_clock, row, rows, stored};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
-
-fn stored(job_id: Uuid, name: &str, input: serde_json::Value) -> Submission {
-    Submission {
-        job_id,
-        workflow: WorkflowRef::Stored(name.into()),
-        input,
-        traceparent: None,
-    }
-}
-
-async fn rows(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM workflow_run")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_repeated_job_id_is_idempotent_and_different_content_conflicts(pool: PgPool) {

@@ -100,19 +100,31 @@ pub(crate) fn three_steps(name: &str, target: &str) -> Value {
     })
 }
 
-pub(crate) async fn submit(engine: &Engine, workflow: &str, input: Value) -> Uuid {
-    let job_id = Uuid::new_v4();
-    let submission = Submission {
+/// A submission of the stored workflow `name`.
+pub(crate) fn stored(job_id: Uuid, name: &str, input: Value) -> Submission {
+    Submission {
         job_id,
-        workflow: WorkflowRef::Stored(workflow.into()),
+        workflow: WorkflowRef::Stored(name.into()),
         input,
         traceparent: None,
-    };
+    }
+}
+
+pub(crate) async fn submit(engine: &Engine, workflow: &str, input: Value) -> Uuid {
+    let job_id = Uuid::new_v4();
     engine
-        .submit(submission, RefusalMode::Refuse)
+        .submit(stored(job_id, workflow, input), RefusalMode::Refuse)
         .await
         .unwrap();
     job_id
+}
+
+/// How many runs the database holds.
+pub(crate) async fn rows(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM workflow_run")
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 pub(crate) async fn row(pool: &PgPool, job_id: Uuid) -> runs::RunRow {
