@@ -51,7 +51,10 @@ impl ApiArgs {
         body: Option<&Value>,
     ) -> Result<Value, Failure> {
         let url = format!("{}{path}", self.url.trim_end_matches('/'));
-        let mut request = reqwest::Client::new().request(method, &url);
+        let client = flotilla_runtime::tls::http_client()
+            .build()
+            .map_err(|e| Failure::usage(anyhow::anyhow!("building the HTTP client: {e}")))?;
+        let mut request = client.request(method, &url);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token.expose_secret());
         }

@@ -38,6 +38,7 @@ pub(crate) struct ProduceArgs {
 }
 
 pub(crate) async fn run(args: ProduceArgs) -> Result<(), Failure> {
+    args.kafka.validate().map_err(Failure::usage)?;
     let text = match args.input.strip_prefix('@') {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("reading {path}"))
@@ -50,13 +51,13 @@ pub(crate) async fn run(args: ProduceArgs) -> Result<(), Failure> {
     let job_id = args.job_id.unwrap_or_else(Uuid::new_v4);
     let request = WorkflowRunRequest::new(job_id, &args.workflow, input).map_err(Failure::usage)?;
 
-    let registry = if args.json {
-        None
-    } else {
-        args.kafka.schema_registry_url.as_deref()
+    let registry = (!args.json).then_some(&args.kafka.registry);
+    let codec = match registry {
+        Some(registry) => Codec::from_config(registry).map_err(Failure::usage)?,
+        None => Codec::json(),
     };
-    let bytes = match Codec::from_config(registry).map_err(Failure::usage)? {
-        codec if registry.is_some() => codec
+    let bytes = match codec {
+        codec if registry.is_some_and(|r| r.url().is_some()) => codec
             .encode(&args.topic, &request)
             .await
             .map_err(Failure::delivery)?,

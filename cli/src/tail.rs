@@ -38,8 +38,8 @@ pub(crate) struct TailArgs {
 }
 
 pub(crate) async fn run(args: TailArgs) -> Result<(), Failure> {
-    let codec =
-        Codec::from_config(args.kafka.schema_registry_url.as_deref()).map_err(Failure::usage)?;
+    args.kafka.validate().map_err(Failure::usage)?;
+    let codec = Codec::from_config(&args.kafka.registry).map_err(Failure::usage)?;
     let consumer: StreamConsumer = args
         .kafka
         .client()

@@ -11,11 +11,13 @@ use std::time::Duration;
 use flotilla_contracts::avro::{self, AvroMessage};
 use flotilla_contracts::framing::{self, Framed};
 use flotilla_contracts::{DecodeError, RuleViolation, json};
+use flotilla_runtime::registry::{RegistryConfig, RegistryCredentials};
 use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
 use schema_registry_converter::async_impl::schema_registry::SrSettings;
 use schema_registry_converter::avro_common::get_supplied_schema;
 use schema_registry_converter::error::SRCError;
 use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
+use secrecy::ExposeSecret;
 
 /// How long one registry request may take before it counts as unavailable.
 const REGISTRY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,6 +37,9 @@ pub enum CodecError {
     /// The registry refused our schema (for example an incompatible change).
     #[error("schema registry refused the schema for subject {subject}: {reason}")]
     RegistryRefused { subject: String, reason: String },
+    /// The registry's settings cannot be used (a bad CA file, a bad URL).
+    #[error("schema registry settings: {0}")]
+    Settings(String),
     /// An Avro message arrived but this side has no registry to resolve its schema id.
     #[error("Avro message with schema id {0}, but no schema registry is configured")]
     NoRegistry(u32),
@@ -73,16 +78,48 @@ impl Codec {
         Self { registry: None }
     }
 
-    /// A codec that writes Avro through the registry at `url`.
+    /// A codec that writes Avro through the registry at `url`, without
+    /// credentials (tests and local setups).
     ///
     /// # Errors
     /// The URL cannot be used to build an HTTP client.
     pub fn with_registry(url: &str) -> Result<Self, CodecError> {
+        Self::from_config(&RegistryConfig::new(url))
+    }
+
+    /// Avro through the registry the settings name (its credentials and
+    /// extra CA included), or JSON when they name none.
+    ///
+    /// # Errors
+    /// The CA file cannot be used, or no HTTP client can be built.
+    pub fn from_config(config: &RegistryConfig) -> Result<Self, CodecError> {
+        let Some(url) = config.url() else {
+            return Ok(Self::json());
+        };
         let settings = || {
-            SrSettings::new_builder(url.to_owned())
-                .set_timeout(REGISTRY_TIMEOUT)
-                .build()
-                .map_err(|e| CodecError::RegistryUnavailable(format!("{url}: {e}")))
+            let mut client = flotilla_runtime::tls::http_client();
+            if let Some(ca) = &config.schema_registry_ssl_ca_location {
+                let roots = flotilla_runtime::tls::certificates(ca)
+                    .map_err(|e| CodecError::Settings(e.to_string()))?;
+                client = client.tls_certs_merge(roots);
+            }
+            let mut builder = SrSettings::new_builder(url.to_owned());
+            builder.set_timeout(REGISTRY_TIMEOUT);
+            match config.credentials() {
+                RegistryCredentials::None => {}
+                RegistryCredentials::Basic { user, password } => {
+                    builder.set_basic_authorization(
+                        &user,
+                        password.as_ref().map(ExposeSecret::expose_secret),
+                    );
+                }
+                RegistryCredentials::Bearer(token) => {
+                    builder.set_token_authorization(token.expose_secret());
+                }
+            }
+            builder
+                .build_with(client)
+                .map_err(|e| CodecError::Settings(format!("{url}: {e}")))
         };
         Ok(Self {
             registry: Some(Registry {
@@ -91,17 +128,6 @@ impl Codec {
                 decoder: AvroDecoder::new(settings()?),
             }),
         })
-    }
-
-    /// `with_registry` when a URL is given, `json` otherwise.
-    ///
-    /// # Errors
-    /// As [`Codec::with_registry`].
-    pub fn from_config(registry_url: Option<&str>) -> Result<Self, CodecError> {
-        match registry_url.filter(|url| !url.trim().is_empty()) {
-            Some(url) => Self::with_registry(url),
-            None => Ok(Self::json()),
-        }
     }
 
     /// The `content-type` this codec writes.

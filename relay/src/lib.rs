@@ -69,7 +69,7 @@ impl Relay {
             .set("message.max.bytes", settings.max_message_bytes.to_string());
         let producer: FutureProducer = config.create()?;
         let codec = Arc::new(flotilla_codec::Codec::from_config(
-            settings.broker.schema_registry_url.as_deref(),
+            &settings.broker.registry,
         )?);
         let publisher = Publisher::new(producer, codec, settings.event_topic.clone());
         let leases =

@@ -1,5 +1,6 @@
 //! `flotilla-runtime`: what every Flotilla binary shares. The broker
-//! settings and the one configuration of each Kafka client ([`kafka`]),
+//! settings and the one configuration of each Kafka client ([`kafka`]), the
+//! registry's settings ([`registry`]), TLS for HTTP clients ([`tls`]),
 //! logging ([`telemetry`]), the shutdown signal ([`shutdown`]), backoff
 //! ([`backoff`]) and the host's identity ([`identity`]). No database: the
 //! command-line client uses this crate too.
@@ -7,10 +8,12 @@
 pub mod backoff;
 pub mod identity;
 pub mod kafka;
+pub mod registry;
 pub mod settings;
 pub mod shutdown;
 pub mod supervise;
 pub mod telemetry;
+pub mod tls;
 pub mod trace;
 
 pub use kafka::BrokerConfig;

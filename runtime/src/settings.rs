@@ -30,6 +30,36 @@ pub const HOUR: Duration = Duration::from_secs(3600);
 pub const DAY: Duration = Duration::from_secs(24 * 3600);
 pub const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// A secret value: kept out of `Debug` output from the moment it is parsed.
+///
+/// # Errors
+/// Never; the signature is clap's.
+pub fn secret(value: &str) -> Result<secrecy::SecretString, std::convert::Infallible> {
+    Ok(secrecy::SecretString::from(value))
+}
+
+/// A secret read from a file (a mounted secret); a trailing newline is not
+/// part of it. Read while the settings are parsed, so a missing file stops
+/// start-up with clap's message naming the setting.
+///
+/// # Errors
+/// The file cannot be read.
+pub fn secret_from_file(path: &str) -> Result<secrecy::SecretString, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    Ok(secrecy::SecretString::from(
+        text.trim_end_matches(['\r', '\n']),
+    ))
+}
+
+/// A path to a file this process can open.
+///
+/// # Errors
+/// The file cannot be opened.
+pub fn readable_file(path: &str) -> Result<std::path::PathBuf, String> {
+    std::fs::File::open(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    Ok(std::path::PathBuf::from(path))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,8 @@ pub mod process;
 pub mod proxy;
 pub mod registry_stub;
 pub mod scratch;
+pub mod tls;
+pub mod tls_postgres;
 
 use std::time::Duration;
 

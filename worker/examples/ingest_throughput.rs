@@ -72,7 +72,10 @@ async fn measure(
         .register_workflow(&json!({"name": "small", "input_schema": {}, "steps": [{"name": "s", "target": "echo", "method": "m"}]}))
         .await?;
 
-    let codec = Arc::new(Codec::from_config(registry)?);
+    let codec = Arc::new(match registry {
+        Some(url) => Codec::with_registry(url)?,
+        None => Codec::json(),
+    });
     let producer: FutureProducer = broker
         .idempotent_producer()
         .set("linger.ms", "20")

@@ -243,7 +243,7 @@ async fn subscribe(
 ) -> Result<RequestConsumer, StartupError> {
     let consumer = &config.consumer;
     kafka::check_reachable(&config.broker, *consumer.connect_timeout).await?;
-    let codec = Codec::from_config(config.broker.schema_registry_url.as_deref())?;
+    let codec = Codec::from_config(&config.broker.registry)?;
     let mut settings = ConsumerSettings::new(
         config.broker.clone(),
         &consumer.request_topic,

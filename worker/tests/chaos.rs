@@ -5,6 +5,11 @@
 //! workers' database link is cut for longer than a lease. At quiescence
 //! every guarantee is checked and the figures printed.
 //!
+//! It runs twice: on the test broker with static group membership (which
+//! that broker needs: it never hands a dead member's partitions to another),
+//! and on librdkafka's mock cluster with static membership off, where a
+//! killed worker's partitions move to the survivor after the session timeout.
+//!
 //! CI runs it sized down; `FLOTILLA_CHAOS_FULL=1` runs 2,000 requests and a
 //! longer storm. `FLOTILLA_CHAOS_SEED` picks the sequence of faults.
 
@@ -22,6 +27,8 @@ use flotilla_tests::process::Running;
 use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -132,22 +139,32 @@ fn relay_binary() -> PathBuf {
     relay
 }
 
-/// A broker of the suite's own (tansu on a free port, its own SQLite file),
-/// so it can be restarted without disturbing the tests running beside it.
-/// Without `FLOTILLA_TANSU_BIN` (a broker that `scripts/services` reused) the
-/// shared broker is used and not restarted.
-struct Broker {
+/// The broker a run storms against.
+enum Broker {
+    /// The shared test broker, when `scripts/services` reused one without
+    /// saying where its binary is (`FLOTILLA_TANSU_BIN`): never restarted.
+    Shared(String),
+    /// tansu of the suite's own (a free port, its own SQLite file), so it can
+    /// be restarted on its storage without disturbing the tests beside it.
+    /// `None` only while a restart has it on a blocking thread.
+    Tansu(Option<Tansu>),
+    /// librdkafka's mock cluster, served on a local port from this process:
+    /// ordinary (dynamic) group semantics, which the test broker lacks.
+    Mock(MockCluster<'static, DefaultProducerContext>),
+}
+
+struct Tansu {
+    bin: PathBuf,
+    data: PathBuf,
     address: String,
-    own: Option<(PathBuf, PathBuf, Running)>,
+    running: Running,
 }
 
 impl Broker {
-    fn start(dir: &Path) -> Self {
+    /// tansu of the suite's own, or the shared broker without `FLOTILLA_TANSU_BIN`.
+    async fn tansu(dir: &Path) -> Self {
         let Ok(bin) = std::env::var("FLOTILLA_TANSU_BIN") else {
-            return Self {
-                address: flotilla_tests::bootstrap_servers(),
-                own: None,
-            };
+            return Self::Shared(flotilla_tests::bootstrap_servers());
         };
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -157,13 +174,87 @@ impl Broker {
         let address = format!("127.0.0.1:{port}");
         let data = dir.join("broker");
         std::fs::create_dir_all(&data).unwrap();
-        let running = Self::spawn(Path::new(&bin), &data, &address);
-        Self {
-            address,
-            own: Some((PathBuf::from(bin), data, running)),
+        let tansu = tokio::task::spawn_blocking(move || {
+            let running = Tansu::spawn(Path::new(&bin), &data, &address);
+            Tansu {
+                bin: PathBuf::from(bin),
+                data,
+                address,
+                running,
+            }
+        })
+        .await
+        .unwrap();
+        Self::Tansu(Some(tansu))
+    }
+
+    fn mock() -> Self {
+        Self::Mock(MockCluster::new(1).expect("librdkafka's mock cluster starts"))
+    }
+
+    fn address(&self) -> String {
+        match self {
+            Self::Shared(address) => address.clone(),
+            Self::Tansu(tansu) => tansu.as_ref().unwrap().address.clone(),
+            Self::Mock(cluster) => cluster.bootstrap_servers(),
         }
     }
 
+    /// Creates the topics, `partitions` each: through the admin API, or
+    /// directly on the mock cluster (whose admin API does not answer).
+    async fn create_topics(
+        &self,
+        kafka: &flotilla_runtime::BrokerConfig,
+        topics: &[&str],
+        partitions: i32,
+    ) {
+        if let Self::Mock(cluster) = self {
+            for topic in topics {
+                cluster.create_topic(topic, partitions, 1).unwrap();
+            }
+            return;
+        }
+        let layout = flotilla_runtime::kafka::TopicLayout {
+            create_topics: true,
+            topic_partitions: partitions,
+            topic_replication: 1,
+        };
+        flotilla_runtime::kafka::ensure_topics(kafka, topics, layout)
+            .await
+            .unwrap();
+    }
+
+    /// Takes the broker away for a while and brings it back: tansu is killed
+    /// and started again on its storage; the mock cluster's broker goes down
+    /// (connections cut, new ones refused) and up. What happened, for the
+    /// tally, or `None` for the shared broker, which is never restarted.
+    async fn restart(&mut self) -> Option<&'static str> {
+        match self {
+            Self::Shared(_) => None,
+            Self::Tansu(slot) => {
+                let mut tansu = slot.take().unwrap();
+                *slot = Some(
+                    tokio::task::spawn_blocking(move || {
+                        tansu.running.kill();
+                        tansu.running = Tansu::spawn(&tansu.bin, &tansu.data, &tansu.address);
+                        tansu
+                    })
+                    .await
+                    .unwrap(),
+                );
+                Some("broker restarted on its storage")
+            }
+            Self::Mock(cluster) => {
+                cluster.broker_down(1).unwrap();
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                cluster.broker_up(1).unwrap();
+                Some("broker taken down for 3 s")
+            }
+        }
+    }
+}
+
+impl Tansu {
     fn spawn(bin: &Path, data: &Path, address: &str) -> Running {
         let mut command = Command::new(bin);
         command
@@ -186,17 +277,6 @@ impl Broker {
         }
         running
     }
-
-    /// Kills the broker and starts it again on the same storage. `false`
-    /// when the shared broker is in use (it is never restarted).
-    fn restart(&mut self) -> bool {
-        let Some((bin, data, running)) = &mut self.own else {
-            return false;
-        };
-        running.kill();
-        *running = Self::spawn(bin, data, &self.address);
-        true
-    }
 }
 
 struct Fleet {
@@ -207,6 +287,8 @@ struct Fleet {
     group: String,
     worker_db: String,
     relay_db: String,
+    /// Off on the mock cluster: the case of a group without static members.
+    static_membership: bool,
 }
 
 impl Fleet {
@@ -229,6 +311,12 @@ impl Fleet {
             .env("FLOTILLA_MAX_LEASE_LOSSES", "100")
             .env("FLOTILLA_DB_ACQUIRE_TIMEOUT", "2s")
             .env("FLOTILLA_SHUTDOWN_GRACE", "5s")
+            .env(
+                "FLOTILLA_STATIC_MEMBERSHIP",
+                self.static_membership.to_string(),
+            )
+            // The suite creates the topics itself (see `Broker::create_topics`).
+            .env("FLOTILLA_CREATE_TOPICS", "false")
             .env("NO_COLOR", "1");
         command
     }
@@ -244,6 +332,7 @@ impl Fleet {
             .env("FLOTILLA_RELAY_LEASE", "2s")
             .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
             .env("FLOTILLA_RELAY_IDLE_POLL_MAX", "50ms")
+            .env("FLOTILLA_CREATE_TOPICS", "false")
             .env("NO_COLOR", "1");
         command
     }
@@ -275,15 +364,33 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+/// On the test broker, with static membership (its default): a killed worker
+/// restarted with its id gets its partitions back at once.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn the_fleet_loses_nothing_through_kills_pauses_and_outages(pool: PgPool) {
-    tokio::time::timeout(size().deadline, chaos(pool))
+    tokio::time::timeout(size().deadline, chaos(pool, BrokerKind::Tansu))
         .await
         .expect("the chaos suite timed out");
 }
 
+/// On librdkafka's mock cluster, with static membership off: a killed
+/// worker's partitions go to the survivor after the session timeout, and
+/// every rebalance (kills, restarts, pauses) finishes.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_fleet_loses_nothing_with_dynamic_membership_on_the_mock_cluster(pool: PgPool) {
+    tokio::time::timeout(size().deadline, chaos(pool, BrokerKind::Mock))
+        .await
+        .expect("the chaos suite timed out");
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BrokerKind {
+    Tansu,
+    Mock,
+}
+
 #[allow(clippy::too_many_lines)]
-async fn chaos(pool: PgPool) {
+async fn chaos(pool: PgPool, kind: BrokerKind) {
     let size = size();
     let seed = std::env::var("FLOTILLA_CHAOS_SEED")
         .ok()
@@ -296,30 +403,25 @@ async fn chaos(pool: PgPool) {
     write_fleet_files(&dir, &target);
 
     let proxy = flotilla_tests::database::proxy_for(&pool).await;
-    let mut broker = {
-        let dir = dir.clone();
-        tokio::task::spawn_blocking(move || Broker::start(&dir))
-            .await
-            .unwrap()
+    let mut broker = match kind {
+        BrokerKind::Tansu => Broker::tansu(&dir).await,
+        BrokerKind::Mock => Broker::mock(),
     };
     let fleet = Arc::new(Fleet {
-        bootstrap: broker.address.clone(),
+        bootstrap: broker.address(),
         topic: unique("chaos-requests"),
         events: unique("chaos-events"),
         group: unique("chaos-workers"),
         worker_db: flotilla_tests::database::url_through(&pool, &proxy).await,
         relay_db: flotilla_tests::database::url_of(&pool).await,
         dir: dir.clone(),
+        static_membership: kind == BrokerKind::Tansu,
     });
-    let layout = flotilla_runtime::kafka::TopicLayout {
-        create_topics: true,
-        topic_partitions: 3,
-        topic_replication: 1,
-    };
     let kafka = flotilla_runtime::BrokerConfig::new(&fleet.bootstrap);
-    flotilla_runtime::kafka::ensure_topics(&kafka, &[&fleet.topic, &fleet.events], layout)
-        .await
-        .unwrap();
+    let dead_letters = flotilla_contracts::topics::dead_letter_topic(&fleet.topic);
+    broker
+        .create_topics(&kafka, &[&fleet.topic, &dead_letters, &fleet.events], 3)
+        .await;
 
     let spawn_all = {
         let fleet = fleet.clone();
@@ -378,15 +480,8 @@ async fn chaos(pool: PgPool) {
     while Instant::now() < storm_end {
         if !broker_restarted && Instant::now() >= midpoint {
             broker_restarted = true;
-            let restarted = tokio::task::spawn_blocking(move || {
-                let restarted = broker.restart();
-                (broker, restarted)
-            })
-            .await
-            .unwrap();
-            broker = restarted.0;
-            if restarted.1 {
-                *tally.entry("broker restarted on its storage").or_default() += 1;
+            if let Some(what) = broker.restart().await {
+                *tally.entry(what).or_default() += 1;
             } else {
                 println!(
                     "chaos: the shared broker is in use (FLOTILLA_TANSU_BIN unset); not restarting it"
@@ -557,7 +652,11 @@ async fn chaos(pool: PgPool) {
     let repeats: u32 = calls.values().map(|n| n - 1).sum();
 
     println!(
-        "chaos (seed {seed:#x}): {} requests over {:?}",
+        "chaos (seed {seed:#x}, {}): {} requests over {:?}",
+        match kind {
+            BrokerKind::Tansu => "test broker, static membership",
+            BrokerKind::Mock => "mock cluster, dynamic membership",
+        },
         produced.len(),
         size.storm
     );
@@ -581,11 +680,9 @@ async fn chaos(pool: PgPool) {
         running.signal("CONT");
         running.terminate(Duration::from_secs(30));
     };
-    tokio::task::spawn_blocking(move || {
-        workers.into_iter().chain(relays).for_each(stop);
-        drop(broker);
-    })
-    .await
-    .unwrap();
+    tokio::task::spawn_blocking(move || workers.into_iter().chain(relays).for_each(stop))
+        .await
+        .unwrap();
+    drop(broker);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -81,7 +81,9 @@ async fn the_worker_stops_within_its_grace_with_a_stuck_api_client_and_a_paused_
             .await
             .unwrap();
         let waiting = tokio::spawn(
-            reqwest::Client::new()
+            flotilla_runtime::tls::http_client()
+                .build()
+                .unwrap()
                 .get(format!("{}/v1/jobs/{}", app.url, Uuid::new_v4()))
                 .bearer_auth(flotilla_worker::test_support::TEST_TOKEN)
                 .send(),

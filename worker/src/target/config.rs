@@ -1,14 +1,17 @@
 //! The targets file (`FLOTILLA_TARGETS_FILE`):
-//! `targets: {<name>: {kind: http, base_url: …, timeout_ms: …, max_concurrent: …}}`.
+//! `targets: {<name>: {kind: http, base_url: …, timeout_ms: …, max_concurrent: …}}`,
+//! plus for HTTPS `ca_file`, `client_certificate` and `client_key`, and
+//! `headers` whose values are literal or come `from_env` / `from_file` (for
+//! credentials: the file itself then holds no secret).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::http::{DEFAULT_MAX_RESPONSE_BYTES, HttpTarget};
+use super::http::{DEFAULT_MAX_RESPONSE_BYTES, HttpTarget, HttpTls};
 use super::{DEFAULT_MAX_CONCURRENT, Targets};
 
 #[derive(Debug, Deserialize)]
@@ -29,7 +32,62 @@ enum TargetConfig {
         /// Largest response body accepted (a defect above it).
         #[serde(default)]
         max_response_bytes: Option<usize>,
+        /// Headers sent on every call (an `Authorization`, an API key).
+        #[serde(default)]
+        headers: BTreeMap<String, HeaderValueSource>,
+        /// PEM file of extra certificate authorities for this target.
+        #[serde(default)]
+        ca_file: Option<PathBuf>,
+        /// PEM client certificate for mutual TLS, with `client_key`.
+        #[serde(default)]
+        client_certificate: Option<PathBuf>,
+        #[serde(default)]
+        client_key: Option<PathBuf>,
+        /// Accept any certificate: logged loudly at every start.
+        #[serde(default)]
+        insecure_skip_verify: bool,
     },
+}
+
+/// Where a header's value comes from. Values from the environment or a file
+/// keep secrets out of the targets file (and out of a ConfigMap).
+#[derive(Debug, Deserialize)]
+#[serde(untagged, deny_unknown_fields)]
+enum HeaderValueSource {
+    Literal(String),
+    FromEnv { from_env: String },
+    FromFile { from_file: PathBuf },
+}
+
+impl HeaderValueSource {
+    fn resolve(&self) -> Result<String, String> {
+        match self {
+            Self::Literal(value) => Ok(value.clone()),
+            Self::FromEnv { from_env } => std::env::var(from_env)
+                .map_err(|_| format!("environment variable {from_env} is not set")),
+            Self::FromFile { from_file } => std::fs::read_to_string(from_file)
+                .map(|text| text.trim_end_matches(['\r', '\n']).to_owned())
+                .map_err(|e| format!("cannot read {}: {e}", from_file.display())),
+        }
+    }
+}
+
+/// The headers of a target, resolved; a problem names the header, never its value.
+fn resolve_headers(
+    headers: &BTreeMap<String, HeaderValueSource>,
+) -> Result<reqwest::header::HeaderMap, String> {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (name, source) in headers {
+        let value = source
+            .resolve()
+            .map_err(|e| format!("header {name}: {e}"))?;
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("header {name:?} is not a valid header name"))?;
+        let value = reqwest::header::HeaderValue::from_str(&value)
+            .map_err(|_| format!("header {name}: the value is not a valid header value"))?;
+        map.insert(name, value);
+    }
+    Ok(map)
 }
 
 /// Default per-call timeout of an http target without `timeout_ms`.
@@ -78,16 +136,43 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 timeout_ms,
                 max_concurrent,
                 max_response_bytes,
+                headers,
+                ca_file,
+                client_certificate,
+                client_key,
+                insecure_skip_verify,
             } => {
+                let refused = |reason: String| TargetsFileError::Target {
+                    path: shown(),
+                    name: name.clone(),
+                    reason,
+                };
                 let timeout = timeout_ms.map_or(DEFAULT_HTTP_TIMEOUT, Duration::from_millis);
                 let limit = max_response_bytes.unwrap_or(DEFAULT_MAX_RESPONSE_BYTES);
-                let target = HttpTarget::new(&base_url, timeout, limit).map_err(|reason| {
-                    TargetsFileError::Target {
-                        path: shown(),
-                        name: name.clone(),
-                        reason,
+                let client_identity = match (client_certificate, client_key) {
+                    (Some(certificate), Some(key)) => Some((certificate, key)),
+                    (None, None) => None,
+                    _ => {
+                        return Err(refused(
+                            "client_certificate and client_key go together".into(),
+                        ));
                     }
-                })?;
+                };
+                if insecure_skip_verify {
+                    tracing::warn!(
+                        target_name = %name,
+                        base_url,
+                        "insecure_skip_verify: TLS certificates of this target are NOT checked; anyone on the network path can read and change its calls"
+                    );
+                }
+                let tls = HttpTls {
+                    ca_file,
+                    client_identity,
+                    insecure_skip_verify,
+                };
+                let headers = resolve_headers(&headers).map_err(refused)?;
+                let target = HttpTarget::configured(&base_url, timeout, limit, &tls, headers)
+                    .map_err(refused)?;
                 targets.register(
                     name,
                     Arc::new(target),
@@ -97,4 +182,48 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sources(yaml: &str) -> BTreeMap<String, HeaderValueSource> {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn header_values_come_from_the_file_the_environment_or_a_secret_file() {
+        let secret = std::env::temp_dir().join(format!("flotilla-header-{}", std::process::id()));
+        std::fs::write(&secret, "Bearer from-a-file\n").unwrap();
+        // A variable nobody sets, for the missing case; PATH for a set one.
+        let variable = format!("FLOTILLA_TEST_UNSET_HEADER_{}", std::process::id());
+        let yaml = format!(
+            "X-Plain: visible\nAuthorization: {{from_file: {}}}\nX-Api-Key: {{from_env: PATH}}\n",
+            secret.display()
+        );
+        let headers = resolve_headers(&sources(&yaml)).unwrap();
+        assert_eq!(headers["x-plain"], "visible");
+        assert_eq!(headers["authorization"], "Bearer from-a-file");
+        assert_eq!(
+            headers["x-api-key"],
+            std::env::var("PATH").unwrap().as_str()
+        );
+
+        let missing = resolve_headers(&sources(&format!(
+            "Authorization: {{from_env: {variable}}}\n"
+        )))
+        .unwrap_err();
+        assert!(missing.contains("header Authorization"), "{missing}");
+        assert!(missing.contains(&variable), "{missing}");
+        std::fs::remove_file(secret).unwrap();
+    }
+
+    #[test]
+    fn a_bad_header_value_is_refused_without_echoing_it() {
+        let refused = resolve_headers(&sources("Authorization: \"Bearer s3cret\\nInjected: 1\"\n"))
+            .unwrap_err();
+        assert!(refused.contains("authorization"), "{refused}");
+        assert!(!refused.contains("s3cret"), "{refused}");
+    }
 }

@@ -1,12 +1,17 @@
-//! The `http` target: POST `<base_url>/<method>` with the JSON request.
+//! The `http` target: POST `<base_url>/<method>` with the JSON request,
+//! over HTTPS with the system's roots plus an optional CA file, optional
+//! client certificate and configured headers (sent, never shown).
 //!
 //! Classification (DESIGN.md): 2xx JSON is the response; connection failures,
 //! timeouts, 408, 429, 502, 503 and 504 are retryable; 422 with a
-//! `violations` list is a verdict; any other answer is a defect.
+//! `violations` list is a verdict; any other answer is a defect, and so is a
+//! TLS certificate the worker refuses (retrying would not change it).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
 
 use super::{StepFailure, Target, TargetCall};
 
@@ -18,6 +23,18 @@ pub struct HttpTarget {
     base_url: String,
     client: reqwest::Client,
     max_response_bytes: usize,
+}
+
+/// How to reach an HTTPS target beyond the system's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct HttpTls {
+    /// PEM file of extra certificate authorities (added to the system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate and private key presented to the target (mutual TLS).
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// Accept any certificate. For a test bench only: anyone on the path
+    /// can read and change the calls.
+    pub insecure_skip_verify: bool,
 }
 
 impl HttpTarget {
@@ -33,20 +50,74 @@ impl HttpTarget {
         timeout: Duration,
         max_response_bytes: usize,
     ) -> Result<Self, String> {
+        Self::configured(
+            base_url,
+            timeout,
+            max_response_bytes,
+            &HttpTls::default(),
+            HeaderMap::new(),
+        )
+    }
+
+    /// As [`HttpTarget::new`], with TLS settings and headers sent on every
+    /// call (marked sensitive: never in logs or `Debug` output).
+    ///
+    /// # Errors
+    /// The base URL is not http(s), a TLS file cannot be used, or the client
+    /// cannot be built.
+    pub fn configured(
+        base_url: &str,
+        timeout: Duration,
+        max_response_bytes: usize,
+        tls: &HttpTls,
+        mut headers: HeaderMap,
+    ) -> Result<Self, String> {
         if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
             return Err(format!("base_url {base_url:?} is not an http(s) URL"));
         }
-        let client = reqwest::Client::builder()
+        for value in headers.values_mut() {
+            value.set_sensitive(true);
+        }
+        let mut client = flotilla_runtime::tls::http_client()
             .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| e.to_string())?;
+            .default_headers(headers);
+        if let Some(ca) = &tls.ca_file {
+            let roots =
+                flotilla_runtime::tls::certificates(ca).map_err(|e| format!("ca_file: {e}"))?;
+            client = client.tls_certs_merge(roots);
+        }
+        if let Some((certificate, key)) = &tls.client_identity {
+            let identity = flotilla_runtime::tls::identity(certificate, key)
+                .map_err(|e| format!("client_certificate: {e}"))?;
+            client = client.identity(identity);
+        }
+        if tls.insecure_skip_verify {
+            client = client.tls_danger_accept_invalid_certs(true);
+        }
+        let client = client.build().map_err(|e| error_chain(&e))?;
         Ok(Self {
             base_url: base_url.trim_end_matches('/').to_owned(),
             client,
             max_response_bytes,
         })
     }
+}
+
+/// An error and its causes in one line (reqwest's own message stops at
+/// "error sending request").
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let next = error.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = error.source();
+    }
+    text
 }
 
 #[async_trait::async_trait]
@@ -68,8 +139,13 @@ impl Target for HttpTarget {
                 // The request itself cannot be built (a header value, the
                 // URL): the same call would fail the same way.
                 StepFailure::Defect(format!("POST {url}: building the request: {e}"))
+            } else if flotilla_runtime::tls::is_certificate_refused(&e) {
+                StepFailure::Defect(format!(
+                    "POST {url}: the target's TLS certificate was refused (set its ca_file?): {}",
+                    error_chain(&e)
+                ))
             } else {
-                StepFailure::Retryable(format!("POST {url}: {e}"))
+                StepFailure::Retryable(format!("POST {url}: {}", error_chain(&e)))
             }
         })?;
         let status = response.status();

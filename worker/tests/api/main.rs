@@ -37,7 +37,7 @@ impl Api {
         let app = TestApp::spawn_with(pool.clone(), &flags, echo_targets()).await;
         Self {
             base: app.url.clone(),
-            client: Client::new(),
+            client: flotilla_runtime::tls::http_client().build().unwrap(),
             engine: app.engine.clone(),
             _app: app,
         }

@@ -1,6 +1,10 @@
 //! The broker settings every binary shares, and the one configuration of
 //! each kind of Kafka client built from them: the idempotent producer, the
-//! manually committing consumer, the admin client.
+//! manually committing consumer, the admin client. Every one of them starts
+//! from [`BrokerConfig::client`], so TLS, SASL and pass-through properties
+//! ([`security`]) reach all of them.
+
+pub mod security;
 
 use std::time::Duration;
 
@@ -12,6 +16,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
+use crate::registry::RegistryConfig;
+pub use security::KafkaSecurity;
+
 /// The broker list used when none is configured.
 pub const DEFAULT_BOOTSTRAP_SERVERS: &str = "localhost:9092";
 
@@ -22,10 +29,11 @@ pub struct BrokerConfig {
     #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS", default_value = DEFAULT_BOOTSTRAP_SERVERS)]
     pub bootstrap_servers: String,
 
-    /// Confluent-compatible Schema Registry; when unset, JSON on the wire
-    /// (either encoding is read).
-    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
-    pub schema_registry_url: Option<String>,
+    #[command(flatten)]
+    pub security: KafkaSecurity,
+
+    #[command(flatten)]
+    pub registry: RegistryConfig,
 }
 
 impl BrokerConfig {
@@ -34,16 +42,32 @@ impl BrokerConfig {
     pub fn new(bootstrap_servers: &str) -> Self {
         Self {
             bootstrap_servers: bootstrap_servers.to_owned(),
-            schema_registry_url: None,
+            security: KafkaSecurity::default(),
+            registry: RegistryConfig::default(),
         }
     }
 
-    /// The settings every client starts from.
+    /// The settings every client starts from: the brokers, then security
+    /// and any pass-through properties.
     #[must_use]
     pub fn client(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.bootstrap_servers);
+        self.security.apply(&mut config);
         config
+    }
+
+    /// Refuses, before any client exists, settings that cannot work: a SASL
+    /// mechanism without credentials, an unknown property, a bad value;
+    /// then the registry's settings.
+    ///
+    /// # Errors
+    /// The first problem, naming the setting to fix.
+    pub fn validate(&self) -> Result<(), security::SecurityError> {
+        let mut base = ClientConfig::new();
+        base.set("bootstrap.servers", &self.bootstrap_servers);
+        self.security.validate(&base)?;
+        self.registry.validate()
     }
 
     /// An idempotent producer that waits for every in-sync replica: no
@@ -74,7 +98,11 @@ impl BrokerConfig {
 pub enum BrokerError {
     #[error("the Kafka client: {0}")]
     Client(#[from] KafkaError),
-    #[error("creating topic {topic}: {code}")]
+    #[error("settings: {0}")]
+    Settings(#[from] security::SecurityError),
+    #[error(
+        "creating missing topic {topic}: {code} (create it beforehand and set FLOTILLA_CREATE_TOPICS=false, or grant this account CreateTopics)"
+    )]
     CreateTopic {
         topic: String,
         code: RDKafkaErrorCode,
@@ -83,12 +111,14 @@ pub enum BrokerError {
     Interrupted,
 }
 
-/// Asks the broker for cluster metadata, so a wrong address fails at start-up
-/// rather than at the first message.
+/// Checks the settings ([`BrokerConfig::validate`]), then asks the broker for
+/// cluster metadata, so a wrong address, a refused certificate or refused
+/// credentials fail at start-up rather than at the first message.
 ///
 /// # Errors
-/// The broker does not answer within `timeout`.
+/// The settings cannot work, or the broker does not answer within `timeout`.
 pub async fn check_reachable(broker: &BrokerConfig, timeout: Duration) -> Result<(), BrokerError> {
+    broker.validate()?;
     let config = broker.client();
     // librdkafka's calls block; keep them off the async workers.
     tokio::task::spawn_blocking(move || {
@@ -148,23 +178,38 @@ fn parse_layout(text: &str) -> Result<i32, String> {
     }
 }
 
-/// Creates the topics that do not exist yet, laid out as `layout` says;
-/// topics that exist are left as they are (operators of a real cluster may
-/// create them with their own settings first).
+/// Creates the topics that do not exist yet, laid out as `layout` says.
+/// Which exist is read from the cluster's metadata first, so a service
+/// account without the right to create topics starts fine when they exist
+/// (and CreateTopics is never sent for them). With creation off, a missing
+/// topic is only warned about: an operator's job may be creating it.
 ///
 /// # Errors
-/// The broker refuses for another reason than "already exists".
+/// The metadata cannot be read, or the broker refuses to create a missing
+/// topic for another reason than "it exists by now".
 pub async fn ensure_topics(
     broker: &BrokerConfig,
     topics: &[&str],
     layout: TopicLayout,
 ) -> Result<(), BrokerError> {
+    let existing = existing_topics(broker, Duration::from_secs(10)).await?;
+    let missing: Vec<&str> = topics
+        .iter()
+        .copied()
+        .filter(|topic| !existing.iter().any(|t| t == topic))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
     if !layout.create_topics {
-        tracing::info!(?topics, "topic creation is off; the topics must exist");
+        tracing::warn!(
+            ?missing,
+            "topics do not exist and creation is off (FLOTILLA_CREATE_TOPICS=false): they must be created"
+        );
         return Ok(());
     }
     let admin: AdminClient<DefaultClientContext> = broker.client().create()?;
-    let new_topics: Vec<NewTopic<'_>> = topics
+    let new_topics: Vec<NewTopic<'_>> = missing
         .iter()
         .map(|topic| {
             NewTopic::new(
@@ -186,4 +231,27 @@ pub async fn ensure_topics(
         }
     }
     Ok(())
+}
+
+/// The names of the topics the cluster's metadata lists.
+async fn existing_topics(
+    broker: &BrokerConfig,
+    timeout: Duration,
+) -> Result<Vec<String>, BrokerError> {
+    let config = broker.client();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create()?;
+        let metadata = consumer.fetch_metadata(None, timeout)?;
+        let names = metadata
+            .topics()
+            .iter()
+            .filter(|topic| topic.error().is_none())
+            .map(|topic| topic.name().to_owned())
+            .collect();
+        // librdkafka can block in a consumer's destructor.
+        std::thread::spawn(move || drop(consumer));
+        Ok(names)
+    })
+    .await
+    .map_err(|_| BrokerError::Interrupted)?
 }

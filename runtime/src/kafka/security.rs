@@ -1,0 +1,491 @@
+//! How the Kafka clients authenticate and encrypt: the named settings of the
+//! usual managed-Kafka setups (TLS, SASL PLAIN / SCRAM / OAUTHBEARER, client
+//! certificates) and a pass-through for any other librdkafka property.
+//!
+//! Files (passwords, the properties file) are read while the settings are
+//! parsed, so a missing file stops the process at start-up naming its
+//! setting; [`KafkaSecurity::validate`] then checks the combination and lets
+//! librdkafka check every property before any client exists.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use rdkafka::ClientConfig;
+use secrecy::{ExposeSecret as _, SecretString};
+
+use crate::settings::{readable_file, secret, secret_from_file};
+
+/// `security.protocol`: how the connection to a broker is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    fn as_librdkafka(self) -> &'static str {
+        match self {
+            Self::Plaintext => "plaintext",
+            Self::Ssl => "ssl",
+            Self::SaslPlaintext => "sasl_plaintext",
+            Self::SaslSsl => "sasl_ssl",
+        }
+    }
+
+    fn uses_sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+}
+
+/// `sasl.mechanisms`: how a SASL client proves who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SaslMechanism {
+    #[value(name = "PLAIN")]
+    Plain,
+    #[value(name = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[value(name = "SCRAM-SHA-512")]
+    ScramSha512,
+    /// Tokens from an OpenID Connect provider: set `sasl.oauthbearer.method=oidc`
+    /// and its client id, secret and token endpoint as Kafka properties.
+    #[value(name = "OAUTHBEARER")]
+    OAuthBearer,
+}
+
+impl SaslMechanism {
+    fn as_librdkafka(self) -> &'static str {
+        match self {
+            Self::Plain => "PLAIN",
+            Self::ScramSha256 => "SCRAM-SHA-256",
+            Self::ScramSha512 => "SCRAM-SHA-512",
+            Self::OAuthBearer => "OAUTHBEARER",
+        }
+    }
+
+    fn needs_password(self) -> bool {
+        !matches!(self, Self::OAuthBearer)
+    }
+}
+
+/// Extra librdkafka properties, as `key=value` pairs. Values may be secrets
+/// (`sasl.password`, `ssl.key.password`): `Debug` shows the keys only.
+#[derive(Clone, Default)]
+pub struct KafkaProperties(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for KafkaProperties {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(key, _)| key))
+            .finish()
+    }
+}
+
+/// TLS and SASL for every producer, consumer and admin client.
+///
+/// Applied in this order, later winning: the properties file, the named
+/// settings that are set, then each `--kafka-property`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct KafkaSecurity {
+    /// How clients connect to the brokers (librdkafka's default: PLAINTEXT).
+    #[arg(long, env = "KAFKA_SECURITY_PROTOCOL", value_enum, ignore_case = true)]
+    pub kafka_security_protocol: Option<SecurityProtocol>,
+
+    /// The SASL mechanism, with a SASL_* protocol.
+    #[arg(long, env = "KAFKA_SASL_MECHANISM", value_enum, ignore_case = true)]
+    pub kafka_sasl_mechanism: Option<SaslMechanism>,
+
+    /// The SASL user (PLAIN and SCRAM).
+    #[arg(long, env = "KAFKA_SASL_USERNAME")]
+    pub kafka_sasl_username: Option<String>,
+
+    /// The SASL password (a secret: never printed).
+    #[arg(long, env = "KAFKA_SASL_PASSWORD", hide_env_values = true, value_parser = secret)]
+    pub kafka_sasl_password: Option<SecretString>,
+
+    /// A file holding the SASL password (a mounted secret), instead of
+    /// `KAFKA_SASL_PASSWORD`.
+    #[arg(long, env = "KAFKA_SASL_PASSWORD_FILE", value_parser = secret_from_file, conflicts_with = "kafka_sasl_password")]
+    pub kafka_sasl_password_file: Option<SecretString>,
+
+    /// PEM file of the certificate authorities that sign the brokers'
+    /// certificates (default: the system's roots).
+    #[arg(long, env = "KAFKA_SSL_CA_LOCATION", value_parser = readable_file)]
+    pub kafka_ssl_ca_location: Option<PathBuf>,
+
+    /// PEM file of this client's certificate, for brokers that require one.
+    #[arg(long, env = "KAFKA_SSL_CERTIFICATE_LOCATION", value_parser = readable_file, requires = "kafka_ssl_key_location")]
+    pub kafka_ssl_certificate_location: Option<PathBuf>,
+
+    /// PEM file of this client's private key.
+    #[arg(long, env = "KAFKA_SSL_KEY_LOCATION", value_parser = readable_file, requires = "kafka_ssl_certificate_location")]
+    pub kafka_ssl_key_location: Option<PathBuf>,
+
+    /// The private key's passphrase, when it has one (a secret).
+    #[arg(long, env = "KAFKA_SSL_KEY_PASSWORD", hide_env_values = true, value_parser = secret)]
+    pub kafka_ssl_key_password: Option<SecretString>,
+
+    /// A file holding the private key's passphrase, instead of `KAFKA_SSL_KEY_PASSWORD`.
+    #[arg(long, env = "KAFKA_SSL_KEY_PASSWORD_FILE", value_parser = secret_from_file, conflicts_with = "kafka_ssl_key_password")]
+    pub kafka_ssl_key_password_file: Option<SecretString>,
+
+    /// A Java-style properties file of librdkafka properties (for example a
+    /// managed service's client.properties).
+    #[arg(long, env = "FLOTILLA_KAFKA_PROPERTIES_FILE", value_parser = properties_file)]
+    pub kafka_properties_file: Option<KafkaProperties>,
+
+    /// Any librdkafka property, as `key=value`; repeatable.
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = property)]
+    pub kafka_property: Vec<(String, String)>,
+}
+
+/// A setting that cannot work, named as the user wrote it.
+#[derive(Debug, thiserror::Error)]
+#[error("{setting}: {problem}")]
+pub struct SecurityError {
+    pub setting: &'static str,
+    pub problem: String,
+}
+
+impl KafkaSecurity {
+    /// Every property this adds to a client, in the order they apply.
+    fn properties(&self) -> Vec<(String, String)> {
+        let mut properties: Vec<(String, String)> = self
+            .kafka_properties_file
+            .iter()
+            .flat_map(|file| file.0.iter().cloned())
+            .collect();
+        let mut named = |key: &str, value: String| properties.push((key.to_owned(), value));
+        if let Some(protocol) = self.kafka_security_protocol {
+            named("security.protocol", protocol.as_librdkafka().to_owned());
+        }
+        if let Some(mechanism) = self.kafka_sasl_mechanism {
+            named("sasl.mechanisms", mechanism.as_librdkafka().to_owned());
+        }
+        if let Some(user) = &self.kafka_sasl_username {
+            named("sasl.username", user.clone());
+        }
+        if let Some(password) = self.sasl_password() {
+            named("sasl.password", password.expose_secret().to_owned());
+        }
+        let path = |p: &Path| p.display().to_string();
+        if let Some(ca) = &self.kafka_ssl_ca_location {
+            named("ssl.ca.location", path(ca));
+        }
+        if let Some(certificate) = &self.kafka_ssl_certificate_location {
+            named("ssl.certificate.location", path(certificate));
+        }
+        if let Some(key) = &self.kafka_ssl_key_location {
+            named("ssl.key.location", path(key));
+        }
+        if let Some(password) = self
+            .kafka_ssl_key_password
+            .as_ref()
+            .or(self.kafka_ssl_key_password_file.as_ref())
+        {
+            named("ssl.key.password", password.expose_secret().to_owned());
+        }
+        properties.extend(self.kafka_property.iter().cloned());
+        properties
+    }
+
+    fn sasl_password(&self) -> Option<&SecretString> {
+        self.kafka_sasl_password
+            .as_ref()
+            .or(self.kafka_sasl_password_file.as_ref())
+    }
+
+    /// Adds every property to `config`.
+    pub fn apply(&self, config: &mut ClientConfig) {
+        for (key, value) in self.properties() {
+            config.set(key, value);
+        }
+    }
+
+    /// Refuses a combination that cannot work, naming the setting to fix,
+    /// then has librdkafka check every property (names and values).
+    ///
+    /// # Errors
+    /// The first problem found.
+    pub fn validate(&self, base: &ClientConfig) -> Result<(), SecurityError> {
+        let error = |setting, problem: &str| SecurityError {
+            setting,
+            problem: problem.to_owned(),
+        };
+        let effective: BTreeMap<String, String> = self.properties().into_iter().collect();
+        let protocol = effective
+            .get("security.protocol")
+            .map(|p| p.to_ascii_lowercase());
+        let uses_sasl = protocol
+            .as_deref()
+            .is_some_and(|p| p == "sasl_plaintext" || p == "sasl_ssl");
+        if let Some(mechanism) = self.kafka_sasl_mechanism {
+            if !uses_sasl {
+                return Err(error(
+                    "KAFKA_SASL_MECHANISM",
+                    "is set but KAFKA_SECURITY_PROTOCOL is not SASL_PLAINTEXT or SASL_SSL",
+                ));
+            }
+            let has = |key: &str| effective.get(key).is_some_and(|v| !v.is_empty());
+            if mechanism.needs_password() && !has("sasl.username") {
+                return Err(error(
+                    "KAFKA_SASL_USERNAME",
+                    &format!("{} needs a user name", mechanism.as_librdkafka()),
+                ));
+            }
+            if mechanism.needs_password() && !has("sasl.password") {
+                return Err(error(
+                    "KAFKA_SASL_PASSWORD",
+                    &format!(
+                        "{} needs a password (or KAFKA_SASL_PASSWORD_FILE)",
+                        mechanism.as_librdkafka()
+                    ),
+                ));
+            }
+        } else if self
+            .kafka_security_protocol
+            .is_some_and(SecurityProtocol::uses_sasl)
+            && !effective.contains_key("sasl.mechanisms")
+            && !effective.contains_key("sasl.mechanism")
+        {
+            return Err(error(
+                "KAFKA_SASL_MECHANISM",
+                "a SASL protocol needs a mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER)",
+            ));
+        }
+        // librdkafka knows every property and its values: ask it before any
+        // client exists. Its message names the property.
+        let mut config = base.clone();
+        self.apply(&mut config);
+        config
+            .create_native_config()
+            .map_err(|e| error("Kafka properties", &e.to_string()))?;
+        Ok(())
+    }
+}
+
+fn property(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err(format!("{text:?} is not key=value")),
+    }
+}
+
+fn properties_file(path: &str) -> Result<KafkaProperties, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let read = java_properties::read(std::io::BufReader::new(file))
+        .map_err(|e| format!("{path} is not a properties file: {e}"))?;
+    // Sorted, so the order properties apply in does not depend on a hash.
+    let sorted: BTreeMap<String, String> = read.into_iter().collect();
+    Ok(KafkaProperties(sorted.into_iter().collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        security: KafkaSecurity,
+    }
+
+    fn parse(args: &[&str]) -> Result<KafkaSecurity, clap::Error> {
+        Cli::try_parse_from(std::iter::once("test").chain(args.iter().copied())).map(|c| c.security)
+    }
+
+    fn base() -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", "localhost:9092");
+        config
+    }
+
+    /// What a client is given, as librdkafka holds it (which masks
+    /// secrets when read back) and as set.
+    fn applied(security: &KafkaSecurity) -> BTreeMap<String, String> {
+        let mut config = base();
+        security.apply(&mut config);
+        let set: BTreeMap<String, String> = security.properties().into_iter().collect();
+        for key in set.keys() {
+            assert!(config.get(key).is_some(), "{key} did not reach the client");
+        }
+        set
+    }
+
+    #[test]
+    fn named_settings_become_librdkafka_properties() {
+        let dir = tempfile_dir();
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, "not checked here").unwrap();
+        let security = parse(&[
+            "--kafka-security-protocol",
+            "SASL_SSL",
+            "--kafka-sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--kafka-sasl-username",
+            "flotilla",
+            "--kafka-sasl-password",
+            "s3cret",
+            "--kafka-ssl-ca-location",
+            ca.to_str().unwrap(),
+        ])
+        .unwrap();
+        let properties = applied(&security);
+        assert_eq!(properties["security.protocol"], "sasl_ssl");
+        assert_eq!(properties["sasl.mechanisms"], "SCRAM-SHA-512");
+        assert_eq!(properties["sasl.username"], "flotilla");
+        assert_eq!(properties["sasl.password"], "s3cret");
+        assert_eq!(properties["ssl.ca.location"], ca.display().to_string());
+        assert!(!format!("{security:?}").contains("s3cret"), "{security:?}");
+    }
+
+    #[test]
+    fn the_properties_file_applies_first_and_a_kafka_property_last() {
+        let dir = tempfile_dir();
+        let file = dir.join("client.properties");
+        std::fs::write(
+            &file,
+            "# a managed service's file\nsecurity.protocol=SASL_SSL\nsasl.mechanisms=PLAIN\nsasl.username=from-file\nsasl.password=file-secret\nclient.id = from-file\n",
+        )
+        .unwrap();
+        let security = parse(&[
+            "--kafka-properties-file",
+            file.to_str().unwrap(),
+            "--kafka-sasl-username",
+            "named",
+            "--kafka-property",
+            "client.id=flag",
+        ])
+        .unwrap();
+        let properties = applied(&security);
+        assert_eq!(properties["security.protocol"], "SASL_SSL");
+        assert_eq!(properties["sasl.username"], "named");
+        assert_eq!(properties["sasl.password"], "file-secret");
+        assert_eq!(properties["client.id"], "flag");
+        assert!(
+            !format!("{security:?}").contains("file-secret"),
+            "{security:?}"
+        );
+        security.validate(&base()).unwrap();
+    }
+
+    #[test]
+    fn a_password_file_is_read_without_its_newline() {
+        let dir = tempfile_dir();
+        let file = dir.join("password");
+        std::fs::write(&file, "from-a-secret\n").unwrap();
+        let security = parse(&[
+            "--kafka-security-protocol",
+            "sasl_plaintext",
+            "--kafka-sasl-mechanism",
+            "PLAIN",
+            "--kafka-sasl-username",
+            "u",
+            "--kafka-sasl-password-file",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert_eq!(applied(&security)["sasl.password"], "from-a-secret");
+        security.validate(&base()).unwrap();
+    }
+
+    #[test]
+    fn misconfigurations_are_refused_naming_the_setting() {
+        let missing = parse(&["--kafka-ssl-ca-location", "/no/such/ca.pem"]).unwrap_err();
+        assert!(missing.to_string().contains("/no/such/ca.pem"), "{missing}");
+        assert!(
+            missing.to_string().contains("--kafka-ssl-ca-location"),
+            "{missing}"
+        );
+
+        let unsupported = parse(&["--kafka-sasl-mechanism", "GSSAPI"]).unwrap_err();
+        assert!(unsupported.to_string().contains("GSSAPI"), "{unsupported}");
+
+        let cases: [(&[&str], &str); 4] = [
+            (&["--kafka-sasl-mechanism", "PLAIN"], "KAFKA_SASL_MECHANISM"),
+            (
+                &[
+                    "--kafka-security-protocol",
+                    "SASL_SSL",
+                    "--kafka-sasl-mechanism",
+                    "SCRAM-SHA-256",
+                    "--kafka-sasl-username",
+                    "u",
+                ],
+                "KAFKA_SASL_PASSWORD",
+            ),
+            (
+                &["--kafka-security-protocol", "SASL_SSL"],
+                "KAFKA_SASL_MECHANISM",
+            ),
+            (
+                &["--kafka-property", "no.such.property=1"],
+                "no.such.property",
+            ),
+        ];
+        for (args, named) in cases {
+            let security = parse(args).unwrap();
+            let refused = security.validate(&base()).unwrap_err();
+            assert!(refused.to_string().contains(named), "{args:?}: {refused}");
+        }
+    }
+
+    #[test]
+    fn every_mechanism_is_built_into_librdkafka() {
+        for mechanism in ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] {
+            let mut security = parse(&[
+                "--kafka-security-protocol",
+                "SASL_SSL",
+                "--kafka-sasl-mechanism",
+                mechanism,
+                "--kafka-sasl-username",
+                "u",
+                "--kafka-sasl-password",
+                "p",
+            ])
+            .unwrap();
+            if mechanism == "OAUTHBEARER" {
+                // The production form: tokens from an OpenID Connect provider.
+                security.kafka_property.extend([
+                    ("sasl.oauthbearer.method".into(), "oidc".into()),
+                    ("sasl.oauthbearer.client.id".into(), "c".into()),
+                    ("sasl.oauthbearer.client.secret".into(), "s".into()),
+                    (
+                        "sasl.oauthbearer.token.endpoint.url".into(),
+                        "https://idp.invalid/token".into(),
+                    ),
+                ]);
+            }
+            security
+                .validate(&base())
+                .unwrap_or_else(|e| panic!("{mechanism}: {e}"));
+            // Whether a mechanism is compiled in is only known when a client
+            // is created (no broker is needed for that).
+            let mut config = base();
+            security.apply(&mut config);
+            let producer: rdkafka::producer::BaseProducer = config
+                .create()
+                .unwrap_or_else(|e| panic!("{mechanism} is not built in: {e}"));
+            std::thread::spawn(move || drop(producer));
+        }
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "flotilla-kafka-security-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}

