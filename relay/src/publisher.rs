@@ -244,3 +244,35 @@ impl Publisher {
             .map_err(|(e, _)| classify(&e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode as Code;
+
+    use super::{Miss, classify};
+
+    #[test]
+    fn only_refusals_of_the_record_itself_count_and_credentials_are_the_world() {
+        let delivery = |code| KafkaError::MessageProduction(code);
+        assert!(matches!(
+            classify(&delivery(Code::MessageSizeTooLarge)),
+            Miss::Message(_)
+        ));
+        for code in [
+            Code::SaslAuthenticationFailed,
+            Code::Authentication,
+            Code::TopicAuthorizationFailed,
+            Code::ClusterAuthorizationFailed,
+            Code::SSL,
+            Code::MessageTimedOut,
+            Code::QueueFull,
+            Code::UnknownTopic,
+        ] {
+            assert!(
+                matches!(classify(&delivery(code)), Miss::World(_)),
+                "{code:?}"
+            );
+        }
+    }
+}

@@ -209,3 +209,99 @@ async fn an_https_target_that_requires_a_client_certificate_gets_one() {
     assert!(targets.call("mtls", call("m")).await.is_err());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// An HTTPS front for the real registry that lets through only requests
+/// with the expected basic-auth credentials (as a managed registry does).
+async fn guarded_registry(certs: &TestCertificates) -> String {
+    use axum::extract::{Request, State};
+    use axum::response::IntoResponse;
+
+    async fn forward(State(upstream): State<String>, request: Request) -> axum::response::Response {
+        use base64::Engine as _;
+        let expected = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("flotilla:s3cret:with-colon")
+        );
+        if request
+            .headers()
+            .get("authorization")
+            .is_none_or(|v| v != expected.as_str())
+        {
+            return (
+                StatusCode::UNAUTHORIZED,
+                "{\"error_code\":401,\"message\":\"Unauthorized\"}",
+            )
+                .into_response();
+        }
+        let (parts, body) = request.into_parts();
+        let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let client = flotilla_runtime::tls::http_client().build().unwrap();
+        let mut outbound = client
+            .request(parts.method, format!("{upstream}{path}"))
+            .body(body);
+        if let Some(kind) = parts.headers.get("content-type") {
+            outbound = outbound.header("content-type", kind);
+        }
+        let answer = outbound.send().await.unwrap();
+        let status = StatusCode::from_u16(answer.status().as_u16()).unwrap();
+        (status, answer.bytes().await.unwrap()).into_response()
+    }
+
+    let router = axum::Router::new()
+        .fallback(forward)
+        .with_state(flotilla_tests::schema_registry_url());
+    serve_https(router, certs.server_config(false)).await
+}
+
+#[tokio::test]
+async fn the_registry_is_reached_over_https_with_basic_auth() {
+    use flotilla_codec::{Codec, CodecError};
+    use flotilla_runtime::registry::RegistryConfig;
+    use secrecy::SecretString;
+
+    let dir = std::env::temp_dir().join(format!("flotilla-tls-registry-{}", Uuid::new_v4()));
+    let certs = TestCertificates::generate(&dir, "worker");
+    let url = guarded_registry(&certs).await;
+    let topic = flotilla_tests::unique("tls-registry");
+    let request =
+        flotilla_contracts::WorkflowRunRequest::new(Uuid::new_v4(), "w", json!({"a": 1})).unwrap();
+    let settings = |user_info: &str, ca: &std::path::Path| RegistryConfig {
+        schema_registry_basic_auth_user_info: Some(SecretString::from(user_info)),
+        schema_registry_ssl_ca_location: Some(ca.to_owned()),
+        ..RegistryConfig::new(&url)
+    };
+
+    let good = settings("flotilla:s3cret:with-colon", &certs.ca);
+    good.validate().unwrap();
+    let codec = Codec::from_config(&good).unwrap();
+    let bytes = tokio::time::timeout(Duration::from_secs(30), codec.encode(&topic, &request))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(bytes[0], 0, "Confluent-framed Avro");
+    let decoded: flotilla_contracts::WorkflowRunRequest = codec.decode(&bytes).await.unwrap();
+    assert_eq!(decoded, request);
+
+    // Wrong credentials and an untrusted certificate are outages (the
+    // message waits), never a verdict on the message.
+    for (user_info, ca) in [
+        ("flotilla:wrong", certs.ca.as_path()),
+        ("flotilla:s3cret:with-colon", certs.other_ca.as_path()),
+    ] {
+        let codec = Codec::from_config(&settings(user_info, ca)).unwrap();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(30),
+            codec.encode(&flotilla_tests::unique("tls-registry"), &request),
+        )
+        .await
+        .unwrap()
+        .unwrap_err();
+        assert!(
+            matches!(refused, CodecError::RegistryUnavailable(_)),
+            "{user_info} with {}: {refused:?}",
+            ca.display()
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

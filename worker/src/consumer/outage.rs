@@ -97,6 +97,13 @@ impl RequestConsumer {
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             metrics::counter!("flotilla_consumer_poll_interval_exceeded_total").increment(1);
         }
+        if is_refused_access(error) {
+            // Credentials or rights refused: an outage to alert on, never a
+            // reason to dead-letter anything.
+            metrics::counter!("flotilla_kafka_access_refused_total").increment(1);
+            tracing::error!(error = %error, "the broker refused this consumer's credentials or rights");
+            return;
+        }
         tracing::warn!(error = %error, "consumer error");
     }
 
@@ -125,6 +132,22 @@ impl RequestConsumer {
         }
         true
     }
+}
+
+/// Whether the broker refused who this client is or what it may do.
+fn is_refused_access(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    error.rdkafka_error_code().is_some_and(|code| {
+        matches!(
+            code,
+            Code::Authentication
+                | Code::SaslAuthenticationFailed
+                | Code::SSL
+                | Code::TopicAuthorizationFailed
+                | Code::GroupAuthorizationFailed
+                | Code::ClusterAuthorizationFailed
+        )
+    })
 }
 
 /// Whether a consumer error means a message was skipped unread: a batch
@@ -161,5 +184,18 @@ mod tests {
         assert!(!is_unreadable(&KafkaError::MessageConsumption(
             Code::AllBrokersDown
         )));
+        // Refused credentials are an outage: nothing is stalled or dead-lettered.
+        for code in [
+            Code::SaslAuthenticationFailed,
+            Code::Authentication,
+            Code::TopicAuthorizationFailed,
+            Code::GroupAuthorizationFailed,
+            Code::SSL,
+        ] {
+            assert!(
+                !is_unreadable(&KafkaError::MessageConsumption(code)),
+                "{code:?}"
+            );
+        }
     }
 }
