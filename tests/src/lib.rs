@@ -9,6 +9,7 @@ pub mod process;
 pub mod proxy;
 pub mod registry_stub;
 pub mod scratch;
+pub mod tansu;
 pub mod tls;
 pub mod tls_postgres;
 

@@ -24,6 +24,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use flotilla_contracts::WorkflowRunEvent;
 use flotilla_tests::process::Running;
+use flotilla_tests::tansu::OwnBroker;
 use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -147,44 +148,22 @@ enum Broker {
     /// tansu of the suite's own (a free port, its own SQLite file), so it can
     /// be restarted on its storage without disturbing the tests beside it.
     /// `None` only while a restart has it on a blocking thread.
-    Tansu(Option<Tansu>),
+    Tansu(Option<OwnBroker>),
     /// librdkafka's mock cluster, served on a local port from this process:
     /// ordinary (dynamic) group semantics, which the test broker lacks.
     Mock(MockCluster<'static, DefaultProducerContext>),
 }
 
-struct Tansu {
-    bin: PathBuf,
-    data: PathBuf,
-    address: String,
-    running: Running,
-}
-
 impl Broker {
     /// tansu of the suite's own, or the shared broker without `FLOTILLA_TANSU_BIN`.
     async fn tansu(dir: &Path) -> Self {
-        let Ok(bin) = std::env::var("FLOTILLA_TANSU_BIN") else {
+        let Some(bin) = flotilla_tests::tansu::binary() else {
             return Self::Shared(flotilla_tests::bootstrap_servers());
         };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let address = format!("127.0.0.1:{port}");
-        let data = dir.join("broker");
-        std::fs::create_dir_all(&data).unwrap();
-        let tansu = tokio::task::spawn_blocking(move || {
-            let running = Tansu::spawn(Path::new(&bin), &data, &address);
-            Tansu {
-                bin: PathBuf::from(bin),
-                data,
-                address,
-                running,
-            }
-        })
-        .await
-        .unwrap();
+        let dir = dir.to_owned();
+        let tansu = tokio::task::spawn_blocking(move || OwnBroker::start(&bin, &dir, None, &[]))
+            .await
+            .unwrap();
         Self::Tansu(Some(tansu))
     }
 
@@ -235,8 +214,7 @@ impl Broker {
                 let mut tansu = slot.take().unwrap();
                 *slot = Some(
                     tokio::task::spawn_blocking(move || {
-                        tansu.running.kill();
-                        tansu.running = Tansu::spawn(&tansu.bin, &tansu.data, &tansu.address);
+                        tansu.restart_with(&[]);
                         tansu
                     })
                     .await
@@ -251,31 +229,6 @@ impl Broker {
                 Some("broker taken down for 3 s")
             }
         }
-    }
-}
-
-impl Tansu {
-    fn spawn(bin: &Path, data: &Path, address: &str) -> Running {
-        let mut command = Command::new(bin);
-        command
-            .current_dir(data)
-            .arg("broker")
-            .arg("--listener-url")
-            .arg(format!("tcp://{address}"))
-            .arg("--advertised-listener-url")
-            .arg(format!("tcp://{address}"))
-            .arg("--storage-engine")
-            .arg("sqlite://tansu.db");
-        let running = Running::start(command);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(address).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the suite's broker did not answer"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        running
     }
 }
 

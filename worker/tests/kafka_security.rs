@@ -1,0 +1,302 @@
+//! Kafka over SASL_SSL end to end: a request produced by the CLI, consumed
+//! by a worker, run, and its events published by a relay and read back, every
+//! client speaking TLS and SCRAM-SHA-512 with the settings a managed cluster
+//! needs (`KAFKA_SECURITY_PROTOCOL`, `KAFKA_SASL_*`, `KAFKA_SSL_CA_LOCATION`).
+//!
+//! The test broker (tansu 0.6.0) authenticates SCRAM users but its own TLS
+//! listener does not work, so TLS is terminated by a proxy made here in front
+//! of it (with a CA of the test's own), which the broker advertises: every
+//! connection, bootstrap or not, goes through TLS.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use axum::routing::post;
+use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::kafka::security::{SaslMechanism, SecurityProtocol};
+use flotilla_tests::process::Running;
+use flotilla_tests::tansu::{OwnBroker, free_port};
+use flotilla_tests::tls::{TestCertificates, terminating_proxy};
+use flotilla_tests::{close_consumer, unique};
+use rdkafka::Message as _;
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use secrecy::SecretString;
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+const USER: &str = "flotilla";
+const PASSWORD: &str = "s3cret-scram";
+
+/// A binary built beside this test (the relay and the CLI live in other packages).
+fn sibling_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(path.exists(), "{} is not built", path.display());
+    path
+}
+
+/// The secured broker: tansu with SCRAM users, behind a TLS proxy.
+struct SecuredBroker {
+    bootstrap: String,
+    certs: TestCertificates,
+    password_file: PathBuf,
+    _broker: OwnBroker,
+}
+
+async fn secured_broker(dir: &Path) -> SecuredBroker {
+    let bin = flotilla_tests::tansu::binary()
+        .expect("FLOTILLA_TANSU_BIN is unset: run the tests through scripts/test");
+    let certs = TestCertificates::generate(&dir.join("certs"), "client");
+    let broker_address = format!("127.0.0.1:{}", free_port());
+    let proxy = terminating_proxy(broker_address.clone(), certs.server_config(false)).await;
+    // Clients connect to `localhost` (the name in the certificate).
+    let bootstrap = format!("localhost:{}", proxy.port());
+    let (dir, advertised) = (dir.to_owned(), bootstrap.clone());
+    let broker = tokio::task::spawn_blocking(move || {
+        // Users are created while authentication is off (tansu gates its
+        // user API behind it), then the broker restarts with it on.
+        let mut broker = OwnBroker::start_on(&bin, &dir, &broker_address, Some(&advertised), &[]);
+        let created = broker
+            .command()
+            .args(["user", "create", "--broker"])
+            .arg(format!("tcp://{broker_address}"))
+            .args(["--mechanism", "scram512", USER, PASSWORD])
+            .output()
+            .unwrap();
+        assert!(
+            created.status.success(),
+            "tansu user create: {}",
+            String::from_utf8_lossy(&created.stderr)
+        );
+        broker.restart_with(&["--authentication"]);
+        broker
+    })
+    .await
+    .unwrap();
+    let password_file = certs.dir.join("kafka-password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    SecuredBroker {
+        bootstrap,
+        certs,
+        password_file,
+        _broker: broker,
+    }
+}
+
+impl SecuredBroker {
+    /// The settings every binary gets, as environment variables.
+    fn env(&self, command: &mut Command) {
+        command
+            .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)
+            .env("KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+            .env("KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+            .env("KAFKA_SASL_USERNAME", USER)
+            .env("KAFKA_SASL_PASSWORD_FILE", &self.password_file)
+            .env("KAFKA_SSL_CA_LOCATION", &self.certs.ca)
+            .env("SCHEMA_REGISTRY_URL", "")
+            .env("FLOTILLA_TOPIC_PARTITIONS", "1")
+            .env("FLOTILLA_TOPIC_REPLICATION", "1")
+            .env("NO_COLOR", "1");
+    }
+
+    /// The same settings for a client made in this test.
+    fn config(&self) -> BrokerConfig {
+        let mut config = BrokerConfig::new(&self.bootstrap);
+        let security = &mut config.security;
+        security.kafka_security_protocol = Some(SecurityProtocol::SaslSsl);
+        security.kafka_sasl_mechanism = Some(SaslMechanism::ScramSha512);
+        security.kafka_sasl_username = Some(USER.into());
+        security.kafka_sasl_password = Some(SecretString::from(PASSWORD));
+        security.kafka_ssl_ca_location = Some(self.certs.ca.clone());
+        config
+    }
+}
+
+fn worker(broker: &SecuredBroker, database: &str, dir: &Path, topic: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
+    broker.env(&mut command);
+    command
+        .env("DATABASE_URL", database)
+        .env("FLOTILLA_WORKER_ID", "secure-worker")
+        .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
+        .env("FLOTILLA_API_TOKENS", "t")
+        .env("FLOTILLA_REQUEST_TOPIC", topic)
+        .env("FLOTILLA_CONSUMER_GROUP", unique("secure-workers"))
+        .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
+        .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
+        .env("FLOTILLA_KAFKA_CONNECT_TIMEOUT", "15s");
+    command
+}
+
+async fn echo_target() -> String {
+    let app = axum::Router::new().route("/{m}", post(|| async { axum::Json(json!({})) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+fn write_fleet_files(dir: &Path, target: &str) {
+    std::fs::create_dir_all(dir.join("workflows")).unwrap();
+    std::fs::write(
+        dir.join("targets.yaml"),
+        format!("targets:\n  echo:\n    kind: http\n    base_url: {target}\n"),
+    )
+    .unwrap();
+    let workflow = json!({"name": "secure", "input_schema": {},
+        "steps": [{"name": "one", "target": "echo", "method": "one"}]});
+    std::fs::write(dir.join("workflows/secure.json"), workflow.to_string()).unwrap();
+}
+
+fn run_to_end(mut command: Command) -> Output {
+    command.output().unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_request_travels_over_sasl_ssl_with_scram_from_producer_to_event(pool: PgPool) {
+    tokio::time::timeout(Duration::from_secs(150), sasl_ssl_end_to_end(pool))
+        .await
+        .expect("the SASL_SSL run timed out");
+}
+
+async fn sasl_ssl_end_to_end(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("flotilla-sasl-{}", Uuid::new_v4()));
+    let broker = secured_broker(&dir).await;
+    write_fleet_files(&dir, &echo_target().await);
+    let database = flotilla_tests::database::url_of(&pool).await;
+    let (requests, events) = (unique("secure-requests"), unique("secure-events"));
+
+    let mut worker = {
+        let command = worker(&broker, &database, &dir, &requests);
+        tokio::task::spawn_blocking(move || {
+            let mut running = Running::start(command);
+            running.wait_for_line("worker ready", Duration::from_secs(60));
+            running
+        })
+        .await
+        .unwrap()
+    };
+    let mut relay = {
+        let mut command = Command::new(sibling_binary("flotilla-relay"));
+        broker.env(&mut command);
+        command
+            .env("DATABASE_URL", &database)
+            .env("FLOTILLA_EVENT_TOPIC", &events)
+            .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0");
+        tokio::task::spawn_blocking(move || {
+            let mut running = Running::start(command);
+            running.wait_for_line("relay ready", Duration::from_secs(60));
+            running
+        })
+        .await
+        .unwrap()
+    };
+
+    // The CLI produces, with the same settings.
+    let job = Uuid::new_v4();
+    let mut produce = Command::new(sibling_binary("flotilla"));
+    broker.env(&mut produce);
+    produce
+        .env("FLOTILLA_REQUEST_TOPIC", &requests)
+        .args(["produce", "--workflow", "secure", "--job-id"])
+        .arg(job.to_string());
+    let produced = tokio::task::spawn_blocking(move || run_to_end(produce))
+        .await
+        .unwrap();
+    assert!(
+        produced.status.success(),
+        "flotilla produce: {}",
+        String::from_utf8_lossy(&produced.stderr)
+    );
+
+    // The job completes and every event of it is published.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, pending): (Option<String>, i64) = sqlx::query_as(
+            "SELECT (SELECT status FROM workflow_run WHERE job_id = $1), \
+             (SELECT count(*) FROM workflow_run_outbox WHERE status <> 'PUBLISHED')",
+        )
+        .bind(job)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if status.as_deref() == Some("COMPLETED") && pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {job}: {status:?}, {pending} events unpublished"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let expected: i64 =
+        sqlx::query_scalar("SELECT event_sequence FROM workflow_run WHERE job_id = $1")
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+
+    // Read back over SASL_SSL.
+    let consumer: StreamConsumer = broker
+        .config()
+        .manual_commit_consumer(&unique("secure-reader"))
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&events]).unwrap();
+    let mut sequences = Vec::new();
+    while sequences.len() < usize::try_from(expected).unwrap() {
+        let message = consumer.recv().await.unwrap();
+        let event = flotilla_contracts::json::decode::<flotilla_contracts::WorkflowRunEvent>(
+            message.payload().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(event.job_id(), job);
+        sequences.push(event.sequence());
+    }
+    close_consumer(consumer);
+    assert_eq!(sequences, (1..=expected).collect::<Vec<_>>());
+
+    tokio::task::spawn_blocking(move || {
+        worker.terminate(Duration::from_secs(20));
+        relay.terminate(Duration::from_secs(20));
+    })
+    .await
+    .unwrap();
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_untrusted_broker_certificate_or_a_missing_password_stops_start_up(pool: PgPool) {
+    tokio::time::timeout(Duration::from_secs(120), refusals(pool))
+        .await
+        .expect("the refusals timed out");
+}
+
+async fn refusals(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("flotilla-sasl-refused-{}", Uuid::new_v4()));
+    let broker = secured_broker(&dir).await;
+    write_fleet_files(&dir, "http://127.0.0.1:9");
+    let database = flotilla_tests::database::url_of(&pool).await;
+
+    let mut untrusted = worker(&broker, &database, &dir, &unique("refused"));
+    untrusted.env("KAFKA_SSL_CA_LOCATION", &broker.certs.other_ca);
+    let mut no_password = worker(&broker, &database, &dir, &unique("refused"));
+    no_password.env_remove("KAFKA_SASL_PASSWORD_FILE");
+    let (untrusted, no_password) =
+        tokio::task::spawn_blocking(move || (run_to_end(untrusted), run_to_end(no_password)))
+            .await
+            .unwrap();
+
+    let stderr = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(!untrusted.status.success());
+    assert!(stderr.contains("reaching the Kafka broker"), "{stderr}");
+    let stderr = String::from_utf8_lossy(&no_password.stderr);
+    assert!(!no_password.status.success());
+    assert!(stderr.contains("KAFKA_SASL_PASSWORD"), "{stderr}");
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
