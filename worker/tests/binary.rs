@@ -231,3 +231,44 @@ fn settings_that_would_panic_or_make_no_sense_are_refused_at_start_up_naming_the
         flotilla_tests::process::assert_refused(command, flag, value);
     }
 }
+
+/// A cluster whose admin API does not answer (librdkafka's mock cluster,
+/// like an account without the right to create topics) does not stop a
+/// worker whose topics exist: they are read from the metadata, and
+/// CreateTopics is never sent for them.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn existing_topics_are_not_created_again_so_start_up_needs_no_admin_rights(pool: PgPool) {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let topic = flotilla_tests::unique("existing-requests");
+    for name in [
+        topic.clone(),
+        flotilla_contracts::topics::dead_letter_topic(&topic),
+    ] {
+        cluster.create_topic(&name, 1, 1).unwrap();
+    }
+    let mut command = worker(&flotilla_tests::database::url_of(&pool).await);
+    command
+        .env("KAFKA_BOOTSTRAP_SERVERS", cluster.bootstrap_servers())
+        .env("FLOTILLA_REQUEST_TOPIC", &topic)
+        .env("FLOTILLA_CREATE_TOPICS", "true");
+    let mut running = tokio::task::spawn_blocking(move || {
+        let mut running = Running::start(command);
+        running.wait_for_line("worker ready", Duration::from_secs(60));
+        running
+    })
+    .await
+    .unwrap();
+    assert!(
+        !running.output.iter().any(|l| l.contains("topic created")),
+        "{}",
+        running.output.join("\n")
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let status = running.terminate(Duration::from_secs(30));
+        (status, running)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "{}", status.1.output.join("\n"));
+    drop(cluster);
+}
