@@ -87,7 +87,13 @@ impl OwnBroker {
     /// with `extra` flags.
     pub fn restart_with(&mut self, extra: &[&str]) {
         self.running.kill();
-        self.running = spawn(&self.bin, &self.data, &self.address, &self.advertised, extra);
+        self.running = spawn(
+            &self.bin,
+            &self.data,
+            &self.address,
+            &self.advertised,
+            extra,
+        );
     }
 
     /// The `tansu` command, for its other subcommands (`user`, `topic`).
@@ -114,7 +120,10 @@ fn spawn(bin: &Path, data: &Path, address: &str, advertised: &str, extra: &[&str
     let running = Running::start(command);
     let deadline = Instant::now() + Duration::from_secs(60);
     while std::net::TcpStream::connect(address).is_err() {
-        assert!(Instant::now() < deadline, "the test's broker did not answer");
+        assert!(
+            Instant::now() < deadline,
+            "the test's broker did not answer"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     running

@@ -270,7 +270,9 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn an_untrusted_broker_certificate_or_a_missing_password_stops_start_up(pool: PgPool) {
+async fn an_untrusted_broker_certificate_a_missing_or_a_wrong_password_stops_start_up(
+    pool: PgPool,
+) {
     tokio::time::timeout(Duration::from_secs(120), refusals(pool))
         .await
         .expect("the refusals timed out");
@@ -286,17 +288,30 @@ async fn refusals(pool: PgPool) {
     untrusted.env("KAFKA_SSL_CA_LOCATION", &broker.certs.other_ca);
     let mut no_password = worker(&broker, &database, &dir, &unique("refused"));
     no_password.env_remove("KAFKA_SASL_PASSWORD_FILE");
-    let (untrusted, no_password) =
-        tokio::task::spawn_blocking(move || (run_to_end(untrusted), run_to_end(no_password)))
-            .await
-            .unwrap();
+    let wrong_file = dir.join("wrong-password");
+    std::fs::write(&wrong_file, "not-the-password").unwrap();
+    let mut wrong = worker(&broker, &database, &dir, &unique("refused"));
+    wrong.env("KAFKA_SASL_PASSWORD_FILE", &wrong_file);
+    let (untrusted, no_password, wrong) = tokio::task::spawn_blocking(move || {
+        (
+            run_to_end(untrusted),
+            run_to_end(no_password),
+            run_to_end(wrong),
+        )
+    })
+    .await
+    .unwrap();
 
     let stderr = String::from_utf8_lossy(&untrusted.stderr);
     assert!(!untrusted.status.success());
     assert!(stderr.contains("reaching the Kafka broker"), "{stderr}");
+    assert!(stderr.contains("certificate verify failed"), "{stderr}");
     let stderr = String::from_utf8_lossy(&no_password.stderr);
     assert!(!no_password.status.success());
     assert!(stderr.contains("KAFKA_SASL_PASSWORD"), "{stderr}");
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success(), "a wrong password was let in");
+    assert!(stderr.contains("SASL authentication"), "{stderr}");
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }

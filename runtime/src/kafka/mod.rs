@@ -109,6 +109,8 @@ pub enum BrokerError {
     },
     #[error("the metadata request did not finish")]
     Interrupted,
+    #[error("{error} ({cause})")]
+    Unreachable { error: KafkaError, cause: String },
 }
 
 /// Checks the settings ([`BrokerConfig::validate`]), then asks the broker for
@@ -119,21 +121,81 @@ pub enum BrokerError {
 /// The settings cannot work, or the broker does not answer within `timeout`.
 pub async fn check_reachable(broker: &BrokerConfig, timeout: Duration) -> Result<(), BrokerError> {
     broker.validate()?;
-    let config = broker.client();
+    let mut config = broker.client();
+    // rdkafka derives the log level from the `log` crate's, off here.
+    config.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
     // librdkafka's calls block; keep them off the async workers.
     tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = config.create()?;
-        let metadata = consumer.fetch_metadata(None, timeout)?;
-        tracing::debug!(
-            brokers = metadata.brokers().len(),
-            topics = metadata.topics().len(),
-            "Kafka reachable"
-        );
-        Ok(())
+        let context = LastError::default();
+        let consumer: BaseConsumer<LastError> = config.create_with_context(context)?;
+        let outcome = consumer.fetch_metadata(None, timeout);
+        if outcome.is_err() {
+            // The client's logs and errors wait in its queue until polled.
+            for _ in 0..1000 {
+                if consumer.poll(Duration::ZERO).is_none() {
+                    break;
+                }
+            }
+        }
+        let last = consumer.context().take();
+        std::thread::spawn(move || drop(consumer));
+        match outcome {
+            Ok(metadata) => {
+                tracing::debug!(
+                    brokers = metadata.brokers().len(),
+                    topics = metadata.topics().len(),
+                    "Kafka reachable"
+                );
+                Ok(())
+            }
+            // The metadata error alone says "transport failure"; what the
+            // client saw on the way (a refused certificate, refused SASL
+            // credentials) is the useful part.
+            Err(error) => Err(BrokerError::Unreachable {
+                error,
+                cause: last.unwrap_or_else(|| "no further detail from the client".into()),
+            }),
+        }
     })
     .await
     .map_err(|_| BrokerError::Interrupted)?
 }
+
+/// Keeps the last warning or error librdkafka logged, for the start-up message.
+#[derive(Default)]
+struct LastError(std::sync::Mutex<Option<String>>);
+
+impl LastError {
+    fn take(&self) -> Option<String> {
+        self.0.lock().ok()?.take()
+    }
+}
+
+impl rdkafka::ClientContext for LastError {
+    // Connection failures (a refused certificate, refused SASL credentials)
+    // arrive as errors and as log lines.
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(error = %error, reason, "Kafka client error");
+        if let Ok(mut last) = self.0.lock() {
+            *last = Some(reason.to_owned());
+        }
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as Level;
+        if matches!(
+            level,
+            Level::Emerg | Level::Alert | Level::Critical | Level::Error | Level::Warning
+        ) {
+            tracing::warn!(facility, message, "Kafka client");
+            if let Ok(mut last) = self.0.lock() {
+                *last = Some(message.to_owned());
+            }
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for LastError {}
 
 /// How topics this process creates are laid out: `-1` leaves a value to the
 /// broker's defaults (`num.partitions`, `default.replication.factor`), so a
