@@ -207,7 +207,12 @@ impl Registry {
         );
         match self.encoder.get_schema_and_id(&subject, strategy).await {
             Ok(schema) => Ok(schema.id),
-            Err(e) if e.retriable => Err(CodecError::RegistryUnavailable(e.to_string())),
+            Err(e) if e.retriable || !is_schema_refused(&e) => {
+                // Refused credentials (401, 403), a 5xx, a proxy's answer:
+                // the world's fault. Nothing is cached, so it is asked again.
+                self.encoder.remove_errors_from_cache();
+                Err(CodecError::RegistryUnavailable(describe(&e)))
+            }
             Err(e) => {
                 // A refusal is cached by the encoder; drop it so a fixed registry is seen.
                 self.encoder.remove_errors_from_cache();
@@ -255,6 +260,13 @@ fn is_definitely_not_found(error: &SRCError) -> bool {
             .cause
             .as_deref()
             .is_some_and(|cause| cause.starts_with("error_code: 40403"))
+}
+
+/// Only the registry's verdict on the schema itself (409: incompatible with
+/// the subject's history; 422: not a valid schema) refuses it; every other
+/// failure is an outage.
+fn is_schema_refused(error: &SRCError) -> bool {
+    error.error.contains("status 409") || error.error.contains("status 422")
 }
 
 /// The registry's error in one line: what failed and why.

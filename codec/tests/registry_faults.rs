@@ -61,3 +61,39 @@ async fn only_a_definite_not_found_dead_letters() {
         other => panic!("expected an unknown schema id, got {other:?}"),
     }
 }
+
+/// Registering our schema: refused credentials are an outage (the encoder
+/// used to call every non-retriable answer a refusal of the schema); only
+/// the registry's verdict on the schema itself (409) refuses it.
+#[tokio::test]
+async fn refused_credentials_while_registering_are_an_outage_and_only_409_refuses_the_schema() {
+    let request = WorkflowRunRequest::new(Uuid::new_v4(), "w", json!({})).unwrap();
+    let script = vec![
+        (
+            401,
+            r#"{"error_code": 40101, "message": "Unauthorized"}"#.to_owned(),
+        ),
+        (
+            403,
+            r#"{"error_code": 40301, "message": "Forbidden"}"#.to_owned(),
+        ),
+        (
+            409,
+            r#"{"error_code": 409, "message": "incompatible with an earlier schema"}"#.to_owned(),
+        ),
+    ];
+    let stub = RegistryStub::start(script).await;
+    let codec = Codec::with_registry(&stub.url()).unwrap();
+    for expected in ["401", "403"] {
+        match codec.encode("faults", &request).await {
+            Err(e @ CodecError::RegistryUnavailable(_)) => {
+                assert!(e.to_string().contains(expected), "{e}");
+            }
+            other => panic!("{expected}: expected an outage, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        codec.encode("faults", &request).await,
+        Err(CodecError::RegistryRefused { .. })
+    ));
+}
