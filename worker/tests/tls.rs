@@ -167,6 +167,22 @@ async fn an_https_target_is_called_with_its_ca_and_headers_from_a_secret_file() 
         }
         other => panic!("a refused certificate must be a defect, got {other:?}"),
     }
+
+    // A test bench may turn verification off (logged loudly at load).
+    std::fs::write(
+        &file,
+        targets_yaml(&certs.other_ca).replace(
+            "    ca_file:",
+            "    insecure_skip_verify: true\n    # ca_file:",
+        ),
+    )
+    .unwrap();
+    let mut trusting = Targets::default();
+    flotilla_worker::target::config::load(&file, &mut trusting).unwrap();
+    assert_eq!(
+        trusting.call("secure", call("check")).await.unwrap(),
+        json!({"ok": true})
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
