@@ -317,3 +317,28 @@ async fn existing_topics(
     .await
     .map_err(|_| BrokerError::Interrupted)?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_of_client_carries_the_security_settings_and_pass_through() {
+        let mut broker = BrokerConfig::new("broker:9093");
+        broker.security.kafka_security_protocol = Some(security::SecurityProtocol::SaslSsl);
+        broker.security.kafka_property = vec![("client.rack".into(), "eu-west-1a".into())];
+        for (kind, config) in [
+            ("client", broker.client()),
+            ("producer", broker.idempotent_producer()),
+            ("consumer", broker.manual_commit_consumer("g")),
+        ] {
+            assert_eq!(config.get("security.protocol"), Some("sasl_ssl"), "{kind}");
+            assert_eq!(config.get("client.rack"), Some("eu-west-1a"), "{kind}");
+            assert_eq!(
+                config.get("bootstrap.servers"),
+                Some("broker:9093"),
+                "{kind}"
+            );
+        }
+    }
+}
