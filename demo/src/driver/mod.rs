@@ -1,0 +1,332 @@
+//! The demo driver: acts as the users of a fleet would. It produces the
+//! sample requests to Kafka (Avro through the registry when one is set),
+//! watches every job through the HTTP API, answers the human steps (approve
+//! or cancel), reads the lifecycle events back from the event topic, and
+//! checks that every job ended where its kind says.
+
+pub mod progress;
+pub mod report;
+pub mod samples;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use chrono::{DateTime, Utc};
+use flotilla_codec::Codec;
+use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
+use flotilla_runtime::BrokerConfig;
+use futures_util::StreamExt as _;
+use rdkafka::Message as _;
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use secrecy::{ExposeSecret as _, SecretString};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use samples::Kind;
+
+/// What the driver needs to reach the fleet.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DriverSettings {
+    /// Requests to produce (at least 6: one of each kind).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(6..=100_000))]
+    pub jobs: u32,
+    /// A worker's HTTP API.
+    #[arg(long, env = "FLOTILLA_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Bearer token for the API (a secret).
+    #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true, value_parser = flotilla_runtime::settings::secret)]
+    pub token: Option<SecretString>,
+    #[command(flatten)]
+    pub broker: BrokerConfig,
+    /// Where requests go.
+    #[arg(long, env = "FLOTILLA_REQUEST_TOPIC", default_value = flotilla_contracts::topics::REQUEST_TOPIC)]
+    pub request_topic: String,
+    /// Where the relay publishes lifecycle events.
+    #[arg(long, env = "FLOTILLA_EVENT_TOPIC", default_value = flotilla_contracts::topics::EVENT_TOPIC)]
+    pub event_topic: String,
+    /// The whole run's deadline.
+    #[arg(long, default_value = "5m")]
+    pub timeout: humantime::Duration,
+}
+
+/// One sample job as the driver sees it.
+#[derive(Debug, Clone)]
+pub struct Tracked {
+    pub kind: Kind,
+    pub produced_at: DateTime<Utc>,
+    /// The status the API last reported.
+    pub status: String,
+    /// Whether its human step was answered (approved or cancelled).
+    pub answered: bool,
+}
+
+/// Runs the demo; `Ok(true)` when every job ended as its kind says.
+///
+/// # Errors
+/// The fleet cannot be reached, or the run passes its deadline.
+pub async fn run(settings: DriverSettings) -> anyhow::Result<bool> {
+    settings.broker.validate()?;
+    let deadline = Instant::now() + *settings.timeout;
+    let api = Api::new(&settings)?;
+    api.wait_ready(deadline).await?;
+
+    let started = Utc::now();
+    let clock = Instant::now();
+    let jobs = produce(&settings).await?;
+    let produced_in = clock.elapsed();
+    eprintln!(
+        "demo: produced {} requests to {} in {:.1} s",
+        jobs.len(),
+        settings.request_topic,
+        produced_in.as_secs_f64()
+    );
+
+    let ids: Vec<Uuid> = jobs.keys().copied().collect();
+    let events = tokio::spawn(read_events(settings.clone(), ids, deadline));
+    let mut jobs = jobs;
+    let mut view = progress::Progress::new();
+    loop {
+        api.refresh(&mut jobs).await;
+        api.answer_human_steps(&mut jobs).await;
+        view.draw(&jobs);
+        if jobs.values().all(|job| is_terminal(&job.status)) {
+            break;
+        }
+        if Instant::now() > deadline {
+            view.finish(&jobs);
+            bail!("the run passed its deadline with jobs still running");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    view.finish(&jobs);
+    let finished = Utc::now();
+    let events = events.await.context("the event reader stopped")??;
+    let report = report::Report::new(&jobs, &events, started, finished);
+    report.print();
+    Ok(report.all_as_expected())
+}
+
+fn is_terminal(status: &str) -> bool {
+    matches!(status, "COMPLETED" | "FAILED" | "DEAD" | "CANCELLED")
+}
+
+/// Produces one request per planned sample; returns them by job id.
+async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Tracked>> {
+    let codec = Codec::from_config(&settings.broker.registry)?;
+    let producer: FutureProducer = settings
+        .broker
+        .idempotent_producer()
+        .set("linger.ms", "5")
+        .create()
+        .context("creating the producer")?;
+    let mut jobs = HashMap::new();
+    let mut deliveries = Vec::new();
+    let mut counts: BTreeMap<Kind, usize> = BTreeMap::new();
+    for kind in samples::plan(settings.jobs as usize) {
+        let n = counts.entry(kind).or_default();
+        *n += 1;
+        let request = WorkflowRunRequest::new(Uuid::new_v4(), kind.workflow(), kind.input(*n))?;
+        let payload = codec.encode(&settings.request_topic, &request).await?;
+        let key = request.job_id().to_string();
+        let record = FutureRecord::to(&settings.request_topic)
+            .key(&key)
+            .payload(&payload);
+        let delivery = producer
+            .send_result(record)
+            .map_err(|(e, _)| anyhow::anyhow!("producing: {e}"))?;
+        deliveries.push(delivery);
+        jobs.insert(
+            request.job_id(),
+            Tracked {
+                kind,
+                produced_at: Utc::now(),
+                status: "PRODUCED".into(),
+                answered: false,
+            },
+        );
+    }
+    for delivery in deliveries {
+        delivery
+            .await
+            .context("the producer went away")?
+            .map_err(|(e, _)| anyhow::anyhow!("a request was not delivered: {e}"))?;
+    }
+    // librdkafka can block in a client's destructor: not on the runtime.
+    std::thread::spawn(move || drop(producer));
+    Ok(jobs)
+}
+
+/// What the event topic held for the run's jobs.
+#[derive(Debug, Default)]
+pub struct Events {
+    pub by_type: BTreeMap<String, usize>,
+    /// When each job's COMPLETED event happened.
+    pub completed_at: HashMap<Uuid, DateTime<Utc>>,
+}
+
+/// Reads the event topic from its start until every job has a terminal event.
+async fn read_events(
+    settings: DriverSettings,
+    ids: Vec<Uuid>,
+    deadline: Instant,
+) -> anyhow::Result<Events> {
+    let consumer: StreamConsumer = settings
+        .broker
+        .manual_commit_consumer(&format!("flotilla-demo-{}", Uuid::new_v4()))
+        .create()?;
+    consumer.subscribe(&[&settings.event_topic])?;
+    let mut waiting: std::collections::HashSet<Uuid> = ids.into_iter().collect();
+    let mut events = Events::default();
+    let mut seen = std::collections::HashSet::new();
+    let mut stream = consumer.stream();
+    while !waiting.is_empty() {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(message)) = tokio::time::timeout(remaining, stream.next()).await else {
+            bail!(
+                "{} jobs had no terminal event on {} by the deadline",
+                waiting.len(),
+                settings.event_topic
+            );
+        };
+        let message = message?;
+        let Some(payload) = message.payload() else {
+            continue;
+        };
+        let codec = Codec::from_config(&settings.broker.registry)?;
+        let event: WorkflowRunEvent = codec.decode(payload).await?;
+        if !waiting.contains(&event.job_id()) || !seen.insert(event.event_id()) {
+            continue;
+        }
+        *events
+            .by_type
+            .entry(event.event_type().as_str().to_owned())
+            .or_default() += 1;
+        let terminal = match event.event_type() {
+            WorkflowRunEventType::Completed => {
+                events
+                    .completed_at
+                    .insert(event.job_id(), event.occurred_at());
+                true
+            }
+            WorkflowRunEventType::Failed
+            | WorkflowRunEventType::Dead
+            | WorkflowRunEventType::Cancelled => true,
+            _ => false,
+        };
+        if terminal {
+            waiting.remove(&event.job_id());
+        }
+    }
+    drop(stream);
+    std::thread::spawn(move || {
+        consumer.unsubscribe();
+        drop(consumer);
+    });
+    Ok(events)
+}
+
+/// The worker's HTTP API, as the demo uses it.
+struct Api {
+    client: reqwest::Client,
+    url: String,
+    token: Option<SecretString>,
+}
+
+impl Api {
+    fn new(settings: &DriverSettings) -> anyhow::Result<Self> {
+        Ok(Self {
+            client: flotilla_runtime::tls::http_client()
+                .timeout(Duration::from_secs(10))
+                .build()?,
+            url: settings.url.trim_end_matches('/').to_owned(),
+            token: settings.token.clone(),
+        })
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.client.request(method, format!("{}{path}", self.url));
+        match &self.token {
+            Some(token) => request.bearer_auth(token.expose_secret()),
+            None => request,
+        }
+    }
+
+    async fn wait_ready(&self, deadline: Instant) -> anyhow::Result<()> {
+        loop {
+            let ready = self
+                .request(reqwest::Method::GET, "/readyz")
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{} never became ready", self.url);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Asks for the status of every job not yet terminal.
+    async fn refresh(&self, jobs: &mut HashMap<Uuid, Tracked>) {
+        let open: Vec<Uuid> = jobs
+            .iter()
+            .filter(|(_, job)| !is_terminal(&job.status))
+            .map(|(id, _)| *id)
+            .collect();
+        let answers: Vec<(Uuid, Option<String>)> = futures_util::stream::iter(open)
+            .map(|id| async move {
+                let status = async {
+                    let response = self
+                        .request(reqwest::Method::GET, &format!("/v1/jobs/{id}"))
+                        .send()
+                        .await
+                        .ok()?;
+                    if !response.status().is_success() {
+                        return None; // 404: not ingested yet
+                    }
+                    let view: Value = response.json().await.ok()?;
+                    view["status"].as_str().map(ToOwned::to_owned)
+                }
+                .await;
+                (id, status)
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        for (id, status) in answers {
+            if let (Some(status), Some(job)) = (status, jobs.get_mut(&id)) {
+                job.status = status;
+            }
+        }
+    }
+
+    /// Approves or cancels the jobs waiting for a human, as their kind says.
+    async fn answer_human_steps(&self, jobs: &mut HashMap<Uuid, Tracked>) {
+        for (id, job) in jobs.iter_mut() {
+            if job.status != "WAITING" || job.answered {
+                continue;
+            }
+            let (path, body) = match job.kind {
+                Kind::Cancelled => (
+                    format!("/v1/jobs/{id}/cancel"),
+                    json!({"reason": "the demo cancels this kind"}),
+                ),
+                _ => (
+                    format!("/v1/jobs/{id}/steps/approve/complete"),
+                    json!({"response": {"approved": true, "by": "the demo"}}),
+                ),
+            };
+            let answered = self
+                .request(reqwest::Method::POST, &path)
+                .json(&body)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            job.answered = answered;
+        }
+    }
+}

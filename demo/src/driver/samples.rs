@@ -1,0 +1,129 @@
+//! The sample requests: one kind per behaviour the demo shows, each with the
+//! final state it must reach.
+
+use serde_json::{Value, json};
+
+/// A behaviour of the fleet the demo shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Three steps, straight through.
+    Shipping,
+    /// A transient failure (503) retried from its checkpoint.
+    Retried,
+    /// Parked for a human, approved through the API.
+    Approved,
+    /// A verdict: the target refuses the input (422).
+    Refused,
+    /// Every attempt fails transiently until none are left.
+    Dead,
+    /// Parked for a human, cancelled through the API instead.
+    Cancelled,
+}
+
+impl Kind {
+    /// Every kind, and its share of the requests (in twentieths).
+    pub const ALL: [(Kind, usize); 6] = [
+        (Kind::Shipping, 7),
+        (Kind::Retried, 3),
+        (Kind::Approved, 3),
+        (Kind::Refused, 2),
+        (Kind::Dead, 2),
+        (Kind::Cancelled, 3),
+    ];
+
+    #[must_use]
+    pub fn workflow(self) -> &'static str {
+        match self {
+            Kind::Shipping => "shipping",
+            Kind::Retried => "payment",
+            Kind::Approved | Kind::Cancelled => "onboarding",
+            Kind::Refused => "kyc",
+            Kind::Dead => "archive",
+        }
+    }
+
+    /// The state a job of this kind must end in.
+    #[must_use]
+    pub fn expected(self) -> &'static str {
+        match self {
+            Kind::Shipping | Kind::Retried | Kind::Approved => "COMPLETED",
+            Kind::Refused => "FAILED",
+            Kind::Dead => "DEAD",
+            Kind::Cancelled => "CANCELLED",
+        }
+    }
+
+    #[must_use]
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kind::Shipping => "3 steps straight through",
+            Kind::Retried => "503 once, retried from its checkpoint",
+            Kind::Approved => "parked for a human, approved",
+            Kind::Refused => "verdict: the target refuses (422)",
+            Kind::Dead => "503 on every attempt",
+            Kind::Cancelled => "parked for a human, cancelled",
+        }
+    }
+
+    /// The input of the `n`th request of this kind.
+    #[must_use]
+    pub fn input(self, n: usize) -> Value {
+        let name = format!("customer-{n}");
+        match self {
+            Kind::Shipping | Kind::Approved | Kind::Cancelled => json!({"name": name}),
+            Kind::Retried => json!({"amount": 100 + n}),
+            Kind::Refused => json!({"name": name, "age": 15}),
+            Kind::Dead => json!({}),
+        }
+    }
+}
+
+/// `jobs` kinds (at least one of each once `jobs` >= 6), by their shares,
+/// interleaved so every kind is under way from the start.
+#[must_use]
+pub fn plan(jobs: usize) -> Vec<Kind> {
+    let mut remaining: Vec<(Kind, usize)> = Kind::ALL
+        .iter()
+        .map(|(kind, share)| (*kind, (jobs * share / 20).max(usize::from(jobs >= 6))))
+        .collect();
+    // What the rounding left out goes to the kinds in order.
+    let mut i = 0;
+    while remaining.iter().map(|(_, n)| n).sum::<usize>() < jobs {
+        let kinds = remaining.len();
+        remaining[i % kinds].1 += 1;
+        i += 1;
+    }
+    while remaining.iter().map(|(_, n)| n).sum::<usize>() > jobs {
+        let largest = remaining.iter_mut().max_by_key(|(_, n)| *n).unwrap();
+        largest.1 -= 1;
+    }
+    let mut order = Vec::with_capacity(jobs);
+    while order.len() < jobs {
+        for (kind, n) in &mut remaining {
+            if *n > 0 {
+                *n -= 1;
+                order.push(*kind);
+            }
+        }
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_appears_and_the_shares_hold() {
+        let run = plan(300);
+        assert_eq!(run.len(), 300);
+        for (kind, share) in Kind::ALL {
+            let n = run.iter().filter(|k| **k == kind).count();
+            assert_eq!(n, 300 * share / 20, "{kind:?}");
+        }
+        let small = plan(6);
+        for (kind, _) in Kind::ALL {
+            assert!(small.contains(&kind), "{kind:?} missing from a run of 6");
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! `flotilla-demo`: what the demo runs besides the fleet itself.
+//!
+//! - [`target`]: the service the sample workflows' steps call, with knobs
+//!   for latency and failure rates (`flotilla-demo-target`).
+//! - [`driver`]: produces the sample requests, answers the human steps,
+//!   cancels one kind, shows progress, and checks every outcome
+//!   (`flotilla-demo`).
+
+pub mod driver;
+pub mod target;
