@@ -127,7 +127,7 @@ pub(super) struct CompleteBody {
     response: Value,
 }
 
-#[utoipa::path(post, path = "/v1/jobs/{job_id}/steps/{step_name}/complete", params(("job_id" = Uuid, Path), ("step_name" = String, Path)), request_body = CompleteBody, responses((status = 200, description = "`{outcome: COMPLETED | ALREADY_DONE}`"), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "wrong state; the body has the job status", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "response rejected; the job failed", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/steps/{step_name}/complete", params(("job_id" = Uuid, Path), ("step_name" = String, Path)), request_body = CompleteBody, responses((status = 200, description = "`{outcome: COMPLETED | ALREADY_DONE}`"), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "wrong state; the body has the job's `job_status` and `outstanding_step`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "response rejected; the job failed", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn complete(
     State(state): State<ApiState>,
     Path((raw, step)): Path<(String, String)>,
@@ -147,8 +147,10 @@ pub(super) async fn complete(
                 .map(|s| format!(" on step {s}"))
                 .unwrap_or_default();
             let detail = format!("job {id} is {status}{parked}, not waiting on step {step}");
+            // `status` is the problem's HTTP status (RFC 9457): the job's
+            // own goes beside it.
             Err(Problem::new(StatusCode::CONFLICT, detail)
-                .with(json!({ "status": status, "outstanding_step": outstanding_step })))
+                .with(json!({ "job_status": status, "outstanding_step": outstanding_step })))
         }
         CompleteOutcome::Rejected { violations } => {
             let detail = format!(

@@ -23,7 +23,8 @@ pub struct JobView {
     pub outstanding_step: Option<String>,
     #[schema(value_type = Object)]
     pub input: Value,
-    #[schema(value_type = Object)]
+    /// One entry per finished step, in order (a JSON array).
+    #[schema(value_type = Vec<Object>)]
     pub checkpoints: Value,
     #[schema(value_type = Option<Object>)]
     pub result: Option<Value>,

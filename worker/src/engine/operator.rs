@@ -7,6 +7,7 @@ use flotilla_store::runs::{self, RunRow};
 use flotilla_store::{RunStatus, StoreError};
 
 use super::Engine;
+use super::storable::{self, Unstorable};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
@@ -19,6 +20,10 @@ pub enum OperatorError {
         verb: &'static str,
         allowed: &'static str,
     },
+    /// A value the store cannot hold (a NUL in the reason): refused before
+    /// anything is written.
+    #[error(transparent)]
+    Unstorable(#[from] Unstorable),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -55,6 +60,7 @@ impl Engine {
     /// # Errors
     /// Unknown job, a job in another state, store errors.
     pub async fn cancel(&self, job_id: Uuid, reason: &str) -> Result<RunRow, OperatorError> {
+        storable::check_text("reason", reason)?;
         let reason = if reason.trim().is_empty() {
             "cancelled by an operator"
         } else {

@@ -62,6 +62,17 @@ pub(super) fn check_workflow_name(name: &str) -> Result<(), Unstorable> {
     Ok(())
 }
 
+/// A text the store can hold: no NUL.
+///
+/// # Errors
+/// The text holds a NUL.
+pub(super) fn check_text(field: &str, text: &str) -> Result<(), Unstorable> {
+    if text.contains('\0') {
+        return Err(Unstorable::new(field, "contains a NUL character"));
+    }
+    Ok(())
+}
+
 /// A JSON document the store can hold: no NUL in any string or key.
 ///
 /// # Errors

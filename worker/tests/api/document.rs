@@ -167,3 +167,22 @@ async fn readiness_fails_while_a_supervised_task_is_dead_and_names_it(pool: PgPo
         "alive, not ready"
     );
 }
+
+/// A job's checkpoints are a JSON array (the column's CHECK says so); the
+/// document once called them an object, which schemathesis caught once a
+/// sample workflow accepted `{}` and jobs were created during the fuzz.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_document_describes_checkpoints_as_the_array_they_are(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    let document: Value = api
+        .client
+        .get(format!("{}/openapi.json", api.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let checkpoints = &document["components"]["schemas"]["JobView"]["properties"]["checkpoints"];
+    assert_eq!(checkpoints["type"], "array", "{checkpoints}");
+}

@@ -121,8 +121,13 @@ async fn submit_get_complete_retry_and_cancel_answer_with_the_contract_statuses(
     let (m, p, b) = complete(job_id, json!({"ok": true}));
     let (status, problem) = api.call(m, &p, b).await;
     assert_eq!(
-        (status, problem["status"].clone()),
-        (StatusCode::CONFLICT, json!("QUEUED"))
+        (
+            status,
+            problem["job_status"].clone(),
+            problem["status"].clone()
+        ),
+        (StatusCode::CONFLICT, json!("QUEUED"), json!(409)),
+        "the problem's status stays the HTTP status"
     );
     api.engine.run_once().await.unwrap();
     let (m, p, b) = complete(job_id, json!({"ok": true}));
@@ -210,4 +215,36 @@ async fn the_nil_job_id_and_unstorable_values_are_400_naming_the_field(pool: PgP
         .await
         .unwrap();
     assert_eq!(rows, 0, "nothing was written");
+}
+
+/// A cancel reason the store cannot hold (a NUL) is the caller's mistake:
+/// 400 naming the field, the job untouched. (Schemathesis found it answering
+/// 503 once the demo's workflows let it create jobs.)
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_cancel_reason_with_a_nul_is_400_and_the_job_stays_queued(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    api.call(Method::PUT, "/v1/workflows/approval", Some(approval()))
+        .await;
+    let job_id = Uuid::new_v4();
+    let (status, _) = api
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "approval", "input": {"amount": 1}, "job_id": job_id})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, problem) = api
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{job_id}/cancel"),
+            Some(json!({"reason": "a\u{0}b"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert_eq!(problem["field"], "reason", "{problem}");
+    let (_, job) = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}"), None)
+        .await;
+    assert_eq!(job["status"], "QUEUED");
 }
