@@ -17,7 +17,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -35,12 +35,8 @@ impl Readiness {
     }
 }
 
-/// The process's Prometheus recorder, installed on first use.
 fn prometheus() -> Option<&'static PrometheusHandle> {
-    static HANDLE: std::sync::OnceLock<Option<PrometheusHandle>> = std::sync::OnceLock::new();
-    HANDLE
-        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
-        .as_ref()
+    flotilla_runtime::metrics::prometheus()
 }
 
 /// Binds `addr`, installs the metrics recorder and serves until `shutdown`.
@@ -123,13 +119,10 @@ async fn ready(pool: &PgPool, readiness: &Readiness) -> Response<Full<Bytes>> {
 
 async fn metrics(pool: &PgPool) -> Response<Full<Bytes>> {
     // The backlog is read when asked: one indexed query per scrape.
-    let oldest: Result<Option<f64>, sqlx::Error> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM now() - min(created_at))::float8 FROM workflow_run_outbox WHERE status = 'PENDING'",
-    )
-    .fetch_one(pool)
-    .await;
-    if let Ok(age) = oldest {
-        metrics::gauge!("flotilla_relay_oldest_pending_seconds").set(age.unwrap_or(0.0));
+    if let Ok((pending, oldest)) = flotilla_store::outbox::backlog(pool).await {
+        #[allow(clippy::cast_precision_loss)]
+        metrics::gauge!("flotilla_outbox_pending").set(pending as f64);
+        metrics::gauge!("flotilla_relay_oldest_pending_seconds").set(oldest);
     }
     match prometheus() {
         Some(handle) => {

@@ -5,7 +5,7 @@ use flotilla_runtime::{shutdown, telemetry};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    telemetry::init(&cli.telemetry)?;
+    let _telemetry = telemetry::init(&cli.telemetry, "flotilla-relay")?;
     if let Some(Command::ReplayFailed { database, job_id }) = cli.command {
         println!(
             "{}",

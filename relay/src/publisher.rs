@@ -162,7 +162,8 @@ impl Publisher {
         deadline: tokio::time::Instant,
     ) -> PublishedBatch {
         let mut blocked: HashSet<Uuid> = HashSet::new();
-        let mut in_flight: Vec<(PendingEvent, DeliveryFuture)> = Vec::with_capacity(rows.len());
+        let mut in_flight: Vec<(PendingEvent, DeliveryFuture, std::time::Instant)> =
+            Vec::with_capacity(rows.len());
         let (mut failures, mut deferred, mut unreadable) = (Vec::new(), Vec::new(), Vec::new());
         for row in rows {
             if blocked.contains(&row.job_id) || !held.holds(row.bucket) {
@@ -177,7 +178,7 @@ impl Publisher {
                 }
             };
             match self.send(&row, &event).await {
-                Ok(delivery) => in_flight.push((row, delivery)),
+                Ok(delivery) => in_flight.push((row, delivery, std::time::Instant::now())),
                 Err(miss) => {
                     blocked.insert(row.job_id);
                     match miss {
@@ -188,9 +189,13 @@ impl Publisher {
             }
         }
         let mut acked = Vec::with_capacity(in_flight.len());
-        for (row, delivery) in in_flight {
+        for (row, delivery, sent) in in_flight {
             match tokio::time::timeout_at(deadline, delivery).await {
-                Ok(Ok(Ok(_))) => acked.push(row.id),
+                Ok(Ok(Ok(_))) => {
+                    metrics::histogram!("flotilla_relay_publish_duration_seconds")
+                        .record(sent.elapsed().as_secs_f64());
+                    acked.push(row.id);
+                }
                 Ok(Ok(Err((e, _)))) => match classify(&e) {
                     Miss::Message(error) => failures.push((row, error)),
                     Miss::World(error) => deferred.push((row, error)),
@@ -229,7 +234,24 @@ impl Publisher {
                 key: "content-type",
                 value: Some(self.codec.content_type().as_bytes()),
             });
-        if let Some(traceparent) = &row.traceparent {
+        // The publish span continues the run's trace; its own context is
+        // what goes into the event's header (the run's, without export).
+        let span = tracing::info_span!(
+            "send",
+            otel.name = format!("{} send", self.topic),
+            otel.kind = "producer",
+            messaging.system = "kafka",
+            messaging.operation.type = "send",
+            messaging.destination.name = %self.topic,
+            messaging.kafka.message.key = %key,
+            job_id = %row.job_id,
+            flotilla.event_type = %row.event_type,
+            flotilla.sequence = row.sequence,
+        );
+        flotilla_runtime::trace::continue_trace(&span, row.traceparent.as_deref());
+        let traceparent =
+            flotilla_runtime::trace::traceparent_of(&span).or_else(|| row.traceparent.clone());
+        if let Some(traceparent) = &traceparent {
             headers = headers.insert(Header {
                 key: "traceparent",
                 value: Some(traceparent.as_bytes()),

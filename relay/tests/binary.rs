@@ -115,7 +115,7 @@ fn with_topic_creation_off_the_relay_leaves_topics_to_the_operator() {
         running
             .output
             .iter()
-            .any(|l| l.contains("topic creation is off")),
+            .any(|l| l.contains("do not exist and creation is off") && l.contains("operator-made")),
         "{}",
         running.output.join("\n")
     );

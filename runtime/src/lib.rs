@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod identity;
 pub mod kafka;
+pub mod metrics;
 pub mod registry;
 pub mod settings;
 pub mod shutdown;

@@ -37,6 +37,38 @@ pub fn valid_traceparent(value: &str) -> bool {
         && hex(flags, 2)
 }
 
+/// A span continues the trace `traceparent` names (when the OpenTelemetry
+/// layer is installed; without it this does nothing).
+pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let Some(traceparent) = traceparent.filter(|t| valid_traceparent(t)) else {
+        return;
+    };
+    let carrier =
+        std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    let parent =
+        opentelemetry::global::get_text_map_propagator(|propagator| propagator.extract(&carrier));
+    let _ = span.set_parent(parent);
+}
+
+/// The `traceparent` of `span` itself, for the next hop (an HTTP call, an
+/// event's headers); `None` when no trace is being recorded (no
+/// OpenTelemetry layer, or the span is not sampled into one).
+#[must_use]
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let context = span.context();
+    if !context.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = std::collections::HashMap::new();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut carrier);
+    });
+    carrier.remove("traceparent")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

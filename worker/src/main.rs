@@ -7,7 +7,7 @@ use flotilla_worker::config::{Cli, Command};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    telemetry::init(&cli.worker.telemetry)?;
+    let _telemetry = telemetry::init(&cli.worker.telemetry, "flotilla-worker")?;
     if let Some(Command::Migrate { database }) = cli.command {
         let pool = flotilla_store::connect(&database)
             .await

@@ -115,3 +115,17 @@ pub async fn events_of(
     .await?;
     Ok(rows.into_iter().map(|(Json(event),)| event).collect())
 }
+
+/// The relay's backlog: PENDING rows and the age in seconds of the oldest
+/// (0 when none). Read per scrape, over the partial index of PENDING rows.
+///
+/// # Errors
+/// Database errors.
+pub async fn backlog(pool: &sqlx::PgPool) -> Result<(i64, f64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0) \
+         FROM workflow_run_outbox WHERE status = 'PENDING'",
+    )
+    .fetch_one(pool)
+    .await
+}

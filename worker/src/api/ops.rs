@@ -53,26 +53,27 @@ pub(super) async fn readyz(
     Ok(axum::Json(json!({ "status": "ready" })))
 }
 
-/// The process's Prometheus recorder, installed on first use (once per process).
+/// The process's Prometheus recorder (see `flotilla_runtime::metrics`).
 pub(super) fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
-    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
-        std::sync::OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-                Ok(handle) => Some(handle),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no Prometheus recorder: another one is installed");
-                    None
-                }
-            }
-        })
-        .as_ref()
+    flotilla_runtime::metrics::prometheus()
 }
 
 /// Prometheus text exposition of the process's metrics.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
-pub(super) async fn metrics() -> Result<([(HeaderName, &'static str); 1], String), Problem> {
+pub(super) async fn metrics(
+    State(state): State<ApiState>,
+) -> Result<([(HeaderName, &'static str); 1], String), Problem> {
+    // Gauges read at scrape time: what the pool and the supervised tasks
+    // are doing now.
+    let pool = state.engine.pool();
+    let idle = pool.num_idle();
+    #[allow(clippy::cast_precision_loss)]
+    {
+        metrics::gauge!("flotilla_db_pool_connections", "state" => "idle").set(idle as f64);
+        metrics::gauge!("flotilla_db_pool_connections", "state" => "in_use")
+            .set(f64::from(pool.size()) - idle as f64);
+        metrics::gauge!("flotilla_tasks_dead").set(state.engine.health().problems().len() as f64);
+    }
     let handle = prometheus().ok_or_else(|| {
         Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,

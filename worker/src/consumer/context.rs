@@ -25,7 +25,26 @@ impl RequestConsumerContext {
     }
 }
 
-impl ClientContext for RequestConsumerContext {}
+impl ClientContext for RequestConsumerContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`): the lag of
+    /// each assigned partition, as the consumer itself sees it.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for (topic, data) in &statistics.topics {
+            for (partition, stats) in &data.partitions {
+                // -1 is "unknown" (not assigned, or no offset yet).
+                if *partition >= 0 && stats.consumer_lag >= 0 {
+                    #[allow(clippy::cast_precision_loss)]
+                    metrics::gauge!(
+                        "flotilla_consumer_lag",
+                        "topic" => topic.clone(),
+                        "partition" => partition.to_string(),
+                    )
+                    .set(stats.consumer_lag as f64);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for RequestConsumerContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {

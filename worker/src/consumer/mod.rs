@@ -131,7 +131,10 @@ impl RequestConsumer {
         settings: ConsumerSettings,
     ) -> Result<Self, KafkaError> {
         let mut config = settings.broker.manual_commit_consumer(&settings.group);
-        config.set("partition.assignment.strategy", "cooperative-sticky");
+        config
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            // Partition lag for /metrics (see `RequestConsumerContext::stats`).
+            .set("statistics.interval.ms", "15000");
         if let Some(instance) = &settings.group_instance_id {
             config.set("group.instance.id", instance);
         }

@@ -142,7 +142,7 @@ impl RequestConsumer {
             }
             Err(e) => return dead("undecodable", e.to_string()),
         };
-        let traceparent = message.headers().and_then(|headers| {
+        let producer_traceparent = message.headers().and_then(|headers| {
             headers
                 .iter()
                 .find(|h| h.key.eq_ignore_ascii_case("traceparent"))
@@ -150,6 +150,25 @@ impl RequestConsumer {
                 .and_then(|v| std::str::from_utf8(v).ok())
                 .map(str::to_owned)
         });
+        // The consumer span continues the producer's trace; the run keeps
+        // this span's context, so everything the job does later hangs under
+        // it. Without trace export the producer's traceparent is kept as is.
+        let span = tracing::info_span!(
+            "process",
+            otel.name = format!("{} process", message.topic()),
+            otel.kind = "consumer",
+            messaging.system = "kafka",
+            messaging.operation.type = "process",
+            messaging.destination.name = %message.topic(),
+            messaging.destination.partition.id = message.partition(),
+            messaging.kafka.offset = message.offset(),
+            messaging.consumer.group.name = %self.settings.group,
+            messaging.kafka.message.key = %request.job_id(),
+            job_id = %request.job_id(),
+            workflow_name = %request.workflow_name(),
+        );
+        flotilla_runtime::trace::continue_trace(&span, producer_traceparent.as_deref());
+        let traceparent = flotilla_runtime::trace::traceparent_of(&span).or(producer_traceparent);
         Ok(Classified::Submit(Submission {
             job_id: request.job_id(),
             workflow: WorkflowRef::Stored(request.workflow_name().to_owned()),

@@ -244,7 +244,13 @@ impl ClaimedRun {
     ) -> Result<(), SegmentStop> {
         self.lease
             .write(Transition::Complete { result, verdict })
-            .await
+            .await?;
+        self.finished("COMPLETED");
+        Ok(())
+    }
+
+    fn finished(&self, state: &'static str) {
+        super::telemetry::job_finished(&self.row().workflow_name, state, self.row().created_at);
     }
 
     /// Fails the job for good: a verdict or a defect.
@@ -260,7 +266,9 @@ impl ClaimedRun {
                 error: &error,
                 verdict,
             })
-            .await
+            .await?;
+        self.finished("FAILED");
+        Ok(())
     }
 
     /// Attempts exhausted: DEAD with the last error verbatim.
@@ -269,7 +277,9 @@ impl ClaimedRun {
     /// Lease lost, or the store failed.
     pub async fn dead(self, error: &str) -> Result<(), SegmentStop> {
         let error = sanitize::error_text(error);
-        self.lease.write(Transition::Dead { error: &error }).await
+        self.lease.write(Transition::Dead { error: &error }).await?;
+        self.finished("DEAD");
+        Ok(())
     }
 
     /// Hands the job back for a worker that has the targets this one lacks,
@@ -304,6 +314,8 @@ impl ClaimedRun {
                 error: &error,
                 run_after,
             })
-            .await
+            .await?;
+        super::telemetry::retry("retryable");
+        Ok(())
     }
 }

@@ -18,6 +18,7 @@ mod settle;
 mod step;
 mod storable;
 mod submit;
+mod telemetry;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

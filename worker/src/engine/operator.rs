@@ -79,6 +79,7 @@ impl Engine {
             .await?
             .ok_or(OperatorError::NotFound(job_id))?;
         tx.commit().await?;
+        super::telemetry::job_finished(&row.workflow_name, "CANCELLED", row.created_at);
         tracing::info!(%job_id, reason, "job cancelled by an operator");
         Ok(row)
     }

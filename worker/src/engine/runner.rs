@@ -113,9 +113,13 @@ impl Engine {
             match self.sweep_one(job_id).await {
                 Ok(Some(Swept::Requeued)) => {
                     requeued += 1;
+                    super::telemetry::lease_lost_requeued();
                     self.wake();
                 }
-                Ok(Some(Swept::Dead)) => dead += 1,
+                Ok(Some(Swept::Dead)) => {
+                    dead += 1;
+                    metrics::counter!("flotilla_lease_losses_total").increment(1);
+                }
                 Ok(None) => {}
                 Err(e) if e.is_about_the_data() => {
                     tracing::error!(%job_id, error = %e, "a lapsed lease cannot be settled; it waits behind the others");

@@ -65,6 +65,9 @@ impl Engine {
         let mut conn = self.pool().acquire().await?;
         let worker_id = &self.settings().worker_id;
         let row = lease::claim(&mut conn, worker_id, Uuid::new_v4(), now, lease_until).await?;
+        if let Some(row) = &row {
+            super::telemetry::claimed(row.run_after.max(row.created_at));
+        }
         Ok(row.and_then(|row| ClaimedRun::new(self.clone(), row)))
     }
 
@@ -74,7 +77,20 @@ impl Engine {
         let job_id = claimed.job_id();
         let heartbeat = claimed.heartbeat();
         let fence = claimed.fence();
-        let span = tracing::info_span!("segment", %job_id, attempt = claimed.row().attempt);
+        let row = claimed.row();
+        // One span per segment (claim to settle or park), a child of the
+        // run's trace, so retries, parks and resumes on other workers all
+        // join the trace the request came with.
+        let span = tracing::info_span!(
+            "segment",
+            otel.name = format!("run {}", row.workflow_name),
+            otel.kind = "internal",
+            %job_id,
+            workflow_name = %row.workflow_name,
+            attempt = row.attempt,
+            worker_id = %self.settings().worker_id,
+        );
+        flotilla_runtime::trace::continue_trace(&span, row.traceparent.as_deref());
         let segment =
             tracing::Instrument::instrument(self.segment(claimed, heartbeat.lost()), span);
         let outcome = match AssertUnwindSafe(segment).catch_unwind().await {

@@ -43,26 +43,45 @@ impl Engine {
         // the segment's deadline, whichever is shorter, reported as itself.
         let step_limit = step.definition.timeout_ms.map(Duration::from_millis);
         let limit = step_limit.map_or(left, |step_limit| step_limit.min(left));
+        let target = &step.definition.target;
+        // The call's own span: the target sees it as the caller (its
+        // traceparent), not the submitter.
+        let span = tracing::info_span!(
+            "step",
+            otel.name = format!("step {name}"),
+            otel.kind = "client",
+            job_id = %claimed.job_id(),
+            workflow_name = %claimed.row().workflow_name,
+            flotilla.step = %name,
+            flotilla.target = %target,
+            flotilla.method = %step.definition.method,
+            flotilla.attempt = claimed.row().attempt,
+            flotilla.outcome = tracing::field::Empty,
+        );
         let call = TargetCall {
             job_id: claimed.job_id(),
             step_name: name.clone(),
             method: step.definition.method.clone(),
             request,
             timeout: limit,
-            traceparent: claimed.row().traceparent.clone(),
+            traceparent: flotilla_runtime::trace::traceparent_of(&span)
+                .or_else(|| claimed.row().traceparent.clone()),
         };
-        let target = &step.definition.target;
+        let started = std::time::Instant::now();
         // A target that panics fails this job as a defect; the loop goes on.
-        let guarded = AssertUnwindSafe(self.targets().call(target, call))
-            .catch_unwind()
-            .map(|called| {
-                called.unwrap_or_else(|panic| {
-                    Err(StepFailure::Defect(format!(
-                        "target {target} panicked: {}",
-                        panic_message(panic.as_ref())
-                    )))
-                })
-            });
+        let guarded = AssertUnwindSafe(tracing::Instrument::instrument(
+            self.targets().call(target, call),
+            span.clone(),
+        ))
+        .catch_unwind()
+        .map(|called| {
+            called.unwrap_or_else(|panic| {
+                Err(StepFailure::Defect(format!(
+                    "target {target} panicked: {}",
+                    panic_message(panic.as_ref())
+                )))
+            })
+        });
         let response = tokio::select! {
             response = tokio::time::timeout(limit, guarded) => {
                 response.unwrap_or_else(|_| Err(StepFailure::Retryable(match step_limit {
@@ -78,6 +97,20 @@ impl Engine {
             }
             () = lease_lost.cancelled() => return Err(Invocation::LeaseLost),
         };
+        let outcome = match &response {
+            Ok(_) => "ok",
+            Err(StepFailure::Retryable(_)) => "retryable",
+            Err(StepFailure::Verdict { .. }) => "verdict",
+            Err(StepFailure::Defect(_)) => "defect",
+        };
+        span.record("flotilla.outcome", outcome);
+        crate::engine::telemetry::step_finished(
+            &claimed.row().workflow_name,
+            name,
+            target,
+            outcome,
+            started.elapsed(),
+        );
         let response = response.map_err(|failure| match failure {
             StepFailure::Retryable(e) => {
                 Invocation::Failed(StepFailure::Retryable(format!("step {name}: {e}")))

@@ -221,6 +221,7 @@ impl Engine {
                 .await?
                 .ok_or(SubmitError::Conflict(submission.job_id));
         };
+        super::telemetry::job_submitted(&row.workflow_name);
         Ok(Submitted::Created(row))
     }
 

@@ -122,6 +122,10 @@ impl Targets {
             .acquire()
             .await
             .map_err(|_| StepFailure::Retryable(format!("target {name} is shutting down")))?;
+        let in_flight = metrics::gauge!("flotilla_target_in_flight", "target" => name.to_owned());
+        in_flight.increment(1.0);
+        // Decremented however the call ends (also when its future is dropped).
+        let _in_flight = scopeguard::guard((), move |()| in_flight.decrement(1.0));
         registered.target.call(call).await
     }
 }

@@ -1,0 +1,67 @@
+//! What the engine counts and times, in one place (Prometheus names in the
+//! style of other job systems; each is listed in docs/operations.md).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+/// A target call finished with `outcome` (ok, retryable, verdict, defect).
+pub(crate) fn step_finished(
+    workflow: &str,
+    step: &str,
+    target: &str,
+    outcome: &'static str,
+    took: Duration,
+) {
+    metrics::histogram!(
+        "flotilla_step_duration_seconds",
+        "workflow" => workflow.to_owned(),
+        "step" => step.to_owned(),
+        "target" => target.to_owned(),
+        "outcome" => outcome,
+    )
+    .record(took.as_secs_f64());
+}
+
+/// A job was accepted (a new row).
+pub(crate) fn job_submitted(workflow: &str) {
+    metrics::counter!("flotilla_jobs_submitted_total", "workflow" => workflow.to_owned())
+        .increment(1);
+}
+
+/// A job reached a terminal `state` (COMPLETED, FAILED, DEAD, CANCELLED)
+/// `created_at` after it was submitted.
+pub(crate) fn job_finished(workflow: &str, state: &'static str, created_at: DateTime<Utc>) {
+    let name = match state {
+        "COMPLETED" => "flotilla_jobs_completed_total",
+        "FAILED" => "flotilla_jobs_failed_total",
+        "DEAD" => "flotilla_jobs_dead_total",
+        _ => "flotilla_jobs_cancelled_total",
+    };
+    metrics::counter!(name, "workflow" => workflow.to_owned()).increment(1);
+    let took = (Utc::now() - created_at).to_std().unwrap_or_default();
+    metrics::histogram!(
+        "flotilla_job_duration_seconds",
+        "workflow" => workflow.to_owned(),
+        "state" => state,
+    )
+    .record(took.as_secs_f64());
+}
+
+/// A claim took a job that had been runnable since `runnable_since`.
+pub(crate) fn claimed(runnable_since: DateTime<Utc>) {
+    metrics::counter!("flotilla_claims_total").increment(1);
+    let waited = (Utc::now() - runnable_since).to_std().unwrap_or_default();
+    metrics::histogram!("flotilla_queue_to_claim_seconds").record(waited.as_secs_f64());
+}
+
+/// A step will be tried again (`class`: retryable, timeout, lease_lost).
+pub(crate) fn retry(class: &'static str) {
+    metrics::counter!("flotilla_step_retries_total", "class" => class).increment(1);
+}
+
+/// A job lost its worker (a lease lapsed) and was requeued by the sweeper.
+pub(crate) fn lease_lost_requeued() {
+    metrics::counter!("flotilla_lease_losses_total").increment(1);
+    metrics::counter!("flotilla_sweeper_requeues_total").increment(1);
+}
