@@ -230,7 +230,16 @@ mod tests {
                 ],
                 "SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO",
             ),
-            (&["--schema-registry-username", "u"], "SCHEMA_REGISTRY_URL"),
+            // An empty URL, not an absent one: the test's environment may set one.
+            (
+                &[
+                    "--schema-registry-url",
+                    "",
+                    "--schema-registry-username",
+                    "u",
+                ],
+                "SCHEMA_REGISTRY_URL",
+            ),
         ];
         for (args, named) in cases {
             let refused = parse(args).unwrap().validate().unwrap_err();
