@@ -92,6 +92,8 @@ impl Application {
     ) -> Result<Self, StartupError> {
         let (worker_id, tokens) = check_settings(&config)?;
         tracing::info!(%worker_id, ?targets, "worker starting");
+        // Installed before anything is counted, so no early count is lost.
+        let _ = flotilla_runtime::metrics::prometheus();
         let engine = Engine::new(
             pool,
             targets,

@@ -29,6 +29,8 @@ use uuid::Uuid;
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 const USER: &str = "flotilla";
 const PASSWORD: &str = "s3cret-scram";
+const DATABASE_PASSWORD: &str = "s3cret-database";
+const API_TOKEN: &str = "s3cret-api-token";
 
 /// A binary built beside this test (the relay and the CLI live in other packages).
 fn sibling_binary(name: &str) -> PathBuf {
@@ -122,7 +124,7 @@ fn worker(broker: &SecuredBroker, database: &str, dir: &Path, topic: &str) -> Co
         .env("DATABASE_URL", database)
         .env("FLOTILLA_WORKER_ID", "secure-worker")
         .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
-        .env("FLOTILLA_API_TOKENS", "t")
+        .env("FLOTILLA_API_TOKENS", API_TOKEN)
         .env("FLOTILLA_REQUEST_TOPIC", topic)
         .env("FLOTILLA_CONSUMER_GROUP", unique("secure-workers"))
         .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
@@ -166,7 +168,14 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
     let dir = std::env::temp_dir().join(format!("flotilla-sasl-{}", Uuid::new_v4()));
     let broker = secured_broker(&dir).await;
     write_fleet_files(&dir, &echo_target().await);
-    let database = flotilla_tests::database::url_of(&pool).await;
+    // The local server trusts every password, so the URL can carry one that
+    // must never be seen again.
+    let database = flotilla_tests::database::url_of(&pool).await.replacen(
+        "://postgres@",
+        &format!("://postgres:{DATABASE_PASSWORD}@"),
+        1,
+    );
+    assert!(database.contains(DATABASE_PASSWORD), "{database}");
     let (requests, events) = (unique("secure-requests"), unique("secure-events"));
 
     let mut worker = {
@@ -247,8 +256,10 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
         .unwrap();
     consumer.subscribe(&[&events]).unwrap();
     let mut sequences = Vec::new();
+    let mut payloads = Vec::new();
     while sequences.len() < usize::try_from(expected).unwrap() {
         let message = consumer.recv().await.unwrap();
+        payloads.push(String::from_utf8_lossy(message.payload().unwrap()).into_owned());
         let event = flotilla_contracts::json::decode::<flotilla_contracts::WorkflowRunEvent>(
             message.payload().unwrap(),
         )
@@ -259,12 +270,31 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
     close_consumer(consumer);
     assert_eq!(sequences, (1..=expected).collect::<Vec<_>>());
 
-    tokio::task::spawn_blocking(move || {
+    let (worker, relay) = tokio::task::spawn_blocking(move || {
         worker.terminate(Duration::from_secs(20));
         relay.terminate(Duration::from_secs(20));
+        (worker, relay)
     })
     .await
     .unwrap();
+
+    // No secret given as a setting shows up in a log line or an event.
+    let cli_output = [
+        String::from_utf8_lossy(&produced.stdout).into_owned(),
+        String::from_utf8_lossy(&produced.stderr).into_owned(),
+    ];
+    let seen = worker
+        .output
+        .iter()
+        .chain(&relay.output)
+        .chain(&payloads)
+        .chain(&cli_output);
+    for line in seen {
+        for secret in [PASSWORD, DATABASE_PASSWORD, API_TOKEN] {
+            assert!(!line.contains(secret), "a secret leaked: {line}");
+        }
+    }
+    assert!(!worker.output.is_empty() && !relay.output.is_empty());
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -334,3 +334,99 @@ async fn one_trace(pool: PgPool) {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `/metrics` parses as Prometheus text (with a real parser) and the job
+/// counters, claims and step histograms move as a job runs; a job submitted
+/// through the API with a `traceparent` keeps it (its events carry it).
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn metrics_parse_and_move_as_jobs_run(pool: PgPool) {
+    use flotilla_worker::test_support::{TEST_TOKEN, TestApp};
+
+    let app = TestApp::spawn(pool.clone()).await;
+    let client = flotilla_runtime::tls::http_client().build().unwrap();
+    let workflow = format!("metered_{}", Uuid::new_v4().simple());
+    let definition = json!({"name": workflow, "input_schema": {},
+        "steps": [{"name": "s", "target": "echo", "method": "m"}]});
+    client
+        .put(format!("{}/v1/workflows/{workflow}", app.url))
+        .bearer_auth(TEST_TOKEN)
+        .json(&definition)
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    let scrape = || async {
+        let text = client
+            .get(format!("{}/metrics", app.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+            .expect("Prometheus text format")
+    };
+    let value_of = |scrape: &prometheus_parse::Scrape, name: &str| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && s.labels.get("workflow") == Some(workflow.as_str()))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+
+    let traceparent = format!("00-{TRACE_ID}-{PRODUCER_SPAN}-01");
+    let job = Uuid::new_v4();
+    client
+        .post(format!("{}/v1/jobs", app.url))
+        .bearer_auth(TEST_TOKEN)
+        .header("traceparent", &traceparent)
+        .json(&json!({"workflow_name": workflow, "input": {}, "job_id": job}))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let scrape = scrape().await;
+        if value_of(&scrape, "flotilla_jobs_completed_total") >= 1.0 {
+            break scrape;
+        }
+        assert!(Instant::now() < deadline, "the job never completed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(value_of(&after, "flotilla_jobs_submitted_total"), 1.0);
+    for histogram in [
+        "flotilla_step_duration_seconds",
+        "flotilla_job_duration_seconds",
+        "flotilla_queue_to_claim_seconds",
+    ] {
+        assert!(
+            after.samples.iter().any(|s| s.metric == histogram
+                && matches!(s.value, prometheus_parse::Value::Histogram(_))),
+            "{histogram} is a histogram: {:?}",
+            after.samples.iter().map(|s| &s.metric).collect::<Vec<_>>()
+        );
+    }
+    for gauge in [
+        "flotilla_db_pool_connections",
+        "flotilla_tasks_dead",
+        "flotilla_claims_total",
+    ] {
+        assert!(after.samples.iter().any(|s| s.metric == gauge), "{gauge}");
+    }
+    let stored: Option<String> =
+        sqlx::query_scalar("SELECT traceparent FROM workflow_run_outbox WHERE job_id = $1 LIMIT 1")
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored.as_deref(), Some(traceparent.as_str()));
+    app.stop().await;
+}

@@ -40,8 +40,15 @@ pub(super) struct SubmitBody {
 #[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn submit(
     State(state): State<ApiState>,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> Result<Response, Problem> {
+    // The caller's trace context, as a Kafka producer's would be: the run
+    // joins the caller's trace (a malformed one is dropped at admission).
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let workflow = match (body.workflow, body.workflow_name) {
         (Some(document), None) => WorkflowRef::Inline(document),
         (None, Some(name)) => WorkflowRef::Stored(name),
@@ -64,7 +71,7 @@ pub(super) async fn submit(
         } else {
             body.input
         },
-        traceparent: None,
+        traceparent,
     };
     let (status, row) = match state.engine.submit(submission, RefusalMode::Refuse).await? {
         Submitted::Created(row) => (StatusCode::CREATED, row),
