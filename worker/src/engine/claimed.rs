@@ -222,7 +222,9 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed (then nothing was written).
     pub async fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), SegmentStop> {
-        self.lease.write(Transition::Checkpoint(checkpoint)).await
+        let span = tracing::info_span!("checkpoint", job_id = %self.job_id());
+        tracing::Instrument::instrument(self.lease.write(Transition::Checkpoint(checkpoint)), span)
+            .await
     }
 
     /// Parks on the external step `step` (WAITING, with its event).
@@ -230,7 +232,8 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn park(self, step: &str) -> Result<(), SegmentStop> {
-        self.lease.write(Transition::Park { step }).await
+        let span = tracing::info_span!("park", job_id = %self.job_id(), flotilla.step = %step);
+        tracing::Instrument::instrument(self.lease.write(Transition::Park { step }), span).await
     }
 
     /// Completes the job with its result and verdict.

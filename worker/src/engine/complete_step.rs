@@ -106,8 +106,28 @@ impl Engine {
         if let Gate::Stop(outcome) = gate(&row, step) {
             return Ok(outcome);
         }
-        let violations = self.judge(&row, step, &response)?;
+        // The answer joins the job's trace, whoever gives it.
+        let span = tracing::info_span!(
+            "complete-step",
+            otel.name = format!("complete {step}"),
+            %job_id,
+            workflow_name = %row.workflow_name,
+            flotilla.step = %step,
+        );
+        flotilla_runtime::trace::continue_trace(&span, row.traceparent.as_deref());
+        let violations = span.in_scope(|| self.judge(&row, step, &response))?;
+        tracing::Instrument::instrument(self.answer(job_id, step, response, violations), span).await
+    }
 
+    /// Writes the answer of a waiting step: resumes the job, or fails it
+    /// when `violations` refused the answer.
+    async fn answer(
+        &self,
+        job_id: Uuid,
+        step: &str,
+        response: serde_json::Value,
+        violations: Option<Vec<String>>,
+    ) -> Result<CompleteOutcome, CompleteError> {
         let now = self.now();
         let mut tx = self.pool().begin().await?;
         let row = runs::get_for_update(&mut tx, job_id)
