@@ -5,6 +5,11 @@
 //! `cargo run --release -p flotilla-worker --example engine_throughput -- [jobs] [loops]`
 //! with `DATABASE_URL` pointing at a server where it may create (and drop)
 //! a scratch database.
+//!
+//! The cost of trace export: with `FLOTILLA_BENCH_OTLP_SINK=127.0.0.1:4318`
+//! and `OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318` the example
+//! serves an OTLP/HTTP sink itself (counting what arrives) and exports every
+//! span to it, as a worker would; without them no exporter is installed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +27,54 @@ use uuid::Uuid;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let received = otlp_sink().await?;
+    let telemetry = flotilla_runtime::telemetry::TelemetryConfig {
+        log_filter: "warn,flotilla_worker=info".into(),
+        log_format: flotilla_runtime::telemetry::LogFormat::Text,
+        log_json: false,
+    };
+    let guard = flotilla_runtime::telemetry::init(&telemetry, "engine_throughput")?;
+    let outcome = run().await;
+    drop(guard); // flushes what is left
+    if let Some(received) = received {
+        println!(
+            "OTLP sink: {} export requests, {} bytes received",
+            received.0.load(std::sync::atomic::Ordering::Relaxed),
+            received.1.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
+    outcome
+}
+
+/// Counts of what the sink received: requests, bytes.
+type Received = Arc<(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64)>;
+
+/// An OTLP/HTTP endpoint that accepts and counts exports, when asked for.
+async fn otlp_sink() -> anyhow::Result<Option<Received>> {
+    let Ok(address) = std::env::var("FLOTILLA_BENCH_OTLP_SINK") else {
+        return Ok(None);
+    };
+    let received: Received = Arc::default();
+    let counts = received.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let counts = counts.clone();
+            async move {
+                counts.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                counts
+                    .1
+                    .fetch_add(body.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                ""
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(&address).await?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(Some(received))
+}
+
+async fn run() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let jobs: usize = args.next().map_or(Ok(5_000), |a| a.parse())?;
     let loops: usize = args.next().map_or(Ok(8), |a| a.parse())?;
