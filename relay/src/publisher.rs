@@ -245,6 +245,7 @@ impl Publisher {
             messaging.destination.name = %self.topic,
             messaging.kafka.message.key = %key,
             job_id = %row.job_id,
+            trace_id = flotilla_runtime::trace::trace_id(row.traceparent.as_deref()),
             flotilla.event_type = %row.event_type,
             flotilla.sequence = row.sequence,
         );

@@ -37,6 +37,15 @@ pub fn valid_traceparent(value: &str) -> bool {
         && hex(flags, 2)
 }
 
+/// The trace id of a `traceparent` (for log lines: every line of a job's
+/// spans names its trace, exported or not); empty when there is none.
+#[must_use]
+pub fn trace_id(traceparent: Option<&str>) -> &str {
+    traceparent
+        .filter(|t| valid_traceparent(t))
+        .map_or("", |t| &t[3..35])
+}
+
 /// A span continues the trace `traceparent` names (when the OpenTelemetry
 /// layer is installed; without it this does nothing).
 pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>) {
@@ -92,5 +101,17 @@ mod tests {
         ] {
             assert!(!valid_traceparent(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_trace_id_is_read_from_a_valid_traceparent_only() {
+        assert_eq!(
+            super::trace_id(Some(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            )),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(super::trace_id(Some("00-zz-00f067aa0ba902b7-01")), "");
+        assert_eq!(super::trace_id(None), "");
     }
 }

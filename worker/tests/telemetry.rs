@@ -1,10 +1,12 @@
 //! One trace from the producer to the last lifecycle event: a request
-//! produced with a known `traceparent` runs through a worker and a relay
-//! that export to an OTLP/HTTP receiver made here (a real endpoint decoding
-//! the protobuf payloads), and the spans form one tree under the producer's
-//! span: the consumer span, a segment span per claim, a client span per step
-//! call (whose context is the `traceparent` the target receives), a producer
-//! span per published event (whose context is the event's header).
+//! produced with a known `traceparent` runs through a retry, a park, an
+//! answer given to another worker and a resume there, and a relay; all
+//! export to an OTLP/HTTP receiver made here (a real endpoint decoding the
+//! protobuf payloads). The spans form one tree under the producer's span:
+//! the consumer span, a segment span per claim (on both workers), a client
+//! span per step call (whose context is the `traceparent` the target
+//! receives), the complete-step span, and a producer span per published
+//! event (whose context is the event's header).
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -93,19 +95,29 @@ async fn start_receiver() -> (String, Receiver) {
     (url, receiver)
 }
 
-/// A target that keeps the `traceparent` of every call.
+/// A target that keeps the `traceparent` of every call, and answers the
+/// first call of `flaky` 503 (so the job retries).
 async fn start_target(seen: Arc<Mutex<Vec<String>>>) -> String {
     let app = axum::Router::new().route(
         "/{m}",
-        post(move |headers: HeaderMap| {
-            let seen = seen.clone();
-            async move {
-                if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
-                    seen.lock().unwrap().push(tp.to_owned());
+        post(
+            move |axum::extract::Path(method): axum::extract::Path<String>, headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let mut seen = seen.lock().unwrap();
+                    if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+                        seen.push(tp.to_owned());
+                    }
+                    if method == "flaky" && seen.len() == 1 {
+                        return (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            axum::Json(json!({"busy": true})),
+                        );
+                    }
+                    (axum::http::StatusCode::OK, axum::Json(json!({"ok": true})))
                 }
-                axum::Json(json!({"ok": true}))
-            }
-        }),
+            },
+        ),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -142,7 +154,8 @@ async fn one_trace(pool: PgPool) {
     )
     .unwrap();
     let workflow = json!({"name": "traced", "input_schema": {}, "steps": [
-        {"name": "one", "target": "t", "method": "one"},
+        {"name": "one", "target": "t", "method": "flaky"},
+        {"name": "approve", "target": "t", "method": "approve", "completion": "external"},
         {"name": "two", "target": "t", "method": "two"}]});
     std::fs::write(dir.join("workflows/traced.json"), workflow.to_string()).unwrap();
     let (requests, events) = (unique("traced-requests"), unique("traced-events"));
@@ -160,16 +173,24 @@ async fn one_trace(pool: PgPool) {
             .env("SCHEMA_REGISTRY_URL", "")
             .env("NO_COLOR", "1");
     };
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
-    otel(&mut worker);
-    worker
-        .env("FLOTILLA_WORKER_ID", "traced-worker")
-        .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
-        .env("FLOTILLA_API_TOKENS", "t")
-        .env("FLOTILLA_REQUEST_TOPIC", &requests)
-        .env("FLOTILLA_CONSUMER_GROUP", unique("traced-workers"))
-        .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
-        .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"));
+    let group = unique("traced-workers");
+    let second_api = format!("127.0.0.1:{}", flotilla_tests::tansu::free_port());
+    let worker_command = |id: &str, api: &str| {
+        let mut worker = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
+        otel(&mut worker);
+        worker
+            .env("FLOTILLA_WORKER_ID", id)
+            .env("FLOTILLA_HTTP_ADDR", api)
+            .env("FLOTILLA_API_TOKENS", "t")
+            .env("FLOTILLA_BACKOFF_BASE", "100ms")
+            .env("FLOTILLA_REQUEST_TOPIC", &requests)
+            .env("FLOTILLA_CONSUMER_GROUP", &group)
+            .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
+            .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"));
+        worker
+    };
+    let worker = worker_command("traced-worker-1", "127.0.0.1:0");
+    let second = worker_command("traced-worker-2", &second_api);
     let mut relay = Command::new(relay_binary());
     otel(&mut relay);
     relay
@@ -209,6 +230,46 @@ async fn one_trace(pool: PgPool) {
         .await
         .unwrap();
 
+    // The first worker retries the flaky step and parks the job; then it
+    // stops, and the answer goes to a second worker, which resumes the job.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
+                .bind(job)
+                .fetch_optional(&pool)
+                .await
+                .unwrap();
+        if status.as_deref() == Some("WAITING") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the job never parked: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (worker, mut second) = tokio::task::spawn_blocking(move || {
+        worker.terminate(Duration::from_secs(30));
+        let mut second = Running::start(second);
+        second.wait_for_line("worker ready", Duration::from_secs(60));
+        (worker, second)
+    })
+    .await
+    .unwrap();
+    let answered = flotilla_runtime::tls::http_client()
+        .build()
+        .unwrap()
+        .post(format!(
+            "http://{second_api}/v1/jobs/{job}/steps/approve/complete"
+        ))
+        .bearer_auth("t")
+        .json(&json!({"response": {"approved": true}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(answered.status().is_success(), "{answered:?}");
+
     // Every event of the job on the topic; the headers say which span sent each.
     let consumer: StreamConsumer = flotilla_tests::broker()
         .manual_commit_consumer(&unique("traced-reader"))
@@ -234,9 +295,10 @@ async fn one_trace(pool: PgPool) {
     }
     close_consumer(consumer);
 
-    // Stop both (flushing their spans), then read the tree.
+    // Stop the rest (flushing their spans), then read the tree.
+    drop(worker);
     tokio::task::spawn_blocking(move || {
-        worker.terminate(Duration::from_secs(30));
+        second.terminate(Duration::from_secs(30));
         relay.terminate(Duration::from_secs(30));
     })
     .await
@@ -286,15 +348,38 @@ async fn one_trace(pool: PgPool) {
     assert!(process.service.contains("flotilla-worker"), "{process:#?}");
 
     let segments: Vec<&Received> = spans.iter().filter(|s| s.name == "run traced").collect();
-    assert!(!segments.is_empty(), "a segment span: {spans:#?}");
     for segment in &segments {
         assert_eq!(
             segment.parent, process.span_id,
             "segments hang under the consumer span"
         );
     }
+    // The retry, the park and the resume: segments on both workers.
+    for worker in ["traced-worker-1", "traced-worker-2"] {
+        assert!(
+            segments.iter().any(|s| s
+                .attributes
+                .get("worker_id")
+                .is_some_and(|w| w.contains(worker))),
+            "a segment on {worker}: {segments:#?}"
+        );
+    }
+    assert!(segments.len() >= 3, "retry, park, resume: {segments:#?}");
+    let answer: Vec<&Received> = spans
+        .iter()
+        .filter(|s| s.name == "complete approve")
+        .collect();
+    assert_eq!(answer.len(), 1, "{spans:#?}");
+    assert_eq!(
+        answer[0].parent, process.span_id,
+        "the answer joins the job's trace"
+    );
     let steps: Vec<&Received> = of_kind(SpanKind::Client).collect();
-    assert_eq!(steps.len(), 2, "one client span per step call: {spans:#?}");
+    assert_eq!(
+        steps.len(),
+        3,
+        "one client span per step call (flaky twice): {spans:#?}"
+    );
     for step in &steps {
         assert!(
             segments.iter().any(|s| s.span_id == step.parent),
@@ -314,7 +399,7 @@ async fn one_trace(pool: PgPool) {
     }
     // The target saw the step span as its caller, not the submitter.
     let calls = calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 2);
+    assert_eq!(calls.len(), 3);
     for call in &calls {
         let caller = &call[36..52];
         assert!(call.contains(TRACE_ID));

@@ -166,6 +166,7 @@ impl RequestConsumer {
             messaging.kafka.message.key = %request.job_id(),
             job_id = %request.job_id(),
             workflow_name = %request.workflow_name(),
+            trace_id = flotilla_runtime::trace::trace_id(producer_traceparent.as_deref()),
         );
         flotilla_runtime::trace::continue_trace(&span, producer_traceparent.as_deref());
         let traceparent = flotilla_runtime::trace::traceparent_of(&span).or(producer_traceparent);

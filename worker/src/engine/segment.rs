@@ -87,6 +87,7 @@ impl Engine {
             otel.kind = "internal",
             %job_id,
             workflow_name = %row.workflow_name,
+            trace_id = flotilla_runtime::trace::trace_id(row.traceparent.as_deref()),
             attempt = row.attempt,
             worker_id = %self.settings().worker_id,
         );
