@@ -249,14 +249,22 @@ impl Publisher {
             flotilla.event_type = %row.event_type,
             flotilla.sequence = row.sequence,
         );
-        flotilla_runtime::trace::continue_trace(&span, row.traceparent.as_deref());
-        let traceparent =
-            flotilla_runtime::trace::traceparent_of(&span).or_else(|| row.traceparent.clone());
-        if let Some(traceparent) = &traceparent {
-            headers = headers.insert(Header {
-                key: "traceparent",
-                value: Some(traceparent.as_bytes()),
-            });
+        flotilla_runtime::trace::continue_trace(
+            &span,
+            row.traceparent.as_deref(),
+            row.tracestate.as_deref(),
+        );
+        let (traceparent, tracestate) = match flotilla_runtime::trace::headers_of(&span) {
+            Some((traceparent, tracestate)) => (Some(traceparent), tracestate),
+            None => (row.traceparent.clone(), row.tracestate.clone()),
+        };
+        for (name, value) in [("traceparent", &traceparent), ("tracestate", &tracestate)] {
+            if let Some(value) = value {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(value.as_bytes()),
+                });
+            }
         }
         let record = FutureRecord::to(&self.topic)
             .key(&key)

@@ -46,25 +46,36 @@ pub fn trace_id(traceparent: Option<&str>) -> &str {
         .map_or("", |t| &t[3..35])
 }
 
-/// A span continues the trace `traceparent` names (when the OpenTelemetry
-/// layer is installed; without it this does nothing).
-pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>) {
+/// Whether `value` may travel as a W3C `tracestate`: at most 512
+/// characters of printable ASCII (its list syntax is the vendors' business;
+/// a header that could not be sent again is dropped).
+#[must_use]
+pub fn valid_tracestate(value: &str) -> bool {
+    value.len() <= 512 && value.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
+/// A span continues the trace `traceparent` names, with its `tracestate`
+/// (when the OpenTelemetry layer is installed; without it this does nothing).
+pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     let Some(traceparent) = traceparent.filter(|t| valid_traceparent(t)) else {
         return;
     };
-    let carrier =
+    let mut carrier =
         std::collections::HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    if let Some(tracestate) = tracestate.filter(|t| valid_tracestate(t)) {
+        carrier.insert("tracestate".to_owned(), tracestate.to_owned());
+    }
     let parent =
         opentelemetry::global::get_text_map_propagator(|propagator| propagator.extract(&carrier));
     let _ = span.set_parent(parent);
 }
 
-/// The `traceparent` of `span` itself, for the next hop (an HTTP call, an
-/// event's headers); `None` when no trace is being recorded (no
-/// OpenTelemetry layer, or the span is not sampled into one).
+/// The `traceparent` and `tracestate` of `span` itself, for the next hop
+/// (an HTTP call, an event's headers); `None` when no trace is being
+/// recorded (no OpenTelemetry layer, or the span is not sampled into one).
 #[must_use]
-pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+pub fn headers_of(span: &tracing::Span) -> Option<(String, Option<String>)> {
     use opentelemetry::trace::TraceContextExt as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     let context = span.context();
@@ -75,7 +86,8 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
     opentelemetry::global::get_text_map_propagator(|propagator| {
         propagator.inject_context(&context, &mut carrier);
     });
-    carrier.remove("traceparent")
+    let tracestate = carrier.remove("tracestate").filter(|t| !t.is_empty());
+    carrier.remove("traceparent").map(|tp| (tp, tracestate))
 }
 
 #[cfg(test)]

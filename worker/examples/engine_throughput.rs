@@ -111,6 +111,7 @@ async fn submit(engine: &Engine) -> anyhow::Result<()> {
         workflow: WorkflowRef::Stored("bench".into()),
         input: json!({"n": 1}),
         traceparent: None,
+        tracestate: None,
     };
     engine.submit(submission, RefusalMode::Refuse).await?;
     Ok(())

@@ -32,6 +32,7 @@ use uuid::Uuid;
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PRODUCER_SPAN: &str = "00f067aa0ba902b7";
+const TRACESTATE: &str = "vendor=opaque-value";
 
 /// A span as received: its ids in hex, its parent, kind, name, attributes.
 #[derive(Debug, Clone)]
@@ -106,7 +107,8 @@ async fn start_target(seen: Arc<Mutex<Vec<String>>>) -> String {
                 async move {
                     let mut seen = seen.lock().unwrap();
                     if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
-                        seen.push(tp.to_owned());
+                        let state = headers.get("tracestate").and_then(|v| v.to_str().ok());
+                        seen.push(format!("{tp} {}", state.unwrap_or("-")));
                     }
                     if method == "flaky" && seen.len() == 1 {
                         return (
@@ -221,10 +223,17 @@ async fn one_trace(pool: PgPool) {
             rdkafka::producer::FutureRecord::to(&requests)
                 .key(&key)
                 .payload(&payload)
-                .headers(OwnedHeaders::new().insert(Header {
-                    key: "traceparent",
-                    value: Some(traceparent.as_bytes()),
-                })),
+                .headers(
+                    OwnedHeaders::new()
+                        .insert(Header {
+                            key: "traceparent",
+                            value: Some(traceparent.as_bytes()),
+                        })
+                        .insert(Header {
+                            key: "tracestate",
+                            value: Some(TRACESTATE.as_bytes()),
+                        }),
+                ),
             Duration::from_secs(10),
         )
         .await
@@ -288,6 +297,15 @@ async fn one_trace(pool: PgPool) {
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .expect("every event carries a traceparent");
         assert!(header.contains(TRACE_ID), "{header}");
+        let state = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "tracestate"))
+            .and_then(|h| h.value);
+        assert_eq!(
+            state,
+            Some(TRACESTATE.as_bytes()),
+            "tracestate travels to events"
+        );
         event_parents.push(header[36..52].to_owned());
         if event.event_type() == flotilla_contracts::WorkflowRunEventType::Completed {
             break;
@@ -403,6 +421,10 @@ async fn one_trace(pool: PgPool) {
     for call in &calls {
         let caller = &call[36..52];
         assert!(call.contains(TRACE_ID));
+        assert!(
+            call.ends_with(TRACESTATE),
+            "tracestate travels to targets: {call}"
+        );
         assert_eq!(by_id[caller].kind, SpanKind::Client, "{call}");
     }
     // Every event's header names the relay's producer span that sent it.

@@ -110,6 +110,7 @@ fn call(method: &str) -> TargetCall {
         request: json!({"x": 1}),
         timeout: Duration::from_secs(5),
         traceparent: None,
+        tracestate: None,
     }
 }
 

@@ -40,6 +40,7 @@ async fn insert_events(pool: &PgPool, jobs: &[Uuid], count: i64, result: serde_j
                 workflow_name: "relayed".into(),
                 attempt: 1,
                 traceparent: Some(format!("00-{}-00f067aa0ba902b7-01", job_id.simple())),
+                tracestate: Some("flotilla=relayed".into()),
             };
             let kind = match sequence {
                 1 => EventKind::Accepted,

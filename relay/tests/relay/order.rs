@@ -63,6 +63,10 @@ async fn events_of_one_job_arrive_in_sequence_with_three_relays(pool: PgPool) {
             headers["traceparent"].starts_with("00-"),
             "the stored trace context travels"
         );
+        assert_eq!(
+            headers["tracestate"], "flotilla=relayed",
+            "and its tracestate with it"
+        );
         assert!(
             ["ACCEPTED", "STEP_CHECKPOINT", "COMPLETED"]
                 .contains(&headers[EVENT_TYPE_HEADER].as_str())

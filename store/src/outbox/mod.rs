@@ -51,6 +51,7 @@ pub struct EventStamp {
     pub workflow_name: String,
     pub attempt: i32,
     pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// Builds the event through the contract's constructors (which enforce the
@@ -84,8 +85,8 @@ pub async fn insert(
         EventKind::Cancelled { reason } => WorkflowRunEvent::cancelled(header, reason),
     }?;
     sqlx::query(
-        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload, traceparent, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload, traceparent, tracestate, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(event.event_id())
     .bind(event.job_id())
@@ -93,6 +94,7 @@ pub async fn insert(
     .bind(event.event_type().as_str())
     .bind(Json(&event))
     .bind(stamp.traceparent.as_deref())
+    .bind(stamp.tracestate.as_deref())
     .bind(now)
     .execute(conn)
     .await?;

@@ -20,6 +20,7 @@ pub struct PendingEvent {
     /// must not fail the whole read (see `flotilla_contracts::json::decode_stored`).
     pub payload: Json<serde_json::Value>,
     pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
     pub attempts: i32,
 }
 
@@ -37,7 +38,7 @@ pub async fn publishable(
     limit: i64,
 ) -> Result<Vec<PendingEvent>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, event_id, job_id, sequence, event_type, bucket, payload, traceparent, attempts
+        "SELECT id, event_id, job_id, sequence, event_type, bucket, payload, traceparent, tracestate, attempts
          FROM workflow_run_outbox o
          WHERE status = 'PENDING' AND bucket = ANY($1) AND next_attempt_at <= $2
            AND NOT EXISTS (

@@ -56,6 +56,7 @@ pub struct RunRow {
     pub unplaced_since: Option<DateTime<Utc>>,
     pub event_sequence: i64,
     pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -69,6 +70,7 @@ impl RunRow {
             workflow_name: self.workflow_name.clone(),
             attempt: self.attempt,
             traceparent: self.traceparent.clone(),
+            tracestate: self.tracestate.clone(),
         }
     }
 
@@ -85,10 +87,10 @@ impl RunRow {
 
 const COLUMNS: &str = "job_id, workflow_name, workflow_version, definition, input, request_digest, status, \
     attempt, max_attempts, run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner, \
-    lease_until, lease_token, lease_losses, unplaced_since, event_sequence, traceparent, created_at, updated_at";
+    lease_until, lease_token, lease_losses, unplaced_since, event_sequence, traceparent, tracestate, created_at, updated_at";
 
 /// The columns an event repeats, returned by every commit-point statement.
-const STAMP: &str = "job_id, event_sequence, workflow_name, attempt, traceparent";
+const STAMP: &str = "job_id, event_sequence, workflow_name, attempt, traceparent, tracestate";
 
 /// Why a submission was recorded as FAILED instead of queued.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +112,7 @@ pub struct NewRun<'a> {
     /// `None`: QUEUED with an ACCEPTED event; `Some`: FAILED with a FAILED event.
     pub refusal: Option<Refusal<'a>>,
     pub traceparent: Option<&'a str>,
+    pub tracestate: Option<&'a str>,
     pub now: DateTime<Utc>,
 }
 
@@ -129,8 +132,8 @@ pub async fn insert(
     };
     let row: Option<RunRow> = sqlx::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
-             status, max_attempts, run_after, error, verdict, event_sequence, traceparent, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1, $12, $9, $9)
+             status, max_attempts, run_after, error, verdict, event_sequence, traceparent, tracestate, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1, $12, $13, $9, $9)
          ON CONFLICT (job_id) DO NOTHING
          RETURNING {COLUMNS}"
     ))
@@ -146,6 +149,7 @@ pub async fn insert(
     .bind(run.refusal.map(|r| r.error))
     .bind(run.refusal.map(|r| r.verdict))
     .bind(run.traceparent)
+    .bind(run.tracestate)
     .fetch_optional(&mut **tx)
     .await?;
     let Some(row) = row else { return Ok(None) };

@@ -45,10 +45,13 @@ pub(super) async fn submit(
 ) -> Result<Response, Problem> {
     // The caller's trace context, as a Kafka producer's would be: the run
     // joins the caller's trace (a malformed one is dropped at admission).
-    let traceparent = headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (traceparent, tracestate) = (header("traceparent"), header("tracestate"));
     let workflow = match (body.workflow, body.workflow_name) {
         (Some(document), None) => WorkflowRef::Inline(document),
         (None, Some(name)) => WorkflowRef::Stored(name),
@@ -72,6 +75,7 @@ pub(super) async fn submit(
             body.input
         },
         traceparent,
+        tracestate,
     };
     let (status, row) = match state.engine.submit(submission, RefusalMode::Refuse).await? {
         Submitted::Created(row) => (StatusCode::CREATED, row),

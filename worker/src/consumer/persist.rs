@@ -142,14 +142,18 @@ impl RequestConsumer {
             }
             Err(e) => return dead("undecodable", e.to_string()),
         };
-        let producer_traceparent = message.headers().and_then(|headers| {
-            headers
-                .iter()
-                .find(|h| h.key.eq_ignore_ascii_case("traceparent"))
-                .and_then(|h| h.value)
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .map(str::to_owned)
-        });
+        let header = |name: &str| {
+            message.headers().and_then(|headers| {
+                headers
+                    .iter()
+                    .find(|h| h.key.eq_ignore_ascii_case(name))
+                    .and_then(|h| h.value)
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .map(str::to_owned)
+            })
+        };
+        let (producer_traceparent, producer_tracestate) =
+            (header("traceparent"), header("tracestate"));
         // The consumer span continues the producer's trace; the run keeps
         // this span's context, so everything the job does later hangs under
         // it. Without trace export the producer's traceparent is kept as is.
@@ -168,13 +172,21 @@ impl RequestConsumer {
             workflow_name = %request.workflow_name(),
             trace_id = flotilla_runtime::trace::trace_id(producer_traceparent.as_deref()),
         );
-        flotilla_runtime::trace::continue_trace(&span, producer_traceparent.as_deref());
-        let traceparent = flotilla_runtime::trace::traceparent_of(&span).or(producer_traceparent);
+        flotilla_runtime::trace::continue_trace(
+            &span,
+            producer_traceparent.as_deref(),
+            producer_tracestate.as_deref(),
+        );
+        let (traceparent, tracestate) = match flotilla_runtime::trace::headers_of(&span) {
+            Some((traceparent, tracestate)) => (Some(traceparent), tracestate),
+            None => (producer_traceparent, producer_tracestate),
+        };
         Ok(Classified::Submit(Submission {
             job_id: request.job_id(),
             workflow: WorkflowRef::Stored(request.workflow_name().to_owned()),
             input: request.into_input(),
             traceparent,
+            tracestate,
         }))
     }
 }

@@ -114,7 +114,11 @@ impl Engine {
             workflow_name = %row.workflow_name,
             flotilla.step = %step,
         );
-        flotilla_runtime::trace::continue_trace(&span, row.traceparent.as_deref());
+        flotilla_runtime::trace::continue_trace(
+            &span,
+            row.traceparent.as_deref(),
+            row.tracestate.as_deref(),
+        );
         let violations = span.in_scope(|| self.judge(&row, step, &response))?;
         tracing::Instrument::instrument(self.answer(job_id, step, response, violations), span).await
     }

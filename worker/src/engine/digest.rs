@@ -67,6 +67,7 @@ mod tests {
             workflow: WorkflowRef::Stored("w".into()),
             input,
             traceparent: None,
+            tracestate: None,
         };
         let a = request_digest(&submission(
             serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}}),

@@ -91,7 +91,11 @@ impl Engine {
             attempt = row.attempt,
             worker_id = %self.settings().worker_id,
         );
-        flotilla_runtime::trace::continue_trace(&span, row.traceparent.as_deref());
+        flotilla_runtime::trace::continue_trace(
+            &span,
+            row.traceparent.as_deref(),
+            row.tracestate.as_deref(),
+        );
         let segment =
             tracing::Instrument::instrument(self.segment(claimed, heartbeat.lost()), span);
         let outcome = match AssertUnwindSafe(segment).catch_unwind().await {

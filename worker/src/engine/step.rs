@@ -58,14 +58,23 @@ impl Engine {
             flotilla.attempt = claimed.row().attempt,
             flotilla.outcome = tracing::field::Empty,
         );
+        let (traceparent, tracestate) = flotilla_runtime::trace::headers_of(&span).map_or_else(
+            || {
+                (
+                    claimed.row().traceparent.clone(),
+                    claimed.row().tracestate.clone(),
+                )
+            },
+            |(traceparent, tracestate)| (Some(traceparent), tracestate),
+        );
         let call = TargetCall {
             job_id: claimed.job_id(),
             step_name: name.clone(),
             method: step.definition.method.clone(),
             request,
             timeout: limit,
-            traceparent: flotilla_runtime::trace::traceparent_of(&span)
-                .or_else(|| claimed.row().traceparent.clone()),
+            traceparent,
+            tracestate,
         };
         let started = std::time::Instant::now();
         // A target that panics fails this job as a defect; the loop goes on.

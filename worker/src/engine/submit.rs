@@ -33,6 +33,8 @@ pub struct Submission {
     pub input: Json,
     /// W3C trace context of the submitter, stored so the run joins its trace.
     pub traceparent: Option<String>,
+    /// W3C `tracestate`, kept only beside a valid `traceparent`.
+    pub tracestate: Option<String>,
 }
 
 /// What to do with a submission that names an unknown workflow or carries an
@@ -121,6 +123,13 @@ pub(super) fn admit(mut submission: Submission) -> Result<Submission, Unstorable
         tracing::warn!(job_id = %submission.job_id, traceparent = %traceparent.escape_debug(),
             "malformed traceparent dropped");
         submission.traceparent = None;
+    }
+    if let Some(tracestate) = &submission.tracestate
+        && (submission.traceparent.is_none()
+            || !flotilla_runtime::trace::valid_tracestate(tracestate))
+    {
+        tracing::warn!(job_id = %submission.job_id, "tracestate dropped (malformed, or without a traceparent)");
+        submission.tracestate = None;
     }
     Ok(submission)
 }
@@ -214,6 +223,7 @@ impl Engine {
                 verdict: REFUSED_VERDICT,
             }),
             traceparent: submission.traceparent.as_deref(),
+            tracestate: submission.tracestate.as_deref(),
             now,
         };
         let Some(row) = runs::insert(tx, &new_run).await? else {

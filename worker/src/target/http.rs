@@ -134,6 +134,9 @@ impl Target for HttpTarget {
         if let Some(traceparent) = &call.traceparent {
             request = request.header("traceparent", traceparent);
         }
+        if let Some(tracestate) = &call.tracestate {
+            request = request.header("tracestate", tracestate);
+        }
         let response = request.send().await.map_err(|e| {
             if e.is_builder() {
                 // The request itself cannot be built (a header value, the

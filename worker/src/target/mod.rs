@@ -42,7 +42,9 @@ pub struct TargetCall {
     pub method: String,
     pub request: serde_json::Value,
     pub timeout: Duration,
+    /// The caller's trace context (W3C), sent as headers.
     pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl TargetCall {

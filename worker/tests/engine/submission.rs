@@ -170,6 +170,7 @@ async fn a_bad_definition_is_refused_with_every_problem_named(pool: PgPool) {
         workflow: WorkflowRef::Inline(bad),
         input: json!({}),
         traceparent: None,
+        tracestate: None,
     };
     assert!(matches!(
         engine.submit(inline, RefusalMode::Refuse).await,

@@ -107,6 +107,7 @@ pub(crate) fn stored(job_id: Uuid, name: &str, input: Value) -> Submission {
         workflow: WorkflowRef::Stored(name.into()),
         input,
         traceparent: None,
+        tracestate: None,
     }
 }
 
