@@ -95,3 +95,17 @@ pub fn close_consumer(consumer: StreamConsumer) {
     consumer.unsubscribe();
     std::thread::spawn(move || drop(consumer));
 }
+
+/// A free local port (bound, read, released): for a child process or a
+/// server that must be told its port before it starts.
+///
+/// # Panics
+/// None can be bound.
+#[must_use]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

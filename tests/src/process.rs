@@ -6,6 +6,28 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// A workspace binary built beside the running test (`<target>/<profile>/`):
+/// tests of one package run another package's binaries (the relay, the CLI)
+/// from there.
+///
+/// # Panics
+/// The binary is not built.
+#[must_use]
+pub fn workspace_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test knows where it is");
+    let path = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("the test runs from <target>/<profile>/deps")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run the tests through scripts/test, which builds every binary",
+        path.display()
+    );
+    path
+}
+
 /// A started binary and the lines it has printed so far.
 #[derive(Debug)]
 pub struct Running {

@@ -26,19 +26,6 @@ pub fn binary() -> Option<PathBuf> {
     std::env::var_os("FLOTILLA_TANSU_BIN").map(PathBuf::from)
 }
 
-/// A free local port.
-///
-/// # Panics
-/// None can be bound.
-#[must_use]
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl OwnBroker {
     /// Starts tansu from `bin` on a free port, its storage under `dir`,
     /// advertising `advertised` (its own address when `None`), with `extra`
@@ -51,7 +38,7 @@ impl OwnBroker {
         Self::start_on(
             bin,
             dir,
-            &format!("127.0.0.1:{}", free_port()),
+            &format!("127.0.0.1:{}", crate::free_port()),
             advertised,
             extra,
         )

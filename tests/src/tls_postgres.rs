@@ -110,11 +110,7 @@ impl TlsPostgres {
         .unwrap();
         hand_to_server_user(&data);
 
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::free_port();
         let mut command = as_server_user(&bin.join("postgres"));
         command
             .arg("-D")

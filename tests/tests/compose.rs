@@ -246,24 +246,10 @@ fn help_command(service: &FlotillaService) -> String {
     words.join(" ")
 }
 
-/// Where the workspace's binaries are: beside this test's own build output.
-fn binary_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test knows where it is");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("the test runs from <target>/<profile>/deps")
-        .to_path_buf()
-}
-
 fn help_of(service: &FlotillaService) -> String {
-    let path = binary_dir().join(service.binary());
-    assert!(
-        path.exists(),
-        "service {}: {} is not built; run `cargo build --bins` before this test (cargo builds a \
-         package's binaries for a test run only when that package has integration tests)",
-        service.name,
-        path.display()
-    );
+    // Panics naming the binary when it is not built (`scripts/test` builds
+    // every binary, also of packages without integration tests).
+    let path = flotilla_tests::process::workspace_binary(service.binary());
     let output = Command::new(&path)
         .args(service.subcommands())
         .arg("--help")

@@ -123,23 +123,6 @@ async fn start_target(recorder: Recorder) -> String {
     url
 }
 
-/// Where the relay binary is: next to this test's own build output.
-fn relay_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let relay = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("flotilla-relay");
-    assert!(
-        relay.exists(),
-        "{} is not built: run the workspace's tests (scripts/test), which build every binary",
-        relay.display()
-    );
-    relay
-}
-
 /// The broker a run storms against.
 enum Broker {
     /// The shared test broker, when `scripts/services` reused one without
@@ -281,7 +264,7 @@ impl Fleet {
     }
 
     fn relay(&self, n: usize) -> Command {
-        let mut command = Command::new(relay_binary());
+        let mut command = Command::new(flotilla_tests::process::workspace_binary("flotilla-relay"));
         command
             .env("DATABASE_URL", &self.relay_db)
             .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)

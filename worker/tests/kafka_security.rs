@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use axum::routing::post;
 use flotilla_runtime::BrokerConfig;
 use flotilla_runtime::kafka::security::{SaslMechanism, SecurityProtocol};
+use flotilla_tests::free_port;
 use flotilla_tests::process::Running;
-use flotilla_tests::tansu::{OwnBroker, free_port};
+use flotilla_tests::tansu::OwnBroker;
 use flotilla_tests::tls::{TestCertificates, terminating_proxy};
 use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
@@ -31,14 +32,6 @@ const USER: &str = "flotilla";
 const PASSWORD: &str = "s3cret-scram";
 const DATABASE_PASSWORD: &str = "s3cret-database";
 const API_TOKEN: &str = "s3cret-api-token";
-
-/// A binary built beside this test (the relay and the CLI live in other packages).
-fn sibling_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join(name);
-    assert!(path.exists(), "{} is not built", path.display());
-    path
-}
 
 /// The secured broker: tansu with SCRAM users, behind a TLS proxy.
 struct SecuredBroker {
@@ -189,7 +182,7 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
         .unwrap()
     };
     let mut relay = {
-        let mut command = Command::new(sibling_binary("flotilla-relay"));
+        let mut command = Command::new(flotilla_tests::process::workspace_binary("flotilla-relay"));
         broker.env(&mut command);
         command
             .env("DATABASE_URL", &database)
@@ -206,7 +199,7 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
 
     // The CLI produces, with the same settings.
     let job = Uuid::new_v4();
-    let mut produce = Command::new(sibling_binary("flotilla"));
+    let mut produce = Command::new(flotilla_tests::process::workspace_binary("flotilla"));
     broker.env(&mut produce);
     produce
         .env("FLOTILLA_REQUEST_TOPIC", &requests)

@@ -127,15 +127,6 @@ async fn start_target(seen: Arc<Mutex<Vec<String>>>) -> String {
     url
 }
 
-fn relay_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("flotilla-relay")
-}
-
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn one_job_is_one_trace_under_the_producers_span(pool: PgPool) {
     tokio::time::timeout(Duration::from_secs(120), one_trace(pool))
@@ -176,7 +167,7 @@ async fn one_trace(pool: PgPool) {
             .env("NO_COLOR", "1");
     };
     let group = unique("traced-workers");
-    let second_api = format!("127.0.0.1:{}", flotilla_tests::tansu::free_port());
+    let second_api = format!("127.0.0.1:{}", flotilla_tests::free_port());
     let worker_command = |id: &str, api: &str| {
         let mut worker = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
         otel(&mut worker);
@@ -193,7 +184,7 @@ async fn one_trace(pool: PgPool) {
     };
     let worker = worker_command("traced-worker-1", "127.0.0.1:0");
     let second = worker_command("traced-worker-2", &second_api);
-    let mut relay = Command::new(relay_binary());
+    let mut relay = Command::new(flotilla_tests::process::workspace_binary("flotilla-relay"));
     otel(&mut relay);
     relay
         .env("FLOTILLA_EVENT_TOPIC", &events)
