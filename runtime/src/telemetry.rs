@@ -70,6 +70,17 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// Set once an OTLP exporter and its layer are installed.
+static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether spans are being exported: without it, the per-span trace
+/// context work ([`crate::trace::continue_trace`], [`crate::trace::headers_of`])
+/// is skipped on the hot paths (every step call, every published event).
+#[must_use]
+pub fn exporting() -> bool {
+    EXPORTING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether the environment asks for trace export.
 fn export_requested() -> bool {
     let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
@@ -146,5 +157,6 @@ pub fn init(config: &TelemetryConfig, service: &str) -> Result<TelemetryGuard, T
         registry.with(tracing_subscriber::fmt::layer()).try_init()
     };
     installed.map_err(|e| TelemetryError::Install(e.to_string()))?;
+    EXPORTING.store(provider.is_some(), std::sync::atomic::Ordering::Relaxed);
     Ok(TelemetryGuard { provider })
 }

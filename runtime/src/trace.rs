@@ -58,6 +58,9 @@ pub fn valid_tracestate(value: &str) -> bool {
 /// (when the OpenTelemetry layer is installed; without it this does nothing).
 pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if !crate::telemetry::exporting() {
+        return;
+    }
     let Some(traceparent) = traceparent.filter(|t| valid_traceparent(t)) else {
         return;
     };
@@ -78,6 +81,9 @@ pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>, tracestat
 pub fn headers_of(span: &tracing::Span) -> Option<(String, Option<String>)> {
     use opentelemetry::trace::TraceContextExt as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if !crate::telemetry::exporting() {
+        return None;
+    }
     let context = span.context();
     if !context.span().span_context().is_valid() {
         return None;

@@ -177,6 +177,8 @@ async fn read_events(
         .manual_commit_consumer(&format!("flotilla-demo-{}", Uuid::new_v4()))
         .create()?;
     consumer.subscribe(&[&settings.event_topic])?;
+    // One codec for the whole read: it caches the schemas it resolves.
+    let codec = Codec::from_config(&settings.broker.registry)?;
     let mut waiting: std::collections::HashSet<Uuid> = ids.into_iter().collect();
     let mut events = Events::default();
     let mut seen = std::collections::HashSet::new();
@@ -194,7 +196,6 @@ async fn read_events(
         let Some(payload) = message.payload() else {
             continue;
         };
-        let codec = Codec::from_config(&settings.broker.registry)?;
         let event: WorkflowRunEvent = codec.decode(payload).await?;
         if !waiting.contains(&event.job_id()) || !seen.insert(event.event_id()) {
             continue;

@@ -69,6 +69,44 @@ async fn a_malformed_traceparent_is_dropped_and_the_job_still_runs(pool: PgPool)
     );
 }
 
+/// A `tracestate` the store could not hold (a NUL) or that has no
+/// `traceparent` to go with is dropped; the job runs, and a good one beside
+/// it keeps its own.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_malformed_or_orphan_tracestate_is_dropped_and_the_job_still_runs(pool: PgPool) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("traced", "echo"))
+        .await
+        .unwrap();
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let cases = [
+        (Some(traceparent), "vendor=a\u{0}b", None),
+        (None, "vendor=orphan", None),
+        (Some(traceparent), "vendor=fine", Some("vendor=fine")),
+    ];
+    for (parent, state, kept) in cases {
+        let mut submission = stored(Uuid::new_v4(), "traced", json!({"n": 1}));
+        submission.traceparent = parent.map(str::to_owned);
+        submission.tracestate = Some(state.to_owned());
+        let job_id = submission.job_id;
+        engine
+            .submit(submission, RefusalMode::Refuse)
+            .await
+            .unwrap();
+        let stored = row(&pool, job_id).await;
+        assert_eq!(
+            (
+                stored.status,
+                stored.traceparent.as_deref(),
+                stored.tracestate.as_deref()
+            ),
+            (RunStatus::Queued, parent, kept),
+            "{state:?}"
+        );
+    }
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_request_the_database_refuses_fails_alone_and_the_rest_of_its_batch_commits(
     pool: PgPool,
