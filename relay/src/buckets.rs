@@ -1,57 +1,91 @@
 //! Bucket ownership: each relay's fair share of the outbox's buckets.
 //!
-//! Each round a relay heartbeats its membership, counts the live relays, and
+//! Each rebalance a relay heartbeats its membership, counts the live relays, and
 //! moves towards its fair share (`ceil(64 / live)`): it renews what it holds,
 //! releases what is above its share, and claims free or expired buckets up
-//! to it. During a round the lease is renewed every third of its term, and
-//! the buckets still held are what the publisher checks before every send:
-//! a bucket lost mid-round (this relay stalled past its lease) is published
-//! no more. Leases are stamped and compared with the database's clock; the
+//! to it. The relay rebalances every third of the lease's term, and the
+//! buckets still held, on this process's clock, are what it checks before
+//! every send: a bucket lost or possibly lost (this relay stalled past its
+//! lease) is published no more. Leases are stamped and compared with the database's clock; the
 //! statements are in `flotilla_store::buckets`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flotilla_store::buckets::{self, BUCKETS};
 use sqlx::PgPool;
 
-/// The buckets this relay holds right now, shared with the publisher.
+/// The buckets this relay holds right now, shared with the publisher, and
+/// until when by this process's own clock: the instant the renewal that
+/// granted them was sent, plus the lease. That is never later than the
+/// database's `lease_until`, so a relay that was stalled (paused, starved,
+/// cut off) sends nothing once its lease may have passed, even before it
+/// learns it lost the buckets.
 #[derive(Debug, Clone, Default)]
-pub struct HeldBuckets(Arc<Mutex<HashSet<i16>>>);
+pub struct HeldBuckets(Arc<Mutex<Held>>);
+
+#[derive(Debug, Default)]
+struct Held {
+    buckets: HashSet<i16>,
+    valid_until: Option<Instant>,
+}
+
+impl Held {
+    fn valid(&self) -> bool {
+        self.valid_until.is_some_and(|until| Instant::now() < until)
+    }
+}
 
 impl HeldBuckets {
-    fn set(&self, held: &[i16]) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = held.iter().copied().collect();
-    }
-
-    /// Keeps only the buckets still held (a renewal never adds any).
-    fn retain(&self, still: &[i16]) {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|bucket| still.contains(bucket));
+    }
+
+    fn set(&self, held: &[i16], valid_until: Instant) {
+        let mut state = self.lock();
+        state.buckets = held.iter().copied().collect();
+        state.valid_until = Some(valid_until);
+    }
+
+    /// Keeps only the buckets still held (a renewal never adds any).
+    fn retain(&self, still: &[i16], valid_until: Instant) {
+        let mut state = self.lock();
+        state.buckets.retain(|bucket| still.contains(bucket));
+        state.valid_until = Some(valid_until);
+    }
+
+    fn clear(&self) {
+        let mut state = self.lock();
+        state.buckets.clear();
+        state.valid_until = None;
     }
 
     /// Whether rows of `bucket` may be sent now.
     #[must_use]
     pub fn holds(&self, bucket: i16) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(&bucket)
+        let state = self.lock();
+        state.valid() && state.buckets.contains(&bucket)
     }
 
-    /// How many buckets are held.
+    /// How many buckets are held (whatever the lease's age).
     #[must_use]
     pub fn count(&self) -> usize {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        self.lock().buckets.len()
+    }
+
+    /// The buckets held while the lease is surely valid, sorted.
+    #[must_use]
+    pub fn current(&self) -> Vec<i16> {
+        let state = self.lock();
+        if !state.valid() {
+            return Vec::new();
+        }
+        let mut held: Vec<i16> = state.buckets.iter().copied().collect();
+        held.sort_unstable();
+        held
     }
 }
 
@@ -95,6 +129,7 @@ impl BucketLeases {
     /// Database errors.
     pub async fn rebalance(&self) -> Result<Vec<i16>, sqlx::Error> {
         let (id, ttl) = (self.relay_id.as_str(), self.ttl_ms());
+        let sent = Instant::now();
         let mut tx = self.pool.begin().await?;
         buckets::heartbeat(&mut tx, id).await?;
         let live = buckets::count_live(&mut tx, ttl).await?.max(1);
@@ -113,23 +148,24 @@ impl BucketLeases {
         }
         buckets::forget_departed(&mut tx, ttl.saturating_mul(10)).await?;
         tx.commit().await?;
-        self.held.set(&held);
+        self.held.set(&held, sent + self.ttl);
         Ok(held)
     }
 
-    /// Renews what is held without rebalancing (during a round); a bucket
+    /// Renews what is held without rebalancing (during a pass); a bucket
     /// whose lease ran out is dropped from [`BucketLeases::held`] at once.
     ///
     /// # Errors
     /// Database errors (then nothing is assumed lost or kept: the marks are fenced).
     pub async fn renew(&self) -> Result<(), sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
+        let sent = Instant::now();
         let still = buckets::renew_held(&mut conn, &self.relay_id, self.ttl_ms()).await?;
         let before = self.held.count();
-        self.held.retain(&still);
+        self.held.retain(&still, sent + self.ttl);
         if self.held.count() < before {
             tracing::warn!(relay = %self.relay_id, lost = before - self.held.count(),
-                "bucket leases ran out mid-round; their rows are published no more by this relay");
+                "bucket leases ran out; their rows are published no more by this relay");
         }
         Ok(())
     }
@@ -158,12 +194,12 @@ impl BucketLeases {
         let mut tx = self.pool.begin().await?;
         buckets::leave(&mut tx, &self.relay_id).await?;
         tx.commit().await?;
-        self.held.set(&[]);
+        self.held.clear();
         Ok(())
     }
 }
 
-/// Stops the renewals of a round when dropped.
+/// Stops the renewals of a pass when dropped.
 #[derive(Debug)]
 pub(crate) struct RenewalGuard(tokio::task::JoinHandle<()>);
 

@@ -14,7 +14,7 @@ use flotilla_store::DatabaseConfig;
 
 /// Where `/healthz`, `/readyz` and `/metrics` listen, unless configured.
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8082";
-/// Rows published per round, unless configured.
+/// Most rows one read of pending rows takes, unless configured.
 pub const DEFAULT_BATCH_SIZE: i64 = 500;
 /// Longest an idle relay waits before looking again, unless configured.
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(100);
@@ -82,7 +82,7 @@ pub struct RelayArgs {
     /// This relay's name in the bucket leases; defaults to host name and process id.
     #[arg(long, env = "FLOTILLA_RELAY_ID")]
     pub relay_id: Option<String>,
-    /// Rows published per round.
+    /// Most rows one read of pending rows takes (four times this many may be in flight).
     #[arg(long, env = "FLOTILLA_RELAY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE, value_parser = RangedI64ValueParser::<i64>::new().range(1..=100_000))]
     pub batch_size: i64,
     /// Longest an idle relay waits before looking again.

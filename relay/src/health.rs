@@ -1,6 +1,6 @@
 //! The relay's operational routes, like the worker's: `/healthz` (the
-//! process answers), `/readyz` (the database answers and rounds are not
-//! failing) and `/metrics` (Prometheus text: rounds, buckets held, the age of
+//! process answers), `/readyz` (the database answers and the world is not
+//! holding every row back) and `/metrics` (Prometheus text: rounds, buckets held, the age of
 //! the oldest PENDING row, publish failures by class). A small hyper server:
 //! the relay carries no web framework.
 
@@ -29,7 +29,8 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// Records whether the last round failed (the database or every send).
+    /// Records whether the last read or marking failed (the database, or
+    /// the world held back every row it marked).
     pub fn round_failed(&self, failed: bool) {
         self.rounds_failing.store(failed, Ordering::SeqCst);
     }

@@ -1,21 +1,23 @@
 //! `flotilla-relay`: drains the transactional outbox to the event topic
-//! (guarantee 8 in docs/architecture.md). Rows are published oldest first, keyed by job id,
-//! with the idempotent producer, and marked PUBLISHED only after the broker
-//! acknowledged them: at least once, with the same `event_id` on a repeat.
-//! Per-job order across replicas comes from bucket ownership ([`buckets`]).
+//! (guarantee 8 in docs/architecture.md). Rows are published keyed by job id
+//! and marked PUBLISHED only after the broker acknowledged them: at least
+//! once, with the same `event_id` on a repeat. A job's next event leaves
+//! only after its previous one was acknowledged and marked ([`stream`]), so
+//! per-job order does not rest on the broker's handling of producer
+//! retries; across replicas it comes from bucket ownership ([`buckets`]).
 
 pub mod buckets;
 pub mod config;
 pub mod health;
 pub mod publisher;
 pub mod startup;
+mod stream;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_codec::CodecError;
-use flotilla_runtime::backoff::Doubling;
 use flotilla_store::Clock;
 use flotilla_store::outbox::relay as outbox;
 use futures_util::FutureExt as _;
@@ -25,7 +27,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use config::RelaySettings;
-use publisher::{DrainReport, PublishedBatch, Publisher};
+use publisher::{DrainReport, Marks, Publisher};
 pub use startup::{StartupError, replay_failed, run};
 
 /// The relay's clients could not be built.
@@ -47,10 +49,11 @@ pub struct Relay {
     settings: RelaySettings,
 }
 
-const IDLE_POLL_MIN: Duration = Duration::from_millis(5);
+pub(crate) const IDLE_POLL_MIN: Duration = Duration::from_millis(5);
 
 impl Relay {
-    /// Builds the relay and its idempotent producer.
+    /// Builds the relay and its producer (acknowledged per record, see
+    /// [`flotilla_runtime::BrokerConfig::acknowledged_producer`]).
     ///
     /// # Errors
     /// The producer cannot be created.
@@ -59,7 +62,7 @@ impl Relay {
         clock: Arc<dyn Clock>,
         settings: RelaySettings,
     ) -> Result<Self, RelayError> {
-        let mut config = settings.broker.idempotent_producer();
+        let mut config = settings.broker.acknowledged_producer();
         config
             .set("linger.ms", "5")
             .set(
@@ -83,12 +86,13 @@ impl Relay {
         })
     }
 
-    /// Takes its share of buckets and publishes what they hold, renewing
-    /// the leases meanwhile, without marking.
+    /// One pass, without marking: takes its share of buckets and sends the
+    /// head of each of their jobs, renewing the leases meanwhile, and waits
+    /// for the acknowledgements (up to the delivery timeout).
     ///
     /// # Errors
     /// Database errors.
-    pub async fn publish_once(&self) -> Result<PublishedBatch, sqlx::Error> {
+    pub async fn publish_once(&self) -> Result<Marks, sqlx::Error> {
         let now = self.clock.now();
         let buckets = self.leases.rebalance().await?;
         let rows = {
@@ -103,7 +107,9 @@ impl Relay {
             .await)
     }
 
-    /// One round: publish, then mark (fenced on the buckets still held).
+    /// One pass, then marking (fenced on the buckets still held). The
+    /// running relay streams instead ([`Relay::run`]); a pass is for tools
+    /// and tests that want one step at a time.
     ///
     /// # Errors
     /// Database errors (nothing acknowledged is lost: it is published again).
@@ -158,16 +164,17 @@ impl Relay {
         }
     }
 
-    /// Publishes until `shutdown`; the round in flight finishes (its
-    /// acknowledgements awaited and marked), then the buckets are released.
-    /// Rounds the world held back (broker or registry unreachable) are
-    /// followed by a pause that doubles up to 10 s; no attempt is spent.
+    /// Publishes until `shutdown`, streaming ([`stream`]); then what is on
+    /// its way is awaited (up to `grace`) and marked, and the buckets are
+    /// released. A panic in the loop is logged and counted, and the loop
+    /// starts again: what it had sent stays PENDING and goes again.
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
         self.run_reporting(shutdown, grace, &health::Readiness::default())
             .await;
     }
 
-    /// [`Relay::run`], telling `readiness` whether rounds are failing.
+    /// [`Relay::run`], telling `readiness` whether the world is holding
+    /// rows back.
     pub async fn run_reporting(
         &self,
         shutdown: CancellationToken,
@@ -178,52 +185,17 @@ impl Relay {
             let (relay, stop) = (self.clone(), shutdown.clone());
             tokio::spawn(async move { relay.retention_loop(stop).await })
         };
-        let mut idle = Doubling::new(IDLE_POLL_MIN, self.settings.idle_poll_max);
-        let mut outage = Doubling::new(Duration::from_millis(200), Duration::from_secs(10));
         while !shutdown.is_cancelled() {
-            // One round that panics is logged and counted; the relay goes on.
-            let Ok(round) = AssertUnwindSafe(self.drain_once()).catch_unwind().await else {
-                tracing::error!("relay round panicked; its rows stay PENDING");
+            let streamed = AssertUnwindSafe(stream::run(self, &shutdown, grace, readiness))
+                .catch_unwind()
+                .await;
+            if streamed.is_err() {
+                tracing::error!("the relay's loop panicked; its rows stay PENDING and go again");
                 metrics::counter!("flotilla_relay_round_panics_total").increment(1);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            };
-            metrics::counter!("flotilla_relay_rounds_total").increment(1);
-            metrics::gauge!("flotilla_relay_buckets_held").set(self.leases.held().count() as f64);
-            let failing = match &round {
-                Ok(report) => report.deferred > 0 && report.published == 0,
-                Err(_) => true,
-            };
-            readiness.round_failed(failing);
-            let pause = match round {
-                Ok(report) => {
-                    metrics::counter!("flotilla_relay_published_total")
-                        .increment(report.published as u64);
-                    metrics::counter!("flotilla_relay_publish_failures_total", "class" => "message")
-                        .increment(report.failed as u64);
-                    metrics::counter!("flotilla_relay_publish_failures_total", "class" => "world")
-                        .increment(report.deferred as u64);
-                    if report.deferred > 0 && report.published == 0 {
-                        tracing::warn!(?report, "nothing could be published; pausing");
-                        outage.next_pause()
-                    } else if report.published + report.failed > 0 {
-                        idle.reset();
-                        outage.reset();
-                        tracing::debug!(?report, "relay round");
-                        continue;
-                    } else {
-                        outage.reset();
-                        idle.next_pause()
-                    }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = shutdown.cancelled() => {}
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "relay round failed");
-                    outage.next_pause()
-                }
-            };
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = shutdown.cancelled() => {}
             }
         }
         let _ = tokio::time::timeout(grace, retention).await;

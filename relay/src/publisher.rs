@@ -1,7 +1,6 @@
 //! Publishing outbox rows: encode, produce keyed by job id with the stored
 //! trace context, await the broker's acknowledgements, then mark.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,19 +8,21 @@ use chrono::{DateTime, Utc};
 use flotilla_codec::Codec;
 use flotilla_contracts::{WorkflowRunEvent, json};
 use flotilla_store::outbox::relay::{self as outbox, PendingEvent};
+use futures_util::StreamExt as _;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::buckets::HeldBuckets;
 
 /// Header naming the event type, so consumers can route without decoding.
 pub const EVENT_TYPE_HEADER: &str = "flotilla.event-type";
 
-/// What one publish round did.
+/// What one marking did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DrainReport {
     /// Acknowledged and marked PUBLISHED.
@@ -32,18 +33,6 @@ pub struct DrainReport {
     /// registry unreachable, a queue full, no acknowledgement in time): no
     /// attempt spent, sent again after a pause.
     pub deferred: usize,
-}
-
-/// Rows sent to the broker and acknowledged (or not), not yet marked.
-#[derive(Debug)]
-pub struct PublishedBatch {
-    acked: Vec<i64>,
-    /// Refused for themselves: these count toward FAILED.
-    failures: Vec<(PendingEvent, String)>,
-    /// Held back by the world: nothing is written for them.
-    deferred: Vec<(PendingEvent, String)>,
-    /// Rows whose payload does not decode: they can never be published.
-    unreadable: Vec<(PendingEvent, String)>,
 }
 
 /// Why a row did not go out, by whose fault it is.
@@ -66,6 +55,15 @@ fn refused_for_itself(code: RDKafkaErrorCode) -> bool {
     )
 }
 
+impl From<Miss> for Outcome {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::Message(error) => Outcome::Refused(error),
+            Miss::World(error) => Outcome::Deferred(error),
+        }
+    }
+}
+
 fn classify(error: &KafkaError) -> Miss {
     match error.rdkafka_error_code() {
         Some(code) if refused_for_itself(code) => Miss::Message(error.to_string()),
@@ -73,14 +71,79 @@ fn classify(error: &KafkaError) -> Miss {
     }
 }
 
-impl PublishedBatch {
+/// How one row's send ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The broker has it.
+    Acked,
+    /// Refused for itself: counts an attempt toward FAILED.
+    Refused(String),
+    /// Held back by the world: nothing is written for it.
+    Deferred(String),
+    /// Its payload does not decode: it can never be published as it is.
+    Unreadable(String),
+}
+
+/// Rows whose send has ended, waiting to be marked in one transaction.
+#[derive(Debug, Default)]
+pub struct Marks {
+    /// Acknowledged: `(id, bucket)`.
+    acked: Vec<(i64, i16)>,
+    /// Refused for themselves: these count toward FAILED.
+    refused: Vec<(PendingEvent, String)>,
+    /// Held back by the world: nothing is written for them.
+    deferred: Vec<(i16, String)>,
+    /// Rows whose payload does not decode.
+    unreadable: Vec<(PendingEvent, String)>,
+}
+
+impl Marks {
+    /// Records how `row`'s send ended.
+    pub fn record(&mut self, row: PendingEvent, outcome: Outcome) {
+        match outcome {
+            Outcome::Acked => self.acked.push((row.id, row.bucket)),
+            Outcome::Refused(error) => self.refused.push((row, error)),
+            Outcome::Deferred(error) => {
+                tracing::debug!(event_id = %row.event_id, %error, "not published; no attempt spent");
+                self.deferred.push((row.bucket, error));
+            }
+            Outcome::Unreadable(error) => self.unreadable.push((row, error)),
+        }
+    }
+
     #[must_use]
     pub fn acked(&self) -> usize {
         self.acked.len()
     }
 
-    /// Marks acknowledged rows PUBLISHED and counts the failures (backing
-    /// them off, or landing them FAILED at the tenth attempt).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.acked.len() + self.refused.len() + self.deferred.len() + self.unreadable.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bucket of every recorded row, once per row.
+    pub fn buckets(&self) -> impl Iterator<Item = i16> + '_ {
+        self.acked
+            .iter()
+            .map(|(_, bucket)| *bucket)
+            .chain(self.refused.iter().map(|(row, _)| row.bucket))
+            .chain(self.deferred.iter().map(|(bucket, _)| *bucket))
+            .chain(self.unreadable.iter().map(|(row, _)| row.bucket))
+    }
+
+    /// Buckets with a row the world held back.
+    pub fn deferred_buckets(&self) -> impl Iterator<Item = i16> + '_ {
+        self.deferred.iter().map(|(bucket, _)| *bucket)
+    }
+
+    /// Marks acknowledged rows PUBLISHED in one statement and counts the
+    /// refusals (backing them off, or landing them FAILED at the tenth
+    /// attempt), in one transaction, fenced on the buckets still held.
     ///
     /// # Errors
     /// Database errors: the rows stay PENDING and are published again (same event ids).
@@ -91,17 +154,17 @@ impl PublishedBatch {
         now: DateTime<Utc>,
         backoff_base: Duration,
     ) -> Result<DrainReport, sqlx::Error> {
+        let acked: Vec<i64> = self.acked.iter().map(|(id, _)| *id).collect();
         let mut tx = pool.begin().await?;
-        // Fenced: only rows of buckets this relay still holds are marked.
-        let marked = outbox::mark_published(&mut tx, relay_id, &self.acked, now).await?;
-        if marked < self.acked.len() as u64 {
+        let marked = outbox::mark_published(&mut tx, relay_id, &acked, now).await?;
+        if marked < acked.len() as u64 {
             tracing::warn!(
-                acked = self.acked.len(),
+                acked = acked.len(),
                 marked,
-                "buckets lost mid-round: their rows stay PENDING for the new owner"
+                "buckets lost before marking: their rows stay PENDING for the new owner"
             );
         }
-        for (row, error) in &self.failures {
+        for (row, error) in &self.refused {
             // This failure is attempt `attempts + 1`.
             let delay = flotilla_runtime::backoff::exponential(backoff_base, row.attempts + 1);
             let next = now + chrono::TimeDelta::from_std(delay).unwrap_or(chrono::TimeDelta::MAX);
@@ -113,17 +176,18 @@ impl PublishedBatch {
                 "stored event does not decode; the row is FAILED");
             outbox::fail_now(&mut tx, relay_id, row.id, error).await?;
         }
-        for (row, error) in &self.deferred {
-            tracing::debug!(event_id = %row.event_id, %error, "not published this round; no attempt spent");
-        }
         tx.commit().await?;
         Ok(DrainReport {
             published: usize::try_from(marked).unwrap_or(usize::MAX),
-            failed: self.failures.len() + self.unreadable.len(),
+            failed: self.refused.len() + self.unreadable.len(),
             deferred: self.deferred.len(),
         })
     }
 }
+
+/// A row on its way: resolves when the broker answers for it (or
+/// librdkafka gives up after the delivery timeout).
+pub type Delivery = BoxFuture<'static, (PendingEvent, Outcome)>;
 
 #[derive(Clone)]
 pub struct Publisher {
@@ -150,66 +214,69 @@ impl Publisher {
         }
     }
 
-    /// Produces `rows` (oldest first) of the buckets still `held`, and waits
-    /// for their acknowledgements until `deadline`: what was acknowledged by
-    /// then is marked, the rest is sent again later. Once a job's event
-    /// misses, its later events in this round are held back, so they cannot
-    /// overtake it.
+    /// Hands `row` to the producer: the delivery to await, or how it ended
+    /// at once (it does not decode, the registry or the producer's queue
+    /// refused it). A delivery not answered by `deadline`, when given, ends
+    /// deferred (the record may still arrive: a later send repeats it).
+    pub async fn dispatch(
+        &self,
+        row: PendingEvent,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Delivery, (PendingEvent, Outcome)> {
+        let event = match json::decode_stored::<WorkflowRunEvent>(row.payload.0.clone()) {
+            Ok(event) => event,
+            Err(e) => {
+                let error = format!("the stored event does not decode: {e}");
+                return Err((row, Outcome::Unreadable(error)));
+            }
+        };
+        let delivery = match self.send(&row, &event).await {
+            Ok(delivery) => delivery,
+            Err(miss) => return Err((row, miss.into())),
+        };
+        let sent = std::time::Instant::now();
+        Ok(Box::pin(async move {
+            let answered = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, delivery).await.ok(),
+                None => Some(delivery.await),
+            };
+            let outcome = match answered {
+                Some(Ok(Ok(_))) => {
+                    metrics::histogram!("flotilla_relay_publish_duration_seconds")
+                        .record(sent.elapsed().as_secs_f64());
+                    Outcome::Acked
+                }
+                Some(Ok(Err((e, _)))) => classify(&e).into(),
+                Some(Err(_)) => Outcome::Deferred("the producer dropped the delivery".into()),
+                None => Outcome::Deferred("no acknowledgement within the round".into()),
+            };
+            (row, outcome)
+        }))
+    }
+
+    /// One pass: sends `rows` (heads of their jobs) of the buckets still
+    /// `held` and waits for their acknowledgements until `deadline`.
     pub async fn publish(
         &self,
         rows: Vec<PendingEvent>,
         held: &HeldBuckets,
         deadline: tokio::time::Instant,
-    ) -> PublishedBatch {
-        let mut blocked: HashSet<Uuid> = HashSet::new();
-        let mut in_flight: Vec<(PendingEvent, DeliveryFuture, std::time::Instant)> =
-            Vec::with_capacity(rows.len());
-        let (mut failures, mut deferred, mut unreadable) = (Vec::new(), Vec::new(), Vec::new());
+    ) -> Marks {
+        let mut marks = Marks::default();
+        let mut in_flight = FuturesUnordered::new();
         for row in rows {
-            if blocked.contains(&row.job_id) || !held.holds(row.bucket) {
+            if !held.holds(row.bucket) {
                 continue;
             }
-            let event = match json::decode_stored::<WorkflowRunEvent>(row.payload.0.clone()) {
-                Ok(event) => event,
-                Err(e) => {
-                    blocked.insert(row.job_id);
-                    unreadable.push((row, format!("the stored event does not decode: {e}")));
-                    continue;
-                }
-            };
-            match self.send(&row, &event).await {
-                Ok(delivery) => in_flight.push((row, delivery, std::time::Instant::now())),
-                Err(miss) => {
-                    blocked.insert(row.job_id);
-                    match miss {
-                        Miss::Message(error) => failures.push((row, error)),
-                        Miss::World(error) => deferred.push((row, error)),
-                    }
-                }
+            match self.dispatch(row, Some(deadline)).await {
+                Ok(delivery) => in_flight.push(delivery),
+                Err((row, outcome)) => marks.record(row, outcome),
             }
         }
-        let mut acked = Vec::with_capacity(in_flight.len());
-        for (row, delivery, sent) in in_flight {
-            match tokio::time::timeout_at(deadline, delivery).await {
-                Ok(Ok(Ok(_))) => {
-                    metrics::histogram!("flotilla_relay_publish_duration_seconds")
-                        .record(sent.elapsed().as_secs_f64());
-                    acked.push(row.id);
-                }
-                Ok(Ok(Err((e, _)))) => match classify(&e) {
-                    Miss::Message(error) => failures.push((row, error)),
-                    Miss::World(error) => deferred.push((row, error)),
-                },
-                Ok(Err(_)) => deferred.push((row, "the producer dropped the delivery".into())),
-                Err(_) => deferred.push((row, "no acknowledgement within the round".into())),
-            }
+        while let Some((row, outcome)) = in_flight.next().await {
+            marks.record(row, outcome);
         }
-        PublishedBatch {
-            acked,
-            failures,
-            deferred,
-            unreadable,
-        }
+        marks
     }
 
     async fn send(

@@ -30,9 +30,9 @@ pub enum StartupError {
     },
 }
 
-/// Connects, ensures the event topic, and publishes until `shutdown`; the
-/// round in flight finishes within the grace period, then the buckets are
-/// released.
+/// Connects, ensures the event topic, and publishes until `shutdown`; what
+/// is on its way is awaited within the grace period and marked, then the
+/// buckets are released.
 ///
 /// # Errors
 /// The database or the broker cannot be reached, or the producer built.

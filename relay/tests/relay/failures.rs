@@ -74,6 +74,8 @@ async fn a_row_the_broker_always_refuses_lands_failed_after_ten_attempts_without
         let mut relay_settings = settings(&bootstrap_servers(), &topic, "strict");
         relay_settings.max_message_bytes = 2_000;
         let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
+        // Each job's first event goes; then the big one is the head of its job.
+        assert_eq!(relay.drain_once().await.unwrap().published, 6);
 
         for attempt in 1..=10 {
             relay.drain_once().await.unwrap();
@@ -107,6 +109,69 @@ async fn a_row_the_broker_always_refuses_lands_failed_after_ten_attempts_without
         let mut conn = pool.acquire().await.unwrap();
         assert_eq!(outbox::relay::replay_failed(&mut conn, Some(big), Utc::now()).await.unwrap(), 1);
         assert_eq!(count(&pool, "PENDING").await, 1, "an operator puts it back");
+    })
+    .await
+    .expect("timed out");
+}
+
+/// A produce request refused with a retriable error while the next request
+/// (the job's next event) is accepted: a broker that does not enforce the
+/// idempotent producer's sequence numbers (the mock cluster, some
+/// Kafka-compatible servers) then appends the later event first. The relay
+/// must not depend on that enforcement: a job's next event is sent only
+/// after its previous one was acknowledged.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_retried_send_is_never_overtaken_by_the_jobs_next_event(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let topic = unique("events");
+        cluster.create_topic(&topic, 1, 1).unwrap();
+        let bootstrap = cluster.bootstrap_servers();
+        let job = Uuid::new_v4();
+        insert_events(&pool, &[job], 3, json!({})).await;
+        // One record per request, so each event travels in its own request.
+        let mut relay_settings = settings(&bootstrap, &topic, "retrying");
+        relay_settings.broker.security.kafka_property = vec![
+            ("batch.num.messages".into(), "1".into()),
+            ("retry.backoff.ms".into(), "200".into()),
+        ];
+        cluster.request_errors(
+            rdkafka::types::RDKafkaApiKey::Produce,
+            &[rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS],
+        );
+        let relay = Relay::new(pool.clone(), Arc::new(SystemClock), relay_settings).unwrap();
+        let stop = CancellationToken::new();
+        let running = {
+            let stop = stop.clone();
+            tokio::spawn(async move { relay.run(stop, Duration::from_secs(5)).await })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while count(&pool, "PUBLISHED").await < 3 {
+            assert!(tokio::time::Instant::now() < deadline, "never published");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        running.await.unwrap();
+        // Every copy on the topic, duplicates included.
+        let on_topic = {
+            let reader: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .create()
+                .unwrap();
+            let (_, high) = reader
+                .fetch_watermarks(&topic, 0, Duration::from_secs(10))
+                .unwrap();
+            usize::try_from(high).unwrap()
+        };
+        let events = read_events(&bootstrap, &topic, on_topic).await;
+        let mut seen = std::collections::HashSet::new();
+        let first_seen: Vec<i64> = events
+            .iter()
+            .filter(|(_, _, event, _)| seen.insert(event.event_id()))
+            .map(|(_, _, event, _)| event.sequence())
+            .collect();
+        assert_eq!(first_seen, [1, 2, 3], "first copies in order: {events:?}");
+        drop(cluster);
     })
     .await
     .expect("timed out");

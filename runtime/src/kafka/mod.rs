@@ -79,6 +79,23 @@ impl BrokerConfig {
         config
     }
 
+    /// A producer whose every acknowledgement is the broker's answer for
+    /// that record, waiting for every in-sync replica, without the
+    /// idempotent producer's inference that a later acknowledgement proves
+    /// an earlier record was written. That inference holds only on a broker
+    /// that checks producer sequence numbers; on one that does not
+    /// (librdkafka's mock cluster checks them only for transactional
+    /// producers), a record refused once and retried is reported delivered
+    /// and lost, or lands after its successor. The relay, which marks rows
+    /// on acknowledgement and orders a job's events by them, uses this one;
+    /// its retries may repeat a record, which consumers drop by `event_id`.
+    #[must_use]
+    pub fn acknowledged_producer(&self) -> ClientConfig {
+        let mut config = self.client();
+        config.set("enable.idempotence", "false").set("acks", "all");
+        config
+    }
+
     /// A consumer in `group` that stores and commits offsets only by hand,
     /// from the earliest offset when the group has none.
     #[must_use]
@@ -330,6 +347,7 @@ mod tests {
         for (kind, config) in [
             ("client", broker.client()),
             ("producer", broker.idempotent_producer()),
+            ("relay's producer", broker.acknowledged_producer()),
             ("consumer", broker.manual_commit_consumer("g")),
         ] {
             assert_eq!(config.get("security.protocol"), Some("sasl_ssl"), "{kind}");

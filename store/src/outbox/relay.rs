@@ -24,10 +24,18 @@ pub struct PendingEvent {
     pub attempts: i32,
 }
 
-/// PENDING rows of `buckets` that may go out now, oldest first: due rows
-/// whose job has no earlier PENDING row still backing off (so a job's later
-/// events never overtake an earlier one being retried). FAILED rows do not
-/// hold later ones back.
+/// The head of each job in `buckets`: per job, its lowest PENDING row, if
+/// it is due. A job's next row is never among them while an earlier one is
+/// PENDING (being sent, awaiting its acknowledgement or backing off), so a
+/// relay that sends only what this returns, and reads again only after
+/// marking, has at most one event of a job in flight and cannot put a later
+/// one ahead of it. FAILED rows do not hold later ones back.
+///
+/// One ordered scan of the `(bucket, id)` index of PENDING rows per bucket,
+/// oldest first, up to `limit` rows in all, taken from the buckets in the
+/// order given (callers rotate it, so no bucket starves). A scan stops at
+/// `limit` heads: its cost follows the rows returned and the later rows of
+/// their jobs, not the backlog behind them or the published history.
 ///
 /// # Errors
 /// Database errors.
@@ -38,14 +46,18 @@ pub async fn publishable(
     limit: i64,
 ) -> Result<Vec<PendingEvent>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, event_id, job_id, sequence, event_type, bucket, payload, traceparent, tracestate, attempts
-         FROM workflow_run_outbox o
-         WHERE status = 'PENDING' AND bucket = ANY($1) AND next_attempt_at <= $2
-           AND NOT EXISTS (
-               SELECT 1 FROM workflow_run_outbox earlier
-               WHERE earlier.job_id = o.job_id AND earlier.sequence < o.sequence
-                 AND earlier.status = 'PENDING' AND earlier.next_attempt_at > $2)
-         ORDER BY id
+        "SELECT head.* FROM unnest($1::smallint[]) AS owned(bucket)
+         CROSS JOIN LATERAL (
+             SELECT o.id, o.event_id, o.job_id, o.sequence, o.event_type, o.bucket, o.payload,
+                    o.traceparent, o.tracestate, o.attempts
+             FROM workflow_run_outbox o
+             WHERE o.status = 'PENDING' AND o.bucket = owned.bucket AND o.next_attempt_at <= $2
+               AND NOT EXISTS (
+                   SELECT 1 FROM workflow_run_outbox earlier
+                   WHERE earlier.job_id = o.job_id AND earlier.sequence < o.sequence
+                     AND earlier.status = 'PENDING')
+             ORDER BY o.id
+             LIMIT $3) head
          LIMIT $3",
     )
     .bind(buckets)

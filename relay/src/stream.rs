@@ -1,0 +1,301 @@
+//! The relay's loop: every bucket it holds streams on its own, with no
+//! barrier across buckets.
+//!
+//! A bucket is *idle* or *busy*. One read fetches the heads of the jobs of
+//! every idle bucket (`flotilla_store::outbox::relay::publishable`); the
+//! buckets that had rows turn busy and their rows go to the producer at
+//! once. Acknowledgements are gathered as they arrive and marked together,
+//! one transaction for a few milliseconds' worth; a bucket turns idle again
+//! when every row it sent is marked, and the next read takes its jobs'
+//! next events. So one job never has two events in flight, and a later
+//! event leaves only after the earlier one is acknowledged and marked:
+//! per-job order holds on any broker, while thousands of jobs stream side
+//! by side.
+//!
+//! The world (broker, registry, database) holding rows back pauses the
+//! buckets it touched, doubling up to 10 s; a read that finds nothing
+//! pauses the idle buckets, doubling up to the idle poll maximum; bucket
+//! leases are rebalanced every third of their term.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use flotilla_runtime::backoff::Doubling;
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::health::Readiness;
+use crate::publisher::{Delivery, DrainReport, Marks};
+use crate::{IDLE_POLL_MIN, Relay};
+
+/// How long acknowledgements gather before they are marked together.
+const MARK_GATHER: Duration = Duration::from_millis(2);
+
+/// The pause after the world held rows back, doubling up to this.
+const OUTAGE_PAUSE_MAX: Duration = Duration::from_secs(10);
+
+/// Rows sent and not yet marked, at most this many batches' worth.
+const BATCHES_IN_FLIGHT: i64 = 4;
+
+/// The loop's state: which buckets are busy, what is on its way, what
+/// waits to be marked.
+struct Stream<'a> {
+    relay: &'a Relay,
+    readiness: &'a Readiness,
+    /// Rows sent (or ended at once) and not yet marked, per busy bucket.
+    outstanding: HashMap<i16, usize>,
+    /// Buckets the world held back, and until when they rest.
+    resting: HashMap<i16, Instant>,
+    deliveries: FuturesUnordered<Delivery>,
+    marks: Marks,
+    /// When the first row now waiting to be marked ended.
+    gathering_since: Option<Instant>,
+    next_read: Instant,
+    next_rebalance: Instant,
+    idle: Doubling,
+    outage: Doubling,
+    /// Where the next read starts in the bucket list, so none starves.
+    rotation: usize,
+}
+
+impl<'a> Stream<'a> {
+    fn new(relay: &'a Relay, readiness: &'a Readiness) -> Self {
+        let now = Instant::now();
+        Self {
+            relay,
+            readiness,
+            outstanding: HashMap::new(),
+            resting: HashMap::new(),
+            deliveries: FuturesUnordered::new(),
+            marks: Marks::default(),
+            gathering_since: None,
+            next_read: now,
+            next_rebalance: now,
+            idle: Doubling::new(IDLE_POLL_MIN, relay.settings.idle_poll_max),
+            outage: Doubling::new(Duration::from_millis(200), OUTAGE_PAUSE_MAX),
+            rotation: 0,
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.outstanding.values().sum()
+    }
+
+    /// Streams until `shutdown`; then stops reading, waits up to `grace`
+    /// for what is on its way, and marks it.
+    async fn run(&mut self, shutdown: &CancellationToken, grace: Duration) {
+        let mut stop_by: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            if stop_by.is_none() {
+                if now >= self.next_rebalance {
+                    self.rebalance().await;
+                }
+                if now >= self.next_read {
+                    self.read_and_send().await;
+                }
+            }
+            if self.mark_due(now) {
+                self.mark().await;
+                continue;
+            }
+            if let Some(deadline) = stop_by
+                && (self.deliveries.is_empty() || now >= deadline)
+            {
+                if !self.marks.is_empty() {
+                    self.mark().await;
+                }
+                return;
+            }
+            let wake = [
+                Some(self.next_read),
+                Some(self.next_rebalance),
+                self.gathering_since.map(|since| since + MARK_GATHER),
+                stop_by,
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(now);
+            tokio::select! {
+                Some((row, outcome)) = self.deliveries.next(), if !self.deliveries.is_empty() => {
+                    self.gathering_since.get_or_insert_with(Instant::now);
+                    self.marks.record(row, outcome);
+                }
+                () = tokio::time::sleep_until(wake) => {}
+                () = shutdown.cancelled(), if stop_by.is_none() => {
+                    stop_by = Some(Instant::now() + grace);
+                }
+            }
+        }
+    }
+
+    /// Mark when the gathering time is up, when a batch's worth waits, or
+    /// when nothing else is on its way.
+    fn mark_due(&self, now: Instant) -> bool {
+        let Some(since) = self.gathering_since else {
+            return false;
+        };
+        now >= since + MARK_GATHER
+            || self.marks.len() >= self.batch_size()
+            || self.deliveries.is_empty()
+    }
+
+    fn batch_size(&self) -> usize {
+        usize::try_from(self.relay.settings.batch_size).unwrap_or(usize::MAX)
+    }
+
+    async fn rebalance(&mut self) {
+        let relay = self.relay;
+        self.next_rebalance = Instant::now() + relay.settings.lease / 3;
+        match relay.leases.rebalance().await {
+            Ok(held) => {
+                metrics::gauge!("flotilla_relay_buckets_held").set(held.len() as f64);
+            }
+            Err(e) => {
+                // Sends stop by themselves when the lease may have run out.
+                tracing::warn!(error = %e, "rebalancing bucket leases failed");
+                self.readiness.round_failed(true);
+            }
+        }
+    }
+
+    /// Reads the heads of the idle buckets and hands them to the producer.
+    async fn read_and_send(&mut self) {
+        let relay = self.relay;
+        let now = Instant::now();
+        let batch = relay.settings.batch_size;
+        let room = (batch * BATCHES_IN_FLIGHT)
+            .saturating_sub(i64::try_from(self.in_flight()).unwrap_or(i64::MAX))
+            .min(batch);
+        self.resting.retain(|_, until| *until > now);
+        let mut idle: Vec<i16> = relay
+            .leases
+            .held()
+            .current()
+            .into_iter()
+            .filter(|b| !self.outstanding.contains_key(b) && !self.resting.contains_key(b))
+            .collect();
+        if idle.is_empty() || room <= 0 {
+            // Woken again by a mark that frees a bucket, or by the next poll.
+            self.next_read = now + self.idle.next_pause();
+            return;
+        }
+        self.rotation = (self.rotation + 1) % idle.len();
+        idle.rotate_left(self.rotation);
+        let read = async {
+            let mut conn = relay.pool.acquire().await?;
+            flotilla_store::outbox::relay::publishable(&mut conn, &idle, relay.clock.now(), room)
+                .await
+        };
+        metrics::counter!("flotilla_relay_rounds_total").increment(1);
+        let rows = match read.await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading pending rows failed");
+                self.readiness.round_failed(true);
+                self.next_read = Instant::now() + self.outage.next_pause();
+                return;
+            }
+        };
+        let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= room;
+        for row in rows {
+            // A bucket lost since the read (or possibly lost): its rows wait
+            // for whoever holds it now.
+            if !relay.leases.held().holds(row.bucket) {
+                continue;
+            }
+            *self.outstanding.entry(row.bucket).or_default() += 1;
+            match relay.publisher.dispatch(row, None).await {
+                Ok(delivery) => self.deliveries.push(delivery),
+                Err((row, outcome)) => {
+                    self.gathering_since.get_or_insert_with(Instant::now);
+                    self.marks.record(row, outcome);
+                }
+            }
+        }
+        self.next_read = if full {
+            Instant::now()
+        } else {
+            Instant::now() + self.idle.next_pause()
+        };
+    }
+
+    /// Marks what has ended, frees its buckets, and paces the next read.
+    async fn mark(&mut self) {
+        let relay = self.relay;
+        let marks = std::mem::take(&mut self.marks);
+        self.gathering_since = None;
+        let ended: Vec<i16> = marks.buckets().collect();
+        let held_back: Vec<i16> = marks.deferred_buckets().collect();
+        let report = marks
+            .mark(
+                &relay.pool,
+                relay.leases.relay_id(),
+                relay.clock.now(),
+                relay.settings.backoff_base,
+            )
+            .await;
+        for bucket in ended {
+            if let Some(count) = self.outstanding.get_mut(&bucket) {
+                *count -= 1;
+                if *count == 0 {
+                    self.outstanding.remove(&bucket);
+                }
+            }
+        }
+        let report = match report {
+            Ok(report) => report,
+            Err(e) => {
+                // Nothing is lost: the rows stay PENDING and go again.
+                tracing::warn!(error = %e, "marking published rows failed");
+                self.readiness.round_failed(true);
+                let rest = Instant::now() + self.outage.next_pause();
+                self.next_read = self.next_read.max(rest);
+                return;
+            }
+        };
+        record(&report);
+        let failing = report.deferred > 0 && report.published == 0;
+        self.readiness.round_failed(failing);
+        if report.deferred > 0 {
+            if failing {
+                tracing::warn!(
+                    ?report,
+                    "nothing could be published; pausing the buckets held back"
+                );
+            }
+            let rest = Instant::now() + self.outage.next_pause();
+            for bucket in held_back {
+                self.resting.insert(bucket, rest);
+            }
+        } else {
+            self.outage.reset();
+        }
+        if report.published + report.failed > 0 {
+            // The jobs just marked may have their next events waiting.
+            self.idle.reset();
+            self.next_read = Instant::now();
+        }
+    }
+}
+
+fn record(report: &DrainReport) {
+    metrics::counter!("flotilla_relay_published_total").increment(report.published as u64);
+    metrics::counter!("flotilla_relay_publish_failures_total", "class" => "message")
+        .increment(report.failed as u64);
+    metrics::counter!("flotilla_relay_publish_failures_total", "class" => "world")
+        .increment(report.deferred as u64);
+}
+
+/// Streams until `shutdown` (see the module's documentation).
+pub(crate) async fn run(
+    relay: &Relay,
+    shutdown: &CancellationToken,
+    grace: Duration,
+    readiness: &Readiness,
+) {
+    Stream::new(relay, readiness).run(shutdown, grace).await;
+}
