@@ -51,6 +51,12 @@ struct Receiver(Arc<Mutex<Vec<Received>>>);
 
 async fn traces(State(receiver): State<Receiver>, body: Bytes) -> &'static str {
     let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf payload");
+    record(&receiver, request);
+    ""
+}
+
+/// Keeps every span of an export request.
+fn record(receiver: &Receiver, request: ExportTraceServiceRequest) {
     let mut spans = receiver.0.lock().unwrap();
     for resource in request.resource_spans {
         let service = resource
@@ -78,7 +84,6 @@ async fn traces(State(receiver): State<Receiver>, body: Bytes) -> &'static str {
             }
         }
     }
-    ""
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -93,6 +98,69 @@ async fn start_receiver() -> (String, Receiver) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, receiver)
+}
+
+/// The gRPC method an OTLP/gRPC exporter calls.
+const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// An OTLP/gRPC receiver: plaintext HTTP/2 (h2c, what the exporter speaks
+/// to an `http://` endpoint), one unary method. Each message travels in a
+/// gRPC frame (a compressed flag, a big-endian length); the answer is an
+/// empty `ExportTraceServiceResponse` with `grpc-status: 0` in the trailers.
+async fn start_grpc_receiver() -> (String, Receiver) {
+    use http_body_util::BodyExt as _;
+    use hyper::body::Frame;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+
+    let receiver = Receiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let kept = receiver.clone();
+    let export = move |request: hyper::Request<hyper::body::Incoming>| {
+        let kept = kept.clone();
+        async move {
+            let known = request.uri().path() == GRPC_EXPORT;
+            let body = request.into_body().collect().await?.to_bytes();
+            let mut status = "12"; // UNIMPLEMENTED
+            let mut message = Vec::new();
+            if known && body.len() >= 5 && body[0] == 0 {
+                let length = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+                let request = ExportTraceServiceRequest::decode(&body[5..5 + length])
+                    .expect("an OTLP protobuf message");
+                record(&kept, request);
+                status = "0";
+                message = ExportTraceServiceResponse::default().encode_to_vec();
+            }
+            let mut framed = vec![0u8];
+            framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+            framed.extend_from_slice(&message);
+            let mut trailers = hyper::HeaderMap::new();
+            trailers.insert("grpc-status", status.parse().unwrap());
+            let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = vec![
+                Ok(Frame::data(Bytes::from(framed))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+            Ok::<_, hyper::Error>(
+                hyper::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(body)
+                    .unwrap(),
+            )
+        }
+    };
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let connection =
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(stream),
+                        hyper::service::service_fn(export.clone()),
+                    );
+            tokio::spawn(connection);
+        }
+    });
     (url, receiver)
 }
 
@@ -526,5 +594,333 @@ async fn metrics_parse_and_move_as_jobs_run(pool: PgPool) {
             .await
             .unwrap();
     assert_eq!(stored.as_deref(), Some(traceparent.as_str()));
+    app.stop().await;
+}
+
+/// Spans of `trace_id` the receiver holds.
+fn spans_of(receiver: &Receiver, trace_id: &str) -> Vec<Received> {
+    receiver
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.trace_id == trace_id)
+        .cloned()
+        .collect()
+}
+
+/// The same export over OTLP/gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`): a
+/// worker binary runs a job submitted through the API with a `traceparent`,
+/// and the receiver gets that trace's segment span with the step's client
+/// span under it. A job whose worker died (RUNNING, its lease lapsed, in a
+/// trace of its own) gets the sweeper's span in its trace, saying it was
+/// requeued.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn spans_are_exported_over_grpc_the_sweepers_included(pool: PgPool) {
+    tokio::time::timeout(Duration::from_secs(120), grpc_export(pool))
+        .await
+        .expect("the gRPC export timed out");
+}
+
+async fn grpc_export(pool: PgPool) {
+    const ORPHAN_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    const ORPHAN_PARENT: &str = "b7ad6b7169203331";
+    let (otlp, receiver) = start_grpc_receiver().await;
+    let target = start_target(Arc::default()).await;
+    let dir = std::env::temp_dir().join(format!("flotilla-grpc-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join("workflows")).unwrap();
+    std::fs::write(
+        dir.join("targets.yaml"),
+        format!("targets:\n  t:\n    kind: http\n    base_url: {target}\n"),
+    )
+    .unwrap();
+    let workflow = json!({"name": "grpc_traced", "input_schema": {},
+        "steps": [{"name": "only", "target": "t", "method": "m"}]});
+    std::fs::write(dir.join("workflows/grpc.json"), workflow.to_string()).unwrap();
+    let api = format!("127.0.0.1:{}", flotilla_tests::free_port());
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
+    worker
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env(
+            "DATABASE_URL",
+            flotilla_tests::database::url_of(&pool).await,
+        )
+        .env("FLOTILLA_CONSUME_REQUESTS", "false")
+        .env("SCHEMA_REGISTRY_URL", "")
+        .env("FLOTILLA_WORKER_ID", "grpc-worker")
+        .env("FLOTILLA_HTTP_ADDR", &api)
+        .env("FLOTILLA_API_TOKENS", "t")
+        .env("FLOTILLA_SWEEP_INTERVAL", "100ms")
+        .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
+        .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
+        .env("NO_COLOR", "1");
+    let mut worker = tokio::task::spawn_blocking(move || {
+        let mut worker = Running::start(worker);
+        worker.wait_for_line("worker ready", Duration::from_secs(60));
+        worker
+    })
+    .await
+    .unwrap();
+
+    let job = Uuid::new_v4();
+    flotilla_runtime::tls::http_client()
+        .build()
+        .unwrap()
+        .post(format!("http://{api}/v1/jobs"))
+        .bearer_auth("t")
+        .header("traceparent", format!("00-{TRACE_ID}-{PRODUCER_SPAN}-01"))
+        .json(&json!({"workflow_name": "grpc_traced", "input": {}, "job_id": job}))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    // A job whose worker died during its first attempt.
+    let orphan = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input,
+             request_digest, status, attempt, max_attempts, event_sequence, traceparent,
+             lease_owner, lease_token, lease_until)
+         SELECT $2, workflow_name, workflow_version, definition, input, request_digest,
+             'RUNNING', 1, max_attempts, 1, $3, 'a-worker-that-died', gen_random_uuid(),
+             now() - interval '1 minute'
+         FROM workflow_run WHERE job_id = $1",
+    )
+    .bind(job)
+    .bind(orphan)
+    .bind(format!("00-{ORPHAN_TRACE}-{ORPHAN_PARENT}-01"))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (segment, step, sweep) = loop {
+        let spans = spans_of(&receiver, TRACE_ID);
+        let segment = spans
+            .iter()
+            .find(|s| s.name == "run grpc_traced" && s.parent == PRODUCER_SPAN)
+            .cloned();
+        let step = segment.as_ref().and_then(|segment| {
+            spans
+                .iter()
+                .find(|s| s.kind == SpanKind::Client && s.parent == segment.span_id)
+                .cloned()
+        });
+        let sweep = spans_of(&receiver, ORPHAN_TRACE)
+            .into_iter()
+            .find(|s| s.name == "sweep grpc_traced");
+        if let (Some(segment), Some(step), Some(sweep)) = (segment, step, sweep) {
+            break (segment, step, sweep);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spans missing from the gRPC receiver: {:#?}",
+            receiver.0.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(segment.service.contains("flotilla-worker"), "{segment:#?}");
+    assert_eq!(step.name, "step only", "{step:#?}");
+    assert!(
+        step.attributes["flotilla.outcome"].contains("ok"),
+        "{step:#?}"
+    );
+    assert!(
+        step.attributes["job_id"].contains(&job.to_string()),
+        "{step:#?}"
+    );
+    assert_eq!(
+        sweep.parent, ORPHAN_PARENT,
+        "the sweep continues the job's trace"
+    );
+    assert!(
+        sweep.attributes["job_id"].contains(&orphan.to_string()),
+        "{sweep:#?}"
+    );
+    assert!(
+        sweep.attributes["flotilla.outcome"].contains("requeued"),
+        "{sweep:#?}"
+    );
+    assert!(sweep.attributes["attempt"].contains('1'), "{sweep:#?}");
+
+    let status = tokio::task::spawn_blocking(move || worker.terminate(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `flotilla_step_retries_total` says why a step is retried: a target that
+/// does not answer within the step's timeout counts as `timeout`, one that
+/// answers 503 as `status`.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn step_retries_are_counted_by_failure_class(pool: PgPool) {
+    use flotilla_worker::target::http::{DEFAULT_MAX_RESPONSE_BYTES, HttpTarget};
+    use flotilla_worker::target::{FnTarget, StepFailure, TargetCall};
+    use flotilla_worker::test_support::{TEST_TOKEN, TestApp, echo_targets};
+
+    let mut targets = echo_targets();
+    // Silent on its first call (past the step's timeout), then answers.
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    targets.register(
+        "slow",
+        Arc::new(FnTarget(move |_: TargetCall| {
+            let first = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+                Ok::<_, StepFailure>(json!({}))
+            }
+        })),
+        8,
+    );
+    // Answers 503 to the first call of `flaky` that carries a traceparent.
+    let url = start_target(Arc::default()).await;
+    let http = HttpTarget::new(&url, Duration::from_secs(5), DEFAULT_MAX_RESPONSE_BYTES).unwrap();
+    targets.register("http", Arc::new(http), 8);
+    let app = TestApp::spawn_with(pool.clone(), &["--backoff-base", "10ms"], targets).await;
+    let client = flotilla_runtime::tls::http_client().build().unwrap();
+    for (workflow, step) in [
+        (
+            "timed",
+            json!({"name": "s", "target": "slow", "method": "m", "timeout_ms": 100}),
+        ),
+        (
+            "busy",
+            json!({"name": "s", "target": "http", "method": "flaky"}),
+        ),
+    ] {
+        let definition = json!({"name": workflow, "input_schema": {}, "steps": [step]});
+        client
+            .put(format!("{}/v1/workflows/{workflow}", app.url))
+            .bearer_auth(TEST_TOKEN)
+            .json(&definition)
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap();
+        client
+            .post(format!("{}/v1/jobs", app.url))
+            .bearer_auth(TEST_TOKEN)
+            .header("traceparent", format!("00-{TRACE_ID}-{PRODUCER_SPAN}-01"))
+            .json(&json!({"workflow_name": workflow, "input": {}, "job_id": Uuid::new_v4()}))
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap();
+    }
+
+    let retries_of = |scrape: &prometheus_parse::Scrape, class: &str| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| {
+                s.metric == "flotilla_step_retries_total" && s.labels.get("class") == Some(class)
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = client
+            .get(format!("{}/metrics", app.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+            .expect("Prometheus text format");
+        let completed: Vec<String> =
+            sqlx::query_scalar("SELECT workflow_name FROM workflow_run WHERE status = 'COMPLETED'")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        if completed.len() == 2 {
+            assert_eq!(retries_of(&scrape, "timeout"), 1.0, "{text}");
+            assert_eq!(retries_of(&scrape, "status"), 1.0, "{text}");
+            assert_eq!(retries_of(&scrape, "retryable"), 0.0, "{text}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "both jobs never completed: {completed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    app.stop().await;
+}
+
+/// A job the sweeper sends DEAD (its worker lost once too often) counts in
+/// `flotilla_jobs_dead_total` for its workflow, as any other DEAD job.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_the_sweeper_sends_dead_counts_as_dead(pool: PgPool) {
+    use flotilla_worker::test_support::{TestApp, echo_targets};
+
+    let flags = ["--sweep-interval", "100ms", "--max-lease-losses", "3"];
+    let app = TestApp::spawn_with(pool.clone(), &flags, echo_targets()).await;
+    let workflow = format!("swept_{}", Uuid::new_v4().simple());
+    // Its worker died for the third time in a row.
+    let job = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest,
+             status, attempt, max_attempts, event_sequence, lease_owner, lease_token,
+             lease_until, lease_losses)
+         VALUES ($1, $2, '{}', '{}', 'digest', 'RUNNING', 1, 3, 1, 'a-worker-that-died',
+             gen_random_uuid(), now() - interval '1 minute', 2)",
+    )
+    .bind(job)
+    .bind(&workflow)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The worker's sweeper settles it, and counts it.
+    let client = flotilla_runtime::tls::http_client().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = client
+            .get(format!("{}/metrics", app.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+            .expect("Prometheus text format");
+        let dead: f64 = scrape
+            .samples
+            .iter()
+            .filter(|s| {
+                s.metric == "flotilla_jobs_dead_total"
+                    && s.labels.get("workflow") == Some(workflow.as_str())
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) => v,
+                _ => 0.0,
+            })
+            .sum();
+        if dead > 0.0 {
+            assert_eq!(dead, 1.0, "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never counted DEAD: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status: String = sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
+        .bind(job)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "DEAD");
     app.stop().await;
 }

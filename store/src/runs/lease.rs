@@ -212,6 +212,28 @@ pub enum Swept {
     Dead,
 }
 
+/// A lapsed lease that was settled: what happened, and during which attempt
+/// the lease lapsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SweptLease {
+    pub outcome: Swept,
+    /// The attempt the lost worker was running (given back when requeued).
+    pub attempt: i32,
+    /// Lapses in a row, this one included.
+    pub lease_losses: i32,
+}
+
+/// A RUNNING job whose lease lapsed, with what the sweeper's span and
+/// counters need before it is settled (its trace, its workflow, its age).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Lapsed {
+    pub job_id: Uuid,
+    pub workflow_name: String,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
 /// Up to `limit` RUNNING jobs whose lease passed before `now`, oldest first.
 ///
 /// # Errors
@@ -220,9 +242,9 @@ pub async fn lapsed(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
     limit: i64,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT job_id FROM workflow_run
+) -> Result<Vec<Lapsed>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT job_id, workflow_name, traceparent, tracestate, created_at FROM workflow_run
          WHERE status = 'RUNNING' AND lease_until < $1
          ORDER BY lease_until LIMIT $2",
     )
@@ -245,7 +267,7 @@ pub async fn sweep_one(
     job_id: Uuid,
     now: DateTime<Utc>,
     max_lease_losses: i32,
-) -> Result<Option<Swept>, StoreError> {
+) -> Result<Option<SweptLease>, StoreError> {
     let lapsed: Option<(i32, i32, Option<String>)> = sqlx::query_as(
         "SELECT attempt, lease_losses, lease_owner FROM workflow_run
          WHERE job_id = $1 AND status = 'RUNNING' AND lease_until < $2
@@ -289,12 +311,17 @@ pub async fn sweep_one(
     .bind(losses)
     .fetch_one(&mut **tx)
     .await?;
-    if dead {
+    let outcome = if dead {
         outbox::insert(tx, &stamp, EventKind::Dead { error }, now).await?;
-        Ok(Some(Swept::Dead))
+        Swept::Dead
     } else {
-        Ok(Some(Swept::Requeued))
-    }
+        Swept::Requeued
+    };
+    Ok(Some(SweptLease {
+        outcome,
+        attempt,
+        lease_losses: losses,
+    }))
 }
 
 /// Moves a lapsed lease that could not be swept to `until`, behind the

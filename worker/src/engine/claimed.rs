@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{Engine, sanitize};
+use crate::target::RetryClass;
 
 /// The lease is gone: the sweeper requeued the job and maybe another worker claimed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -183,6 +184,9 @@ impl ClaimedRun {
         let lost = CancellationToken::new();
         let signal = lost.clone();
         let job_id = lease.job_id;
+        // The heartbeat runs outside the segment's span: its lines name the job themselves.
+        let workflow = self.row.workflow_name.clone();
+        let workflow_name = workflow.clone();
         let renewals = async move {
             let mut ticks = tokio::time::interval(every);
             ticks.tick().await;
@@ -193,7 +197,7 @@ impl ClaimedRun {
                     Err(SegmentStop::LeaseLost(_)) => return,
                     Err(SegmentStop::Refused(_)) => {}
                     Err(SegmentStop::Store(e)) => {
-                        tracing::warn!(%job_id, error = %e, "lease renewal failed; retrying");
+                        tracing::warn!(%job_id, %workflow_name, error = %e, "lease renewal failed; retrying");
                     }
                 }
             }
@@ -202,7 +206,7 @@ impl ClaimedRun {
             // Renewals that stop for any reason, a panic included, mean the
             // lease can no longer be counted on: the segment stops.
             if let Err(panic) = AssertUnwindSafe(renewals).catch_unwind().await {
-                tracing::error!(%job_id, panic = %panic_message(panic.as_ref()), "heartbeat panicked");
+                tracing::error!(%job_id, workflow_name = %workflow, panic = %panic_message(panic.as_ref()), "heartbeat panicked");
             }
             signal.cancel();
         });
@@ -306,11 +310,17 @@ impl ClaimedRun {
             .await
     }
 
-    /// Back to the queue after a retryable failure, eligible again at `run_after`.
+    /// Back to the queue after a retryable failure of `class`, eligible
+    /// again at `run_after`.
     ///
     /// # Errors
     /// Lease lost, or the store failed.
-    pub async fn requeue(self, error: &str, run_after: DateTime<Utc>) -> Result<(), SegmentStop> {
+    pub async fn requeue(
+        self,
+        error: &str,
+        run_after: DateTime<Utc>,
+        class: RetryClass,
+    ) -> Result<(), SegmentStop> {
         let error = sanitize::error_text(error);
         self.lease
             .write(Transition::Requeue {
@@ -318,7 +328,7 @@ impl ClaimedRun {
                 run_after,
             })
             .await?;
-        super::telemetry::retry("retryable");
+        super::telemetry::retry(class);
         Ok(())
     }
 }

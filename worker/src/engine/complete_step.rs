@@ -217,7 +217,9 @@ impl Engine {
         match check_response(&compiled.steps[index], response, &scope) {
             Ok(()) => Ok(None),
             Err(StepFailure::Verdict { violations, .. }) => Ok(Some(violations)),
-            Err(StepFailure::Defect(e) | StepFailure::Retryable(e)) => Ok(Some(vec![e])),
+            Err(StepFailure::Defect(e) | StepFailure::Retryable { error: e, .. }) => {
+                Ok(Some(vec![e]))
+            }
         }
     }
 }

@@ -45,7 +45,7 @@ impl Engine {
         let mut conn = self.pool().acquire().await?;
         match idle::retry(&mut conn, job_id, self.now()).await? {
             Some(row) => {
-                tracing::info!(%job_id, "job retried by an operator");
+                tracing::info!(%job_id, workflow_name = %row.workflow_name, "job retried by an operator");
                 self.wake();
                 Ok(row)
             }
@@ -80,7 +80,7 @@ impl Engine {
             .ok_or(OperatorError::NotFound(job_id))?;
         tx.commit().await?;
         super::telemetry::job_finished(&row.workflow_name, "CANCELLED", row.created_at);
-        tracing::info!(%job_id, reason, "job cancelled by an operator");
+        tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "job cancelled by an operator");
         Ok(row)
     }
 

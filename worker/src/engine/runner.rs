@@ -8,10 +8,11 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use flotilla_runtime::backoff::Doubling;
 use flotilla_runtime::supervise::restart_on_panic;
 use flotilla_store::StoreError;
-use flotilla_store::runs::lease::{self, Swept};
+use flotilla_store::runs::lease::{self, Lapsed, Swept, SweptLease};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -97,8 +98,9 @@ impl Engine {
 
     /// One sweeper pass: requeues up to `sweep_batch` RUNNING jobs whose
     /// lease lapsed (DEAD, with its event, when that was the last attempt),
-    /// each in a transaction of its own. A job that cannot be settled is
-    /// logged and put behind the others. Returns how many jobs it settled.
+    /// each in a transaction of its own and a span of its own that continues
+    /// the job's trace. A job that cannot be settled is logged and put
+    /// behind the others. Returns how many jobs it settled.
     ///
     /// # Errors
     /// The database cannot be reached.
@@ -109,25 +111,12 @@ impl Engine {
             lease::lapsed(&mut conn, now, self.settings().sweep_batch).await?
         };
         let (mut requeued, mut dead) = (0u64, 0u64);
-        for job_id in lapsed {
-            match self.sweep_one(job_id).await {
-                Ok(Some(Swept::Requeued)) => {
-                    requeued += 1;
-                    super::telemetry::lease_lost_requeued();
-                    self.wake();
-                }
-                Ok(Some(Swept::Dead)) => {
-                    dead += 1;
-                    metrics::counter!("flotilla_lease_losses_total").increment(1);
-                }
-                Ok(None) => {}
-                Err(e) if e.is_about_the_data() => {
-                    tracing::error!(%job_id, error = %e, "a lapsed lease cannot be settled; it waits behind the others");
-                    let until = now + SWEEP_DEFER;
-                    let mut conn = self.pool().acquire().await?;
-                    lease::defer_sweep(&mut conn, job_id, until).await?;
-                }
-                Err(e) => return Err(e),
+        for job in lapsed {
+            let span = sweep_span(&job, &self.settings().worker_id);
+            match tracing::Instrument::instrument(self.sweep_lapsed(&job, now), span).await? {
+                Some(Swept::Requeued) => requeued += 1,
+                Some(Swept::Dead) => dead += 1,
+                None => {}
             }
         }
         if requeued + dead > 0 {
@@ -136,7 +125,45 @@ impl Engine {
         Ok(requeued + dead)
     }
 
-    async fn sweep_one(&self, job_id: uuid::Uuid) -> Result<Option<Swept>, StoreError> {
+    /// Settles one lapsed lease, inside its span (see [`sweep_span`]).
+    async fn sweep_lapsed(
+        &self,
+        job: &Lapsed,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Swept>, StoreError> {
+        let job_id = job.job_id;
+        let span = tracing::Span::current();
+        let swept = match self.sweep_one(job_id).await {
+            Ok(Some(swept)) => swept,
+            Ok(None) => return Ok(None),
+            Err(e) if e.is_about_the_data() => {
+                span.record("flotilla.outcome", "deferred");
+                tracing::error!(%job_id, error = %e, "a lapsed lease cannot be settled; it waits behind the others");
+                let mut conn = self.pool().acquire().await?;
+                lease::defer_sweep(&mut conn, job_id, now + SWEEP_DEFER).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let (attempt, lease_losses) = (swept.attempt, swept.lease_losses);
+        span.record("attempt", attempt);
+        match swept.outcome {
+            Swept::Requeued => {
+                span.record("flotilla.outcome", "requeued");
+                super::telemetry::lease_lost_requeued();
+                tracing::warn!(%job_id, attempt, lease_losses, "lease lapsed; job requeued without spending the attempt");
+                self.wake();
+            }
+            Swept::Dead => {
+                span.record("flotilla.outcome", "dead");
+                super::telemetry::lease_lost_dead(&job.workflow_name, job.created_at);
+                tracing::warn!(%job_id, attempt, lease_losses, "lease lapsed once too often; job is DEAD");
+            }
+        }
+        Ok(Some(swept.outcome))
+    }
+
+    async fn sweep_one(&self, job_id: uuid::Uuid) -> Result<Option<SweptLease>, StoreError> {
         let mut tx = self.pool().begin().await?;
         let losses = self.settings().max_lease_losses;
         match lease::sweep_one(&mut tx, job_id, self.now(), losses).await {
@@ -150,4 +177,28 @@ impl Engine {
             }
         }
     }
+}
+
+/// The span of sweeping one lapsed lease: a child of the job's trace (when
+/// spans are exported), so a lost worker shows in the job's trace between
+/// its segments. `attempt` and `flotilla.outcome` (`requeued`, `dead`, or
+/// `deferred` when the row could not be settled) are recorded once known.
+fn sweep_span(job: &Lapsed, worker_id: &str) -> tracing::Span {
+    let span = tracing::info_span!(
+        "sweep",
+        otel.name = format!("sweep {}", job.workflow_name),
+        otel.kind = "internal",
+        job_id = %job.job_id,
+        workflow_name = %job.workflow_name,
+        trace_id = flotilla_runtime::trace::trace_id(job.traceparent.as_deref()),
+        attempt = tracing::field::Empty,
+        flotilla.outcome = tracing::field::Empty,
+        worker_id = %worker_id,
+    );
+    flotilla_runtime::trace::continue_trace(
+        &span,
+        job.traceparent.as_deref(),
+        job.tracestate.as_deref(),
+    );
+    span
 }

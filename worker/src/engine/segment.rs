@@ -17,7 +17,7 @@ use super::Engine;
 use super::claimed::{ClaimedRun, SegmentStop};
 use super::settle::{finish, settle};
 use super::step::Invocation;
-use crate::target::StepFailure;
+use crate::target::{RetryClass, StepFailure};
 use crate::workflow::CompiledWorkflow;
 use crate::workflow::compile::schema_violations;
 use crate::workflow::expr::Scope;
@@ -78,6 +78,8 @@ impl Engine {
         let heartbeat = claimed.heartbeat();
         let fence = claimed.fence();
         let row = claimed.row();
+        // For the lines logged outside the segment's span.
+        let workflow = row.workflow_name.clone();
         // One span per segment (claim to settle or park), a child of the
         // run's trace, so retries, parks and resumes on other workers all
         // join the trace the request came with.
@@ -97,15 +99,14 @@ impl Engine {
             row.tracestate.as_deref(),
         );
         let segment =
-            tracing::Instrument::instrument(self.segment(claimed, heartbeat.lost()), span);
+            tracing::Instrument::instrument(self.segment(claimed, heartbeat.lost()), span.clone());
         let outcome = match AssertUnwindSafe(segment).catch_unwind().await {
             Ok(outcome) => outcome,
             Err(panic) => {
                 // A bug met by this job's data: settle it as a defect, keep the loop.
                 let error = format!("the segment panicked: {}", panic_message(panic.as_ref()));
-                tracing::error!(%job_id, %error, "segment panicked");
-                fence
-                    .fail_defect(&error)
+                tracing::error!(%job_id, workflow_name = %workflow, %error, "segment panicked");
+                tracing::Instrument::instrument(fence.fail_defect(&error), span)
                     .await
                     .map(|()| Outcome::Failed(job_id))
             }
@@ -115,12 +116,12 @@ impl Engine {
             Err(SegmentStop::LeaseLost(_)) => Outcome::LeaseLost(job_id),
             Err(SegmentStop::Refused(_)) => Outcome::Failed(job_id),
             Err(SegmentStop::Store(e)) => {
-                tracing::error!(%job_id, error = %e, "store failed mid-segment; the lease will lapse and the job be retried");
+                tracing::error!(%job_id, workflow_name = %workflow, error = %e, "store failed mid-segment; the lease will lapse and the job be retried");
                 Outcome::StoreFailed(job_id)
             }
         };
         if heartbeat.lost().is_cancelled() && !matches!(outcome, Outcome::LeaseLost(_)) {
-            tracing::warn!(%job_id, ?outcome, "lease was lost during the segment");
+            tracing::warn!(%job_id, workflow_name = %workflow, ?outcome, "lease was lost during the segment");
         }
         outcome
     }
@@ -168,7 +169,8 @@ impl Engine {
                     "segment exceeded its deadline of {} ms before step {name}",
                     deadline.as_millis()
                 );
-                return settle(self, claimed, StepFailure::Retryable(error)).await;
+                let failure = StepFailure::retryable(RetryClass::Deadline, error);
+                return settle(self, claimed, failure).await;
             };
             let scope = Scope::default()
                 .with("input", &input)

@@ -86,16 +86,17 @@ pub(super) async fn settle(
     let job_id = claimed.job_id();
     let (attempt, max_attempts) = (claimed.row().attempt, claimed.row().max_attempts);
     match failure {
-        StepFailure::Retryable(error) if attempt >= max_attempts => {
-            tracing::warn!(%job_id, attempt, %error, "attempts exhausted; job is DEAD");
+        StepFailure::Retryable { error, class } if attempt >= max_attempts => {
+            let class = class.label();
+            tracing::warn!(%job_id, attempt, class, %error, "attempts exhausted; job is DEAD");
             claimed.dead(&error).await?;
             Ok(Outcome::Dead(job_id))
         }
-        StepFailure::Retryable(error) => {
+        StepFailure::Retryable { error, class } => {
             let delay =
                 flotilla_runtime::backoff::exponential(engine.settings().backoff_base, attempt);
-            tracing::info!(%job_id, attempt, %error, ?delay, "retryable failure; requeued");
-            claimed.requeue(&error, engine.now() + delay).await?;
+            tracing::info!(%job_id, attempt, class = class.label(), %error, ?delay, "retryable failure; requeued");
+            claimed.requeue(&error, engine.now() + delay, class).await?;
             Ok(Outcome::Requeued(job_id))
         }
         StepFailure::Verdict {

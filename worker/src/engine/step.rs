@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Engine;
 use super::claimed::ClaimedRun;
-use crate::target::{StepFailure, TargetCall};
+use crate::target::{RetryClass, StepFailure, TargetCall};
 use crate::workflow::CompiledStep;
 use crate::workflow::compile::{Assignment, schema_violations};
 use crate::workflow::expr::Scope;
@@ -93,7 +93,7 @@ impl Engine {
         });
         let response = tokio::select! {
             response = tokio::time::timeout(limit, guarded) => {
-                response.unwrap_or_else(|_| Err(StepFailure::Retryable(match step_limit {
+                response.unwrap_or_else(|_| Err(StepFailure::retryable(RetryClass::Timeout, match step_limit {
                     Some(step_limit) if step_limit < left => format!(
                         "target {target} did not answer within the step timeout of {} ms",
                         step_limit.as_millis()
@@ -108,7 +108,7 @@ impl Engine {
         };
         let outcome = match &response {
             Ok(_) => "ok",
-            Err(StepFailure::Retryable(_)) => "retryable",
+            Err(StepFailure::Retryable { .. }) => "retryable",
             Err(StepFailure::Verdict { .. }) => "verdict",
             Err(StepFailure::Defect(_)) => "defect",
         };
@@ -121,9 +121,10 @@ impl Engine {
             started.elapsed(),
         );
         let response = response.map_err(|failure| match failure {
-            StepFailure::Retryable(e) => {
-                Invocation::Failed(StepFailure::Retryable(format!("step {name}: {e}")))
-            }
+            StepFailure::Retryable { error, class } => Invocation::Failed(StepFailure::retryable(
+                class,
+                format!("step {name}: {error}"),
+            )),
             StepFailure::Defect(e) => {
                 Invocation::Failed(StepFailure::Defect(format!("step {name}: {e}")))
             }

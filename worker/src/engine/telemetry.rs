@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::target::RetryClass;
+
 /// A target call finished with `outcome` (ok, retryable, verdict, defect).
 pub(crate) fn step_finished(
     workflow: &str,
@@ -55,13 +57,21 @@ pub(crate) fn claimed(runnable_since: DateTime<Utc>) {
     metrics::histogram!("flotilla_queue_to_claim_seconds").record(waited.as_secs_f64());
 }
 
-/// A step will be tried again (`class`: retryable, timeout, lease_lost).
-pub(crate) fn retry(class: &'static str) {
-    metrics::counter!("flotilla_step_retries_total", "class" => class).increment(1);
+/// A step will be tried again after a transient failure of `class`
+/// (timeout, transport, status, deadline, other).
+pub(crate) fn retry(class: RetryClass) {
+    metrics::counter!("flotilla_step_retries_total", "class" => class.label()).increment(1);
 }
 
 /// A job lost its worker (a lease lapsed) and was requeued by the sweeper.
 pub(crate) fn lease_lost_requeued() {
     metrics::counter!("flotilla_lease_losses_total").increment(1);
     metrics::counter!("flotilla_sweeper_requeues_total").increment(1);
+}
+
+/// A job lost its worker once too often and the sweeper sent it DEAD: a
+/// lease lost, and a job finished DEAD.
+pub(crate) fn lease_lost_dead(workflow: &str, created_at: DateTime<Utc>) {
+    metrics::counter!("flotilla_lease_losses_total").increment(1);
+    job_finished(workflow, "DEAD", created_at);
 }

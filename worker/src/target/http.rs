@@ -2,10 +2,11 @@
 //! over HTTPS with the system's roots plus an optional CA file, optional
 //! client certificate and configured headers (sent, never shown).
 //!
-//! Classification (DESIGN.md): 2xx JSON is the response; connection failures,
-//! timeouts, 408, 429, 502, 503 and 504 are retryable; 422 with a
-//! `violations` list is a verdict; any other answer is a defect, and so is a
-//! TLS certificate the worker refuses (retrying would not change it).
+//! Classification (DESIGN.md): 2xx JSON is the response; connection failures
+//! (retry class `transport`), timeouts (`timeout`), 408, 429, 502, 503 and
+//! 504 (`status`) are retryable; 422 with a `violations` list is a verdict;
+//! any other answer is a defect, and so is a TLS certificate the worker
+//! refuses (retrying would not change it).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 
-use super::{StepFailure, Target, TargetCall};
+use super::{RetryClass, StepFailure, Target, TargetCall};
 
 /// The largest response body read from a target, unless configured.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 10 * 1024 * 1024;
@@ -148,7 +149,12 @@ impl Target for HttpTarget {
                     error_chain(&e)
                 ))
             } else {
-                StepFailure::Retryable(format!("POST {url}: {}", error_chain(&e)))
+                let class = if e.is_timeout() {
+                    RetryClass::Timeout
+                } else {
+                    RetryClass::Transport
+                };
+                StepFailure::retryable(class, format!("POST {url}: {}", error_chain(&e)))
             }
         })?;
         let status = response.status();
@@ -174,11 +180,14 @@ async fn read_capped(
         return Err(too_large(announced.to_string()));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| StepFailure::Retryable(format!("POST {url}: reading the body: {e}")))?
-    {
+    while let Some(chunk) = response.chunk().await.map_err(|e| {
+        let class = if e.is_timeout() {
+            RetryClass::Timeout
+        } else {
+            RetryClass::Transport
+        };
+        StepFailure::retryable(class, format!("POST {url}: reading the body: {e}"))
+    })? {
         if body.len() + chunk.len() > limit {
             return Err(too_large(format!("more than {}", body.len() + chunk.len())));
         }
@@ -198,10 +207,10 @@ fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Va
         });
     }
     match status.as_u16() {
-        408 | 429 | 502 | 503 | 504 => Err(StepFailure::Retryable(format!(
-            "POST {url}: {status}: {}",
-            text()
-        ))),
+        408 | 429 | 502 | 503 | 504 => Err(StepFailure::retryable(
+            RetryClass::Status,
+            format!("POST {url}: {status}: {}", text()),
+        )),
         422 => {
             let violations = serde_json::from_slice::<serde_json::Value>(body)
                 .ok()
@@ -245,7 +254,13 @@ mod tests {
         for code in [408, 429, 502, 503, 504] {
             let status = StatusCode::from_u16(code).unwrap();
             assert!(
-                matches!(classify(url, status, b""), Err(StepFailure::Retryable(_))),
+                matches!(
+                    classify(url, status, b""),
+                    Err(StepFailure::Retryable {
+                        class: RetryClass::Status,
+                        ..
+                    })
+                ),
                 "{code}"
             );
         }
@@ -272,5 +287,49 @@ mod tests {
             classify(url, StatusCode::UNPROCESSABLE_ENTITY, b"{}"),
             Err(StepFailure::Defect(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_transport_retry_and_a_silent_target_a_timeout() {
+        let call = |timeout| TargetCall {
+            job_id: uuid::Uuid::new_v4(),
+            step_name: "s".into(),
+            method: "m".into(),
+            request: serde_json::json!({}),
+            timeout,
+            traceparent: None,
+            tracestate: None,
+        };
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let refused = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let target = HttpTarget::new(&refused, Duration::from_secs(5), 1024).unwrap();
+        let failure = target.call(call(Duration::from_secs(5))).await;
+        assert!(
+            matches!(
+                failure,
+                Err(StepFailure::Retryable {
+                    class: RetryClass::Transport,
+                    ..
+                })
+            ),
+            "{failure:?}"
+        );
+        // Accepts the connection and never answers: the client's own timer.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", silent.local_addr().unwrap());
+        let target = HttpTarget::new(&url, Duration::from_millis(100), 1024).unwrap();
+        let failure = target.call(call(Duration::ZERO)).await;
+        assert!(
+            matches!(
+                failure,
+                Err(StepFailure::Retryable {
+                    class: RetryClass::Timeout,
+                    ..
+                })
+            ),
+            "{failure:?}"
+        );
+        drop(silent);
     }
 }

@@ -20,9 +20,10 @@ pub const DEFAULT_MAX_CONCURRENT: usize = 8;
 /// Why a step did not produce a usable response, by class.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StepFailure {
-    /// Transient: try again later (connection refused, timeout, 503...).
-    #[error("{0}")]
-    Retryable(String),
+    /// Transient: try again later (connection refused, timeout, 503...);
+    /// `class` says which kind of transient, for the retry counter.
+    #[error("{error}")]
+    Retryable { error: String, class: RetryClass },
     /// The work was judged and refused; `violations` say why.
     #[error("{message}")]
     Verdict {
@@ -32,6 +33,51 @@ pub enum StepFailure {
     /// A bug or a broken contract; retrying will not help.
     #[error("{0}")]
     Defect(String),
+}
+
+impl StepFailure {
+    /// A transient failure of `class`.
+    pub fn retryable(class: RetryClass, error: impl Into<String>) -> Self {
+        Self::Retryable {
+            error: error.into(),
+            class,
+        }
+    }
+}
+
+/// The kind of a transient failure: the `class` label of
+/// `flotilla_step_retries_total`, a small fixed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryClass {
+    /// The target did not answer in time: the step's timeout or the
+    /// segment's deadline passed during the call, or the HTTP client's own
+    /// timer fired.
+    Timeout,
+    /// The target could not be reached or the connection broke: refused,
+    /// reset, closed before the whole body arrived.
+    Transport,
+    /// The target answered with a status that asks for a retry (408, 429,
+    /// 502, 503, 504).
+    Status,
+    /// The segment's deadline had passed before the next step began.
+    Deadline,
+    /// Any other transient failure: an in-process target's own, a target
+    /// shutting down.
+    Other,
+}
+
+impl RetryClass {
+    /// The label value.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Transport => "transport",
+            Self::Status => "status",
+            Self::Deadline => "deadline",
+            Self::Other => "other",
+        }
+    }
 }
 
 /// One invocation of a step.
@@ -119,11 +165,9 @@ impl Targets {
             .by_name
             .get(name)
             .ok_or_else(|| StepFailure::Defect(format!("unknown target {name:?}")))?;
-        let _permit = registered
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| StepFailure::Retryable(format!("target {name} is shutting down")))?;
+        let _permit = registered.permits.acquire().await.map_err(|_| {
+            StepFailure::retryable(RetryClass::Other, format!("target {name} is shutting down"))
+        })?;
         let in_flight = metrics::gauge!("flotilla_target_in_flight", "target" => name.to_owned());
         in_flight.increment(1.0);
         // Decremented however the call ends (also when its future is dropped).

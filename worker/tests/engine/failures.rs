@@ -12,7 +12,7 @@ use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Clock, Engine, Outcome};
 use flotilla_worker::target::http::HttpTarget;
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -38,9 +38,10 @@ async fn retryable_failures_back_off_exponentially_then_die_with_the_last_error(
         Arc::new(FnTarget(move |_call: TargetCall| {
             let n = attempt.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             async move {
-                Err::<Value, _>(StepFailure::Retryable(format!(
-                    "503 from upstream, try {n}"
-                )))
+                Err::<Value, _>(StepFailure::retryable(
+                    RetryClass::Status,
+                    format!("503 from upstream, try {n}"),
+                ))
             }
         })),
         8,
