@@ -49,6 +49,9 @@ pub struct Relay {
     settings: RelaySettings,
 }
 
+/// How often a relay checks whether the outbox's statistics lag.
+const STATISTICS_INTERVAL: Duration = Duration::from_secs(5);
+
 pub(crate) const IDLE_POLL_MIN: Duration = Duration::from_millis(5);
 
 impl Relay {
@@ -97,7 +100,9 @@ impl Relay {
         let buckets = self.leases.rebalance().await?;
         let rows = {
             let mut conn = self.pool.acquire().await?;
-            outbox::publishable(&mut conn, &buckets, now, self.settings.batch_size).await?
+            outbox::publishable(&mut conn, &buckets, now, self.settings.batch_size)
+                .await?
+                .rows
         };
         let _renewing = self.leases.keep_renewing();
         let deadline = tokio::time::Instant::now() + self.settings.delivery_timeout;
@@ -148,6 +153,37 @@ impl Relay {
         }
     }
 
+    /// Keeps the planner's statistics of the outbox in step with its size
+    /// (see [`outbox::analyze_if_stale`]), on one relay at a time, every
+    /// few seconds, away from the publishing loop.
+    async fn statistics_loop(&self, shutdown: CancellationToken) {
+        let mut ticks = tokio::time::interval(STATISTICS_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            let checked = async {
+                let mut tx = self.pool.begin().await?;
+                let mine: bool = sqlx::query_scalar(
+                    "SELECT pg_try_advisory_xact_lock(hashtext('flotilla:outbox-statistics'))",
+                )
+                .fetch_one(&mut *tx)
+                .await?;
+                let analyzed = mine && outbox::analyze_if_stale(&mut tx).await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(analyzed)
+            };
+            match checked.await {
+                Ok(true) => {
+                    tracing::info!("the outbox's statistics lagged behind its size; analyzed it")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "checking the outbox's statistics failed"),
+            }
+        }
+    }
+
     /// Retention on its own schedule, whatever the load of the rounds.
     async fn retention_loop(&self, shutdown: CancellationToken) {
         let mut ticks = tokio::time::interval(self.settings.retention_interval);
@@ -183,7 +219,12 @@ impl Relay {
     ) {
         let retention = {
             let (relay, stop) = (self.clone(), shutdown.clone());
-            tokio::spawn(async move { relay.retention_loop(stop).await })
+            tokio::spawn(async move {
+                tokio::join!(
+                    relay.retention_loop(stop.clone()),
+                    relay.statistics_loop(stop)
+                );
+            })
         };
         while !shutdown.is_cancelled() {
             let streamed = AssertUnwindSafe(stream::run(self, &shutdown, grace, readiness))

@@ -156,6 +156,7 @@ impl Marks {
     ) -> Result<DrainReport, sqlx::Error> {
         let acked: Vec<i64> = self.acked.iter().map(|(id, _)| *id).collect();
         let mut tx = pool.begin().await?;
+        outbox::prefer_indexes(&mut tx).await?;
         let marked = outbox::mark_published(&mut tx, relay_id, &acked, now).await?;
         if marked < acked.len() as u64 {
             tracing::warn!(

@@ -191,8 +191,9 @@ impl<'a> Stream<'a> {
                 .await
         };
         metrics::counter!("flotilla_relay_rounds_total").increment(1);
-        let rows = match read.await {
-            Ok(rows) => rows,
+        let started = Instant::now();
+        let heads = match read.await {
+            Ok(heads) => heads,
             Err(e) => {
                 tracing::warn!(error = %e, "reading pending rows failed");
                 self.readiness.round_failed(true);
@@ -200,8 +201,9 @@ impl<'a> Stream<'a> {
                 return;
             }
         };
-        let full = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= room;
-        for row in rows {
+        tracing::debug!(buckets = idle.len(), heads = heads.rows.len(), truncated = heads.truncated,
+            took = ?started.elapsed(), in_flight = self.in_flight(), "read pending heads");
+        for row in heads.rows {
             // A bucket lost since the read (or possibly lost): its rows wait
             // for whoever holds it now.
             if !relay.leases.held().holds(row.bucket) {
@@ -216,7 +218,7 @@ impl<'a> Stream<'a> {
                 }
             }
         }
-        self.next_read = if full {
+        self.next_read = if heads.truncated {
             Instant::now()
         } else {
             Instant::now() + self.idle.next_pause()
@@ -230,6 +232,8 @@ impl<'a> Stream<'a> {
         self.gathering_since = None;
         let ended: Vec<i16> = marks.buckets().collect();
         let held_back: Vec<i16> = marks.deferred_buckets().collect();
+        let started = Instant::now();
+        let count = marks.len();
         let report = marks
             .mark(
                 &relay.pool,
@@ -257,6 +261,7 @@ impl<'a> Stream<'a> {
                 return;
             }
         };
+        tracing::debug!(count, took = ?started.elapsed(), ?report, "marked");
         record(&report);
         let failing = report.deferred > 0 && report.published == 0;
         self.readiness.round_failed(failing);

@@ -79,6 +79,22 @@ impl Running {
         }
     }
 
+    /// The process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The process's peak resident memory so far in KiB (`VmHWM`), while it runs.
+    #[must_use]
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// Waits until a printed line contains `needle`.
     ///
     /// # Panics

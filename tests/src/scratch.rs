@@ -11,6 +11,7 @@ pub struct ScratchDatabase {
     pub pool: PgPool,
     admin: PgPool,
     name: String,
+    url: String,
 }
 
 impl ScratchDatabase {
@@ -29,12 +30,24 @@ impl ScratchDatabase {
         sqlx::query(&format!("CREATE DATABASE {name}"))
             .execute(&admin)
             .await?;
+        let url = format!("{base}/{name}");
         let pool = PgPoolOptions::new()
             .max_connections(connections)
-            .connect(&format!("{base}/{name}"))
+            .connect(&url)
             .await?;
         flotilla_store::migrate(&pool).await?;
-        Ok(Self { pool, admin, name })
+        Ok(Self {
+            pool,
+            admin,
+            name,
+            url,
+        })
+    }
+
+    /// Where it is, for processes started beside the pool.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     /// Closes the pool and drops the database.

@@ -1,0 +1,474 @@
+//! End to end, as a user runs it: requests produced to Kafka by an outside
+//! client, worker processes and one relay process (the release binaries),
+//! an HTTP target (the demo target, answering at once), and COMPLETED
+//! events read back from the event topic.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
+use flotilla_tests::process::Running;
+use flotilla_tests::scratch::ScratchDatabase;
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message as _};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::report::Report;
+
+/// Partitions of the request and event topics.
+const PARTITIONS: i32 = 6;
+
+/// Which broker the fleet talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BrokerKind {
+    /// librdkafka's mock cluster, served from this process: in memory, fast.
+    Mock,
+    /// The test broker `scripts/services` runs (`KAFKA_BOOTSTRAP_SERVERS`).
+    Test,
+}
+
+impl BrokerKind {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Mock => "mock cluster",
+            Self::Test => "test broker",
+        }
+    }
+}
+
+/// A broker with the run's two topics on it.
+struct Broker {
+    bootstrap: String,
+    _mock: Option<MockCluster<'static, DefaultProducerContext>>,
+}
+
+impl Broker {
+    async fn start(kind: BrokerKind, topics: &[&str]) -> anyhow::Result<Self> {
+        match kind {
+            BrokerKind::Mock => {
+                let cluster = MockCluster::new(1)?;
+                for topic in topics {
+                    cluster.create_topic(topic, PARTITIONS, 1)?;
+                }
+                Ok(Self {
+                    bootstrap: cluster.bootstrap_servers(),
+                    _mock: Some(cluster),
+                })
+            }
+            BrokerKind::Test => {
+                for topic in topics {
+                    flotilla_tests::create_topic(topic, PARTITIONS).await?;
+                }
+                Ok(Self {
+                    bootstrap: flotilla_tests::bootstrap_servers(),
+                    _mock: None,
+                })
+            }
+        }
+    }
+}
+
+/// A binary beside this one (`target/release/`).
+pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe
+        .parent()
+        .map(|dir| dir.join(name))
+        .ok_or_else(|| anyhow::anyhow!("no directory for {}", exe.display()))?;
+    anyhow::ensure!(
+        path.exists(),
+        "{} is not built: run the benchmark through scripts/bench",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The workflows and the target they call, in a directory of their own.
+fn write_fleet_files(dir: &Path, target: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir.join("workflows"))?;
+    std::fs::write(
+        dir.join("targets.yaml"),
+        format!("targets:\n  bench:\n    kind: http\n    base_url: {target}\n"),
+    )?;
+    for (name, steps) in [("bench3", 3), ("bench1", 1)] {
+        let steps: Vec<_> = (1..=steps)
+            .map(|n| json!({"name": format!("step{n}"), "target": "bench", "method": "lookup"}))
+            .collect();
+        let workflow = json!({"name": name, "input_schema": {}, "steps": steps});
+        std::fs::write(
+            dir.join(format!("workflows/{name}.json")),
+            workflow.to_string(),
+        )?;
+    }
+    Ok(())
+}
+
+/// When a job's COMPLETED event was committed (its `occurred_at`) and read.
+#[derive(Debug, Clone, Copy)]
+struct Completion {
+    read: Instant,
+    read_wall: chrono::DateTime<chrono::Utc>,
+    committed: chrono::DateTime<chrono::Utc>,
+}
+
+/// When a request was handed to the producer.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    at: Instant,
+    wall: chrono::DateTime<chrono::Utc>,
+}
+
+/// One fleet: its database, broker, topics and processes.
+struct Fleet {
+    database: ScratchDatabase,
+    broker: Broker,
+    requests: String,
+    events: String,
+    workers: Vec<Running>,
+    relay: Running,
+    target: Running,
+    dir: PathBuf,
+}
+
+impl Fleet {
+    async fn start(kind: BrokerKind, workers: usize) -> anyhow::Result<Self> {
+        let run = Uuid::new_v4().simple().to_string();
+        let (requests, events) = (
+            format!("bench-requests-{run}"),
+            format!("bench-events-{run}"),
+        );
+        let broker = Broker::start(kind, &[&requests, &events]).await?;
+        let database = ScratchDatabase::create("bench_e2e", 2).await?;
+        let dir = std::env::temp_dir().join(format!("flotilla-bench-{run}"));
+        let port = flotilla_tests::free_port();
+        let target_addr = format!("127.0.0.1:{port}");
+        write_fleet_files(&dir, &format!("http://{target_addr}"))?;
+        let mut target = Command::new(sibling("flotilla-demo-target")?);
+        target
+            .env("DEMO_TARGET_ADDR", &target_addr)
+            .env("DEMO_TARGET_LATENCY", "0ms")
+            .env("RUST_LOG", "warn");
+        let common = |command: &mut Command| {
+            command
+                .env("DATABASE_URL", database.url())
+                .env("KAFKA_BOOTSTRAP_SERVERS", &broker.bootstrap)
+                .env("SCHEMA_REGISTRY_URL", "")
+                .env("FLOTILLA_CREATE_TOPICS", "false")
+                .env("RUST_LOG", "warn,flotilla_worker=info,flotilla_relay=info")
+                .env("NO_COLOR", "1");
+        };
+        let mut commands = Vec::new();
+        for n in 0..workers {
+            let mut worker = Command::new(sibling("flotilla-worker")?);
+            common(&mut worker);
+            if kind == BrokerKind::Mock {
+                // As for the reader: the mock cluster holds an empty fetch
+                // for the whole wait, where a real broker answers as soon as
+                // a record arrives.
+                worker.args(["--kafka-property", "fetch.wait.max.ms=10"]);
+            }
+            worker
+                .env("FLOTILLA_WORKER_ID", format!("bench-worker-{n}"))
+                .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
+                .env("FLOTILLA_API_TOKENS", "bench")
+                .env("FLOTILLA_REQUEST_TOPIC", &requests)
+                .env("FLOTILLA_CONSUMER_GROUP", format!("bench-workers-{run}"))
+                .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
+                .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"));
+            commands.push(worker);
+        }
+        let mut relay = Command::new(sibling("flotilla-relay")?);
+        common(&mut relay);
+        relay
+            .env("FLOTILLA_EVENT_TOPIC", &events)
+            .env("FLOTILLA_RELAY_ID", "bench-relay")
+            .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0");
+        let (target, workers, relay) = tokio::task::spawn_blocking(move || {
+            let mut target = Running::start(target);
+            target.wait_for_line("demo target listening", Duration::from_secs(30));
+            let workers: Vec<Running> = commands
+                .into_iter()
+                .map(|command| {
+                    let mut worker = Running::start(command);
+                    worker.wait_for_line("worker ready", Duration::from_secs(60));
+                    worker
+                })
+                .collect();
+            let mut relay = Running::start(relay);
+            relay.wait_for_line("relay ready", Duration::from_secs(60));
+            (target, workers, relay)
+        })
+        .await?;
+        Ok(Self {
+            database,
+            broker,
+            requests,
+            events,
+            workers,
+            relay,
+            target,
+            dir,
+        })
+    }
+
+    fn producer(&self) -> anyhow::Result<FutureProducer> {
+        Ok(ClientConfig::new()
+            .set("bootstrap.servers", &self.broker.bootstrap)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()?)
+    }
+
+    /// Reads COMPLETED events until every job of `jobs` has one; returns
+    /// when each arrived.
+    fn read_completed(
+        &self,
+        jobs: HashSet<Uuid>,
+        deadline: Duration,
+    ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<HashMap<Uuid, Completion>>>> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.broker.bootstrap)
+            // The mock cluster answers a fetch with nothing new only after
+            // this wait, even when records arrive meanwhile: keep it short.
+            .set("fetch.wait.max.ms", "10")
+            .set("group.id", format!("bench-reader-{}", Uuid::new_v4()))
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()?;
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for partition in 0..PARTITIONS {
+            assignment.add_partition_offset(&self.events, partition, rdkafka::Offset::Beginning)?;
+        }
+        consumer.assign(&assignment)?;
+        Ok(tokio::spawn(async move {
+            let stop = Instant::now() + deadline;
+            let mut done = HashMap::with_capacity(jobs.len());
+            while done.len() < jobs.len() {
+                let left = stop.saturating_duration_since(Instant::now());
+                let message =
+                    tokio::time::timeout(left, consumer.recv())
+                        .await
+                        .map_err(|_| {
+                            anyhow::anyhow!(
+                                "only {} of {} jobs COMPLETED in time",
+                                done.len(),
+                                jobs.len()
+                            )
+                        })??;
+                let Some(payload) = message.payload() else {
+                    continue;
+                };
+                let event = flotilla_contracts::json::decode::<WorkflowRunEvent>(payload)?;
+                if event.event_type() == WorkflowRunEventType::Completed
+                    && jobs.contains(&event.job_id())
+                {
+                    done.entry(event.job_id()).or_insert_with(|| Completion {
+                        read: Instant::now(),
+                        read_wall: chrono::Utc::now(),
+                        committed: event.occurred_at(),
+                    });
+                }
+            }
+            Ok(done)
+        }))
+    }
+
+    /// Produces a request of `workflow` for each of `jobs`, `pace` apart
+    /// (none: as fast as the producer takes them); returns when each was
+    /// handed over.
+    async fn produce(
+        &self,
+        workflow: &str,
+        jobs: &[Uuid],
+        pace: Option<Duration>,
+    ) -> anyhow::Result<HashMap<Uuid, Sent>> {
+        let producer = self.producer()?;
+        let mut sent = HashMap::with_capacity(jobs.len());
+        let mut deliveries = Vec::with_capacity(jobs.len());
+        let started = Instant::now();
+        for (n, job) in jobs.iter().enumerate() {
+            if let Some(pace) = pace {
+                let due = started + pace.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
+                tokio::time::sleep_until(due.into()).await;
+            }
+            let request = WorkflowRunRequest::new(*job, workflow, json!({"n": n}))?;
+            let payload = flotilla_contracts::json::encode(&request)?;
+            let key = request.job_id().to_string();
+            let record = FutureRecord::to(&self.requests).key(&key).payload(&payload);
+            deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
+            sent.insert(
+                request.job_id(),
+                Sent {
+                    at: Instant::now(),
+                    wall: chrono::Utc::now(),
+                },
+            );
+        }
+        for delivery in deliveries {
+            delivery.await?.map_err(|(e, _)| e)?;
+        }
+        Ok(sent)
+    }
+
+    /// Peak resident memory of the first worker and of the relay, in MiB.
+    fn peak_rss_mib(&self) -> (f64, f64) {
+        let mib = |kib: Option<u64>| kib.map_or(0.0, |k| k as f64 / 1024.0);
+        (
+            mib(self.workers[0].peak_rss_kib()),
+            mib(self.relay.peak_rss_kib()),
+        )
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        let Self {
+            database,
+            workers,
+            relay,
+            target,
+            dir,
+            broker,
+            ..
+        } = self;
+        let logs = dir.join("logs");
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::create_dir_all(&logs)?;
+            let names = (0..workers.len())
+                .map(|n| format!("worker-{n}"))
+                .chain(["relay".to_owned(), "target".to_owned()]);
+            for (name, mut process) in names.zip(workers.into_iter().chain([relay, target])) {
+                process.terminate(Duration::from_secs(30));
+                std::fs::write(logs.join(format!("{name}.log")), process.output.join("\n"))?;
+            }
+            Ok(())
+        })
+        .await??;
+        drop(broker);
+        database.drop_now().await?;
+        // The processes' output stays for a look when asked for.
+        if std::env::var_os("FLOTILLA_BENCH_KEEP_LOGS").is_some() {
+            println!("bench: logs in {}", dir.join("logs").display());
+        } else {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        Ok(())
+    }
+}
+
+/// Jobs per second from the first produce to the last COMPLETED event read.
+async fn throughput(
+    kind: BrokerKind,
+    workflow: &str,
+    workers: usize,
+    jobs: usize,
+) -> anyhow::Result<(f64, Fleet)> {
+    let fleet = Fleet::start(kind, workers).await?;
+    let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
+    let reader = fleet.read_completed(ids.iter().copied().collect(), Duration::from_secs(1200))?;
+    let started = Instant::now();
+    fleet.produce(workflow, &ids, None).await?;
+    let done = reader.await??;
+    let last = done.values().map(|c| c.read).max().unwrap_or(started);
+    #[allow(clippy::cast_precision_loss)]
+    let rate = jobs as f64 / last.duration_since(started).as_secs_f64();
+    Ok((rate, fleet))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index].as_secs_f64() * 1000.0
+}
+
+/// Latencies with requests paced at `rate` jobs/s, p50/p95/p99 in ms:
+/// submit → COMPLETED read back, and its two parts: submit → COMPLETED
+/// committed (ingestion and the engine), committed → read (the relay and
+/// the broker).
+async fn latency(
+    fleet: &Fleet,
+    workflow: &str,
+    rate: f64,
+    jobs: usize,
+) -> anyhow::Result<[[f64; 3]; 3]> {
+    let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
+    let reader = fleet.read_completed(ids.iter().copied().collect(), Duration::from_secs(600))?;
+    let pace = Duration::from_secs_f64(1.0 / rate.max(1.0));
+    let sent = fleet.produce(workflow, &ids, Some(pace)).await?;
+    let done = reader.await??;
+    let wall = |from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>| {
+        (to - from).to_std().unwrap_or_default()
+    };
+    let mut parts: [Vec<Duration>; 3] = Default::default();
+    for (job, sent) in &sent {
+        if let Some(done) = done.get(job) {
+            parts[0].push(done.read.duration_since(sent.at));
+            parts[1].push(wall(sent.wall, done.committed));
+            parts[2].push(wall(done.committed, done.read_wall));
+        }
+    }
+    Ok(parts.map(|mut part| {
+        part.sort_unstable();
+        [0.5, 0.95, 0.99].map(|p| percentile(&part, p))
+    }))
+}
+
+/// The end-to-end figures on one broker.
+pub(crate) async fn run(report: &mut Report, kind: BrokerKind, jobs: usize) -> anyhow::Result<()> {
+    let broker = kind.label();
+    for (workflow, steps) in [("bench3", 3), ("bench1", 1)] {
+        for workers in [1, 2] {
+            let (rate, fleet) = throughput(kind, workflow, workers, jobs).await?;
+            report.add(
+                "end to end",
+                format!("{steps}-step, {workers} worker(s), 1 relay, {broker}"),
+                rate,
+                "jobs/s",
+            );
+            if steps == 3 && workers == 1 {
+                let (worker_mib, relay_mib) = fleet.peak_rss_mib();
+                report.add(
+                    "memory",
+                    format!("worker peak RSS, {broker}"),
+                    worker_mib,
+                    "MiB",
+                );
+                report.add(
+                    "memory",
+                    format!("relay peak RSS, {broker}"),
+                    relay_mib,
+                    "MiB",
+                );
+                let paced = (jobs / 4).max(50);
+                let parts = latency(&fleet, workflow, rate / 2.0, paced).await?;
+                let names = [
+                    "submit → COMPLETED read",
+                    "submit → COMPLETED committed",
+                    "committed → read",
+                ];
+                for (part, values) in names.iter().zip(parts) {
+                    for (p, value) in ["p50", "p95", "p99"].iter().zip(values) {
+                        report.add(
+                            "latency",
+                            format!("3-step {part} {p}, half peak, {broker}"),
+                            value,
+                            "ms",
+                        );
+                    }
+                }
+            }
+            fleet.stop().await?;
+        }
+    }
+    Ok(())
+}

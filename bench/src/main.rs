@@ -1,0 +1,92 @@
+//! `flotilla-bench`: Flotilla's figures on this machine, in one run.
+//!
+//! `cargo run --release -p flotilla-bench -- [--smoke] [--only relay,...]`
+//! with the services up (`scripts/services up`, then
+//! `eval "$(scripts/services env)"`). Prints a table and writes it as JSON
+//! under `bench/results/`. See `bench/README.md` for what each figure means.
+
+mod ceiling;
+mod e2e;
+mod relay;
+mod report;
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "flotilla-bench",
+    about = "Measure Flotilla end to end and by component"
+)]
+struct Args {
+    /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
+    #[arg(long)]
+    smoke: bool,
+    /// Run only these parts (comma separated): ceiling, e2e, relay.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Brokers for the end-to-end runs (comma separated): mock, test.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["mock".to_owned(), "test".to_owned()])]
+    brokers: Vec<String>,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, name)| name.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cores} cores, {cpu}")
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // What the in-process parts (the relay) say, filtered by RUST_LOG.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let wanted = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
+    let mut report = report::Report {
+        started_at: chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        machine: machine(),
+        smoke: args.smoke,
+        figures: Vec::new(),
+    };
+    if wanted("ceiling") {
+        ceiling::run(&mut report, args.smoke).await?;
+    }
+    if wanted("e2e") {
+        let jobs = args.jobs.unwrap_or(if args.smoke { 200 } else { 20_000 });
+        for broker in &args.brokers {
+            let kind = match broker.as_str() {
+                "mock" => e2e::BrokerKind::Mock,
+                "test" => e2e::BrokerKind::Test,
+                other => anyhow::bail!("--brokers: {other} is not mock or test"),
+            };
+            e2e::run(&mut report, kind, jobs).await?;
+        }
+    }
+    if wanted("relay") {
+        relay::run(&mut report, args.smoke).await?;
+    }
+    println!("\n{}", report.table());
+    let path = report.write(&args.out)?;
+    println!("bench: results in {}", path.display());
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! The relay alone: events per second draining a backlog of PENDING rows to
+//! librdkafka's mock cluster (in memory, in this process), with and without
+//! a long published history in the same table.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use flotilla_contracts::{EventHeader, WorkflowRunEvent};
+use flotilla_relay::{Relay, RelaySettings};
+use flotilla_store::SystemClock;
+use flotilla_tests::scratch::ScratchDatabase;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::report::Report;
+
+/// Events each job of the backlog has (ACCEPTED, three checkpoints, COMPLETED).
+const EVENTS_PER_JOB: i64 = 5;
+
+/// A stored event as the workers write it, as JSON, for SQL to copy.
+fn template() -> anyhow::Result<serde_json::Value> {
+    let header = EventHeader {
+        event_id: Uuid::new_v4(),
+        job_id: Uuid::new_v4(),
+        sequence: 2,
+        workflow_name: "bench".into(),
+        attempt: 1,
+        occurred_at: Utc::now(),
+    };
+    Ok(serde_json::to_value(WorkflowRunEvent::step_checkpoint(
+        header, "step",
+    )?)?)
+}
+
+/// Inserts `jobs × 5` rows with `status`, jobs interleaved as concurrent
+/// jobs write them (every job's first event, then every job's second…).
+async fn insert_rows(pool: &PgPool, jobs: i64, status: &str) -> anyhow::Result<()> {
+    let template = template()?;
+    // In chunks, so a million rows do not make one huge transaction.
+    let chunk = 20_000;
+    let mut done = 0;
+    while done < jobs {
+        let count = chunk.min(jobs - done);
+        sqlx::query(
+            "WITH job AS (SELECT gen_random_uuid() AS job_id, n FROM generate_series(1, $1) n),
+                  row AS (SELECT job.job_id, s.sequence, gen_random_uuid() AS event_id
+                          FROM generate_series(1, $2) AS s(sequence), job
+                          ORDER BY s.sequence, job.n)
+             INSERT INTO workflow_run_outbox
+                 (event_id, job_id, sequence, event_type, payload, status, published_at)
+             SELECT event_id, job_id, sequence, 'STEP_CHECKPOINT',
+                    $3::jsonb || jsonb_build_object('event_id', event_id, 'job_id', job_id, 'sequence', sequence),
+                    $4, CASE WHEN $4 = 'PUBLISHED' THEN now() END
+             FROM row",
+        )
+        .bind(count)
+        .bind(EVENTS_PER_JOB)
+        .bind(&template)
+        .bind(status)
+        .execute(pool)
+        .await?;
+        done += count;
+    }
+    // No ANALYZE: the relay's read must keep its shape on a table whose
+    // statistics lag behind, as they do on a busy one.
+    Ok(())
+}
+
+async fn pending(pool: &PgPool) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING'")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Drains `backlog` PENDING rows (after `history` PUBLISHED ones) with one
+/// relay; returns events per second.
+async fn drain(backlog: i64, history: i64) -> anyhow::Result<f64> {
+    let database = ScratchDatabase::create("bench_relay", 8).await?;
+    let pool = database.pool.clone();
+    insert_rows(&pool, history / EVENTS_PER_JOB, "PUBLISHED").await?;
+    insert_rows(&pool, backlog / EVENTS_PER_JOB, "PENDING").await?;
+    let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1)?;
+    let topic = "workflow-run-events";
+    cluster.create_topic(topic, 12, 1)?;
+    let settings = RelaySettings::new(
+        flotilla_runtime::BrokerConfig::new(&cluster.bootstrap_servers()),
+        topic,
+        "bench-relay",
+    );
+    let relay = Relay::new(pool.clone(), Arc::new(SystemClock), settings)?;
+    let total = pending(&pool).await?;
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let running = {
+        let stop = stop.clone();
+        tokio::spawn(async move { relay.run(stop, Duration::from_secs(10)).await })
+    };
+    let deadline = started + Duration::from_secs(600);
+    while pending(&pool).await? > 0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the relay did not drain in 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    stop.cancel();
+    running.await?;
+    drop(cluster);
+    database.drop_now().await?;
+    #[allow(clippy::cast_precision_loss)]
+    Ok(total as f64 / elapsed.as_secs_f64())
+}
+
+/// The relay's figures: events/s with a backlog, then with history.
+pub(crate) async fn run(report: &mut Report, smoke: bool) -> anyhow::Result<()> {
+    let (backlog, history) = if smoke {
+        (5_000, 20_000)
+    } else {
+        (100_000, 1_000_000)
+    };
+    let empty = drain(backlog, 0).await?;
+    report.add(
+        "relay",
+        format!("events/s, {backlog} pending, no history"),
+        empty,
+        "events/s",
+    );
+    let retained = drain(backlog, history).await?;
+    report.add(
+        "relay",
+        format!("events/s, {backlog} pending, {history} published retained"),
+        retained,
+        "events/s",
+    );
+    report.add("relay", "with history / without", retained / empty, "ratio");
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! The relay's read of pending rows: only the head of each job, and a plan
+//! whose cost does not grow with the backlog, even on a table the planner
+//! knows nothing about yet (never analyzed, as a fresh or busy one is).
+
+use chrono::Utc;
+use flotilla_store::outbox::relay::{
+    PENDING_IN_ID_ORDER, analyze_if_stale, mark_published_statement, prefer_indexes, publishable,
+};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// `jobs` jobs of five PENDING events each, interleaved as running jobs
+/// write them; no ANALYZE.
+async fn backlog(pool: &PgPool, jobs: i64) {
+    sqlx::query(
+        "WITH job AS (SELECT gen_random_uuid() AS job_id, n FROM generate_series(1, $1) n),
+              row AS (SELECT job.job_id, s.sequence FROM generate_series(1, 5) AS s(sequence), job
+                      ORDER BY s.sequence, job.n)
+         INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload)
+         SELECT gen_random_uuid(), job_id, sequence, 'STEP_CHECKPOINT', '{}' FROM row",
+    )
+    .bind(jobs)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+fn all_buckets() -> Vec<i16> {
+    (0..64).collect()
+}
+
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn only_the_lowest_pending_row_of_each_job_is_read(pool: PgPool) {
+    backlog(&pool, 50).await;
+    // One job has its first two events published, one its first FAILED.
+    let (published, failed): (Uuid, Uuid) = sqlx::query_as(
+        "SELECT (array_agg(DISTINCT job_id))[1], (array_agg(DISTINCT job_id))[2] FROM workflow_run_outbox",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE workflow_run_outbox SET status = 'PUBLISHED' WHERE job_id = $1 AND sequence <= 2",
+    )
+    .bind(published)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE workflow_run_outbox SET status = 'FAILED' WHERE job_id = $1 AND sequence = 1",
+    )
+    .bind(failed)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let heads = publishable(&mut conn, &all_buckets(), Utc::now(), 1000)
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(heads.len(), 50, "one row per job");
+    for head in &heads {
+        let expected = if head.job_id == published {
+            3
+        } else if head.job_id == failed {
+            2 // a FAILED row does not hold the next one back
+        } else {
+            1
+        };
+        assert_eq!(head.sequence, expected, "job {}", head.job_id);
+    }
+    // A smaller limit: fewer heads, and the read says there is more.
+    let some = publishable(&mut conn, &all_buckets(), Utc::now(), 7)
+        .await
+        .unwrap();
+    assert!(some.truncated);
+    assert!(!some.rows.is_empty() && some.rows.len() <= 7);
+    let jobs: std::collections::HashSet<Uuid> = some.rows.iter().map(|r| r.job_id).collect();
+    assert_eq!(jobs.len(), some.rows.len(), "still one row per job");
+}
+
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn the_read_is_one_ordered_index_scan_per_bucket_on_a_table_never_analyzed(pool: PgPool) {
+    backlog(&pool, 3000).await;
+    sqlx::query("UPDATE workflow_run_outbox SET status = 'PUBLISHED' WHERE sequence <= 2")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        let mut tx = pool.begin().await.unwrap();
+        prefer_indexes(&mut tx).await.unwrap();
+        sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}"))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {PENDING_IN_ID_ORDER}"))
+            .bind(all_buckets())
+            .bind(2000_i64)
+            .bind(2000_i64)
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("Index Scan using workflow_run_outbox_pending on workflow_run_outbox"),
+            "{mode}: the (bucket, id) index of PENDING rows, in its order:\n{plan}"
+        );
+        for costly in ["Join", "Sort", "Seq Scan", "Bitmap"] {
+            assert!(!plan.contains(costly), "{mode}: no {costly}:\n{plan}");
+        }
+    }
+}
+
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_table_whose_statistics_lag_is_analyzed_then_marking_reaches_rows_by_primary_key(
+    pool: PgPool,
+) {
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(
+        !analyze_if_stale(&mut conn).await.unwrap(),
+        "an empty table is not stale"
+    );
+    backlog(&pool, 20_000).await;
+    // pg_stat counts rows a moment after the inserting transaction ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !analyze_if_stale(&mut conn).await.unwrap() {
+        assert!(std::time::Instant::now() < deadline, "never found stale");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        !analyze_if_stale(&mut conn).await.unwrap(),
+        "once analyzed, not again"
+    );
+    let ids: Vec<i64> = (1..=500).collect();
+    let mut tx = pool.begin().await.unwrap();
+    prefer_indexes(&mut tx).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", mark_published_statement()))
+        .bind(&ids)
+        .bind(Utc::now())
+        .bind("relay")
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("workflow_run_outbox_pkey"),
+        "the rows by primary key:\n{plan}"
+    );
+    assert!(
+        !plan.contains("Seq Scan on workflow_run_outbox"),
+        "not the whole outbox:\n{plan}"
+    );
+}
