@@ -2,7 +2,7 @@
 //! (guarantee 8 in docs/architecture.md). Rows are published keyed by job id
 //! and marked PUBLISHED only after the broker acknowledged them: at least
 //! once, with the same `event_id` on a repeat. A job's next event leaves
-//! only after its previous one was acknowledged and marked ([`stream`]), so
+//! only after its previous one was acknowledged and marked (the `stream` module), so
 //! per-job order does not rest on the broker's handling of producer
 //! retries; across replicas it comes from bucket ownership ([`buckets`]).
 
@@ -200,7 +200,7 @@ impl Relay {
         }
     }
 
-    /// Publishes until `shutdown`, streaming ([`stream`]); then what is on
+    /// Publishes until `shutdown`, streaming (the `stream` module); then what is on
     /// its way is awaited (up to `grace`) and marked, and the buckets are
     /// released. A panic in the loop is logged and counted, and the loop
     /// starts again: what it had sent stays PENDING and goes again.

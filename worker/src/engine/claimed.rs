@@ -18,6 +18,7 @@ use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::group_commit::SharedChange;
 use super::{Engine, sanitize};
 use crate::target::RetryClass;
 
@@ -98,6 +99,26 @@ impl Lease {
 
     async fn try_write(&self, change: &Transition<'_>) -> Result<(), SegmentStop> {
         let now = self.engine.now();
+        // The hot path (a checkpoint per step, the completion) shares its
+        // commit with other jobs' (see `group_commit`).
+        let shared = match change {
+            Transition::Checkpoint(checkpoint) => {
+                Some(SharedChange::Checkpoint((*checkpoint).clone()))
+            }
+            Transition::Complete { result, verdict } => Some(SharedChange::Complete {
+                result: (*result).clone(),
+                verdict: (*verdict).to_owned(),
+            }),
+            _ => None,
+        };
+        if let Some(shared) = shared {
+            let group = &self.engine.inner.group_commit;
+            return if group.write(self.job_id, self.token, now, shared).await? {
+                Ok(())
+            } else {
+                Err(LeaseLost.into())
+            };
+        }
         let mut tx = self.engine.pool().begin().await?;
         if lease::transition(&mut tx, self.job_id, self.token, now, change).await? {
             tx.commit().await?;

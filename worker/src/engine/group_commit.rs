@@ -1,0 +1,323 @@
+//! Group commit: the checkpoints and completions of many running jobs share
+//! one transaction.
+//!
+//! A writer queues its change and waits for its own outcome. When no write
+//! is being committed, the writer that arrives becomes the leader: it takes
+//! everything queued (up to a batch), writes each change fenced on its own
+//! lease token in one transaction, commits once, answers every writer, and
+//! goes on while more is queued. Under load, changes gather while a commit
+//! is in flight, so one commit carries many; alone, a write commits at once
+//! (no timer, no added latency). Each writer still waits for its own write
+//! to be durable before its job runs its next step.
+//!
+//! A lease lost for one job answers only that writer (its statement matched
+//! no row). When the batch fails (the database refuses one change, or
+//! fails as a service), its changes are written again one by one, so a
+//! refusal stays with the change it is about and each writer gets its own
+//! outcome. A leader whose future is dropped mid-batch hands the queue to a
+//! task, so no writer waits for an answer nobody will give.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use flotilla_store::StoreError;
+use flotilla_store::runs::Checkpoint;
+use flotilla_store::runs::lease::{self, Transition};
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+/// Most changes one transaction carries.
+const MAX_BATCH: usize = 64;
+
+/// A change that may share a transaction with other jobs' changes.
+#[derive(Debug, Clone)]
+pub(super) enum SharedChange {
+    Checkpoint(Checkpoint),
+    Complete {
+        result: serde_json::Value,
+        verdict: String,
+    },
+}
+
+impl SharedChange {
+    fn transition(&self) -> Transition<'_> {
+        match self {
+            Self::Checkpoint(checkpoint) => Transition::Checkpoint(checkpoint),
+            Self::Complete { result, verdict } => Transition::Complete { result, verdict },
+        }
+    }
+}
+
+/// One queued write and where its outcome goes.
+#[derive(Debug)]
+struct Queued {
+    job_id: Uuid,
+    token: Uuid,
+    now: DateTime<Utc>,
+    change: SharedChange,
+    /// `Ok(false)`: the lease is lost and nothing was written.
+    reply: oneshot::Sender<Result<bool, StoreError>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    items: Vec<Queued>,
+    leading: bool,
+}
+
+/// The group committer of one engine.
+#[derive(Debug, Clone)]
+pub(super) struct GroupCommit {
+    pool: PgPool,
+    queue: Arc<Mutex<Queue>>,
+    /// Batches committed (or tried), for tests.
+    batches: Arc<AtomicU64>,
+}
+
+impl GroupCommit {
+    pub(super) fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            queue: Arc::default(),
+            batches: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes `change` to `job_id` if `token` still holds its lease, in a
+    /// transaction it may share with other jobs' changes; `Ok(false)` when
+    /// the lease is lost (nothing written).
+    ///
+    /// # Errors
+    /// The database refused this change, or failed.
+    pub(super) async fn write(
+        &self,
+        job_id: Uuid,
+        token: Uuid,
+        now: DateTime<Utc>,
+        change: SharedChange,
+    ) -> Result<bool, StoreError> {
+        let (reply, outcome) = oneshot::channel();
+        let lead = {
+            let mut queue = self.lock();
+            queue.items.push(Queued {
+                job_id,
+                token,
+                now,
+                change,
+                reply,
+            });
+            !std::mem::replace(&mut queue.leading, true)
+        };
+        if lead {
+            self.lead().await;
+        }
+        outcome
+            .await
+            .unwrap_or_else(|_| Err(sqlx::Error::WorkerCrashed.into()))
+    }
+
+    /// Commits batches until the queue is empty, then steps down.
+    async fn lead(&self) {
+        let mut guard = Leadership(Some(self.clone()));
+        loop {
+            let batch = {
+                let mut queue = self.lock();
+                if queue.items.is_empty() {
+                    queue.leading = false;
+                    guard.0 = None;
+                    return;
+                }
+                let take = queue.items.len().min(MAX_BATCH);
+                queue.items.drain(..take).collect::<Vec<_>>()
+            };
+            self.commit(batch).await;
+        }
+    }
+
+    async fn commit(&self, batch: Vec<Queued>) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        let outcomes = if batch.len() == 1 {
+            vec![self.write_alone(&batch[0]).await]
+        } else {
+            match self.write_together(&batch).await {
+                Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+                Err(e) => {
+                    tracing::debug!(error = %e, writes = batch.len(),
+                        "a shared commit failed; writing its changes one by one");
+                    let mut outcomes = Vec::with_capacity(batch.len());
+                    for queued in &batch {
+                        outcomes.push(self.write_alone(queued).await);
+                    }
+                    outcomes
+                }
+            }
+        };
+        metrics::histogram!("flotilla_group_commit_writes").record(batch.len() as f64);
+        for (queued, outcome) in batch.into_iter().zip(outcomes) {
+            // A writer that stopped waiting has nothing to be told.
+            let _ = queued.reply.send(outcome);
+        }
+    }
+
+    async fn write_together(&self, batch: &[Queued]) -> Result<Vec<bool>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for queued in batch {
+            let change = queued.change.transition();
+            outcomes.push(
+                lease::transition(&mut tx, queued.job_id, queued.token, queued.now, &change)
+                    .await?,
+            );
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn write_alone(&self, queued: &Queued) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let change = queued.change.transition();
+        let written =
+            lease::transition(&mut tx, queued.job_id, queued.token, queued.now, &change).await?;
+        if written {
+            tx.commit().await?;
+        } else {
+            // Release the connection clean: a dropped transaction rolls back
+            // only when its connection is next used.
+            tx.rollback().await?;
+        }
+        Ok(written)
+    }
+}
+
+/// Held by the leader; if its future is dropped before the queue is empty,
+/// a task takes over, so queued writers still get their answers.
+struct Leadership(Option<GroupCommit>);
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        let Some(commit) = self.0.take() else {
+            return;
+        };
+        let orphaned = {
+            let mut queue = commit.lock();
+            if queue.items.is_empty() {
+                queue.leading = false;
+                false
+            } else {
+                true
+            }
+        };
+        if orphaned && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { commit.lead().await });
+        } else if orphaned {
+            commit.lock().leading = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A RUNNING row leased with `token`.
+    async fn running(pool: &PgPool, token: Uuid) -> Uuid {
+        let job_id = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest,
+                 status, max_attempts, attempt, lease_owner, lease_token, lease_until)
+             VALUES ($1, 'shared', '{}', '{}', 'd', 'RUNNING', 3, 1, 'w', $2, now() + interval '1 minute')",
+        )
+        .bind(job_id)
+        .bind(token)
+        .execute(pool)
+        .await
+        .unwrap();
+        job_id
+    }
+
+    fn checkpoint(response: serde_json::Value) -> SharedChange {
+        SharedChange::Checkpoint(Checkpoint {
+            name: "one".into(),
+            skipped: false,
+            response,
+        })
+    }
+
+    async fn events(pool: &PgPool, job_id: Uuid) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM workflow_run_outbox WHERE job_id = $1")
+            .bind(job_id)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    /// Four writers at once: the first commits alone, the other three share
+    /// a transaction; of those, one lost its lease and one carries a value
+    /// Postgres refuses. Each gets its own outcome, and the good ones are
+    /// written.
+    #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+    async fn writers_sharing_a_commit_each_get_their_own_outcome(pool: PgPool) {
+        let group = GroupCommit::new(pool.clone());
+        let token = Uuid::new_v4();
+        let first = running(&pool, token).await;
+        let good = running(&pool, token).await;
+        let lost = running(&pool, Uuid::new_v4()).await;
+        let refused = running(&pool, token).await;
+        let now = Utc::now();
+        let ok = serde_json::json!({"ok": true});
+        let (a, b, c, d) = tokio::join!(
+            group.write(first, token, now, checkpoint(ok.clone())),
+            group.write(good, token, now, checkpoint(ok.clone())),
+            group.write(lost, token, now, checkpoint(ok.clone())),
+            // JSONB cannot hold a NUL character.
+            group.write(
+                refused,
+                token,
+                now,
+                checkpoint(serde_json::json!({"bad": "\u{0}"}))
+            ),
+        );
+        assert!(a.unwrap(), "written alone");
+        assert!(b.unwrap(), "written beside the others' failures");
+        assert!(!c.unwrap(), "the lost lease answers only its writer");
+        let refusal = d.expect_err("refused");
+        assert!(refusal.is_about_the_data(), "{refusal}");
+        for (job, expected) in [(first, 1), (good, 1), (lost, 0), (refused, 0)] {
+            assert_eq!(events(&pool, job).await, expected, "{job}");
+        }
+    }
+
+    /// Under load, many writes share one commit.
+    #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+    async fn concurrent_writes_share_commits(pool: PgPool) {
+        let group = GroupCommit::new(pool.clone());
+        let token = Uuid::new_v4();
+        let mut jobs = Vec::new();
+        for _ in 0..40 {
+            jobs.push(running(&pool, token).await);
+        }
+        let writes = jobs.iter().map(|job| {
+            group.write(
+                *job,
+                token,
+                Utc::now(),
+                checkpoint(serde_json::json!({"n": 1})),
+            )
+        });
+        let outcomes = futures_util::future::join_all(writes).await;
+        assert!(outcomes.into_iter().all(|o| o.unwrap()));
+        for job in &jobs {
+            assert_eq!(events(&pool, *job).await, 1);
+        }
+        let batches = group.batches.load(Ordering::Relaxed);
+        assert!(batches <= 5, "40 writes took {batches} commits");
+    }
+}
