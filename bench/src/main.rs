@@ -7,6 +7,8 @@
 
 mod ceiling;
 mod e2e;
+mod engine;
+mod graphile;
 mod relay;
 mod report;
 
@@ -23,7 +25,7 @@ struct Args {
     /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
     #[arg(long)]
     smoke: bool,
-    /// Run only these parts (comma separated): ceiling, e2e, relay.
+    /// Run only these parts (comma separated): ceiling, e2e, engine, graphile, relay.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
@@ -51,6 +53,30 @@ fn machine() -> String {
     format!("{cores} cores, {cpu}")
 }
 
+/// The goals as ratios: end to end (the best worker count) against the
+/// ceiling, and 1-step against graphile-worker, per broker.
+fn ratios(report: &mut report::Report) {
+    let graphile = report.best("comparison", |name| name.starts_with("graphile-worker"));
+    for broker in ["mock cluster", "test broker"] {
+        for steps in [3, 1] {
+            let prefix = format!("{steps}-step");
+            let flotilla = report.best("end to end", |name| {
+                name.starts_with(&prefix) && name.ends_with(broker)
+            });
+            let Some(flotilla) = flotilla else { continue };
+            let ceiling = format!("pgbench, {steps}-step");
+            if let Some(ceiling) = report.best("ceiling", |name| name.starts_with(&ceiling)) {
+                let name = format!("{steps}-step end to end / ceiling, {broker}");
+                report.add("ratio", name, flotilla / ceiling, "ratio");
+            }
+            if let (1, Some(graphile)) = (steps, graphile) {
+                let name = format!("1-step end to end / graphile-worker, {broker}");
+                report.add("ratio", name, flotilla / graphile, "ratio");
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -71,8 +97,11 @@ async fn main() -> anyhow::Result<()> {
     if wanted("ceiling") {
         ceiling::run(&mut report, args.smoke).await?;
     }
+    let jobs = args.jobs.unwrap_or(if args.smoke { 200 } else { 20_000 });
+    if wanted("graphile") {
+        graphile::figures(&mut report, jobs).await?;
+    }
     if wanted("e2e") {
-        let jobs = args.jobs.unwrap_or(if args.smoke { 200 } else { 20_000 });
         for broker in &args.brokers {
             let kind = match broker.as_str() {
                 "mock" => e2e::BrokerKind::Mock,
@@ -82,9 +111,13 @@ async fn main() -> anyhow::Result<()> {
             e2e::run(&mut report, kind, jobs).await?;
         }
     }
+    if wanted("engine") {
+        engine::figures(&mut report, args.smoke).await?;
+    }
     if wanted("relay") {
         relay::run(&mut report, args.smoke).await?;
     }
+    ratios(&mut report);
     println!("\n{}", report.table());
     let path = report.write(&args.out)?;
     println!("bench: results in {}", path.display());

@@ -39,6 +39,15 @@ impl Report {
         self.figures.push(figure);
     }
 
+    /// The best value among figures of `group` whose name passes `wanted`.
+    pub(crate) fn best(&self, group: &str, wanted: impl Fn(&str) -> bool) -> Option<f64> {
+        self.figures
+            .iter()
+            .filter(|f| f.group == group && wanted(&f.name))
+            .map(|f| f.value)
+            .reduce(f64::max)
+    }
+
     /// The whole table, grouped as measured.
     #[must_use]
     pub(crate) fn table(&self) -> String {

@@ -1,0 +1,217 @@
+//! The engine alone, in process, with no-op targets: claim latency and
+//! jobs/s as finished history grows, jobs/s by claim loops, and WAL bytes
+//! per job.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla_store::runs::lease;
+use flotilla_tests::scratch::ScratchDatabase;
+use flotilla_worker::engine::{
+    Engine, EngineSettings, RefusalMode, Submission, SystemClock, WorkflowRef,
+};
+use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::report::Report;
+
+fn engine(pool: &PgPool, loops: usize) -> Engine {
+    let mut targets = Targets::default();
+    targets.register(
+        "noop",
+        Arc::new(FnTarget(|_: TargetCall| async {
+            Ok::<_, StepFailure>(json!({}))
+        })),
+        256,
+    );
+    let mut settings = EngineSettings::new("bench-engine");
+    settings.worker_count = loops;
+    Engine::new(pool.clone(), targets, Arc::new(SystemClock), settings)
+}
+
+/// `rows` COMPLETED 3-step jobs, as the engine leaves them.
+async fn history(pool: &PgPool, rows: i64) -> anyhow::Result<()> {
+    let mut done = 0;
+    while done < rows {
+        let count = (rows - done).min(100_000);
+        sqlx::query(
+            "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input,
+                 request_digest, status, attempt, max_attempts, checkpoints, result, verdict,
+                 event_sequence, created_at, updated_at)
+             SELECT gen_random_uuid(), 'old', 1, '{\"name\": \"old\", \"steps\": []}', '{\"n\": 1}',
+                 md5(n::text), 'COMPLETED', 1, 3,
+                 '[{\"name\": \"one\", \"skipped\": false, \"response\": {}}]', '{}', 'done', 5,
+                 now() - interval '1 day', now() - interval '1 day'
+             FROM generate_series(1, $1) n",
+        )
+        .bind(count)
+        .execute(pool)
+        .await?;
+        done += count;
+    }
+    sqlx::query("ANALYZE workflow_run").execute(pool).await?;
+    Ok(())
+}
+
+async fn submit(engine: &Engine, workflow: &str, jobs: usize) -> anyhow::Result<()> {
+    for n in 0..jobs {
+        let submission = Submission {
+            job_id: Uuid::new_v4(),
+            workflow: WorkflowRef::Stored(workflow.into()),
+            input: json!({"n": n}),
+            traceparent: None,
+            tracestate: None,
+        };
+        engine.submit(submission, RefusalMode::Refuse).await?;
+    }
+    Ok(())
+}
+
+async fn count(pool: &PgPool, status: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM workflow_run WHERE status = $1 AND workflow_name <> 'old'",
+    )
+    .bind(status)
+    .fetch_one(pool)
+    .await?)
+}
+
+async fn wal_position(pool: &PgPool) -> anyhow::Result<String> {
+    Ok(sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(pool)
+        .await?)
+}
+
+async fn wal_since(pool: &PgPool, from: &str) -> anyhow::Result<f64> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
+            .bind(from)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// What one run measured.
+struct Run {
+    jobs_per_second: f64,
+    claim_p50_ms: f64,
+    wal_bytes_per_job: f64,
+}
+
+/// Claims measured one at a time on a queue of `jobs`, then the rest of
+/// the queue drained by `loops` loops.
+async fn run(finished: i64, loops: usize, jobs: usize) -> anyhow::Result<Run> {
+    let database =
+        ScratchDatabase::create("bench_engine", u32::try_from(loops).unwrap_or(16) + 8).await?;
+    let pool = database.pool.clone();
+    history(&pool, finished).await?;
+    let engine = engine(&pool, loops);
+    let step = |name: &str| json!({"name": name, "target": "noop", "method": name});
+    engine
+        .register_workflow(&json!({"name": "three", "input_schema": {}, "steps": [step("one"), step("two"), step("three")]}))
+        .await?;
+    let wal = wal_position(&pool).await?;
+    submit(&engine, "three", jobs).await?;
+
+    // Claim latency: the claim statement alone, 200 times, on this table.
+    let mut claims = Vec::with_capacity(200);
+    {
+        let mut conn = pool.acquire().await?;
+        for _ in 0..200 {
+            let now = chrono::Utc::now();
+            let started = Instant::now();
+            let row = lease::claim(&mut conn, "bench-claimer", Uuid::new_v4(), now, now).await?;
+            claims.push(started.elapsed());
+            anyhow::ensure!(row.is_some(), "nothing to claim");
+        }
+    }
+    claims.sort_unstable();
+    // Those 200 go back to the queue, leases lapsed at once.
+    sqlx::query(
+        "UPDATE workflow_run SET status = 'QUEUED', lease_owner = NULL, lease_token = NULL,
+             lease_until = NULL, attempt = 0 WHERE lease_owner = 'bench-claimer'",
+    )
+    .execute(&pool)
+    .await?;
+
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let runner = tokio::spawn({
+        let (engine, stop) = (engine.clone(), stop.clone());
+        async move { engine.run(stop, Duration::from_secs(10)).await }
+    });
+    let deadline = started + Duration::from_secs(600);
+    while count(&pool, "COMPLETED").await? < i64::try_from(jobs)? {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the engine did not finish in 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    stop.cancel();
+    runner.await?;
+    let wal_bytes = wal_since(&pool, &wal).await?;
+    database.drop_now().await?;
+    #[allow(clippy::cast_precision_loss)]
+    Ok(Run {
+        jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
+        claim_p50_ms: claims[claims.len() / 2].as_secs_f64() * 1000.0,
+        wal_bytes_per_job: wal_bytes / jobs as f64,
+    })
+}
+
+/// The engine's figures: by history, then by claim loops.
+pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<()> {
+    let (histories, jobs): (&[i64], usize) = if smoke {
+        (&[1_000, 10_000], 500)
+    } else {
+        (&[10_000, 100_000, 1_000_000], 5_000)
+    };
+    let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
+    let mut first_claim = None;
+    for &finished in histories {
+        let run = run(finished, loops, jobs).await?;
+        report.add(
+            "engine",
+            format!("claim p50, {finished} finished rows"),
+            run.claim_p50_ms,
+            "ms",
+        );
+        report.add(
+            "engine",
+            format!("3-step jobs/s, {loops} loops, {finished} finished rows"),
+            run.jobs_per_second,
+            "jobs/s",
+        );
+        report.add(
+            "engine",
+            format!("WAL per 3-step job, {finished} finished rows"),
+            run.wal_bytes_per_job,
+            "bytes",
+        );
+        let first = *first_claim.get_or_insert(run.claim_p50_ms);
+        report.add(
+            "engine",
+            format!(
+                "claim p50 with {finished} finished rows / with {}",
+                histories[0]
+            ),
+            run.claim_p50_ms / first,
+            "ratio",
+        );
+    }
+    for loops in [1, 2, 4, 8, 16] {
+        let run = run(histories[0], loops, jobs).await?;
+        report.add(
+            "engine",
+            format!("3-step jobs/s, {loops} loop(s)"),
+            run.jobs_per_second,
+            "jobs/s",
+        );
+    }
+    Ok(())
+}
