@@ -208,6 +208,9 @@ impl ClaimedRun {
         // The heartbeat runs outside the segment's span: its lines name the job themselves.
         let workflow = self.row.workflow_name.clone();
         let workflow_name = workflow.clone();
+        let trace_id =
+            flotilla_runtime::trace::trace_id(self.row.traceparent.as_deref()).to_owned();
+        let trace = trace_id.clone();
         let renewals = async move {
             let mut ticks = tokio::time::interval(every);
             ticks.tick().await;
@@ -218,7 +221,7 @@ impl ClaimedRun {
                     Err(SegmentStop::LeaseLost(_)) => return,
                     Err(SegmentStop::Refused(_)) => {}
                     Err(SegmentStop::Store(e)) => {
-                        tracing::warn!(%job_id, %workflow_name, error = %e, "lease renewal failed; retrying");
+                        tracing::warn!(%job_id, %workflow_name, trace_id = %trace, error = %e, "lease renewal failed; retrying");
                     }
                 }
             }
@@ -227,7 +230,7 @@ impl ClaimedRun {
             // Renewals that stop for any reason, a panic included, mean the
             // lease can no longer be counted on: the segment stops.
             if let Err(panic) = AssertUnwindSafe(renewals).catch_unwind().await {
-                tracing::error!(%job_id, workflow_name = %workflow, panic = %panic_message(panic.as_ref()), "heartbeat panicked");
+                tracing::error!(%job_id, workflow_name = %workflow, %trace_id, panic = %panic_message(panic.as_ref()), "heartbeat panicked");
             }
             signal.cancel();
         });

@@ -78,8 +78,6 @@ impl Engine {
         let heartbeat = claimed.heartbeat();
         let fence = claimed.fence();
         let row = claimed.row();
-        // For the lines logged outside the segment's span.
-        let workflow = row.workflow_name.clone();
         // One span per segment (claim to settle or park), a child of the
         // run's trace, so retries, parks and resumes on other workers all
         // join the trace the request came with.
@@ -98,6 +96,8 @@ impl Engine {
             row.traceparent.as_deref(),
             row.tracestate.as_deref(),
         );
+        // Lines about the job after the segment are logged in its span
+        // too, so they carry its job id, workflow and trace id.
         let segment =
             tracing::Instrument::instrument(self.segment(claimed, heartbeat.lost()), span.clone());
         let outcome = match AssertUnwindSafe(segment).catch_unwind().await {
@@ -105,8 +105,8 @@ impl Engine {
             Err(panic) => {
                 // A bug met by this job's data: settle it as a defect, keep the loop.
                 let error = format!("the segment panicked: {}", panic_message(panic.as_ref()));
-                tracing::error!(%job_id, workflow_name = %workflow, %error, "segment panicked");
-                tracing::Instrument::instrument(fence.fail_defect(&error), span)
+                span.in_scope(|| tracing::error!(%error, "segment panicked"));
+                tracing::Instrument::instrument(fence.fail_defect(&error), span.clone())
                     .await
                     .map(|()| Outcome::Failed(job_id))
             }
@@ -116,12 +116,12 @@ impl Engine {
             Err(SegmentStop::LeaseLost(_)) => Outcome::LeaseLost(job_id),
             Err(SegmentStop::Refused(_)) => Outcome::Failed(job_id),
             Err(SegmentStop::Store(e)) => {
-                tracing::error!(%job_id, workflow_name = %workflow, error = %e, "store failed mid-segment; the lease will lapse and the job be retried");
+                span.in_scope(|| tracing::error!(error = %e, "store failed mid-segment; the lease will lapse and the job be retried"));
                 Outcome::StoreFailed(job_id)
             }
         };
         if heartbeat.lost().is_cancelled() && !matches!(outcome, Outcome::LeaseLost(_)) {
-            tracing::warn!(%job_id, workflow_name = %workflow, ?outcome, "lease was lost during the segment");
+            span.in_scope(|| tracing::warn!(?outcome, "lease was lost during the segment"));
         }
         outcome
     }
