@@ -698,10 +698,19 @@ async fn grpc_export(pool: PgPool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     let (segment, step, sweep) = loop {
         let spans = spans_of(&receiver, TRACE_ID);
-        let segment = spans
+        // The API's server span under the caller's, the segment under it.
+        let server = spans
             .iter()
-            .find(|s| s.name == "run grpc_traced" && s.parent == PRODUCER_SPAN)
+            .find(|s| {
+                s.name == "POST /v1/jobs" && s.kind == SpanKind::Server && s.parent == PRODUCER_SPAN
+            })
             .cloned();
+        let segment = server.and_then(|server| {
+            spans
+                .iter()
+                .find(|s| s.name == "run grpc_traced" && s.parent == server.span_id)
+                .cloned()
+        });
         let step = segment.as_ref().and_then(|segment| {
             spans
                 .iter()

@@ -51,7 +51,27 @@ pub(super) async fn submit(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
-    let (traceparent, tracestate) = (header("traceparent"), header("tracestate"));
+    let (caller_traceparent, caller_tracestate) = (header("traceparent"), header("tracestate"));
+    // The submission's server span continues the caller's trace; the run
+    // keeps this span's context, so the job's spans hang under it (without
+    // trace export the caller's context is kept as is).
+    let span = tracing::info_span!(
+        "submit",
+        otel.name = "POST /v1/jobs",
+        otel.kind = "server",
+        http.request.method = "POST",
+        http.route = "/v1/jobs",
+        trace_id = flotilla_runtime::trace::trace_id(caller_traceparent.as_deref()),
+    );
+    flotilla_runtime::trace::continue_trace(
+        &span,
+        caller_traceparent.as_deref(),
+        caller_tracestate.as_deref(),
+    );
+    let (traceparent, tracestate) = match flotilla_runtime::trace::headers_of(&span) {
+        Some((traceparent, tracestate)) => (Some(traceparent), tracestate),
+        None => (caller_traceparent, caller_tracestate),
+    };
     let workflow = match (body.workflow, body.workflow_name) {
         (Some(document), None) => WorkflowRef::Inline(document),
         (None, Some(name)) => WorkflowRef::Stored(name),
@@ -77,7 +97,8 @@ pub(super) async fn submit(
         traceparent,
         tracestate,
     };
-    let (status, row) = match state.engine.submit(submission, RefusalMode::Refuse).await? {
+    let submitted = state.engine.submit(submission, RefusalMode::Refuse);
+    let (status, row) = match tracing::Instrument::instrument(submitted, span).await? {
         Submitted::Created(row) => (StatusCode::CREATED, row),
         Submitted::Existing(row) => (StatusCode::OK, row),
     };
