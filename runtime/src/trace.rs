@@ -96,6 +96,22 @@ pub fn headers_of(span: &tracing::Span) -> Option<(String, Option<String>)> {
     carrier.remove("traceparent").map(|tp| (tp, tracestate))
 }
 
+/// For the span where a job enters (the consumer's, the API's): it
+/// continues the caller's trace, and the context the run stores is the
+/// span's own, or the caller's as it came when no trace is recorded.
+#[must_use]
+pub fn enter_trace(
+    span: &tracing::Span,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+) -> (Option<String>, Option<String>) {
+    continue_trace(span, traceparent.as_deref(), tracestate.as_deref());
+    match headers_of(span) {
+        Some((traceparent, tracestate)) => (Some(traceparent), tracestate),
+        None => (traceparent, tracestate),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

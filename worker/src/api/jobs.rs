@@ -63,15 +63,8 @@ pub(super) async fn submit(
         http.route = "/v1/jobs",
         trace_id = flotilla_runtime::trace::trace_id(caller_traceparent.as_deref()),
     );
-    flotilla_runtime::trace::continue_trace(
-        &span,
-        caller_traceparent.as_deref(),
-        caller_tracestate.as_deref(),
-    );
-    let (traceparent, tracestate) = match flotilla_runtime::trace::headers_of(&span) {
-        Some((traceparent, tracestate)) => (Some(traceparent), tracestate),
-        None => (caller_traceparent, caller_tracestate),
-    };
+    let (traceparent, tracestate) =
+        flotilla_runtime::trace::enter_trace(&span, caller_traceparent, caller_tracestate);
     let workflow = match (body.workflow, body.workflow_name) {
         (Some(document), None) => WorkflowRef::Inline(document),
         (None, Some(name)) => WorkflowRef::Stored(name),

@@ -172,15 +172,8 @@ impl RequestConsumer {
             workflow_name = %request.workflow_name(),
             trace_id = flotilla_runtime::trace::trace_id(producer_traceparent.as_deref()),
         );
-        flotilla_runtime::trace::continue_trace(
-            &span,
-            producer_traceparent.as_deref(),
-            producer_tracestate.as_deref(),
-        );
-        let (traceparent, tracestate) = match flotilla_runtime::trace::headers_of(&span) {
-            Some((traceparent, tracestate)) => (Some(traceparent), tracestate),
-            None => (producer_traceparent, producer_tracestate),
-        };
+        let (traceparent, tracestate) =
+            flotilla_runtime::trace::enter_trace(&span, producer_traceparent, producer_tracestate);
         Ok(Classified::Submit(Submission {
             job_id: request.job_id(),
             workflow: WorkflowRef::Stored(request.workflow_name().to_owned()),
