@@ -106,6 +106,30 @@ struct Run {
     jobs_per_second: f64,
     claim_p50_ms: f64,
     wal_bytes_per_job: f64,
+    /// Share of `workflow_run` updates that were HOT (no index touched).
+    hot_share: f64,
+}
+
+/// `workflow_run`'s updates and HOT updates, once the counters settle
+/// (backends report them a moment after their transactions end).
+async fn updates(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
+    let read = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'workflow_run'",
+        )
+        .fetch_one(pool)
+        .await
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = read().await?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let now = read().await?;
+        if now == last || Instant::now() > deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
 }
 
 /// Claims measured one at a time on a queue of `jobs`, then the rest of
@@ -121,6 +145,7 @@ async fn run(finished: i64, loops: usize, jobs: usize) -> anyhow::Result<Run> {
         .register_workflow(&json!({"name": "three", "input_schema": {}, "steps": [step("one"), step("two"), step("three")]}))
         .await?;
     let wal = wal_position(&pool).await?;
+    let (updated_before, hot_before) = updates(&pool).await?;
     submit(&engine, "three", jobs).await?;
 
     // Claim latency: the claim statement alone, 200 times, on this table.
@@ -162,12 +187,14 @@ async fn run(finished: i64, loops: usize, jobs: usize) -> anyhow::Result<Run> {
     stop.cancel();
     runner.await?;
     let wal_bytes = wal_since(&pool, &wal).await?;
+    let (updated, hot) = updates(&pool).await?;
     database.drop_now().await?;
     #[allow(clippy::cast_precision_loss)]
     Ok(Run {
         jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
         claim_p50_ms: claims[claims.len() / 2].as_secs_f64() * 1000.0,
         wal_bytes_per_job: wal_bytes / jobs as f64,
+        hot_share: (hot - hot_before) as f64 / (updated - updated_before).max(1) as f64,
     })
 }
 
@@ -199,6 +226,12 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
             format!("WAL per 3-step job, {finished} finished rows"),
             run.wal_bytes_per_job,
             "bytes",
+        );
+        report.add(
+            "engine",
+            format!("HOT share of run-row updates, {finished} finished rows"),
+            run.hot_share,
+            "ratio",
         );
         let first = *first_claim.get_or_insert(run.claim_p50_ms);
         report.add(
