@@ -165,14 +165,9 @@ impl Relay {
             }
             let checked = async {
                 let mut tx = self.pool.begin().await?;
-                let mine: bool = sqlx::query_scalar(
-                    "SELECT pg_try_advisory_xact_lock(hashtext('flotilla:outbox-statistics'))",
-                )
-                .fetch_one(&mut *tx)
-                .await?;
-                let analyzed = mine && outbox::analyze_if_stale(&mut tx).await?;
+                let analyzed = outbox::analyze_if_stale(&mut tx).await?;
                 tx.commit().await?;
-                Ok::<_, sqlx::Error>(analyzed)
+                Ok::<_, sqlx::Error>(analyzed == Some(true))
             };
             match checked.await {
                 Ok(true) => {

@@ -129,30 +129,45 @@ pub async fn prefer_indexes(conn: &mut PgConnection) -> Result<(), sqlx::Error> 
     Ok(())
 }
 
+/// Takes the transaction-scoped advisory lock `name`, if no one holds it:
+/// the maintenance only one relay at a time does (retention, statistics).
+async fn try_lock(tx: &mut sqlx::PgTransaction<'_>, name: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+        .bind(name)
+        .fetch_one(&mut **tx)
+        .await
+}
+
 /// Analyzes the outbox when the planner's idea of its size is far behind
 /// the truth (fewer than half the live rows, and at least 1,000 missing):
 /// indexes built on an empty table count as empty until the table is
 /// analyzed, and the plans made meanwhile read every PENDING row per mark.
 /// Autovacuum gets there within a minute or so; a relay catching up on a
-/// fresh database gets there first. Returns whether it analyzed.
+/// fresh database gets there first. One relay at a time (an advisory
+/// lock): `None` when another holds it, else whether it analyzed.
 ///
 /// # Errors
 /// Database errors.
-pub async fn analyze_if_stale(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+pub async fn analyze_if_stale(
+    tx: &mut sqlx::PgTransaction<'_>,
+) -> Result<Option<bool>, sqlx::Error> {
+    if !try_lock(tx, "flotilla:outbox-statistics").await? {
+        return Ok(None);
+    }
     let stale: bool = sqlx::query_scalar(
         "SELECT coalesce(s.n_live_tup > 2 * greatest(c.reltuples, 0) + 1000, false)
          FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
          WHERE c.oid = 'workflow_run_outbox'::regclass",
     )
-    .fetch_optional(&mut *conn)
+    .fetch_optional(&mut **tx)
     .await?
     .unwrap_or(false);
     if stale {
         sqlx::query("ANALYZE workflow_run_outbox")
-            .execute(conn)
+            .execute(&mut **tx)
             .await?;
     }
-    Ok(stale)
+    Ok(Some(stale))
 }
 
 /// The fence of every relay write: the row's bucket is leased to this
@@ -258,12 +273,7 @@ pub async fn delete_published_before(
     cutoff: DateTime<Utc>,
     limit: i64,
 ) -> Result<Option<u64>, sqlx::Error> {
-    let mine: bool = sqlx::query_scalar(
-        "SELECT pg_try_advisory_xact_lock(hashtext('flotilla:outbox-retention'))",
-    )
-    .fetch_one(&mut **tx)
-    .await?;
-    if !mine {
+    if !try_lock(tx, "flotilla:outbox-retention").await? {
         return Ok(None);
     }
     let done = sqlx::query(
