@@ -91,8 +91,8 @@ pub struct Marks {
     acked: Vec<(i64, i16)>,
     /// Refused for themselves: these count toward FAILED.
     refused: Vec<(PendingEvent, String)>,
-    /// Held back by the world: nothing is written for them.
-    deferred: Vec<(i16, String)>,
+    /// Held back by the world: nothing is written for them; their buckets.
+    deferred: Vec<i16>,
     /// Rows whose payload does not decode.
     unreadable: Vec<(PendingEvent, String)>,
 }
@@ -105,7 +105,7 @@ impl Marks {
             Outcome::Refused(error) => self.refused.push((row, error)),
             Outcome::Deferred(error) => {
                 tracing::debug!(event_id = %row.event_id, %error, "not published; no attempt spent");
-                self.deferred.push((row.bucket, error));
+                self.deferred.push(row.bucket);
             }
             Outcome::Unreadable(error) => self.unreadable.push((row, error)),
         }
@@ -132,13 +132,13 @@ impl Marks {
             .iter()
             .map(|(_, bucket)| *bucket)
             .chain(self.refused.iter().map(|(row, _)| row.bucket))
-            .chain(self.deferred.iter().map(|(bucket, _)| *bucket))
+            .chain(self.deferred.iter().copied())
             .chain(self.unreadable.iter().map(|(row, _)| row.bucket))
     }
 
     /// Buckets with a row the world held back.
     pub fn deferred_buckets(&self) -> impl Iterator<Item = i16> + '_ {
-        self.deferred.iter().map(|(bucket, _)| *bucket)
+        self.deferred.iter().copied()
     }
 
     /// Marks acknowledged rows PUBLISHED in one statement and counts the
