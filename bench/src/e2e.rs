@@ -9,12 +9,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
-use flotilla_tests::process::Running;
+use flotilla_runtime::BrokerConfig;
+use flotilla_tests::process::{Running, workspace_binary};
 use flotilla_tests::scratch::ScratchDatabase;
+use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Message as _};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -74,21 +75,6 @@ impl Broker {
             }
         }
     }
-}
-
-/// A binary beside this one (`target/release/`).
-pub(crate) fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe
-        .parent()
-        .map(|dir| dir.join(name))
-        .ok_or_else(|| anyhow::anyhow!("no directory for {}", exe.display()))?;
-    anyhow::ensure!(
-        path.exists(),
-        "{} is not built: run the benchmark through scripts/bench",
-        path.display()
-    );
-    Ok(path)
 }
 
 /// The workflows and the target they call, in a directory of their own.
@@ -151,7 +137,7 @@ impl Fleet {
         let port = flotilla_tests::free_port();
         let target_addr = format!("127.0.0.1:{port}");
         write_fleet_files(&dir, &format!("http://{target_addr}"))?;
-        let mut target = Command::new(sibling("flotilla-demo-target")?);
+        let mut target = Command::new(workspace_binary("flotilla-demo-target"));
         target
             .env("DEMO_TARGET_ADDR", &target_addr)
             .env("DEMO_TARGET_LATENCY", "0ms")
@@ -167,7 +153,7 @@ impl Fleet {
         };
         let mut commands = Vec::new();
         for n in 0..workers {
-            let mut worker = Command::new(sibling("flotilla-worker")?);
+            let mut worker = Command::new(workspace_binary("flotilla-worker"));
             common(&mut worker);
             if kind == BrokerKind::Mock {
                 // As for the reader: the mock cluster holds an empty fetch
@@ -185,7 +171,7 @@ impl Fleet {
                 .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"));
             commands.push(worker);
         }
-        let mut relay = Command::new(sibling("flotilla-relay")?);
+        let mut relay = Command::new(workspace_binary("flotilla-relay"));
         common(&mut relay);
         relay
             .env("FLOTILLA_EVENT_TOPIC", &events)
@@ -220,9 +206,8 @@ impl Fleet {
     }
 
     fn producer(&self) -> anyhow::Result<FutureProducer> {
-        Ok(ClientConfig::new()
-            .set("bootstrap.servers", &self.broker.bootstrap)
-            .set("enable.idempotence", "true")
+        Ok(BrokerConfig::new(&self.broker.bootstrap)
+            .idempotent_producer()
             .set("linger.ms", "5")
             .create()?)
     }
@@ -234,14 +219,11 @@ impl Fleet {
         jobs: HashSet<Uuid>,
         deadline: Duration,
     ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<HashMap<Uuid, Completion>>>> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.broker.bootstrap)
+        let consumer: StreamConsumer = BrokerConfig::new(&self.broker.bootstrap)
+            .manual_commit_consumer(&format!("bench-reader-{}", Uuid::new_v4()))
             // The mock cluster answers a fetch with nothing new only after
             // this wait, even when records arrive meanwhile: keep it short.
             .set("fetch.wait.max.ms", "10")
-            .set("group.id", format!("bench-reader-{}", Uuid::new_v4()))
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
             .create()?;
         let mut assignment = rdkafka::TopicPartitionList::new();
         for partition in 0..PARTITIONS {

@@ -6,26 +6,28 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// A workspace binary built beside the running test (`<target>/<profile>/`):
-/// tests of one package run another package's binaries (the relay, the CLI)
-/// from there.
+/// A workspace binary built beside the running program (`<target>/<profile>/`):
+/// tests (which run from `<profile>/deps/`) and the benchmark run other
+/// packages' binaries (the worker, the relay, the CLI) from there.
 ///
 /// # Panics
 /// The binary is not built.
 #[must_use]
 pub fn workspace_binary(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("the test knows where it is");
-    let path = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .expect("the test runs from <target>/<profile>/deps")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: run the tests through scripts/test, which builds every binary",
-        path.display()
-    );
-    path
+    let exe = std::env::current_exe().expect("the program knows where it is");
+    let dir = exe.parent().expect("the program runs from a directory");
+    // Beside it (a binary such as flotilla-bench), or one level up (a test).
+    let path = [Some(dir), dir.parent()]
+        .into_iter()
+        .flatten()
+        .map(|dir| dir.join(name))
+        .find(|path| path.exists());
+    path.unwrap_or_else(|| {
+        panic!(
+            "{name} is not built beside {}: run through scripts/test or scripts/bench, which build every binary",
+            exe.display()
+        )
+    })
 }
 
 /// A started binary and the lines it has printed so far.
