@@ -504,6 +504,35 @@ async fn one_trace(pool: PgPool) {
 /// `/metrics` parses as Prometheus text (with a real parser) and the job
 /// counters, claims and step histograms move as a job runs; a job submitted
 /// through the API with a `traceparent` keeps it (its events carry it).
+/// `/metrics` of the worker at `base`: the text, and its parse by a real
+/// Prometheus parser.
+async fn scrape(client: &reqwest::Client, base: &str) -> (String, prometheus_parse::Scrape) {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let parsed = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("Prometheus text format");
+    (text, parsed)
+}
+
+/// The sum of `metric`'s counter and gauge samples labelled `label=value`.
+fn sum_of(scrape: &prometheus_parse::Scrape, metric: &str, label: &str, value: &str) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric && s.labels.get(label) == Some(value))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn metrics_parse_and_move_as_jobs_run(pool: PgPool) {
     use flotilla_worker::test_support::{TEST_TOKEN, TestApp};
@@ -522,29 +551,8 @@ async fn metrics_parse_and_move_as_jobs_run(pool: PgPool) {
         .unwrap()
         .error_for_status()
         .unwrap();
-    let scrape = || async {
-        let text = client
-            .get(format!("{}/metrics", app.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
-            .expect("Prometheus text format")
-    };
-    let value_of = |scrape: &prometheus_parse::Scrape, name: &str| -> f64 {
-        scrape
-            .samples
-            .iter()
-            .filter(|s| s.metric == name && s.labels.get("workflow") == Some(workflow.as_str()))
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
-                _ => 0.0,
-            })
-            .sum()
-    };
+    let value_of =
+        |scrape: &prometheus_parse::Scrape, name: &str| sum_of(scrape, name, "workflow", &workflow);
 
     let traceparent = format!("00-{TRACE_ID}-{PRODUCER_SPAN}-01");
     let job = Uuid::new_v4();
@@ -560,7 +568,7 @@ async fn metrics_parse_and_move_as_jobs_run(pool: PgPool) {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {
-        let scrape = scrape().await;
+        let (_, scrape) = scrape(&client, &app.url).await;
         if value_of(&scrape, "flotilla_jobs_completed_total") >= 1.0 {
             break scrape;
         }
@@ -824,31 +832,12 @@ async fn step_retries_are_counted_by_failure_class(pool: PgPool) {
             .unwrap();
     }
 
-    let retries_of = |scrape: &prometheus_parse::Scrape, class: &str| -> f64 {
-        scrape
-            .samples
-            .iter()
-            .filter(|s| {
-                s.metric == "flotilla_step_retries_total" && s.labels.get("class") == Some(class)
-            })
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v) => v,
-                _ => 0.0,
-            })
-            .sum()
+    let retries_of = |scrape: &prometheus_parse::Scrape, class: &str| {
+        sum_of(scrape, "flotilla_step_retries_total", "class", class)
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let text = client
-            .get(format!("{}/metrics", app.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
-            .expect("Prometheus text format");
+        let (text, scrape) = scrape(&client, &app.url).await;
         let completed: Vec<String> =
             sqlx::query_scalar("SELECT workflow_name FROM workflow_run WHERE status = 'COMPLETED'")
                 .fetch_all(&pool)
@@ -896,28 +885,8 @@ async fn a_job_the_sweeper_sends_dead_counts_as_dead(pool: PgPool) {
     let client = flotilla_runtime::tls::http_client().build().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let text = client
-            .get(format!("{}/metrics", app.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
-            .expect("Prometheus text format");
-        let dead: f64 = scrape
-            .samples
-            .iter()
-            .filter(|s| {
-                s.metric == "flotilla_jobs_dead_total"
-                    && s.labels.get("workflow") == Some(workflow.as_str())
-            })
-            .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v) => v,
-                _ => 0.0,
-            })
-            .sum();
+        let (text, scrape) = scrape(&client, &app.url).await;
+        let dead = sum_of(&scrape, "flotilla_jobs_dead_total", "workflow", &workflow);
         if dead > 0.0 {
             assert_eq!(dead, 1.0, "{text}");
             break;
