@@ -31,7 +31,7 @@ fn script(steps: usize) -> String {
     ));
     // The claim: one statement, the oldest eligible row.
     script.push_str(
-        "UPDATE workflow_run SET status = 'RUNNING', lease_owner = 'bench', lease_token = gen_random_uuid(), lease_until = now() + interval '5 minutes', attempt = attempt + 1, updated_at = now()\n  WHERE job_id = (SELECT job_id FROM workflow_run WHERE status = 'QUEUED' AND run_after <= now() ORDER BY run_after, created_at LIMIT 1 FOR UPDATE SKIP LOCKED)\n  RETURNING job_id AS job, lease_token AS token \\gset\n",
+        "WITH picked AS (SELECT job_id AS picked_id FROM workflow_run WHERE status = 'QUEUED' AND run_after <= now() ORDER BY run_after, created_at LIMIT 1 FOR UPDATE SKIP LOCKED)\n  UPDATE workflow_run SET status = 'RUNNING', lease_owner = 'bench', lease_token = gen_random_uuid(), lease_until = now() + interval '5 minutes', attempt = attempt + 1, updated_at = now()\n  FROM picked WHERE job_id = picked_id\n  RETURNING job_id AS job, lease_token AS token \\gset\n",
     );
     let fenced = "WHERE job_id = ':job' AND lease_token = ':token' AND status = 'RUNNING'\n  RETURNING job_id, event_sequence AS seq, workflow_name, attempt, traceparent, tracestate \\gset\n";
     let next = "event_sequence = event_sequence + 1, lease_losses = 0, unplaced_since = NULL, updated_at = now()";

@@ -155,9 +155,9 @@ async fn run(finished: i64, loops: usize, jobs: usize) -> anyhow::Result<Run> {
         for _ in 0..200 {
             let now = chrono::Utc::now();
             let started = Instant::now();
-            let row = lease::claim(&mut conn, "bench-claimer", Uuid::new_v4(), now, now).await?;
+            let rows = lease::claim(&mut conn, "bench-claimer", now, now, 1).await?;
             claims.push(started.elapsed());
-            anyhow::ensure!(row.is_some(), "nothing to claim");
+            anyhow::ensure!(rows.len() == 1, "nothing to claim");
         }
     }
     claims.sort_unstable();

@@ -14,35 +14,40 @@ use super::{COLUMNS, Checkpoint, RunRow, STAMP};
 use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
 
-/// Claims the oldest eligible QUEUED row in one statement: flips it to
-/// RUNNING, stamps the lease and a fresh token, and counts the attempt.
+/// Claims up to `limit` of the oldest eligible QUEUED rows in one
+/// statement: flips them to RUNNING, stamps the lease and a fresh token per
+/// row (never reused), and counts the attempt. Rows come back oldest first.
 ///
 /// # Errors
 /// Database errors.
 pub async fn claim(
     conn: &mut PgConnection,
     worker_id: &str,
-    token: Uuid,
     now: DateTime<Utc>,
     lease_until: DateTime<Utc>,
-) -> Result<Option<RunRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "UPDATE workflow_run SET status = 'RUNNING', lease_owner = $1, lease_token = $2, lease_until = $4,
-             attempt = attempt + 1, updated_at = $3
-         WHERE job_id = (
-             SELECT job_id FROM workflow_run
-             WHERE status = 'QUEUED' AND run_after <= $3
+    limit: i64,
+) -> Result<Vec<RunRow>, sqlx::Error> {
+    let mut rows: Vec<RunRow> = sqlx::query_as(&format!(
+        "WITH picked AS (
+             SELECT job_id AS picked_id FROM workflow_run
+             WHERE status = 'QUEUED' AND run_after <= $2
              ORDER BY run_after, created_at
-             LIMIT 1
+             LIMIT $4
              FOR UPDATE SKIP LOCKED)
+         UPDATE workflow_run SET status = 'RUNNING', lease_owner = $1,
+             lease_token = gen_random_uuid(), lease_until = $3,
+             attempt = attempt + 1, updated_at = $2
+         FROM picked WHERE job_id = picked_id
          RETURNING {COLUMNS}"
     ))
     .bind(worker_id)
-    .bind(token)
     .bind(now)
     .bind(lease_until)
-    .fetch_optional(conn)
-    .await
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    rows.sort_by_key(|row| (row.run_after, row.created_at));
+    Ok(rows)
 }
 
 /// Extends the lease of `token` on `job_id`; `false` when the lease is gone.

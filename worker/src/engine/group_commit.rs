@@ -1,35 +1,29 @@
 //! Group commit: the checkpoints and completions of many running jobs share
 //! one transaction.
 //!
-//! A writer queues its change and waits for its own outcome. When no write
-//! is being committed, the writer that arrives becomes the leader: it takes
-//! everything queued (up to a batch), writes each change fenced on its own
-//! lease token in one transaction, commits once, answers every writer, and
-//! goes on while more is queued. Under load, changes gather while a commit
-//! is in flight, so one commit carries many; alone, a write commits at once
-//! (no timer, no added latency). Each writer still waits for its own write
-//! to be durable before its job runs its next step.
+//! A writer queues its change and waits for its own outcome; concurrent
+//! changes gather while a commit is in flight (see `gather.rs`), so one
+//! commit carries many, and a lone write commits at once. Each change is
+//! written fenced on its own lease token, and each writer still waits for
+//! its own write to be durable before its job runs its next step.
 //!
 //! A lease lost for one job answers only that writer (its statement matched
 //! no row). When the batch fails (the database refuses one change, or
 //! fails as a service), its changes are written again one by one, so a
 //! refusal stays with the change it is about and each writer gets its own
-//! outcome. A leader whose future is dropped mid-batch hands the queue to a
-//! task, so no writer waits for an answer nobody will give.
+//! outcome.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
 use flotilla_store::runs::Checkpoint;
 use flotilla_store::runs::lease::{self, Transition};
 use sqlx::PgPool;
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
-/// Most changes one transaction carries.
-const MAX_BATCH: usize = 64;
+use super::gather::{Gather, Serve};
 
 /// A change that may share a transaction with other jobs' changes.
 #[derive(Debug, Clone)]
@@ -50,45 +44,33 @@ impl SharedChange {
     }
 }
 
-/// One queued write and where its outcome goes.
+/// One fenced write.
 #[derive(Debug)]
-struct Queued {
+pub(super) struct Write {
     job_id: Uuid,
     token: Uuid,
     now: DateTime<Utc>,
     change: SharedChange,
-    /// `Ok(false)`: the lease is lost and nothing was written.
-    reply: oneshot::Sender<Result<bool, StoreError>>,
-}
-
-#[derive(Debug, Default)]
-struct Queue {
-    items: Vec<Queued>,
-    leading: bool,
 }
 
 /// The group committer of one engine.
 #[derive(Debug, Clone)]
-pub(super) struct GroupCommit {
+pub(super) struct GroupCommit(Gather<Committer>);
+
+/// What writes a batch: the pool, and a count of commits for tests.
+#[derive(Debug, Clone)]
+pub(super) struct Committer {
     pool: PgPool,
-    queue: Arc<Mutex<Queue>>,
     /// Batches committed (or tried), for tests.
     batches: Arc<AtomicU64>,
 }
 
 impl GroupCommit {
     pub(super) fn new(pool: PgPool) -> Self {
-        Self {
+        Self(Gather::new(Committer {
             pool,
-            queue: Arc::default(),
             batches: Arc::default(),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }))
     }
 
     /// Writes `change` to `job_id` if `token` still holds its lease, in a
@@ -104,88 +86,65 @@ impl GroupCommit {
         now: DateTime<Utc>,
         change: SharedChange,
     ) -> Result<bool, StoreError> {
-        let (reply, outcome) = oneshot::channel();
-        let lead = {
-            let mut queue = self.lock();
-            queue.items.push(Queued {
-                job_id,
-                token,
-                now,
-                change,
-                reply,
-            });
-            !std::mem::replace(&mut queue.leading, true)
+        let write = Write {
+            job_id,
+            token,
+            now,
+            change,
         };
-        if lead {
-            self.lead().await;
-        }
-        outcome
+        self.0
+            .ask(write)
             .await
-            .unwrap_or_else(|_| Err(sqlx::Error::WorkerCrashed.into()))
+            .unwrap_or_else(|| Err(sqlx::Error::WorkerCrashed.into()))
     }
+}
 
-    /// Commits batches until the queue is empty, then steps down.
-    async fn lead(&self) {
-        let mut guard = Leadership(Some(self.clone()));
-        loop {
-            let batch = {
-                let mut queue = self.lock();
-                if queue.items.is_empty() {
-                    queue.leading = false;
-                    guard.0 = None;
-                    return;
-                }
-                let take = queue.items.len().min(MAX_BATCH);
-                queue.items.drain(..take).collect::<Vec<_>>()
-            };
-            self.commit(batch).await;
-        }
-    }
+impl Serve for Committer {
+    type Request = Write;
+    /// `Ok(false)`: the lease is lost and nothing was written.
+    type Answer = Result<bool, StoreError>;
+    const MAX_BATCH: usize = 64;
 
-    async fn commit(&self, batch: Vec<Queued>) {
+    async fn serve(&self, batch: Vec<Write>) -> Vec<Self::Answer> {
         self.batches.fetch_add(1, Ordering::Relaxed);
-        let outcomes = if batch.len() == 1 {
-            vec![self.write_alone(&batch[0]).await]
-        } else {
-            match self.write_together(&batch).await {
-                Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-                Err(e) => {
-                    tracing::debug!(error = %e, writes = batch.len(),
-                        "a shared commit failed; writing its changes one by one");
-                    let mut outcomes = Vec::with_capacity(batch.len());
-                    for queued in &batch {
-                        outcomes.push(self.write_alone(queued).await);
-                    }
-                    outcomes
-                }
-            }
-        };
         metrics::histogram!("flotilla_group_commit_writes").record(batch.len() as f64);
-        for (queued, outcome) in batch.into_iter().zip(outcomes) {
-            // A writer that stopped waiting has nothing to be told.
-            let _ = queued.reply.send(outcome);
+        if batch.len() == 1 {
+            return vec![self.write_alone(&batch[0]).await];
+        }
+        match self.write_together(&batch).await {
+            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, writes = batch.len(),
+                    "a shared commit failed; writing its changes one by one");
+                let mut outcomes = Vec::with_capacity(batch.len());
+                for write in &batch {
+                    outcomes.push(self.write_alone(write).await);
+                }
+                outcomes
+            }
         }
     }
+}
 
-    async fn write_together(&self, batch: &[Queued]) -> Result<Vec<bool>, StoreError> {
+impl Committer {
+    async fn write_together(&self, batch: &[Write]) -> Result<Vec<bool>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let mut outcomes = Vec::with_capacity(batch.len());
-        for queued in batch {
-            let change = queued.change.transition();
+        for write in batch {
+            let change = write.change.transition();
             outcomes.push(
-                lease::transition(&mut tx, queued.job_id, queued.token, queued.now, &change)
-                    .await?,
+                lease::transition(&mut tx, write.job_id, write.token, write.now, &change).await?,
             );
         }
         tx.commit().await?;
         Ok(outcomes)
     }
 
-    async fn write_alone(&self, queued: &Queued) -> Result<bool, StoreError> {
+    async fn write_alone(&self, write: &Write) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let change = queued.change.transition();
+        let change = write.change.transition();
         let written =
-            lease::transition(&mut tx, queued.job_id, queued.token, queued.now, &change).await?;
+            lease::transition(&mut tx, write.job_id, write.token, write.now, &change).await?;
         if written {
             tx.commit().await?;
         } else {
@@ -194,32 +153,6 @@ impl GroupCommit {
             tx.rollback().await?;
         }
         Ok(written)
-    }
-}
-
-/// Held by the leader; if its future is dropped before the queue is empty,
-/// a task takes over, so queued writers still get their answers.
-struct Leadership(Option<GroupCommit>);
-
-impl Drop for Leadership {
-    fn drop(&mut self) {
-        let Some(commit) = self.0.take() else {
-            return;
-        };
-        let orphaned = {
-            let mut queue = commit.lock();
-            if queue.items.is_empty() {
-                queue.leading = false;
-                false
-            } else {
-                true
-            }
-        };
-        if orphaned && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { commit.lead().await });
-        } else if orphaned {
-            commit.lock().leading = false;
-        }
     }
 }
 
@@ -317,7 +250,7 @@ mod tests {
         for job in &jobs {
             assert_eq!(events(&pool, *job).await, 1);
         }
-        let batches = group.batches.load(Ordering::Relaxed);
+        let batches = group.0.server().batches.load(Ordering::Relaxed);
         assert!(batches <= 5, "40 writes took {batches} commits");
     }
 }

@@ -4,9 +4,11 @@
 
 mod batch;
 mod claimed;
+mod claims;
 mod complete_step;
 mod definitions;
 mod digest;
+mod gather;
 mod group_commit;
 mod operator;
 mod placement;
@@ -31,6 +33,7 @@ use tokio::sync::Notify;
 
 pub use batch::BatchOutcome;
 pub use claimed::{ClaimedRun, LeaseLost, SegmentStop};
+pub use claims::ClaimError;
 pub use complete_step::{CompleteError, CompleteOutcome};
 pub use definitions::RegisterError;
 pub use flotilla_store::{Clock, ManualClock, SystemClock};
@@ -128,6 +131,8 @@ struct Inner {
     health: Health,
     /// Checkpoints and completions of many jobs, committed together.
     group_commit: group_commit::GroupCommit,
+    /// Claims of the loops that look for work at once, in one statement.
+    claims: claims::Claims,
 }
 
 /// Compiled snapshots kept; beyond this the cache starts over (rarely hit:
@@ -145,6 +150,12 @@ impl Engine {
         Self {
             inner: Arc::new(Inner {
                 group_commit: group_commit::GroupCommit::new(pool.clone()),
+                claims: claims::Claims::new(
+                    pool.clone(),
+                    clock.clone(),
+                    settings.worker_id.clone(),
+                    settings.lease,
+                ),
                 pool,
                 targets,
                 clock,

@@ -9,12 +9,12 @@ use flotilla_runtime::supervise::panic_message;
 use futures_util::FutureExt as _;
 
 use flotilla_store::runs::Checkpoint;
-use flotilla_store::runs::lease;
 use serde_json::{Map, Value as Json};
 use uuid::Uuid;
 
 use super::Engine;
 use super::claimed::{ClaimedRun, SegmentStop};
+use super::claims::ClaimError;
 use super::settle::{finish, settle};
 use super::step::Invocation;
 use crate::target::{RetryClass, StepFailure};
@@ -48,23 +48,20 @@ impl Engine {
     ///
     /// # Errors
     /// The claim itself failed (the database is unreachable).
-    pub async fn run_once(&self) -> Result<Outcome, sqlx::Error> {
+    pub async fn run_once(&self) -> Result<Outcome, ClaimError> {
         match self.claim().await? {
             None => Ok(Outcome::Idle),
             Some(claimed) => Ok(self.run_segment(claimed).await),
         }
     }
 
-    /// Claims the oldest eligible QUEUED job, if any.
+    /// Claims the oldest eligible QUEUED job, if any, in a statement shared
+    /// with this process's other loops looking for work (`claims.rs`).
     ///
     /// # Errors
-    /// Database errors.
-    pub async fn claim(&self) -> Result<Option<ClaimedRun>, sqlx::Error> {
-        let now = self.now();
-        let lease_until = now + self.settings().lease;
-        let mut conn = self.pool().acquire().await?;
-        let worker_id = &self.settings().worker_id;
-        let row = lease::claim(&mut conn, worker_id, Uuid::new_v4(), now, lease_until).await?;
+    /// The claim statement failed.
+    pub async fn claim(&self) -> Result<Option<ClaimedRun>, ClaimError> {
+        let row = self.inner.claims.claim_one().await?;
         if let Some(row) = &row {
             super::telemetry::claimed(row.run_after.max(row.created_at));
         }
