@@ -65,6 +65,51 @@ pub async fn insert(
     kind: EventKind,
     now: DateTime<Utc>,
 ) -> Result<WorkflowRunEvent, StoreError> {
+    let mut events = insert_many(conn, vec![(stamp, kind)], now).await?;
+    Ok(events.remove(0))
+}
+
+/// Builds many events and inserts their outbox rows in one statement.
+///
+/// # Errors
+/// An event breaks a rule (a bug: nothing is written), or the database fails.
+pub async fn insert_many(
+    conn: &mut PgConnection,
+    commits: Vec<(&EventStamp, EventKind)>,
+    now: DateTime<Utc>,
+) -> Result<Vec<WorkflowRunEvent>, StoreError> {
+    let events = commits
+        .into_iter()
+        .map(|(stamp, kind)| build(stamp, kind, now).map(|event| (event, stamp)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let column = |f: fn(&(WorkflowRunEvent, &EventStamp)) -> Option<String>| {
+        events.iter().map(f).collect::<Vec<_>>()
+    };
+    sqlx::query(
+        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload, traceparent, tracestate, created_at)
+         SELECT event_id, job_id, sequence, event_type, payload, traceparent, tracestate, $8
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[], $7::text[])
+             AS e(event_id, job_id, sequence, event_type, payload, traceparent, tracestate)",
+    )
+    .bind(events.iter().map(|(e, _)| e.event_id()).collect::<Vec<_>>())
+    .bind(events.iter().map(|(e, _)| e.job_id()).collect::<Vec<_>>())
+    .bind(events.iter().map(|(e, _)| e.sequence()).collect::<Vec<_>>())
+    .bind(column(|(e, _)| Some(e.event_type().as_str().to_owned())))
+    .bind(events.iter().map(|(e, _)| Json(e)).collect::<Vec<_>>())
+    .bind(column(|(_, stamp)| stamp.traceparent.clone()))
+    .bind(column(|(_, stamp)| stamp.tracestate.clone()))
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(events.into_iter().map(|(event, _)| event).collect())
+}
+
+/// The event of a commit point, through the contract's constructors.
+fn build(
+    stamp: &EventStamp,
+    kind: EventKind,
+    now: DateTime<Utc>,
+) -> Result<WorkflowRunEvent, StoreError> {
     let header = EventHeader {
         event_id: Uuid::new_v4(),
         job_id: stamp.job_id,
@@ -73,7 +118,7 @@ pub async fn insert(
         attempt: stamp.attempt,
         occurred_at: now,
     };
-    let event = match kind {
+    Ok(match kind {
         EventKind::Accepted => WorkflowRunEvent::accepted(header),
         EventKind::StepCheckpoint { step } => WorkflowRunEvent::step_checkpoint(header, step),
         EventKind::Waiting { step } => WorkflowRunEvent::waiting(header, step),
@@ -83,22 +128,7 @@ pub async fn insert(
         EventKind::Failed { error, verdict } => WorkflowRunEvent::failed(header, error, verdict),
         EventKind::Dead { error } => WorkflowRunEvent::dead(header, error),
         EventKind::Cancelled { reason } => WorkflowRunEvent::cancelled(header, reason),
-    }?;
-    sqlx::query(
-        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload, traceparent, tracestate, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-    )
-    .bind(event.event_id())
-    .bind(event.job_id())
-    .bind(event.sequence())
-    .bind(event.event_type().as_str())
-    .bind(Json(&event))
-    .bind(stamp.traceparent.as_deref())
-    .bind(stamp.tracestate.as_deref())
-    .bind(now)
-    .execute(conn)
-    .await?;
-    Ok(event)
+    }?)
 }
 
 /// A job's events in sequence order (for tests and the API's debugging views).

@@ -126,42 +126,93 @@ pub async fn insert(
     tx: &mut PgTransaction<'_>,
     run: &NewRun<'_>,
 ) -> Result<Option<RunRow>, StoreError> {
-    let status = match run.refusal {
-        None => RunStatus::Queued,
-        Some(_) => RunStatus::Failed,
+    let mut rows = insert_many(tx, std::slice::from_ref(run)).await?;
+    Ok(rows.remove(0))
+}
+
+/// Inserts many new runs, each with its first event, in two statements (the
+/// rows, then their events); one answer per run, in order: `None` when a row
+/// with that job id exists already, or came earlier in `runs` (then nothing
+/// was written for it). All runs share the first one's `now`.
+///
+/// # Errors
+/// Database errors (then the caller's transaction holds part of the batch
+/// and must be rolled back); an event the contract refuses.
+pub async fn insert_many<'a>(
+    tx: &mut PgTransaction<'_>,
+    runs: &[NewRun<'a>],
+) -> Result<Vec<Option<RunRow>>, StoreError> {
+    let Some(now) = runs.first().map(|run| run.now) else {
+        return Ok(Vec::new());
     };
-    let row: Option<RunRow> = sqlx::query_as(&format!(
+    let text = |f: fn(&NewRun<'a>) -> Option<&'a str>| runs.iter().map(f).collect::<Vec<_>>();
+    let json = |f: fn(&NewRun<'a>) -> &'a serde_json::Value| {
+        runs.iter().map(|run| Json(f(run))).collect::<Vec<_>>()
+    };
+    let inserted: Vec<RunRow> = sqlx::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, traceparent, tracestate, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 1, $12, $13, $9, $9)
+         SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
+             status, max_attempts, $13, error, verdict, 1, traceparent, tracestate, $13, $13
+         FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::jsonb[], $5::jsonb[], $6::text[],
+                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[])
+             WITH ORDINALITY AS r(job_id, workflow_name, workflow_version, definition, input, request_digest,
+                                  status, max_attempts, error, verdict, traceparent, tracestate, position)
+         ORDER BY position
          ON CONFLICT (job_id) DO NOTHING
          RETURNING {COLUMNS}"
     ))
-    .bind(run.job_id)
-    .bind(run.workflow_name)
-    .bind(run.workflow_version)
-    .bind(Json(run.definition))
-    .bind(Json(run.input))
-    .bind(run.request_digest)
-    .bind(status)
-    .bind(run.max_attempts)
-    .bind(run.now)
-    .bind(run.refusal.map(|r| r.error))
-    .bind(run.refusal.map(|r| r.verdict))
-    .bind(run.traceparent)
-    .bind(run.tracestate)
-    .fetch_optional(&mut **tx)
+    .bind(runs.iter().map(|run| run.job_id).collect::<Vec<_>>())
+    .bind(text(|run| Some(run.workflow_name)))
+    .bind(runs.iter().map(|run| run.workflow_version).collect::<Vec<_>>())
+    .bind(json(|run| run.definition))
+    .bind(json(|run| run.input))
+    .bind(text(|run| Some(run.request_digest)))
+    .bind(text(|run| Some(run.status().as_str())))
+    .bind(runs.iter().map(|run| run.max_attempts).collect::<Vec<_>>())
+    .bind(text(|run| run.refusal.map(|r| r.error)))
+    .bind(text(|run| run.refusal.map(|r| r.verdict)))
+    .bind(text(|run| run.traceparent))
+    .bind(text(|run| run.tracestate))
+    .bind(now)
+    .fetch_all(&mut **tx)
     .await?;
-    let Some(row) = row else { return Ok(None) };
-    let event = match run.refusal {
-        None => EventKind::Accepted,
-        Some(refusal) => EventKind::Failed {
-            error: refusal.error.to_owned(),
-            verdict: Some(refusal.verdict.to_owned()),
-        },
-    };
-    outbox::insert(tx, &row.stamp(), event, run.now).await?;
-    Ok(Some(row))
+    let mut by_job: std::collections::HashMap<Uuid, RunRow> =
+        inserted.into_iter().map(|row| (row.job_id, row)).collect();
+    // The first of a job id in `runs` is the one inserted; later ones are repeats.
+    let rows: Vec<Option<RunRow>> = runs.iter().map(|run| by_job.remove(&run.job_id)).collect();
+    let stamps: Vec<(EventStamp, EventKind)> = runs
+        .iter()
+        .zip(&rows)
+        .filter_map(|(run, row)| Some((row.as_ref()?.stamp(), run.first_event())))
+        .collect();
+    if !stamps.is_empty() {
+        let commits = stamps
+            .iter()
+            .map(|(stamp, kind)| (stamp, kind.clone()))
+            .collect();
+        outbox::insert_many(tx, commits, now).await?;
+    }
+    Ok(rows)
+}
+
+impl NewRun<'_> {
+    fn status(&self) -> RunStatus {
+        match self.refusal {
+            None => RunStatus::Queued,
+            Some(_) => RunStatus::Failed,
+        }
+    }
+
+    fn first_event(&self) -> EventKind {
+        match self.refusal {
+            None => EventKind::Accepted,
+            Some(refusal) => EventKind::Failed {
+                error: refusal.error.to_owned(),
+                verdict: Some(refusal.verdict.to_owned()),
+            },
+        }
+    }
 }
 
 /// The row of `job_id`.

@@ -1,5 +1,6 @@
 //! Submitting a batch from the request topic: one transaction for the
-//! whole batch on the happy path. When the database refuses one request's
+//! whole batch on the happy path, with every row inserted in one statement
+//! and every first event in another. When the database refuses one request's
 //! content, the batch is written again with a savepoint around each
 //! request, so that request alone becomes [`SubmitError::Unstorable`] and
 //! every other one commits. A failure of the database itself fails the
@@ -7,11 +8,14 @@
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, Utc};
+use flotilla_store::runs;
 use flotilla_store::{RunStatus, StoreError};
+use sqlx::PgTransaction;
 
 use super::Engine;
 use super::storable::Unstorable;
-use super::submit::{RefusalMode, Submission, SubmitError, Submitted, admit};
+use super::submit::{Prepared, RefusalMode, Submission, SubmitError, Submitted, admit};
 
 /// One outcome per submission, in order.
 pub type BatchOutcome = Vec<Result<Submitted, SubmitError>>;
@@ -48,7 +52,8 @@ impl Engine {
         Ok(results)
     }
 
-    /// One attempt at the batch; with `isolated`, each request in its own savepoint.
+    /// One attempt at the batch, in one transaction; with `isolated`, each
+    /// request in its own savepoint.
     async fn write_batch(
         &self,
         admitted: &[Result<Submission, Unstorable>],
@@ -56,6 +61,89 @@ impl Engine {
     ) -> Result<BatchOutcome, StoreError> {
         let now = self.now();
         let mut tx = self.pool().begin().await?;
+        let written = if isolated {
+            self.write_each(&mut tx, admitted, now).await
+        } else {
+            self.write_together(&mut tx, admitted, now).await
+        };
+        match written {
+            Ok(results) => {
+                tx.commit().await?;
+                Ok(results)
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                Err(e)
+            }
+        }
+    }
+
+    /// The happy path: every request checked and resolved, then all rows in
+    /// one statement and all first events in another.
+    async fn write_together(
+        &self,
+        tx: &mut PgTransaction<'_>,
+        admitted: &[Result<Submission, Unstorable>],
+        now: DateTime<Utc>,
+    ) -> Result<BatchOutcome, StoreError> {
+        let mut newest = HashMap::new();
+        let mut prepared = Vec::with_capacity(admitted.len());
+        for submission in admitted {
+            prepared.push(match submission {
+                Ok(submission) => {
+                    match self
+                        .prepare(tx, submission, RefusalMode::Record, &mut newest)
+                        .await
+                    {
+                        Err(SubmitError::Store(e)) => return Err(e),
+                        other => other,
+                    }
+                }
+                Err(unstorable) => Err(SubmitError::Unstorable(unstorable.clone())),
+            });
+        }
+        let new_runs: Vec<_> = prepared
+            .iter()
+            .zip(admitted)
+            .filter_map(|(prepared, submission)| {
+                prepared
+                    .as_ref()
+                    .ok()?
+                    .new_run(submission.as_ref().ok()?, now)
+            })
+            .collect();
+        let mut rows = runs::insert_many(tx, &new_runs).await?.into_iter();
+        let mut results = Vec::with_capacity(admitted.len());
+        for (prepared, submission) in prepared.into_iter().zip(admitted) {
+            // A request that was not admitted has its error in `prepared`.
+            let (prepared, submission) = match (prepared, submission) {
+                (Ok(prepared), Ok(submission)) => (prepared, submission),
+                (Err(e), _) => {
+                    results.push(Err(e));
+                    continue;
+                }
+                (Ok(_), Err(_)) => unreachable!("prepared but not admitted"),
+            };
+            let row = match prepared {
+                Prepared::Insert { .. } => rows.next().flatten(),
+                Prepared::Done(_) => None,
+            };
+            match prepared.inserted(tx, submission, row).await {
+                Err(SubmitError::Store(e)) => return Err(e),
+                result => results.push(result),
+            }
+        }
+        Ok(results)
+    }
+
+    /// The careful path: each request written in a savepoint of its own, so
+    /// one the database refuses becomes its own error.
+    async fn write_each(
+        &self,
+        tx: &mut PgTransaction<'_>,
+        admitted: &[Result<Submission, Unstorable>],
+        now: DateTime<Utc>,
+    ) -> Result<BatchOutcome, StoreError> {
         let mut results = Vec::with_capacity(admitted.len());
         let mut newest = HashMap::new();
         for submission in admitted {
@@ -66,36 +154,26 @@ impl Engine {
                     continue;
                 }
             };
-            let result = if isolated {
-                let mut savepoint = sqlx::Connection::begin(&mut *tx).await?;
-                let result = self
-                    .submit_in(
-                        &mut savepoint,
-                        submission,
-                        RefusalMode::Record,
-                        now,
-                        &mut newest,
-                    )
-                    .await
-                    .map_err(SubmitError::data_to_unstorable);
-                match &result {
-                    Ok(_) => savepoint.commit().await?,
-                    Err(_) => savepoint.rollback().await?,
-                }
-                result
-            } else {
-                self.submit_in(&mut tx, submission, RefusalMode::Record, now, &mut newest)
-                    .await
-            };
+            let mut savepoint = sqlx::Connection::begin(&mut **tx).await?;
+            let result = self
+                .submit_in(
+                    &mut savepoint,
+                    submission,
+                    RefusalMode::Record,
+                    now,
+                    &mut newest,
+                )
+                .await
+                .map_err(SubmitError::data_to_unstorable);
+            match &result {
+                Ok(_) => savepoint.commit().await?,
+                Err(_) => savepoint.rollback().await?,
+            }
             match result {
-                Err(SubmitError::Store(e)) => {
-                    tx.rollback().await?;
-                    return Err(e);
-                }
+                Err(SubmitError::Store(e)) => return Err(e),
                 result => results.push(result),
             }
         }
-        tx.commit().await?;
         Ok(results)
     }
 }

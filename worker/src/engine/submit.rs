@@ -141,7 +141,7 @@ impl From<sqlx::Error> for SubmitError {
 }
 
 /// A validated submission, ready to insert.
-struct Resolved {
+pub(super) struct Resolved {
     workflow_name: String,
     workflow_version: Option<i32>,
     definition: Json,
@@ -189,8 +189,26 @@ impl Engine {
         now: DateTime<Utc>,
         newest: &mut NewestDefinitions,
     ) -> Result<Submitted, SubmitError> {
+        let prepared = match self.prepare(tx, submission, mode, newest).await? {
+            Prepared::Done(submitted) => return Ok(*submitted),
+            insert @ Prepared::Insert { .. } => insert,
+        };
+        let new_run = prepared.new_run(submission, now).expect("an insert");
+        let row = runs::insert(tx, &new_run).await?;
+        prepared.inserted(tx, submission, row).await
+    }
+
+    /// Checks and resolves a submission against the stored definitions,
+    /// writing nothing: what to insert, or the existing job it repeats.
+    pub(super) async fn prepare(
+        &self,
+        conn: &mut PgConnection,
+        submission: &Submission,
+        mode: RefusalMode,
+        newest: &mut NewestDefinitions,
+    ) -> Result<Prepared, SubmitError> {
         let digest = request_digest(submission);
-        let (resolved, refusal) = match self.resolve(tx, submission, newest).await {
+        let (resolved, refusal) = match self.resolve(conn, submission, newest).await {
             Ok(resolved) => (resolved, None),
             Err(refused) if refused.is_refusal() && mode == RefusalMode::Record => {
                 let resolved = Resolved {
@@ -204,35 +222,17 @@ impl Engine {
             Err(refused) => {
                 // A repeat of an accepted job is still recognised after its
                 // workflow changed; only a new job_id gets the refusal.
-                return match existing(tx, submission.job_id, &digest).await? {
-                    Some(existing) => Ok(existing),
+                return match existing(conn, submission.job_id, &digest).await? {
+                    Some(existing) => Ok(Prepared::Done(Box::new(existing))),
                     None => Err(refused),
                 };
             }
         };
-        let new_run = NewRun {
-            job_id: submission.job_id,
-            workflow_name: &resolved.workflow_name,
-            workflow_version: resolved.workflow_version,
-            definition: &resolved.definition,
-            input: &submission.input,
-            request_digest: &digest,
-            max_attempts: resolved.max_attempts,
-            refusal: refusal.as_deref().map(|error| Refusal {
-                error,
-                verdict: REFUSED_VERDICT,
-            }),
-            traceparent: submission.traceparent.as_deref(),
-            tracestate: submission.tracestate.as_deref(),
-            now,
-        };
-        let Some(row) = runs::insert(tx, &new_run).await? else {
-            return existing(tx, submission.job_id, &digest)
-                .await?
-                .ok_or(SubmitError::Conflict(submission.job_id));
-        };
-        super::telemetry::job_submitted(&row.workflow_name);
-        Ok(Submitted::Created(row))
+        Ok(Prepared::Insert {
+            digest,
+            resolved,
+            refusal,
+        })
     }
 
     async fn resolve(
@@ -273,8 +273,77 @@ impl Engine {
     }
 }
 
+/// A submission checked and resolved, before anything is written.
+pub(super) enum Prepared {
+    /// A row to insert: QUEUED, or FAILED with the refusal recorded.
+    Insert {
+        digest: String,
+        resolved: Resolved,
+        refusal: Option<String>,
+    },
+    /// A repeat of an existing job: nothing to write.
+    Done(Box<Submitted>),
+}
+
+impl Prepared {
+    /// The row to insert for `submission`, unless it is a repeat.
+    pub(super) fn new_run<'a>(
+        &'a self,
+        submission: &'a Submission,
+        now: DateTime<Utc>,
+    ) -> Option<NewRun<'a>> {
+        let Self::Insert {
+            digest,
+            resolved,
+            refusal,
+        } = self
+        else {
+            return None;
+        };
+        Some(NewRun {
+            job_id: submission.job_id,
+            workflow_name: &resolved.workflow_name,
+            workflow_version: resolved.workflow_version,
+            definition: &resolved.definition,
+            input: &submission.input,
+            request_digest: digest,
+            max_attempts: resolved.max_attempts,
+            refusal: refusal.as_deref().map(|error| Refusal {
+                error,
+                verdict: REFUSED_VERDICT,
+            }),
+            traceparent: submission.traceparent.as_deref(),
+            tracestate: submission.tracestate.as_deref(),
+            now,
+        })
+    }
+
+    /// What inserting `submission` came to: its new `row`, or, when the
+    /// insert found its job id taken, the existing job or a conflict.
+    pub(super) async fn inserted(
+        self,
+        conn: &mut PgConnection,
+        submission: &Submission,
+        row: Option<RunRow>,
+    ) -> Result<Submitted, SubmitError> {
+        let digest = match self {
+            Self::Done(submitted) => return Ok(*submitted),
+            Self::Insert { digest, .. } => digest,
+        };
+        match row {
+            Some(row) => {
+                super::telemetry::job_submitted(&row.workflow_name);
+                Ok(Submitted::Created(row))
+            }
+            None => existing(conn, submission.job_id, &digest)
+                .await?
+                .ok_or(SubmitError::Conflict(submission.job_id)),
+        }
+    }
+}
+
 /// Newest stored definitions looked up so far in one transaction, by name.
-type NewestDefinitions = HashMap<String, Option<definitions::StoredDefinition>>;
+pub(super) type NewestDefinitions = HashMap<String, Option<definitions::StoredDefinition>>;
 
 /// The verdict of a job refused at submission.
 const REFUSED_VERDICT: &str = "rejected at submission";

@@ -219,3 +219,67 @@ async fn workflows_load_from_a_directory_and_reloading_adds_no_version(pool: PgP
     assert!(err.to_string().contains("c.json"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A batch from the request topic is written in one statement for its rows
+/// and one for their events, yet every request keeps its own outcome: new
+/// rows, a repeat of an earlier job, a conflict, the same job id twice in
+/// the batch, and a refusal recorded as a FAILED row.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_batch_gives_each_request_its_own_outcome(pool: PgPool) {
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("batched", "echo"))
+        .await
+        .unwrap();
+    let (earlier, twice) = (Uuid::new_v4(), Uuid::new_v4());
+    engine
+        .submit(
+            stored(earlier, "batched", json!({"n": 0})),
+            RefusalMode::Refuse,
+        )
+        .await
+        .unwrap();
+    let fresh = Uuid::new_v4();
+    let refused = Uuid::new_v4();
+    let results = engine
+        .submit_batch(vec![
+            stored(fresh, "batched", json!({"n": 1})),
+            stored(earlier, "batched", json!({"n": 0})),
+            stored(earlier, "batched", json!({"n": 99})),
+            stored(twice, "batched", json!({"n": 2})),
+            stored(twice, "batched", json!({"n": 2})),
+            stored(refused, "no-such-workflow", json!({})),
+        ])
+        .await
+        .unwrap();
+    let outcome = |i: usize| match &results[i] {
+        Ok(Submitted::Created(row)) => format!("created {} {:?}", row.job_id, row.status),
+        Ok(Submitted::Existing(row)) => format!("existing {}", row.job_id),
+        Err(e) => format!("error {e}"),
+    };
+    assert_eq!(outcome(0), format!("created {fresh} Queued"));
+    assert_eq!(outcome(1), format!("existing {earlier}"));
+    assert_eq!(
+        outcome(2),
+        format!("error job {earlier} exists with different content")
+    );
+    assert_eq!(outcome(3), format!("created {twice} Queued"));
+    assert_eq!(outcome(4), format!("existing {twice}"));
+    assert_eq!(outcome(5), format!("created {refused} Failed"));
+    assert_eq!(rows(&pool).await, 4);
+    for (job, first_event) in [
+        (fresh, "ACCEPTED"),
+        (twice, "ACCEPTED"),
+        (refused, "FAILED"),
+    ] {
+        let events: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT sequence, event_type FROM workflow_run_outbox WHERE job_id = $1",
+        )
+        .bind(job)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(events, vec![(1, first_event.to_owned())], "{job}");
+    }
+    assert_eq!(row(&pool, twice).await.input.0, json!({"n": 2}));
+}
