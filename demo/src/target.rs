@@ -1,9 +1,14 @@
 //! The demo target: an HTTP service like the ones workflow steps call. Each
 //! method shows one behaviour of the fleet:
 //!
-//! - `lookup`, `score`, `label`, `capture`: answer at once (after the latency knob);
-//! - `authorize`: answers 503 to the first call of each job (a transient
-//!   failure the worker retries from its checkpoint), then succeeds;
+//! - `lookup`, `score`, `label`, `authorize`: answer at once (after the
+//!   latency knob);
+//! - `capture`, the payment's second step: answers 503 to the first call of
+//!   each job (a transient failure), then succeeds. The retry resumes from
+//!   the checkpoint `authorize` left, so `authorize` is called once and
+//!   `capture` twice: the target counts the payment calls per job and step,
+//!   and `capture`'s answer carries them (`calls`) into the job's
+//!   checkpoints, where the demo driver checks them;
 //! - `check`: a verdict (422 with violations) for an applicant under 18;
 //! - `archive`: always 503, so its jobs run out of attempts and go DEAD.
 //!
@@ -11,7 +16,7 @@
 //! answers that share of all calls 503 (0 by default, so the demo's counts
 //! are exact).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,9 +52,35 @@ fn parse_rate(text: &str) -> Result<f64, String> {
 struct Shared {
     latency: Duration,
     failure_rate: f64,
-    /// Jobs whose `authorize` already failed once.
-    authorized_once: Arc<Mutex<HashSet<String>>>,
+    /// Calls per job and step, of the counted methods only: a long-running
+    /// target keeps no count for the other calls.
+    calls_by_job: Arc<Mutex<HashMap<String, BTreeMap<String, u64>>>>,
     calls: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The methods whose calls are counted per job and step (the payment's).
+const COUNTED: [&str; 2] = ["authorize", "capture"];
+
+impl Shared {
+    /// Counts a call with this idempotency key (`<job_id>:<step>`); returns
+    /// how many calls that job and step have had, this one included.
+    fn count(&self, key: &str) -> u64 {
+        let (job, step) = key.split_once(':').unwrap_or((key, ""));
+        let mut calls = self.calls_by_job.lock().unwrap();
+        let n = calls
+            .entry(job.to_owned())
+            .or_default()
+            .entry(step.to_owned())
+            .or_default();
+        *n += 1;
+        *n
+    }
+
+    /// The calls counted so far for the job of this idempotency key, by step.
+    fn calls_of_job(&self, key: &str) -> Value {
+        let job = key.split_once(':').map_or(key, |(job, _)| job);
+        json!(self.calls_by_job.lock().unwrap().get(job))
+    }
 }
 
 /// The target's routes.
@@ -57,7 +88,7 @@ pub fn router(settings: &TargetSettings) -> axum::Router {
     let shared = Shared {
         latency: *settings.latency,
         failure_rate: settings.failure_rate,
-        authorized_once: Arc::default(),
+        calls_by_job: Arc::default(),
         calls: Arc::default(),
     };
     axum::Router::new()
@@ -91,17 +122,21 @@ async fn call(
     Json(request): Json<Value>,
 ) -> Answer {
     tokio::time::sleep(shared.latency).await;
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    // Counted before any injected failure: the counts are of every call.
+    let nth = COUNTED
+        .contains(&method.as_str())
+        .then(|| shared.count(&key));
     let n = shared
         .calls
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if shared.failure_rate > 0.0 && sampled(n, shared.failure_rate) {
         return busy("injected failure (DEMO_TARGET_FAILURE_RATE)");
     }
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
     match method.as_str() {
         "lookup" => {
             let name = request["name"].as_str().unwrap_or("nobody");
@@ -112,15 +147,12 @@ async fn call(
             ok(json!({"score": (2026 - since) * 10 + 40}))
         }
         "label" => ok(json!({"label": format!("PARCEL-{}", &key[..key.len().min(8)])})),
-        "authorize" => {
-            let first = shared.authorized_once.lock().unwrap().insert(key);
-            if first {
-                busy("the payment provider is busy; try again")
-            } else {
-                ok(json!({"authorization": "ok"}))
-            }
-        }
-        "capture" => ok(json!({"captured": request["amount"].clone()})),
+        "authorize" => ok(json!({"authorization": "ok"})),
+        "capture" if nth == Some(1) => busy("the payment provider is busy; try again"),
+        "capture" => ok(json!({
+            "captured": request["amount"].clone(),
+            "calls": shared.calls_of_job(&key),
+        })),
         "check" => {
             if request["age"].as_i64().is_some_and(|age| age < 18) {
                 (
@@ -156,4 +188,48 @@ fn sampled(n: u64, rate: f64) -> bool {
     )]
     let every = (1.0 / rate).round().max(1.0) as u64;
     n.is_multiple_of(every)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Shared {
+        Shared {
+            latency: Duration::ZERO,
+            failure_rate: 0.0,
+            calls_by_job: Arc::default(),
+            calls: Arc::default(),
+        }
+    }
+
+    async fn post(shared: &Shared, method: &str, key: &str) -> Answer {
+        let mut headers = HeaderMap::new();
+        headers.insert("idempotency-key", key.parse().unwrap());
+        call(
+            State(shared.clone()),
+            Path(method.to_owned()),
+            headers,
+            Json(json!({"amount": 7})),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn capture_fails_once_per_job_and_reports_the_calls_of_its_job() {
+        let shared = target();
+        let (status, _) = post(&shared, "authorize", "job-1:authorize").await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, _) = post(&shared, "capture", "job-1:capture").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let (status, Json(body)) = post(&shared, "capture", "job-1:capture").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            body,
+            json!({"captured": 7, "calls": {"authorize": 1, "capture": 2}})
+        );
+        // Another job starts its own count.
+        let (status, _) = post(&shared, "capture", "job-2:capture").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

@@ -60,6 +60,8 @@ pub struct Tracked {
     pub status: String,
     /// Whether its human step was answered (approved or cancelled).
     pub answered: bool,
+    /// The checkpoints the API last reported (a JSON array).
+    pub checkpoints: Value,
 }
 
 /// Runs the demo; `Ok(true)` when every job ended as its kind says.
@@ -144,6 +146,7 @@ async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Trac
                 produced_at: Utc::now(),
                 status: "PRODUCED".into(),
                 answered: false,
+                checkpoints: Value::Null,
             },
         );
     }
@@ -271,16 +274,16 @@ impl Api {
         }
     }
 
-    /// Asks for the status of every job not yet terminal.
+    /// Asks for the status and checkpoints of every job not yet terminal.
     async fn refresh(&self, jobs: &mut HashMap<Uuid, Tracked>) {
         let open: Vec<Uuid> = jobs
             .iter()
             .filter(|(_, job)| !is_terminal(&job.status))
             .map(|(id, _)| *id)
             .collect();
-        let answers: Vec<(Uuid, Option<String>)> = futures_util::stream::iter(open)
+        let answers: Vec<(Uuid, Option<(String, Value)>)> = futures_util::stream::iter(open)
             .map(|id| async move {
-                let status = async {
+                let view = async {
                     let response = self
                         .request(reqwest::Method::GET, &format!("/v1/jobs/{id}"))
                         .send()
@@ -289,18 +292,20 @@ impl Api {
                     if !response.status().is_success() {
                         return None; // 404: not ingested yet
                     }
-                    let view: Value = response.json().await.ok()?;
-                    view["status"].as_str().map(ToOwned::to_owned)
+                    let mut view: Value = response.json().await.ok()?;
+                    let status = view["status"].as_str()?.to_owned();
+                    Some((status, view["checkpoints"].take()))
                 }
                 .await;
-                (id, status)
+                (id, view)
             })
             .buffer_unordered(16)
             .collect()
             .await;
-        for (id, status) in answers {
-            if let (Some(status), Some(job)) = (status, jobs.get_mut(&id)) {
+        for (id, view) in answers {
+            if let (Some((status, checkpoints)), Some(job)) = (view, jobs.get_mut(&id)) {
                 job.status = status;
+                job.checkpoints = checkpoints;
             }
         }
     }

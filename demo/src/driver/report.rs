@@ -1,18 +1,45 @@
 //! The summary at the end: final states against what each kind asked for,
-//! submit → COMPLETED latency, events read back by type, throughput.
+//! target calls per step for the kinds that check them (the retried payment:
+//! `authorize` once, `capture` twice), submit → COMPLETED latency, events
+//! read back by type, throughput.
 
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::samples::Kind;
+use super::samples::{self, Kind};
 use super::{Events, Tracked};
+
+/// One kind's line of the summary.
+#[derive(Debug, Default)]
+struct Row {
+    jobs: usize,
+    /// Jobs that ended in the state the kind asked for.
+    ended_as_asked: usize,
+    /// Final states seen, with their counts.
+    states: BTreeMap<String, usize>,
+    /// For kinds that check target calls: the calls per step seen (`None`:
+    /// none reported), with how many jobs showed them.
+    calls: BTreeMap<Option<Vec<u64>>, usize>,
+}
+
+impl Row {
+    fn states_as_asked(&self) -> bool {
+        self.jobs == self.ended_as_asked
+    }
+
+    fn calls_as_asked(&self, kind: Kind) -> bool {
+        kind.expected_calls().is_none_or(|steps| {
+            let asked: Vec<u64> = steps.iter().map(|(_, n)| *n).collect();
+            self.calls.keys().all(|seen| seen.as_ref() == Some(&asked))
+        })
+    }
+}
 
 #[derive(Debug)]
 pub struct Report {
-    /// Per kind: (jobs, jobs that ended as expected, final states seen).
-    rows: BTreeMap<Kind, (usize, usize, BTreeMap<String, usize>)>,
+    rows: BTreeMap<Kind, Row>,
     by_state: BTreeMap<String, usize>,
     latencies_ms: Vec<i64>,
     events: BTreeMap<String, usize>,
@@ -28,16 +55,20 @@ impl Report {
         started: DateTime<Utc>,
         finished: DateTime<Utc>,
     ) -> Self {
-        let mut rows: BTreeMap<Kind, (usize, usize, BTreeMap<String, usize>)> = BTreeMap::new();
+        let mut rows: BTreeMap<Kind, Row> = BTreeMap::new();
         let mut by_state = BTreeMap::new();
         let mut latencies_ms = Vec::new();
         for (id, job) in jobs {
             let row = rows.entry(job.kind).or_default();
-            row.0 += 1;
+            row.jobs += 1;
             if job.status == job.kind.expected() {
-                row.1 += 1;
+                row.ended_as_asked += 1;
             }
-            *row.2.entry(job.status.clone()).or_default() += 1;
+            *row.states.entry(job.status.clone()).or_default() += 1;
+            if let Some(steps) = job.kind.expected_calls() {
+                let seen = samples::reported_calls(&job.checkpoints, steps);
+                *row.calls.entry(seen).or_default() += 1;
+            }
             *by_state.entry(job.status.clone()).or_default() += 1;
             if let Some(done) = events.completed_at.get(id) {
                 latencies_ms.push((*done - job.produced_at).num_milliseconds());
@@ -56,10 +87,13 @@ impl Report {
         }
     }
 
-    /// Whether every job ended in the state its kind asked for.
+    /// Whether every job ended in the state its kind asked for, having made
+    /// the target calls it asked for (where the kind checks them).
     #[must_use]
     pub fn all_as_expected(&self) -> bool {
-        self.rows.values().all(|(n, ok, _)| n == ok)
+        self.rows
+            .iter()
+            .all(|(kind, row)| row.states_as_asked() && row.calls_as_asked(*kind))
     }
 
     fn percentile(&self, p: usize) -> Option<i64> {
@@ -73,17 +107,24 @@ impl Report {
             "  {:<52} {:>6} {:<10} {:>8}  result",
             "sample", "jobs", "expected", "as asked"
         );
-        for (kind, (n, ok, seen)) in &self.rows {
-            let verdict = if n == ok {
+        for (kind, row) in &self.rows {
+            let mut verdict = if row.states_as_asked() {
                 "ok".to_owned()
             } else {
-                let seen: Vec<String> = seen.iter().map(|(s, c)| format!("{s} {c}")).collect();
+                let seen: Vec<String> =
+                    row.states.iter().map(|(s, c)| format!("{s} {c}")).collect();
                 format!("OFF: {}", seen.join(", "))
             };
+            if let Some(steps) = kind.expected_calls() {
+                verdict.push_str("; ");
+                verdict.push_str(&calls_verdict(row, *kind, steps));
+            }
             println!(
-                "  {:<52} {n:>6} {:<10} {ok:>8}  {verdict}",
+                "  {:<52} {:>6} {:<10} {:>8}  {verdict}",
                 format!("{} ({})", kind.describe(), kind.workflow()),
-                kind.expected()
+                row.jobs,
+                kind.expected(),
+                row.ended_as_asked
             );
         }
         let states: Vec<String> = self
@@ -118,6 +159,69 @@ impl Report {
             } else {
                 "SOME JOBS DID NOT END AS ASKED"
             }
+        );
+    }
+}
+
+/// "target calls per job: authorize 1, capture 2", or what was seen instead
+/// and in how many jobs.
+fn calls_verdict(row: &Row, kind: Kind, steps: &[(&str, u64)]) -> String {
+    let written = |counts: &[u64]| -> String {
+        let each: Vec<String> = steps
+            .iter()
+            .zip(counts)
+            .map(|((step, _), n)| format!("{step} {n}"))
+            .collect();
+        each.join(", ")
+    };
+    if row.calls_as_asked(kind) {
+        let asked: Vec<u64> = steps.iter().map(|(_, n)| *n).collect();
+        return format!("target calls per job: {}", written(&asked));
+    }
+    let seen: Vec<String> = row
+        .calls
+        .iter()
+        .map(|(counts, jobs)| match counts {
+            Some(counts) => format!("{} in {jobs}", written(counts)),
+            None => format!("none reported in {jobs}"),
+        })
+        .collect();
+    format!("target calls OFF: {}", seen.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn payment(calls: serde_json::Value) -> Tracked {
+        Tracked {
+            kind: Kind::Retried,
+            produced_at: Utc::now(),
+            status: "COMPLETED".into(),
+            answered: false,
+            checkpoints: json!([
+                {"name": "authorize", "skipped": false, "response": {}},
+                {"name": "capture", "skipped": false, "response": {"calls": calls}}
+            ]),
+        }
+    }
+
+    #[test]
+    fn a_retried_payment_that_called_authorize_twice_is_off() {
+        let resumed = payment(json!({"authorize": 1, "capture": 2}));
+        let restarted = payment(json!({"authorize": 2, "capture": 2}));
+        let jobs = HashMap::from([(Uuid::new_v4(), resumed.clone())]);
+        let now = Utc::now();
+        assert!(Report::new(&jobs, &Events::default(), now, now).all_as_expected());
+        let jobs = HashMap::from([(Uuid::new_v4(), resumed), (Uuid::new_v4(), restarted)]);
+        let report = Report::new(&jobs, &Events::default(), now, now);
+        assert!(!report.all_as_expected());
+        let row = &report.rows[&Kind::Retried];
+        assert_eq!(
+            calls_verdict(row, Kind::Retried, Kind::Retried.expected_calls().unwrap()),
+            "target calls OFF: authorize 1, capture 2 in 1; authorize 2, capture 2 in 1"
         );
     }
 }

@@ -8,7 +8,9 @@ use serde_json::{Value, json};
 pub enum Kind {
     /// Three steps, straight through.
     Shipping,
-    /// A transient failure (503) retried from its checkpoint.
+    /// A transient failure (503) on the second step, retried from the
+    /// first step's checkpoint: the first step is called once, the second
+    /// twice.
     Retried,
     /// Parked for a human, approved through the API.
     Approved,
@@ -57,11 +59,21 @@ impl Kind {
     pub fn describe(self) -> &'static str {
         match self {
             Kind::Shipping => "3 steps straight through",
-            Kind::Retried => "503 once, retried from its checkpoint",
+            Kind::Retried => "capture 503 once, resumed from checkpoint",
             Kind::Approved => "parked for a human, approved",
             Kind::Refused => "verdict: the target refuses (422)",
             Kind::Dead => "503 on every attempt",
             Kind::Cancelled => "parked for a human, cancelled",
+        }
+    }
+
+    /// The target calls, per step, each job of this kind must have made, for
+    /// the kinds whose target reports them (see [`reported_calls`]).
+    #[must_use]
+    pub fn expected_calls(self) -> Option<&'static [(&'static str, u64)]> {
+        match self {
+            Kind::Retried => Some(&[("authorize", 1), ("capture", 2)]),
+            _ => None,
         }
     }
 
@@ -76,6 +88,20 @@ impl Kind {
             Kind::Dead => json!({}),
         }
     }
+}
+
+/// The calls per step the demo target reported in a job's last checkpoint
+/// (its answer's `calls`), in the order of `steps`; `None` when it reported
+/// none.
+#[must_use]
+pub fn reported_calls(checkpoints: &Value, steps: &[(&str, u64)]) -> Option<Vec<u64>> {
+    let calls = checkpoints.as_array()?.last()?["response"]["calls"].as_object()?;
+    Some(
+        steps
+            .iter()
+            .map(|(step, _)| calls.get(*step).and_then(Value::as_u64).unwrap_or(0))
+            .collect(),
+    )
 }
 
 /// `jobs` kinds (at least one of each once `jobs` >= 6), by their shares,
@@ -125,5 +151,19 @@ mod tests {
         for (kind, _) in Kind::ALL {
             assert!(small.contains(&kind), "{kind:?} missing from a run of 6");
         }
+    }
+
+    #[test]
+    fn the_calls_come_from_the_last_checkpoint_in_the_order_asked() {
+        let steps = Kind::Retried.expected_calls().unwrap();
+        let checkpoints = json!([
+            {"name": "authorize", "skipped": false, "response": {"authorization": "ok"}},
+            {"name": "capture", "skipped": false,
+             "response": {"captured": 101, "calls": {"capture": 2, "authorize": 1}}}
+        ]);
+        assert_eq!(reported_calls(&checkpoints, steps), Some(vec![1, 2]));
+        let unfinished = json!([checkpoints[0].clone()]);
+        assert_eq!(reported_calls(&unfinished, steps), None);
+        assert_eq!(reported_calls(&Value::Null, steps), None);
     }
 }
