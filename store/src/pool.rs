@@ -6,7 +6,7 @@ use clap::Args;
 use secrecy::{ExposeSecret as _, SecretString};
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 
 /// Every migration of `migrations/`, embedded at build time.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -64,16 +64,120 @@ fn parse_acquire_timeout(text: &str) -> Result<humantime::Duration, String> {
     Ok(parsed.into())
 }
 
-/// Opens a pool and checks that the database answers.
+/// Opens a pool and checks that the database answers. The TLS files named
+/// by the URL or the `PGSSL*` variables are checked first (see
+/// [`check_tls_files`]).
 ///
 /// # Errors
-/// The URL is malformed or the database does not answer in time.
+/// A TLS file cannot be read, the URL is malformed, or the database does
+/// not answer in time.
 pub async fn connect(config: &DatabaseConfig) -> Result<PgPool, sqlx::Error> {
+    check_tls_files(config.database_url.expose_secret())?;
     PgPoolOptions::new()
         .max_connections(config.db_max_connections)
         .acquire_timeout(*config.db_acquire_timeout)
         .connect(config.database_url.expose_secret())
         .await
+}
+
+/// The TLS files a connection reads: the setting in the URL (with the
+/// spellings sqlx also accepts) and its standard variable.
+const TLS_FILES: [(&str, &[&str], &str); 3] = [
+    (
+        "sslrootcert",
+        &["sslrootcert", "ssl-root-cert", "ssl-ca"],
+        "PGSSLROOTCERT",
+    ),
+    ("sslcert", &["sslcert", "ssl-cert"], "PGSSLCERT"),
+    ("sslkey", &["sslkey", "ssl-key"], "PGSSLKEY"),
+];
+
+/// Refuses a TLS file (`sslrootcert`, `sslcert`, `sslkey`, from the URL or
+/// `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`; the URL wins, as in sqlx) that
+/// cannot be read, naming the setting and the path: sqlx reads them only
+/// during the handshake and then says no more than "No such file or
+/// directory". Skipped when TLS is off (`sslmode` `disable` or `allow`); a
+/// variable holding the PEM text itself is not a path.
+///
+/// # Errors
+/// The first file that cannot be read, as a configuration error.
+pub fn check_tls_files(url: &str) -> Result<(), sqlx::Error> {
+    use std::str::FromStr as _;
+    // A URL sqlx cannot parse is left to sqlx to report.
+    let Ok(options) = PgConnectOptions::from_str(url) else {
+        return Ok(());
+    };
+    if matches!(
+        options.get_ssl_mode(),
+        PgSslMode::Disable | PgSslMode::Allow
+    ) {
+        return Ok(());
+    }
+    let query = query_pairs(url);
+    for (setting, keys, variable) in TLS_FILES {
+        let in_url = query
+            .iter()
+            .rev()
+            .find(|(key, _)| keys.contains(&key.as_str()))
+            .map(|(_, value)| (format!("{setting} in DATABASE_URL"), value.clone()));
+        let named = in_url.or_else(|| {
+            let value = std::env::var(variable).ok()?;
+            let pem = value.trim_start().starts_with("-----BEGIN");
+            (!pem).then(|| (variable.to_owned(), value))
+        });
+        if let Some((source, path)) = named
+            && let Err(e) = std::fs::File::open(&path)
+        {
+            return Err(sqlx::Error::Configuration(
+                format!("{source}: cannot read {path}: {e}").into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The decoded `key=value` pairs of a URL's query, in order.
+fn query_pairs(url: &str) -> Vec<(String, String)> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Vec::new();
+    };
+    let query = query.split_once('#').map_or(query, |(query, _)| query);
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(key), decode(value))
+        })
+        .collect()
+}
+
+/// Form decoding, as sqlx reads the query: `+` is a space, `%XX` a byte.
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Applies every pending migration; a database already up to date is left alone.
@@ -82,4 +186,36 @@ pub async fn connect(config: &DatabaseConfig) -> Result<PgPool, sqlx::Error> {
 /// A migration fails, or one already applied was changed since.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(pool).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_tls_file_in_the_url_is_named_with_its_setting() {
+        let url = "postgres://u:pw@db.invalid/app?sslmode=verify-full";
+        let refused = check_tls_files(&format!("{url}&ssl-ca=/no/such/ca.pem"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("sslrootcert in DATABASE_URL: cannot read /no/such/ca.pem"),
+            "{refused}"
+        );
+        assert!(!refused.contains("pw"), "{refused}");
+        // Decoded as sqlx decodes it; the last of a repeated key wins.
+        let readable = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+        let refused = check_tls_files(&format!(
+            "{url}&sslkey={readable}&sslkey=/no/such%20dir/client+key.pem"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            refused.contains("sslkey in DATABASE_URL: cannot read /no/such dir/client key.pem"),
+            "{refused}"
+        );
+        // Without TLS nothing is read, so nothing is checked.
+        let off = "postgres://db.invalid/app?sslmode=disable&sslcert=/no/such/client.pem";
+        check_tls_files(off).unwrap();
+    }
 }

@@ -6,7 +6,8 @@
 //! The test broker (tansu 0.6.0) authenticates SCRAM users but its own TLS
 //! listener does not work, so TLS is terminated by a proxy made here in front
 //! of it (with a CA of the test's own), which the broker advertises: every
-//! connection, bootstrap or not, goes through TLS.
+//! connection, bootstrap or not, goes through TLS. A proxy that requires a
+//! client certificate stands for a broker with mutual TLS (`ssl.client.auth`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -111,8 +112,14 @@ impl SecuredBroker {
 }
 
 fn worker(broker: &SecuredBroker, database: &str, dir: &Path, topic: &str) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
+    let mut command = worker_without_broker(database, dir, topic);
     broker.env(&mut command);
+    command
+}
+
+/// The worker's settings but the broker's.
+fn worker_without_broker(database: &str, dir: &Path, topic: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
     command
         .env("DATABASE_URL", database)
         .env("FLOTILLA_WORKER_ID", "secure-worker")
@@ -335,6 +342,112 @@ async fn refusals(pool: PgPool) {
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert!(!wrong.status.success(), "a wrong password was let in");
     assert!(stderr.contains("SASL authentication"), "{stderr}");
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The test broker (no SASL) behind a TLS proxy that lets through only
+/// clients presenting a certificate from the test CA.
+struct CertificateBroker {
+    bootstrap: String,
+    certs: TestCertificates,
+    _broker: OwnBroker,
+}
+
+async fn certificate_broker(dir: &Path) -> CertificateBroker {
+    let bin = flotilla_tests::tansu::binary()
+        .expect("FLOTILLA_TANSU_BIN is unset: run the tests through scripts/test");
+    let certs = TestCertificates::generate(&dir.join("certs"), "flotilla");
+    let broker_address = format!("127.0.0.1:{}", free_port());
+    let proxy = terminating_proxy(broker_address.clone(), certs.server_config(true)).await;
+    let bootstrap = format!("localhost:{}", proxy.port());
+    let (dir, advertised) = (dir.to_owned(), bootstrap.clone());
+    let broker = tokio::task::spawn_blocking(move || {
+        OwnBroker::start_on(&bin, &dir, &broker_address, Some(&advertised), &[])
+    })
+    .await
+    .unwrap();
+    CertificateBroker {
+        bootstrap,
+        certs,
+        _broker: broker,
+    }
+}
+
+impl CertificateBroker {
+    /// TLS with the test CA, and the client certificate when `with_certificate`.
+    fn env(&self, command: &mut Command, with_certificate: bool) {
+        command
+            .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)
+            .env("KAFKA_SECURITY_PROTOCOL", "SSL")
+            .env("KAFKA_SSL_CA_LOCATION", &self.certs.ca)
+            .env("SCHEMA_REGISTRY_URL", "")
+            .env("FLOTILLA_TOPIC_PARTITIONS", "1")
+            .env("FLOTILLA_TOPIC_REPLICATION", "1")
+            .env("NO_COLOR", "1");
+        if with_certificate {
+            command
+                .env(
+                    "KAFKA_SSL_CERTIFICATE_LOCATION",
+                    &self.certs.client_certificate,
+                )
+                .env("KAFKA_SSL_KEY_LOCATION", &self.certs.client_key);
+        } else {
+            command
+                .env_remove("KAFKA_SSL_CERTIFICATE_LOCATION")
+                .env_remove("KAFKA_SSL_KEY_LOCATION");
+        }
+    }
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_broker_requiring_a_client_certificate_takes_the_configured_one_and_refuses_none(
+    pool: PgPool,
+) {
+    tokio::time::timeout(Duration::from_secs(120), client_certificates(pool))
+        .await
+        .expect("the client certificate run timed out");
+}
+
+async fn client_certificates(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("flotilla-kafka-mtls-{}", Uuid::new_v4()));
+    let broker = certificate_broker(&dir).await;
+    write_fleet_files(&dir, "http://127.0.0.1:9");
+    let database = flotilla_tests::database::url_of(&pool).await;
+    let requests = unique("mtls-requests");
+
+    // With the certificate: the worker starts (its consumer and the topic
+    // are reached through the proxy), and the CLI's produce is acknowledged.
+    let mut certified = worker_without_broker(&database, &dir, &requests);
+    broker.env(&mut certified, true);
+    let mut produce = Command::new(flotilla_tests::process::workspace_binary("flotilla"));
+    broker.env(&mut produce, true);
+    produce
+        .env("FLOTILLA_REQUEST_TOPIC", &requests)
+        .args(["produce", "--workflow", "secure"]);
+    let mut anonymous = worker_without_broker(&database, &dir, &unique("mtls-refused"));
+    broker.env(&mut anonymous, false);
+    let (produced, refused) = tokio::task::spawn_blocking(move || {
+        let mut running = Running::start(certified);
+        running.wait_for_line("worker ready", Duration::from_secs(60));
+        let produced = run_to_end(produce);
+        let status = running.terminate(Duration::from_secs(20));
+        assert!(status.success(), "{status:?}: {:#?}", running.output);
+        (produced, run_to_end(anonymous))
+    })
+    .await
+    .unwrap();
+    assert!(
+        produced.status.success(),
+        "flotilla produce: {}",
+        String::from_utf8_lossy(&produced.stderr)
+    );
+
+    // Without it the handshake is refused, and start-up says so.
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "no certificate was let in");
+    assert!(stderr.contains("reaching the Kafka broker"), "{stderr}");
+    assert!(stderr.contains("certificate required"), "{stderr}");
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -29,7 +29,9 @@ fn migrate(url: &str, env: &[(&str, &std::path::Path)]) -> std::process::Output 
         .env("DATABASE_URL", url)
         .env("NO_COLOR", "1")
         .env_remove("PGSSLMODE")
-        .env_remove("PGSSLROOTCERT");
+        .env_remove("PGSSLROOTCERT")
+        .env_remove("PGSSLCERT")
+        .env_remove("PGSSLKEY");
     for (name, value) in env {
         command.env(name, value);
     }
@@ -100,6 +102,78 @@ fn postgres_takes_a_client_certificate() {
         certs.ca.display()
     );
     assert!(!migrate(&without, &[]).status.success());
+}
+
+/// A TLS file that cannot be read stops the process before any connection,
+/// naming the setting and the path (sqlx alone says only "No such file or
+/// directory").
+#[test]
+fn a_missing_postgres_tls_file_is_named_with_its_setting() {
+    let cluster = TlsPostgres::start();
+    let certs = &cluster.certificates;
+    let url = cluster.url(CERTIFICATE_USER);
+    let missing = certs.dir.join("not-there.pem");
+    let missing_text = missing.display().to_string();
+    let file = |path: &std::path::Path| path.display().to_string();
+    let refused_with = |output: &std::process::Output, setting: &str| {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{setting}: {stderr}");
+        assert!(stderr.contains(setting), "{setting}: {stderr}");
+        assert!(stderr.contains(&missing_text), "{setting}: {stderr}");
+    };
+
+    for (setting, root, certificate, key) in [
+        (
+            "sslrootcert",
+            &missing_text,
+            file(&certs.client_certificate),
+            file(&certs.client_key),
+        ),
+        (
+            "sslcert",
+            &file(&certs.ca),
+            missing_text.clone(),
+            file(&certs.client_key),
+        ),
+        (
+            "sslkey",
+            &file(&certs.ca),
+            file(&certs.client_certificate),
+            missing_text.clone(),
+        ),
+    ] {
+        let in_url = format!(
+            "{url}?sslmode=verify-full&sslrootcert={root}&sslcert={certificate}&sslkey={key}"
+        );
+        refused_with(&migrate(&in_url, &[]), setting);
+    }
+
+    // From the standard variables.
+    for variable in ["PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"] {
+        let mut env: Vec<(&str, &std::path::Path)> = vec![
+            ("PGSSLMODE", "verify-full".as_ref()),
+            ("PGSSLROOTCERT", &certs.ca),
+            ("PGSSLCERT", &certs.client_certificate),
+            ("PGSSLKEY", &certs.client_key),
+        ];
+        env.retain(|(name, _)| *name != variable);
+        env.push((variable, &missing));
+        refused_with(&migrate(&url, &env), variable);
+    }
+
+    // The URL wins over a variable: a good file there is used as given.
+    let good = format!(
+        "{url}?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+        certs.ca.display(),
+        certs.client_certificate.display(),
+        certs.client_key.display()
+    );
+    let accepted = migrate(&good, &[("PGSSLROOTCERT", &missing)]);
+    assert!(
+        accepted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
 }
 
 fn call(method: &str) -> TargetCall {

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
 use secrecy::{ExposeSecret as _, SecretString};
 
 use crate::settings::{readable_file, secret, secret_from_file};
@@ -78,17 +79,23 @@ pub struct KafkaProperties(pub Vec<(String, String)>);
 
 impl std::fmt::Debug for KafkaProperties {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.0.iter().map(|(key, _)| key))
-            .finish()
+        keys_only(&self.0, f)
     }
+}
+
+/// `key=value` pairs shown by their keys: a value may be a secret.
+fn keys_only(pairs: &[(String, String)], f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    f.debug_list()
+        .entries(pairs.iter().map(|(key, _)| key))
+        .finish()
 }
 
 /// TLS and SASL for every producer, consumer and admin client.
 ///
 /// Applied in this order, later winning: the properties file, the named
-/// settings that are set, then each `--kafka-property`.
-#[derive(Debug, Clone, Default, Args)]
+/// settings that are set, then each `--kafka-property`. `Debug` shows no
+/// secret: passwords are [`SecretString`]s, properties show their keys only.
+#[derive(Clone, Default, Args)]
 pub struct KafkaSecurity {
     /// How clients connect to the brokers (librdkafka's default: PLAINTEXT).
     #[arg(long, env = "KAFKA_SECURITY_PROTOCOL", value_enum, ignore_case = true)]
@@ -140,6 +147,50 @@ pub struct KafkaSecurity {
     /// Any librdkafka property, as `key=value`; repeatable.
     #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = property)]
     pub kafka_property: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for KafkaSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        /// `--kafka-property` values may be secrets (`sasl.password=...`).
+        struct Keys<'a>(&'a [(String, String)]);
+        impl std::fmt::Debug for Keys<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                keys_only(self.0, f)
+            }
+        }
+        // Taken apart, so that a new field cannot be left out unseen.
+        let Self {
+            kafka_security_protocol,
+            kafka_sasl_mechanism,
+            kafka_sasl_username,
+            kafka_sasl_password,
+            kafka_sasl_password_file,
+            kafka_ssl_ca_location,
+            kafka_ssl_certificate_location,
+            kafka_ssl_key_location,
+            kafka_ssl_key_password,
+            kafka_ssl_key_password_file,
+            kafka_properties_file,
+            kafka_property,
+        } = self;
+        f.debug_struct("KafkaSecurity")
+            .field("kafka_security_protocol", kafka_security_protocol)
+            .field("kafka_sasl_mechanism", kafka_sasl_mechanism)
+            .field("kafka_sasl_username", kafka_sasl_username)
+            .field("kafka_sasl_password", kafka_sasl_password)
+            .field("kafka_sasl_password_file", kafka_sasl_password_file)
+            .field("kafka_ssl_ca_location", kafka_ssl_ca_location)
+            .field(
+                "kafka_ssl_certificate_location",
+                kafka_ssl_certificate_location,
+            )
+            .field("kafka_ssl_key_location", kafka_ssl_key_location)
+            .field("kafka_ssl_key_password", kafka_ssl_key_password)
+            .field("kafka_ssl_key_password_file", kafka_ssl_key_password_file)
+            .field("kafka_properties_file", kafka_properties_file)
+            .field("kafka_property", &Keys(kafka_property))
+            .finish()
+    }
 }
 
 /// A setting that cannot work, named as the user wrote it.
@@ -267,6 +318,25 @@ impl KafkaSecurity {
     }
 }
 
+/// Whether the broker refused who this client is (TLS or SASL
+/// authentication) or what it may do (an ACL on a topic, the group or the
+/// cluster): an outage for an operator to fix, never the fault of a message.
+#[must_use]
+pub fn is_refused_access(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    error.rdkafka_error_code().is_some_and(|code| {
+        matches!(
+            code,
+            Code::Authentication
+                | Code::SaslAuthenticationFailed
+                | Code::SSL
+                | Code::TopicAuthorizationFailed
+                | Code::GroupAuthorizationFailed
+                | Code::ClusterAuthorizationFailed
+        )
+    })
+}
+
 fn property(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.trim().is_empty() => {
@@ -334,6 +404,10 @@ mod tests {
             "s3cret",
             "--kafka-ssl-ca-location",
             ca.to_str().unwrap(),
+            "--kafka-ssl-key-password",
+            "key-s3cret",
+            "--kafka-property",
+            "sasl.oauthbearer.client.secret=property-s3cret",
         ])
         .unwrap();
         let properties = applied(&security);
@@ -342,7 +416,20 @@ mod tests {
         assert_eq!(properties["sasl.username"], "flotilla");
         assert_eq!(properties["sasl.password"], "s3cret");
         assert_eq!(properties["ssl.ca.location"], ca.display().to_string());
-        assert!(!format!("{security:?}").contains("s3cret"), "{security:?}");
+        assert_eq!(properties["ssl.key.password"], "key-s3cret");
+        assert_eq!(
+            properties["sasl.oauthbearer.client.secret"],
+            "property-s3cret"
+        );
+        // Debug (what a log of the settings would print) names what is set
+        // and shows no secret, a pass-through property's value included.
+        let shown = format!("{security:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("sasl.oauthbearer.client.secret"), "{shown}");
+        assert!(
+            shown.contains(r#"kafka_sasl_username: Some("flotilla")"#),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -474,6 +561,47 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{mechanism} is not built in: {e}"));
             std::thread::spawn(move || drop(producer));
         }
+    }
+
+    #[test]
+    fn refused_credentials_and_rights_are_told_apart_from_other_errors() {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        // However the client reports them: as a consumer's, a producer's
+        // or a metadata request's error.
+        let reported: [fn(Code) -> KafkaError; 3] = [
+            KafkaError::MessageConsumption,
+            KafkaError::MessageProduction,
+            KafkaError::MetadataFetch,
+        ];
+        for report in reported {
+            for refused in [
+                Code::Authentication,
+                Code::SaslAuthenticationFailed,
+                Code::SSL,
+                Code::TopicAuthorizationFailed,
+                Code::GroupAuthorizationFailed,
+                Code::ClusterAuthorizationFailed,
+            ] {
+                assert!(is_refused_access(&report(refused)), "{refused:?}");
+            }
+            for other in [
+                Code::BrokerTransportFailure,
+                Code::AllBrokersDown,
+                Code::MessageTimedOut,
+                Code::QueueFull,
+                Code::UnknownTopicOrPartition,
+                Code::MessageSizeTooLarge,
+                Code::BadMessage,
+                Code::NotEnoughReplicas,
+                Code::NoError,
+            ] {
+                assert!(!is_refused_access(&report(other)), "{other:?}");
+            }
+        }
+        // An error without a code (a client that could not be created).
+        assert!(!is_refused_access(&KafkaError::ClientCreation(
+            "bad".into()
+        )));
     }
 
     fn tempfile_dir() -> PathBuf {

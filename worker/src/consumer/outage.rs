@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use flotilla_runtime::backoff::Doubling;
+use flotilla_runtime::kafka::security::is_refused_access;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
@@ -132,22 +133,6 @@ impl RequestConsumer {
         }
         true
     }
-}
-
-/// Whether the broker refused who this client is or what it may do.
-fn is_refused_access(error: &KafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as Code;
-    error.rdkafka_error_code().is_some_and(|code| {
-        matches!(
-            code,
-            Code::Authentication
-                | Code::SaslAuthenticationFailed
-                | Code::SSL
-                | Code::TopicAuthorizationFailed
-                | Code::GroupAuthorizationFailed
-                | Code::ClusterAuthorizationFailed
-        )
-    })
 }
 
 /// Whether a consumer error means a message was skipped unread: a batch

@@ -4,9 +4,13 @@
 //!
 //! Classification (DESIGN.md): 2xx JSON is the response; connection failures
 //! (retry class `transport`), timeouts (`timeout`), 408, 429, 502, 503 and
-//! 504 (`status`) are retryable; 422 with a `violations` list is a verdict;
-//! any other answer is a defect, and so is a TLS certificate the worker
-//! refuses (retrying would not change it).
+//! 504 (`status`) are retryable; so are 401 and 407 (`status`): refused
+//! credentials are the worker's configuration (a rotated or wrong secret),
+//! which an operator fixes while the jobs wait, not a fault of the request.
+//! 422 with a `violations` list is a verdict; any other answer is a defect
+//! (403 too: this request, with credentials that were accepted, is not
+//! allowed), and so is a TLS certificate the worker refuses (retrying would
+//! not change it).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -211,6 +215,15 @@ fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Va
             RetryClass::Status,
             format!("POST {url}: {status}: {}", text()),
         )),
+        // The target (or a proxy) refused the worker's credentials: every
+        // job of this target would meet the same until the secret is fixed.
+        401 | 407 => Err(StepFailure::retryable(
+            RetryClass::Status,
+            format!(
+                "POST {url}: {status} (check the target's credentials): {}",
+                text()
+            ),
+        )),
         422 => {
             let violations = serde_json::from_slice::<serde_json::Value>(body)
                 .ok()
@@ -251,7 +264,9 @@ mod tests {
             classify(url, StatusCode::OK, b"nope"),
             Err(StepFailure::Defect(_))
         ));
-        for code in [408, 429, 502, 503, 504] {
+        // 401 and 407: the credentials were refused, which an operator
+        // fixes; the jobs back off and retry meanwhile.
+        for code in [401, 407, 408, 429, 502, 503, 504] {
             let status = StatusCode::from_u16(code).unwrap();
             assert!(
                 matches!(
@@ -264,7 +279,8 @@ mod tests {
                 "{code}"
             );
         }
-        for code in [400, 401, 404, 409, 500] {
+        // 403: credentials accepted, this request refused.
+        for code in [400, 403, 404, 409, 500] {
             let status = StatusCode::from_u16(code).unwrap();
             assert!(
                 matches!(classify(url, status, b""), Err(StepFailure::Defect(_))),

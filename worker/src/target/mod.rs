@@ -57,7 +57,8 @@ pub enum RetryClass {
     /// reset, closed before the whole body arrived.
     Transport,
     /// The target answered with a status that asks for a retry (408, 429,
-    /// 502, 503, 504).
+    /// 502, 503, 504), or refused the credentials it was configured with
+    /// (401, 407): a configuration fault of the world, not of the job.
     Status,
     /// The segment's deadline had passed before the next step began.
     Deadline,

@@ -193,7 +193,8 @@ async fn http_target_statuses_map_to_the_failure_taxonomy(pool: PgPool) {
         Some("name is on a sanctions list")
     );
 
-    for defect in [400, 500] {
+    // 403: the credentials were accepted and this request refused.
+    for defect in [400, 403, 500] {
         let job_id = run_against_status(&engine, defect).await;
         let failed = row(&pool, job_id).await;
         assert_eq!(failed.status, RunStatus::Failed, "{defect}");
@@ -201,10 +202,14 @@ async fn http_target_statuses_map_to_the_failure_taxonomy(pool: PgPool) {
         assert!(failed.error.unwrap().contains(&defect.to_string()));
     }
 
-    let retry = run_against_status(&engine, 503).await;
-    let queued = row(&pool, retry).await;
-    assert_eq!(queued.status, RunStatus::Queued);
-    assert!(queued.error.unwrap().contains("503"));
+    // 401 and 407: refused credentials (rotated, misconfigured) wait for
+    // an operator with backoff instead of failing every job of the target.
+    for retry in [503, 401, 407] {
+        let job_id = run_against_status(&engine, retry).await;
+        let queued = row(&pool, job_id).await;
+        assert_eq!(queued.status, RunStatus::Queued, "{retry}");
+        assert!(queued.error.unwrap().contains(&retry.to_string()));
+    }
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
