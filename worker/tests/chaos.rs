@@ -2,8 +2,13 @@
 //! records every call and fails some transiently, requests produced to the
 //! real broker, while workers and relays are killed (SIGKILL) and restarted
 //! with their ids, paused past their leases (SIGSTOP) and resumed, and the
-//! workers' database link is cut for longer than a lease. At quiescence
-//! every guarantee is checked and the figures printed.
+//! workers' database link is cut for longer than a lease. Requests travel
+//! as Avro through the schema registry, and some ask for a verdict failure.
+//! At quiescence every guarantee is checked and the figures printed: rows =
+//! requests, each job in the end state its input asked for, its events
+//! 1..k in order in one partition, the workers' committed offsets at the end
+//! of every partition, every step called with one idempotency key, and
+//! repeated calls no more than injected 503s and worker faults explain.
 //!
 //! It runs twice: on the test broker with static group membership (which
 //! that broker needs: it never hands a dead member's partitions to another),
@@ -19,15 +24,17 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use flotilla_contracts::WorkflowRunEvent;
+use flotilla_codec::Codec;
+use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
 use flotilla_tests::process::Running;
 use flotilla_tests::tansu::OwnBroker;
 use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
-use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use serde_json::json;
@@ -35,6 +42,16 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+/// Partitions of each topic.
+const PARTITIONS: i32 = 3;
+
+/// Claim loops per worker (`FLOTILLA_WORKER_COUNT`): at most this many jobs
+/// are in flight on one worker, so one fault can interrupt at most this many.
+const CLAIM_LOOPS: u32 = 16;
+
+/// One request in this many asks for a verdict failure (`"fail": true`).
+const FAIL_EVERY: usize = 8;
 
 /// The size of a run: CI's, or the full one.
 struct Size {
@@ -86,31 +103,61 @@ impl Faults {
     }
 }
 
-/// Every call the target saw: (job, step) → count; the first calls of some
-/// jobs' steps answer 503 (transient, see [`flaky`]), so retries happen too.
+/// One call the target saw.
+#[derive(Clone, Debug)]
+struct Call {
+    /// Its `Idempotency-Key` header, if it had one.
+    key: Option<String>,
+    /// Answered 503: an injected transient failure, which the worker retries.
+    busy: bool,
+}
+
+/// Every call the target saw, by (job, step). The job is the one the request
+/// body names (the workflow's rules copy it from the input), not the one in
+/// the idempotency key, so the key can be checked against it. The first
+/// call of some jobs' steps answers 503 (see [`flaky`]), so retries happen
+/// too; a body with `"fail": true` is answered `"ok": false`, which the
+/// workflow's `validate` rule on step `two` turns into a verdict (FAILED).
 #[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<HashMap<(Uuid, String), u32>>>);
+struct Recorder(Arc<Mutex<Calls>>);
+
+/// The calls of each (job, step), in the order they came.
+type Calls = HashMap<(Uuid, String), Vec<Call>>;
 
 async fn record(
     State(recorder): State<Recorder>,
     UrlPath(step): UrlPath<String>,
     headers: HeaderMap,
+    body: Bytes,
 ) -> (StatusCode, axum::Json<serde_json::Value>) {
-    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
-    let job: Uuid = key.split(':').next().unwrap().parse().unwrap();
-    let calls = {
+    // A body that names no job is recorded under the nil id (and fails the run).
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let job = body["job"]
+        .as_str()
+        .and_then(|job| job.parse().ok())
+        .unwrap_or(Uuid::nil());
+    let fail = body["fail"].as_bool() == Some(true);
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|key| key.to_str().ok())
+        .map(str::to_owned);
+    let busy = {
         let mut seen = recorder.0.lock().unwrap();
-        let n = seen.entry((job, step.clone())).or_default();
-        *n += 1;
-        *n
+        let calls = seen.entry((job, step.clone())).or_default();
+        let busy = calls.is_empty() && flaky(job);
+        calls.push(Call { key, busy });
+        busy
     };
-    if calls == 1 && flaky(job) {
+    if busy {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({"busy": true})),
         );
     }
-    (StatusCode::OK, axum::Json(json!({"step": step})))
+    (
+        StatusCode::OK,
+        axum::Json(json!({"step": step, "ok": !fail})),
+    )
 }
 
 async fn start_target(recorder: Recorder) -> String {
@@ -223,6 +270,9 @@ struct Fleet {
     group: String,
     worker_db: String,
     relay_db: String,
+    /// The schema registry: workers read Avro requests and relays write Avro
+    /// events through it.
+    registry: String,
     /// Off on the mock cluster: the case of a group without static members.
     static_membership: bool,
 }
@@ -233,7 +283,7 @@ impl Fleet {
         command
             .env("DATABASE_URL", &self.worker_db)
             .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)
-            .env("SCHEMA_REGISTRY_URL", "")
+            .env("SCHEMA_REGISTRY_URL", &self.registry)
             .env("FLOTILLA_WORKER_ID", format!("chaos-worker-{n}"))
             .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
             .env("FLOTILLA_API_TOKENS", "chaos")
@@ -244,6 +294,14 @@ impl Fleet {
             .env("FLOTILLA_LEASE", "4s")
             .env("FLOTILLA_SWEEP_INTERVAL", "1s")
             .env("FLOTILLA_BACKOFF_BASE", "200ms")
+            .env("FLOTILLA_WORKER_COUNT", CLAIM_LOOPS.to_string())
+            // Kept above the default of 3: the storm kills, pauses and cuts
+            // the same worker again and again (the seed may pick one worker
+            // several times running, and a database cut takes both), so a
+            // job claimed again just before the next fault can lose its
+            // worker three times in a row, which by design sends it DEAD.
+            // Those lapses are the storm's, not the job's; the run checks
+            // that no job ends DEAD.
             .env("FLOTILLA_MAX_LEASE_LOSSES", "100")
             .env("FLOTILLA_DB_ACQUIRE_TIMEOUT", "2s")
             .env("FLOTILLA_SHUTDOWN_GRACE", "5s")
@@ -268,7 +326,7 @@ impl Fleet {
         command
             .env("DATABASE_URL", &self.relay_db)
             .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)
-            .env("SCHEMA_REGISTRY_URL", "")
+            .env("SCHEMA_REGISTRY_URL", &self.registry)
             .env("FLOTILLA_EVENT_TOPIC", &self.events)
             .env("FLOTILLA_RELAY_ID", format!("chaos-relay-{n}"))
             .env("FLOTILLA_RELAY_LEASE", "2s")
@@ -293,17 +351,202 @@ fn write_fleet_files(dir: &Path, target: &str) {
         format!("targets:\n  rec:\n    kind: http\n    base_url: {target}\n    timeout_ms: 2000\n"),
     )
     .unwrap();
-    let workflow = json!({"name": "chaos", "input_schema": {}, "max_attempts": 6,
+    // Every step's request names the job and whether it should fail (the
+    // target records calls by that job); step two's rule turns the target's
+    // `"ok": false` into a verdict.
+    let rules = json!(["job = input.job", "fail = input.fail"]);
+    let workflow = json!({"name": "chaos", "max_attempts": 6,
+    "input_schema": {"type": "object", "required": ["job", "fail"],
+        "properties": {"job": {"type": "string"}, "fail": {"type": "boolean"}}},
     "steps": [
-        {"name": "one", "target": "rec", "method": "one"},
-        {"name": "two", "target": "rec", "method": "two"},
-        {"name": "three", "target": "rec", "method": "three"}
+        {"name": "one", "target": "rec", "method": "one", "rules": rules},
+        {"name": "two", "target": "rec", "method": "two", "rules": rules,
+            "validate": ["response.ok == true"]},
+        {"name": "three", "target": "rec", "method": "three", "rules": rules}
     ]});
     std::fs::write(dir.join("workflows/chaos.json"), workflow.to_string()).unwrap();
 }
 
 async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// The workflow's steps, in order.
+const STEPS: [&str; 3] = ["one", "two", "three"];
+
+/// What a job's input asked for, and so how it must end.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Asked {
+    /// `"fail": false`: every step done, COMPLETED.
+    Complete,
+    /// `"fail": true`: step two's answer breaks its `validate` rule, FAILED.
+    Fail,
+}
+
+impl Asked {
+    fn status(self) -> &'static str {
+        match self {
+            Self::Complete => "COMPLETED",
+            Self::Fail => "FAILED",
+        }
+    }
+
+    /// The job's events in order: ACCEPTED, a checkpoint per step done, the end.
+    fn events(self) -> Vec<WorkflowRunEventType> {
+        use WorkflowRunEventType::{Accepted, Completed, Failed, StepCheckpoint};
+        match self {
+            Self::Complete => vec![
+                Accepted,
+                StepCheckpoint,
+                StepCheckpoint,
+                StepCheckpoint,
+                Completed,
+            ],
+            Self::Fail => vec![Accepted, StepCheckpoint, Failed],
+        }
+    }
+
+    /// Whether `step` is ever called: a failing job stops at step two.
+    fn calls(self, step: &str) -> bool {
+        self == Self::Complete || step != "three"
+    }
+}
+
+/// A record read back from a topic.
+struct Record {
+    topic: String,
+    partition: i32,
+    payload: Vec<u8>,
+}
+
+/// Every record of `topics` (each of [`PARTITIONS`] partitions), from the
+/// start to the end each had when the read began, outside any group.
+async fn read_topics(kafka: &flotilla_runtime::BrokerConfig, topics: &[&str]) -> Vec<Record> {
+    let consumer: StreamConsumer = kafka
+        .manual_commit_consumer(&unique("chaos-reader"))
+        .create()
+        .unwrap();
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut ends = HashMap::new();
+    for topic in topics {
+        for partition in 0..PARTITIONS {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .unwrap();
+            ends.insert(((*topic).to_owned(), partition), high);
+            assignment
+                .add_partition_offset(topic, partition, rdkafka::Offset::Beginning)
+                .unwrap();
+        }
+    }
+    consumer.assign(&assignment).unwrap();
+    let mut read: HashMap<(String, i32), i64> = HashMap::new();
+    let mut records = Vec::new();
+    while ends
+        .iter()
+        .any(|(at, end)| read.get(at).copied().unwrap_or(0) < *end)
+    {
+        let message = consumer.recv().await.unwrap();
+        let topic = message.topic().to_owned();
+        read.insert((topic.clone(), message.partition()), message.offset() + 1);
+        records.push(Record {
+            topic,
+            partition: message.partition(),
+            payload: message.payload().unwrap_or_default().to_vec(),
+        });
+    }
+    close_consumer(consumer);
+    records
+}
+
+/// Per partition of `topic`: `group`'s committed offset (0 when it has
+/// committed none) and the high watermark. Polled until they agree on every
+/// partition or a minute passes: offsets are committed asynchronously, a
+/// moment after the rows.
+async fn committed_offsets(
+    kafka: &flotilla_runtime::BrokerConfig,
+    group: &str,
+    topic: &str,
+) -> Vec<(i32, i64, i64)> {
+    let (kafka, group, topic) = (kafka.clone(), group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        // The workers' group id without joining the group: nothing is
+        // subscribed, so this client only asks the coordinator for offsets.
+        let consumer: BaseConsumer = kafka.manual_commit_consumer(&group).create().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let offsets = loop {
+            let mut partitions = rdkafka::TopicPartitionList::new();
+            for partition in 0..PARTITIONS {
+                partitions.add_partition(&topic, partition);
+            }
+            let committed = consumer
+                .committed_offsets(partitions, Duration::from_secs(10))
+                .expect("the group's committed offsets");
+            let offsets: Vec<(i32, i64, i64)> = (0..PARTITIONS)
+                .map(|partition| {
+                    let at = committed
+                        .find_partition(&topic, partition)
+                        .and_then(|entry| match entry.offset() {
+                            rdkafka::Offset::Offset(at) => Some(at),
+                            _ => None,
+                        })
+                        .unwrap_or(0);
+                    let (_, high) = consumer
+                        .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                        .unwrap();
+                    (partition, at, high)
+                })
+                .collect();
+            if offsets.iter().all(|(_, at, high)| at == high) || Instant::now() >= deadline {
+                break offsets;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        };
+        // librdkafka can block in a consumer's destructor.
+        std::thread::spawn(move || drop(consumer));
+        offsets
+    })
+    .await
+    .unwrap()
+}
+
+/// The target's calls, summed up: repeats of a (job, step) call split into
+/// those an injected 503 explains (each 503 is retried once) and the rest.
+#[derive(Default)]
+struct CallFigures {
+    calls: usize,
+    injected_503s: usize,
+    repeats: usize,
+    after_503s: usize,
+    after_faults: usize,
+    /// The most calls one (job, step) got.
+    most: usize,
+    /// (job, step, keys) whose calls did not all carry `<job>:<step>`.
+    wrong_keys: Vec<(Uuid, String, Vec<Option<String>>)>,
+}
+
+fn call_figures(calls: &Calls) -> CallFigures {
+    let mut figures = CallFigures::default();
+    for ((job, step), seen) in calls {
+        let busy = seen.iter().filter(|call| call.busy).count();
+        let repeats = seen.len() - 1;
+        figures.calls += seen.len();
+        figures.injected_503s += busy;
+        figures.repeats += repeats;
+        figures.after_503s += repeats.min(busy);
+        figures.after_faults += repeats - repeats.min(busy);
+        figures.most = figures.most.max(seen.len());
+        // The first call's key is the job's and step's, and every repeat carries it.
+        let want = format!("{job}:{step}");
+        if seen
+            .iter()
+            .any(|call| call.key.as_deref() != Some(want.as_str()))
+        {
+            let keys = seen.iter().map(|call| call.key.clone()).collect();
+            figures.wrong_keys.push((*job, step.clone(), keys));
+        }
+    }
+    figures
 }
 
 /// On the test broker, with static membership (its default): a killed worker
@@ -349,6 +592,11 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
         BrokerKind::Tansu => Broker::tansu(&dir).await,
         BrokerKind::Mock => Broker::mock(),
     };
+    // Avro through the registry on both brokers: the registry is an HTTP
+    // service of its own (`scripts/services`), not kept in the broker, so
+    // the mock cluster's runs reach it as well.
+    let registry = flotilla_tests::schema_registry_url();
+    let codec = Arc::new(Codec::with_registry(&registry).unwrap());
     let fleet = Arc::new(Fleet {
         bootstrap: broker.address(),
         topic: unique("chaos-requests"),
@@ -356,13 +604,18 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
         group: unique("chaos-workers"),
         worker_db: flotilla_tests::database::url_through(&pool, &proxy).await,
         relay_db: flotilla_tests::database::url_of(&pool).await,
+        registry,
         dir: dir.clone(),
         static_membership: kind == BrokerKind::Tansu,
     });
     let kafka = flotilla_runtime::BrokerConfig::new(&fleet.bootstrap);
     let dead_letters = flotilla_contracts::topics::dead_letter_topic(&fleet.topic);
     broker
-        .create_topics(&kafka, &[&fleet.topic, &dead_letters, &fleet.events], 3)
+        .create_topics(
+            &kafka,
+            &[&fleet.topic, &dead_letters, &fleet.events],
+            PARTITIONS,
+        )
         .await;
 
     let spawn_all = {
@@ -383,31 +636,43 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
     let producer = {
         let topic = fleet.topic.clone();
         let kafka = kafka.clone();
+        let codec = codec.clone();
         let (requests, storm) = (size.requests, size.storm);
         tokio::spawn(async move {
+            // Not the idempotent producer: its inference that a later
+            // acknowledgement proves an earlier record was written does not
+            // hold on the mock cluster (see `acknowledged_producer`), where a
+            // request retried across the broker's outage could be reported
+            // delivered and be lost. This one may repeat a request instead;
+            // workers keep one row per job id, and the run counts repeats.
             let producer: rdkafka::producer::FutureProducer =
-                kafka.idempotent_producer().create().unwrap();
+                kafka.acknowledged_producer().create().unwrap();
             let gap = storm / u32::try_from(requests).unwrap();
-            let mut ids = Vec::with_capacity(requests);
+            let mut asked = Vec::with_capacity(requests);
             let mut deliveries = Vec::with_capacity(requests);
-            for _ in 0..requests {
-                let request =
-                    flotilla_contracts::WorkflowRunRequest::new(Uuid::new_v4(), "chaos", json!({}))
-                        .unwrap();
-                let payload = flotilla_contracts::json::encode(&request).unwrap();
-                let key = request.job_id().to_string();
+            for i in 0..requests {
+                let job = Uuid::new_v4();
+                let wants = if i % FAIL_EVERY == FAIL_EVERY / 2 {
+                    Asked::Fail
+                } else {
+                    Asked::Complete
+                };
+                let input = json!({"job": job.to_string(), "fail": wants == Asked::Fail});
+                let request = WorkflowRunRequest::new(job, "chaos", input).unwrap();
+                let payload = codec.encode(&topic, &request).await.unwrap();
+                let key = job.to_string();
                 let record = rdkafka::producer::FutureRecord::to(&topic)
                     .key(&key)
                     .payload(&payload);
                 // Sent at an even pace; acknowledgements are awaited at the end.
                 deliveries.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
-                ids.push(request.job_id());
+                asked.push((job, wants));
                 tokio::time::sleep(gap).await;
             }
             for delivery in deliveries {
                 delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
             }
-            ids
+            asked
         })
     };
 
@@ -419,11 +684,13 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
     let mut round: usize = 0;
     let midpoint = Instant::now() + size.storm / 2;
     let mut broker_restarted = false;
+    let mut broker_restarts = 0u32;
     while Instant::now() < storm_end {
         if !broker_restarted && Instant::now() >= midpoint {
             broker_restarted = true;
             if let Some(what) = broker.restart().await {
                 *tally.entry(what).or_default() += 1;
+                broker_restarts += 1;
             } else {
                 println!(
                     "chaos: the shared broker is in use (FLOTILLA_TANSU_BIN unset); not restarting it"
@@ -447,7 +714,7 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
                     tokio::task::spawn_blocking(move || start(fleet.worker(n), "worker ready"))
                         .await
                         .unwrap();
-                *tally.entry("workers killed and restarted").or_default() += 1;
+                *tally.entry(WORKERS_KILLED).or_default() += 1;
             }
             1 => {
                 relays[n].kill();
@@ -456,29 +723,31 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
                     tokio::task::spawn_blocking(move || start(fleet.relay(n), "relay ready"))
                         .await
                         .unwrap();
-                *tally.entry("relays killed and restarted").or_default() += 1;
+                *tally.entry(RELAYS_KILLED).or_default() += 1;
             }
             2 => {
                 workers[n].signal("STOP");
                 tokio::time::sleep(Duration::from_secs(6)).await; // past the 4 s lease
                 workers[n].signal("CONT");
-                *tally.entry("workers paused past their lease").or_default() += 1;
+                *tally.entry(WORKERS_PAUSED).or_default() += 1;
             }
             3 => {
                 relays[n].signal("STOP");
                 tokio::time::sleep(Duration::from_secs(3)).await; // past the 2 s lease
                 relays[n].signal("CONT");
-                *tally.entry("relays paused past their lease").or_default() += 1;
+                *tally.entry(RELAYS_PAUSED).or_default() += 1;
             }
             _ => {
                 proxy.cut();
                 tokio::time::sleep(Duration::from_secs(5)).await; // longer than a lease
                 proxy.restore();
-                *tally.entry("database cut from the workers").or_default() += 1;
+                *tally.entry(DATABASE_CUTS).or_default() += 1;
             }
         }
     }
-    let produced: Vec<Uuid> = producer.await.unwrap();
+    let asked: Vec<(Uuid, Asked)> = producer.await.unwrap();
+    let produced: HashMap<Uuid, Asked> = asked.iter().copied().collect();
+    assert_eq!(produced.len(), asked.len(), "distinct job ids produced");
 
     // Quiescence: every job settled and every event published.
     let deadline = Instant::now() + Duration::from_secs(150);
@@ -500,101 +769,74 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
-    // Rows: exactly the requests produced, all COMPLETED.
-    let rows: Vec<(Uuid, String, i64)> =
-        sqlx::query_as("SELECT job_id, status, event_sequence FROM workflow_run")
+    // Everything the checks need, read back before any is asserted, so the
+    // figures are printed even when a check fails.
+    let rows: Vec<(Uuid, String, i64, Option<String>)> =
+        sqlx::query_as("SELECT job_id, status, event_sequence, error FROM workflow_run")
             .fetch_all(&pool)
             .await
             .unwrap();
-    let row_ids: HashSet<Uuid> = rows.iter().map(|(id, _, _)| *id).collect();
-    assert_eq!(
-        rows.len(),
-        produced.len(),
-        "one row per request, no duplicates"
-    );
-    assert_eq!(
-        row_ids,
-        produced.iter().copied().collect(),
-        "no request lost"
-    );
-    assert!(
-        rows.iter().all(|(_, status, _)| status == "COMPLETED"),
-        "every job COMPLETED"
-    );
-    assert_eq!(
-        count(
-            &pool,
-            "SELECT count(*) FROM workflow_run_outbox WHERE status = 'FAILED'"
-        )
-        .await,
-        0
-    );
-
-    // Events: per job, deduplicated by event id, exactly 1..k in order, one partition.
-    let expected: usize = rows
+    let by_job: HashMap<Uuid, (String, i64, Option<String>)> = rows
         .iter()
-        .map(|(_, _, k)| usize::try_from(*k).unwrap())
-        .sum();
-    // Read every partition from its start to its end, no group involved.
-    let consumer: StreamConsumer = kafka
-        .manual_commit_consumer(&unique("chaos-reader"))
-        .create()
-        .unwrap();
-    let mut assignment = rdkafka::TopicPartitionList::new();
-    let mut ends = HashMap::new();
-    for partition in 0..3 {
-        let (_, high) = consumer
-            .fetch_watermarks(&fleet.events, partition, Duration::from_secs(10))
-            .unwrap();
-        ends.insert(partition, high);
-        assignment
-            .add_partition_offset(&fleet.events, partition, rdkafka::Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&assignment).unwrap();
-    let mut read: HashMap<i32, i64> = HashMap::new();
-    let mut seen = HashSet::new();
-    let (mut delivered, mut streams) = (0usize, HashMap::<Uuid, (i32, Vec<i64>)>::new());
-    while ends
+        .map(|(job, status, k, error)| (*job, (status.clone(), *k, error.clone())))
+        .collect();
+    let lost: Vec<Uuid> = asked
         .iter()
-        .any(|(p, end)| read.get(p).copied().unwrap_or(0) < *end)
-    {
-        let message = consumer.recv().await.unwrap();
-        read.insert(message.partition(), message.offset() + 1);
+        .map(|(job, _)| *job)
+        .filter(|job| !by_job.contains_key(job))
+        .collect();
+    let dead = count(
+        &pool,
+        "SELECT count(*) FROM workflow_run WHERE status = 'DEAD'",
+    )
+    .await;
+    let failed_events = count(
+        &pool,
+        "SELECT count(*) FROM workflow_run_outbox WHERE status = 'FAILED'",
+    )
+    .await;
+    let offsets = committed_offsets(&kafka, &fleet.group, &fleet.topic).await;
+    let records = read_topics(&kafka, &[&fleet.topic, &fleet.events]).await;
+    let mut requests: Vec<(i32, Uuid)> = Vec::new();
+    // Per job: its events deduplicated by event id, and the partitions they came from.
+    let mut streams: HashMap<Uuid, Vec<(i64, WorkflowRunEventType)>> = HashMap::new();
+    let mut seen_events = HashSet::new();
+    let mut delivered = 0usize;
+    let mut partitions_per_job: HashMap<Uuid, HashSet<i32>> = HashMap::new();
+    for record in &records {
+        if record.topic == fleet.topic {
+            let request: WorkflowRunRequest = codec.decode(&record.payload).await.unwrap();
+            requests.push((record.partition, request.job_id()));
+            continue;
+        }
         delivered += 1;
-        let event =
-            flotilla_contracts::json::decode::<WorkflowRunEvent>(message.payload().unwrap())
-                .unwrap();
-        let stream = streams
+        let event: WorkflowRunEvent = codec.decode(&record.payload).await.unwrap();
+        partitions_per_job
             .entry(event.job_id())
-            .or_insert((message.partition(), Vec::new()));
-        assert_eq!(stream.0, message.partition(), "one job, one partition");
-        if seen.insert(event.event_id()) {
-            stream.1.push(event.sequence());
+            .or_default()
+            .insert(record.partition);
+        if seen_events.insert(event.event_id()) {
+            streams
+                .entry(event.job_id())
+                .or_default()
+                .push((event.sequence(), event.event_type()));
         }
     }
-    assert_eq!(seen.len(), expected, "every event on the topic");
-    close_consumer(consumer);
-    for (job, k) in rows.iter().map(|(id, _, k)| (id, *k)) {
-        let want: Vec<i64> = (1..=k).collect();
-        assert_eq!(streams[job].1, want, "job {job}: events 1..{k} in order");
-    }
-
-    // Steps: each called at least once; more only where a fault explains it.
+    let distinct_requests: HashSet<Uuid> = requests.iter().map(|(_, job)| *job).collect();
     let calls = recorder.0.lock().unwrap().clone();
-    for job in &produced {
-        for step in ["one", "two", "three"] {
-            assert!(
-                calls.get(&(*job, step.to_owned())).copied().unwrap_or(0) >= 1,
-                "{job} {step} never called"
-            );
-        }
-    }
-    let transient = produced.iter().filter(|j| flaky(**j)).count() * 3;
-    let repeats: u32 = calls.values().map(|n| n - 1).sum();
+    let figures = call_figures(&calls);
+    let tallied = |what: &str| tally.get(what).copied().unwrap_or(0);
+    // A worker fault interrupts at most the jobs in flight on the workers it
+    // hits, one call each: a kill or a pause hits one worker, a database cut
+    // both. The broker and the relays run no steps.
+    let worker_faults =
+        tallied(WORKERS_KILLED) + tallied(WORKERS_PAUSED) + 2 * tallied(DATABASE_CUTS);
+    let allowance = usize::try_from(worker_faults * CLAIM_LOOPS).unwrap();
+    let asked_to_fail = asked.iter().filter(|(_, a)| *a == Asked::Fail).count();
+    let distinct_events = seen_events.len();
 
     println!(
-        "chaos (seed {seed:#x}, {}): {} requests over {:?}",
+        "chaos (seed {seed:#x}, {}, Avro through the registry): {} requests over {:?}, {asked_to_fail} asking to fail",
         match kind {
             BrokerKind::Tansu => "test broker, static membership",
             BrokerKind::Mock => "mock cluster, dynamic membership",
@@ -606,16 +848,163 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
         println!("  {what}: {n}");
     }
     println!(
-        "  events: {expected} distinct, {delivered} delivered ({} duplicates, consumers dedupe)",
-        delivered - expected
+        "  requests on the topic: {} ({} distinct, {} repeated by the producer); committed offset / high watermark per partition: {}",
+        requests.len(),
+        distinct_requests.len(),
+        requests.len() - distinct_requests.len(),
+        offsets
+            .iter()
+            .map(|(p, at, high)| format!("p{p} {at}/{high}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!(
-        "  step calls repeated: {repeats} ({transient} from injected 503s, the rest after kills, pauses and cuts)"
+        "  jobs: {} COMPLETED, {} FAILED, {dead} DEAD",
+        rows.iter().filter(|r| r.1 == "COMPLETED").count(),
+        rows.iter().filter(|r| r.1 == "FAILED").count(),
     );
     println!(
-        "  rows {} = requests {}; lost 0; all COMPLETED",
+        "  events: {distinct_events} distinct, {delivered} delivered ({} duplicates, consumers dedupe)",
+        delivered - distinct_events
+    );
+    println!(
+        "  step calls: {}, repeated {}: {} after {} injected 503s, {} after worker faults (at most {worker_faults} faults x {CLAIM_LOOPS} claim loops = {allowance}); most calls of one step: {}",
+        figures.calls,
+        figures.repeats,
+        figures.after_503s,
+        figures.injected_503s,
+        figures.after_faults,
+        figures.most
+    );
+    println!(
+        "  rows {} = requests {}; lost {}",
         rows.len(),
-        produced.len()
+        produced.len(),
+        lost.len()
+    );
+    println!(
+        "  tally: killed {} ({} workers, {} relays), paused {} ({} workers, {} relays), restarted {}, database cuts {}, duplicates delivered {} (events {}, requests {}), lost {}",
+        tallied(WORKERS_KILLED) + tallied(RELAYS_KILLED),
+        tallied(WORKERS_KILLED),
+        tallied(RELAYS_KILLED),
+        tallied(WORKERS_PAUSED) + tallied(RELAYS_PAUSED),
+        tallied(WORKERS_PAUSED),
+        tallied(RELAYS_PAUSED),
+        tallied(WORKERS_KILLED) + tallied(RELAYS_KILLED) + broker_restarts,
+        tallied(DATABASE_CUTS),
+        delivered - distinct_events + requests.len() - distinct_requests.len(),
+        delivered - distinct_events,
+        requests.len() - distinct_requests.len(),
+        lost.len()
+    );
+
+    // Rows: exactly the requests produced, none lost, none twice.
+    assert_eq!(
+        rows.len(),
+        produced.len(),
+        "one row per request, no duplicates"
+    );
+    assert!(lost.is_empty(), "requests without a row: {lost:?}");
+    assert_eq!(
+        by_job.keys().copied().collect::<HashSet<_>>(),
+        produced.keys().copied().collect(),
+        "rows are the requests produced"
+    );
+
+    // Offsets: the workers' group committed the end of every partition, and
+    // every request below a committed offset has its row.
+    for (partition, at, high) in &offsets {
+        assert_eq!(
+            at, high,
+            "partition {partition}: committed offset {at}, high watermark {high}"
+        );
+    }
+    assert_eq!(
+        distinct_requests,
+        produced.keys().copied().collect(),
+        "the request topic holds exactly the requests produced"
+    );
+    for (partition, job) in &requests {
+        assert!(
+            by_job.contains_key(job),
+            "request {job} on partition {partition} is below the committed offset but has no row"
+        );
+    }
+
+    // End states: each job as its input asked, no job DEAD, no event FAILED.
+    assert_eq!(dead, 0, "no job DEAD");
+    assert_eq!(failed_events, 0, "no outbox row FAILED");
+    for (job, wants) in &produced {
+        let (status, k, error) = &by_job[job];
+        assert_eq!(status, wants.status(), "job {job}: asked {wants:?}");
+        assert_eq!(
+            *k,
+            i64::try_from(wants.events().len()).unwrap(),
+            "job {job} ({status}): event count"
+        );
+        if *wants == Asked::Fail {
+            let error = error.as_deref().unwrap_or_default();
+            assert!(
+                error.contains("failed validation"),
+                "job {job}: FAILED by its verdict, not {error:?}"
+            );
+        }
+    }
+
+    // Events: per job, deduplicated by event id, exactly 1..k in order, of
+    // the types its end asks for, all in one partition.
+    assert_eq!(
+        distinct_events,
+        rows.iter()
+            .map(|(_, _, k, _)| usize::try_from(*k).unwrap())
+            .sum::<usize>(),
+        "every event on the topic"
+    );
+    for (job, wants) in &produced {
+        let partitions = partitions_per_job.get(job).cloned().unwrap_or_default();
+        assert_eq!(
+            partitions.len(),
+            1,
+            "job {job}: one partition, not {partitions:?}"
+        );
+        let want: Vec<(i64, WorkflowRunEventType)> = (1..).zip(wants.events()).collect();
+        let got = streams.get(job).cloned().unwrap_or_default();
+        assert_eq!(got, want, "job {job}: events 1..k in order");
+    }
+
+    // Steps: every call names a produced job and carries that job's and
+    // step's idempotency key; each step the job's end needs is called at
+    // least once, step three of a failing job never.
+    assert!(
+        calls.keys().all(|(job, _)| produced.contains_key(job)),
+        "calls for jobs never produced: {:?}",
+        calls
+            .keys()
+            .filter(|(job, _)| !produced.contains_key(job))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        figures.wrong_keys.is_empty(),
+        "calls whose idempotency key is not <job>:<step> (so a repeat's differs from the first's): {:?}",
+        figures.wrong_keys
+    );
+    for (job, wants) in &produced {
+        for step in STEPS {
+            let n = calls.get(&(*job, step.to_owned())).map_or(0, Vec::len);
+            if wants.calls(step) {
+                assert!(n >= 1, "job {job}: step {step} never called");
+            } else {
+                assert_eq!(n, 0, "job {job} ({wants:?}): step {step} called");
+            }
+        }
+    }
+    // Repeats: each 503 is retried once; every other repeat needs a worker
+    // fault that interrupted the job, and each fault interrupts at most a
+    // claim loop's worth of jobs on each worker it hits.
+    assert!(
+        figures.after_faults <= allowance,
+        "{} repeated calls not after a 503, more than {worker_faults} worker faults x {CLAIM_LOOPS} claim loops explain",
+        figures.after_faults
     );
 
     let stop = |mut running: Running| {
@@ -628,3 +1017,9 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
     drop(broker);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+const WORKERS_KILLED: &str = "workers killed and restarted";
+const RELAYS_KILLED: &str = "relays killed and restarted";
+const WORKERS_PAUSED: &str = "workers paused past their lease";
+const RELAYS_PAUSED: &str = "relays paused past their lease";
+const DATABASE_CUTS: &str = "database cut from the workers";
