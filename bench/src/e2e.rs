@@ -112,25 +112,36 @@ struct Sent {
     wall: chrono::DateTime<chrono::Utc>,
 }
 
+/// What a fleet is started for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Workers with their claim loops, and a relay: the whole path.
+    Run,
+    /// Workers with no claim loops and no relay: ingestion alone.
+    IngestOnly,
+}
+
 /// One fleet: its database, broker, topics and processes.
 struct Fleet {
     database: ScratchDatabase,
     broker: Broker,
     requests: String,
     events: String,
+    group: String,
     workers: Vec<Running>,
-    relay: Running,
+    relay: Option<Running>,
     target: Running,
     dir: PathBuf,
 }
 
 impl Fleet {
-    async fn start(kind: BrokerKind, workers: usize) -> anyhow::Result<Self> {
+    async fn start(kind: BrokerKind, workers: usize, role: Role) -> anyhow::Result<Self> {
         let run = Uuid::new_v4().simple().to_string();
         let (requests, events) = (
             format!("bench-requests-{run}"),
             format!("bench-events-{run}"),
         );
+        let group = format!("bench-workers-{run}");
         let broker = Broker::start(kind, &[&requests, &events]).await?;
         let database = ScratchDatabase::create("bench_e2e", 2).await?;
         let dir = std::env::temp_dir().join(format!("flotilla-bench-{run}"));
@@ -166,9 +177,12 @@ impl Fleet {
                 .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
                 .env("FLOTILLA_API_TOKENS", "bench")
                 .env("FLOTILLA_REQUEST_TOPIC", &requests)
-                .env("FLOTILLA_CONSUMER_GROUP", format!("bench-workers-{run}"))
+                .env("FLOTILLA_CONSUMER_GROUP", &group)
                 .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
                 .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"));
+            if role == Role::IngestOnly {
+                worker.env("FLOTILLA_WORKER_COUNT", "0");
+            }
             commands.push(worker);
         }
         let mut relay = Command::new(workspace_binary("flotilla-relay"));
@@ -188,8 +202,11 @@ impl Fleet {
                     worker
                 })
                 .collect();
-            let mut relay = Running::start(relay);
-            relay.wait_for_line("relay ready", Duration::from_secs(60));
+            let relay = (role == Role::Run).then(|| {
+                let mut relay = Running::start(relay);
+                relay.wait_for_line("relay ready", Duration::from_secs(60));
+                relay
+            });
             (target, workers, relay)
         })
         .await?;
@@ -198,11 +215,41 @@ impl Fleet {
             broker,
             requests,
             events,
+            group,
             workers,
             relay,
             target,
             dir,
         })
+    }
+
+    /// Whether the workers' group has committed every partition of the
+    /// request topic to its end.
+    async fn committed_to_end(&self) -> anyhow::Result<bool> {
+        let (bootstrap, group, topic) = (
+            self.broker.bootstrap.clone(),
+            self.group.clone(),
+            self.requests.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let consumer: rdkafka::consumer::BaseConsumer =
+                BrokerConfig::new(&bootstrap).manual_commit_consumer(&group).create()?;
+            let mut partitions = rdkafka::TopicPartitionList::new();
+            for partition in 0..PARTITIONS {
+                partitions.add_partition(&topic, partition);
+            }
+            let timeout = Duration::from_secs(10);
+            let committed = consumer.committed_offsets(partitions, timeout)?;
+            for element in committed.elements() {
+                let (_, high) =
+                    consumer.fetch_watermarks(&topic, element.partition(), timeout)?;
+                if element.offset() != rdkafka::Offset::Offset(high) && high > 0 {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+        .await?
     }
 
     fn producer(&self) -> anyhow::Result<FutureProducer> {
@@ -305,7 +352,7 @@ impl Fleet {
         let mib = |kib: Option<u64>| kib.map_or(0.0, |k| k as f64 / 1024.0);
         (
             mib(self.workers[0].peak_rss_kib()),
-            mib(self.relay.peak_rss_kib()),
+            mib(self.relay.as_ref().and_then(Running::peak_rss_kib)),
         )
     }
 
@@ -324,8 +371,10 @@ impl Fleet {
             std::fs::create_dir_all(&logs)?;
             let names = (0..workers.len())
                 .map(|n| format!("worker-{n}"))
-                .chain(["relay".to_owned(), "target".to_owned()]);
-            for (name, mut process) in names.zip(workers.into_iter().chain([relay, target])) {
+                .chain(relay.as_ref().map(|_| "relay".to_owned()))
+                .chain(["target".to_owned()]);
+            let processes = workers.into_iter().chain(relay).chain([target]);
+            for (name, mut process) in names.zip(processes) {
                 process.terminate(Duration::from_secs(30));
                 std::fs::write(logs.join(format!("{name}.log")), process.output.join("\n"))?;
             }
@@ -351,7 +400,7 @@ async fn throughput(
     workers: usize,
     jobs: usize,
 ) -> anyhow::Result<(f64, Fleet)> {
-    let fleet = Fleet::start(kind, workers).await?;
+    let fleet = Fleet::start(kind, workers, Role::Run).await?;
     let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
     let reader = fleet.read_completed(ids.iter().copied().collect(), Duration::from_secs(1200))?;
     let started = Instant::now();
@@ -361,6 +410,35 @@ async fn throughput(
     #[allow(clippy::cast_precision_loss)]
     let rate = jobs as f64 / last.duration_since(started).as_secs_f64();
     Ok((rate, fleet))
+}
+
+/// Requests per second through ingestion alone: one worker with no claim
+/// loops and no relay, from the first produce until every row is committed
+/// and the group's offsets are committed to the end of every partition.
+async fn ingestion(kind: BrokerKind, jobs: usize) -> anyhow::Result<f64> {
+    let fleet = Fleet::start(kind, 1, Role::IngestOnly).await?;
+    let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
+    let started = Instant::now();
+    fleet.produce("bench1", &ids, None).await?;
+    let deadline = started + Duration::from_secs(1200);
+    loop {
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run")
+            .fetch_one(&fleet.database.pool)
+            .await?;
+        if usize::try_from(rows).unwrap_or(0) >= jobs && fleet.committed_to_end().await? {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {rows} of {jobs} requests became rows in time"
+        );
+        // The figure's resolution, not a synchronisation.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let rate = jobs as f64 / started.elapsed().as_secs_f64();
+    fleet.stop().await?;
+    Ok(rate)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -416,6 +494,12 @@ pub(crate) async fn run(report: &mut Report, kind: BrokerKind, jobs: usize) -> a
         BrokerKind::Mock => jobs,
         BrokerKind::Test => jobs.min(TEST_BROKER_JOBS),
     };
+    report.add(
+        "components",
+        format!("ingestion, {jobs} requests, 1 worker, rows and offsets committed, {broker}"),
+        ingestion(kind, jobs).await?,
+        "requests/s",
+    );
     for (workflow, steps) in [("bench3", 3), ("bench1", 1)] {
         for workers in [1, 2] {
             let (rate, fleet) = throughput(kind, workflow, workers, jobs).await?;

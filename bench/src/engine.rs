@@ -134,19 +134,20 @@ async fn updates(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
 
 /// Claims measured one at a time on a queue of `jobs`, then the rest of
 /// the queue drained by `loops` loops.
-async fn run(finished: i64, loops: usize, jobs: usize) -> anyhow::Result<Run> {
+async fn run(finished: i64, loops: usize, jobs: usize, steps: usize) -> anyhow::Result<Run> {
     let database =
         ScratchDatabase::create("bench_engine", u32::try_from(loops).unwrap_or(16) + 8).await?;
     let pool = database.pool.clone();
     history(&pool, finished).await?;
     let engine = engine(&pool, loops);
     let step = |name: &str| json!({"name": name, "target": "noop", "method": name});
+    let steps: Vec<_> = (1..=steps).map(|n| step(&format!("step{n}"))).collect();
     engine
-        .register_workflow(&json!({"name": "three", "input_schema": {}, "steps": [step("one"), step("two"), step("three")]}))
+        .register_workflow(&json!({"name": "bench", "input_schema": {}, "steps": steps}))
         .await?;
     let wal = wal_position(&pool).await?;
     let (updated_before, hot_before) = updates(&pool).await?;
-    submit(&engine, "three", jobs).await?;
+    submit(&engine, "bench", jobs).await?;
 
     // Claim latency: the claim statement alone, 200 times, on this table.
     let mut claims = Vec::with_capacity(200);
@@ -208,7 +209,7 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
     let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
     let mut first_claim = None;
     for &finished in histories {
-        let run = run(finished, loops, jobs).await?;
+        let run = run(finished, loops, jobs, 3).await?;
         report.add(
             "engine",
             format!("claim p50, {finished} finished rows"),
@@ -244,8 +245,17 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
             "ratio",
         );
     }
+    // A claim and a completion per job: the claim path with the least
+    // around it (a workflow has at least one step).
+    let claims = run(histories[0], loops, jobs, 1).await?;
+    report.add(
+        "components",
+        format!("claims/s, 1-step no-op jobs, {loops} loops, in process"),
+        claims.jobs_per_second,
+        "claims/s",
+    );
     for loops in [1, 2, 4, 8, 16] {
-        let run = run(histories[0], loops, jobs).await?;
+        let run = run(histories[0], loops, jobs, 3).await?;
         report.add(
             "engine",
             format!("3-step jobs/s, {loops} loop(s)"),
