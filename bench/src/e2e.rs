@@ -232,8 +232,9 @@ impl Fleet {
             self.requests.clone(),
         );
         tokio::task::spawn_blocking(move || {
-            let consumer: rdkafka::consumer::BaseConsumer =
-                BrokerConfig::new(&bootstrap).manual_commit_consumer(&group).create()?;
+            let consumer: rdkafka::consumer::BaseConsumer = BrokerConfig::new(&bootstrap)
+                .manual_commit_consumer(&group)
+                .create()?;
             let mut partitions = rdkafka::TopicPartitionList::new();
             for partition in 0..PARTITIONS {
                 partitions.add_partition(&topic, partition);
@@ -241,8 +242,7 @@ impl Fleet {
             let timeout = Duration::from_secs(10);
             let committed = consumer.committed_offsets(partitions, timeout)?;
             for element in committed.elements() {
-                let (_, high) =
-                    consumer.fetch_watermarks(&topic, element.partition(), timeout)?;
+                let (_, high) = consumer.fetch_watermarks(&topic, element.partition(), timeout)?;
                 if element.offset() != rdkafka::Offset::Offset(high) && high > 0 {
                     return Ok(false);
                 }

@@ -4,10 +4,13 @@
 //! moves towards its fair share (`ceil(64 / live)`): it renews what it holds,
 //! releases what is above its share, and claims free or expired buckets up
 //! to it. The relay rebalances every third of the lease's term, and the
-//! buckets still held, on this process's clock, are what it checks before
-//! every send: a bucket lost or possibly lost (this relay stalled past its
-//! lease) is published no more. Leases are stamped and compared with the database's clock; the
-//! statements are in `flotilla_store::buckets`.
+//! buckets still held, on this process's clock, for at least the
+//! producer's timeout, are what it checks before every send: a bucket lost
+//! or possibly lost (this relay stalled past its lease) is published no
+//! more, and a record already in the producer fails there before its
+//! bucket can change hands. A bucket with rows on their way is given back
+//! only once they are marked. Leases are stamped and compared with the
+//! database's clock; the statements are in `flotilla_store::buckets`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -32,8 +35,10 @@ struct Held {
 }
 
 impl Held {
-    fn valid(&self) -> bool {
-        self.valid_until.is_some_and(|until| Instant::now() < until)
+    /// Whether the lease is surely valid for `left` more.
+    fn valid_for(&self, left: Duration) -> bool {
+        self.valid_until
+            .is_some_and(|until| Instant::now() + left < until)
     }
 }
 
@@ -63,11 +68,20 @@ impl HeldBuckets {
         state.valid_until = None;
     }
 
-    /// Whether rows of `bucket` may be sent now.
+    /// Whether `bucket` is held now.
     #[must_use]
     pub fn holds(&self, bucket: i16) -> bool {
+        self.holds_for(bucket, Duration::ZERO)
+    }
+
+    /// Whether `bucket` is held, surely for `left` more: a row of it may be
+    /// handed to a producer whose records expire within `left`, so none of
+    /// them can reach the broker after the lease may have passed to
+    /// another relay (see [`crate::RelaySettings::send_window`]).
+    #[must_use]
+    pub fn holds_for(&self, bucket: i16, left: Duration) -> bool {
         let state = self.lock();
-        state.valid() && state.buckets.contains(&bucket)
+        state.valid_for(left) && state.buckets.contains(&bucket)
     }
 
     /// How many buckets are held (whatever the lease's age).
@@ -79,8 +93,14 @@ impl HeldBuckets {
     /// The buckets held while the lease is surely valid, sorted.
     #[must_use]
     pub fn current(&self) -> Vec<i16> {
+        self.current_for(Duration::ZERO)
+    }
+
+    /// The buckets held while the lease is surely valid for `left` more, sorted.
+    #[must_use]
+    pub fn current_for(&self, left: Duration) -> Vec<i16> {
         let state = self.lock();
-        if !state.valid() {
+        if !state.valid_for(left) {
             return Vec::new();
         }
         let mut held: Vec<i16> = state.buckets.iter().copied().collect();
@@ -128,9 +148,23 @@ impl BucketLeases {
     /// # Errors
     /// Database errors.
     pub async fn rebalance(&self) -> Result<Vec<i16>, sqlx::Error> {
+        self.rebalance_keeping(&HashSet::new()).await
+    }
+
+    /// One ownership round that releases no bucket in `busy` (rows of it
+    /// sent and not yet marked): a record still inside the producer could
+    /// otherwise reach the broker after the next owner's later events. A
+    /// bucket above the share that is busy is kept, renewed, but no longer
+    /// sent from (it is not among those returned and held), and released
+    /// by a later round once idle. Returns the buckets to send from.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn rebalance_keeping(&self, busy: &HashSet<i16>) -> Result<Vec<i16>, sqlx::Error> {
         let (id, ttl) = (self.relay_id.as_str(), self.ttl_ms());
         let sent = Instant::now();
         let mut tx = self.pool.begin().await?;
+        crate::bound_transaction(&mut tx, self.ttl).await?;
         buckets::heartbeat(&mut tx, id).await?;
         let live = buckets::count_live(&mut tx, ttl).await?.max(1);
         let share = (BUCKETS + live - 1) / live;
@@ -138,8 +172,20 @@ impl BucketLeases {
         held.sort_unstable();
         let held_count = i64::try_from(held.len()).unwrap_or(i64::MAX);
         if held_count > share {
-            let extra = held.split_off(usize::try_from(share).unwrap_or(0));
+            let excess = usize::try_from(held_count - share).unwrap_or(0);
+            // The highest idle ones go now; busy ones stop being sent
+            // from and wait until they are idle.
+            let extra: Vec<i16> = held
+                .iter()
+                .rev()
+                .filter(|bucket| !busy.contains(bucket))
+                .take(excess)
+                .copied()
+                .collect();
             buckets::release(&mut tx, id, &extra).await?;
+            held.retain(|bucket| !extra.contains(bucket));
+            let keep = usize::try_from(share).unwrap_or(0);
+            held.truncate(keep);
         } else if held_count < share {
             let claimed = buckets::claim_free(&mut tx, id, ttl, share - held_count).await?;
             held.extend(claimed);
@@ -192,6 +238,7 @@ impl BucketLeases {
     /// Database errors.
     pub async fn release_all(&self) -> Result<(), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
+        crate::bound_transaction(&mut tx, self.ttl).await?;
         buckets::leave(&mut tx, &self.relay_id).await?;
         tx.commit().await?;
         self.held.clear();

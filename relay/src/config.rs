@@ -22,8 +22,9 @@ pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(100);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// Base of the backoff after a failed publish, unless configured.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
-/// How long the producer tries to deliver one record, unless configured.
-pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the producer tries to deliver one record, unless configured:
+/// under a third of the default lease (see [`RelaySettings::send_window`]).
+pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest record the producer sends, unless configured.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = topics::DEFAULT_MAX_MESSAGE_BYTES;
 /// How long PUBLISHED rows are kept, unless configured.
@@ -94,7 +95,7 @@ pub struct RelayArgs {
     /// Base of the backoff after a failed publish (`base × 2^(attempts−1)`).
     #[arg(long, env = "FLOTILLA_RELAY_BACKOFF_BASE", default_value_t = DEFAULT_BACKOFF_BASE.into(), value_parser = duration_between(MILLISECOND, DAY))]
     pub backoff_base: humantime::Duration,
-    /// How long the producer tries to deliver one record.
+    /// How long the producer tries to deliver one record; at most a third of the lease.
     #[arg(long, env = "FLOTILLA_RELAY_DELIVERY_TIMEOUT", default_value_t = DEFAULT_DELIVERY_TIMEOUT.into(), value_parser = duration_between(SECOND, DAY))]
     pub delivery_timeout: humantime::Duration,
     /// Largest record the producer sends; bigger rows fail (and land FAILED).
@@ -142,6 +143,21 @@ impl RelaySettings {
             retention_batch: DEFAULT_RETENTION_BATCH,
             retention_interval: DEFAULT_RETENTION_INTERVAL,
         }
+    }
+
+    /// How long the producer may hold one record before it fails it: the
+    /// delivery timeout, but never more than a third of the bucket lease. A
+    /// row is handed to the producer only while its bucket is surely held
+    /// that much longer ([`crate::buckets::HeldBuckets::holds_for`]), so a
+    /// relay that stalls or is cut off with records inside its producer
+    /// cannot deliver them after its buckets may have passed to another
+    /// relay (after that relay's later events): the producer fails them
+    /// first. Renewals come every third of the lease, so while the relay
+    /// runs two thirds of it are left, less the time a renewal takes: a
+    /// third of the lease is the margin for slow renewals.
+    #[must_use]
+    pub fn send_window(&self) -> Duration {
+        self.delivery_timeout.min(self.lease / 3)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The relay's operational routes, like the worker's: `/healthz` (the
 //! process answers), `/readyz` (the database answers and the world is not
 //! holding every row back) and `/metrics` (Prometheus text: rounds, buckets held, the age of
-//! the oldest PENDING row, publish failures by class). A small hyper server:
+//! the oldest PENDING row, publish failures by class and reason). A small hyper server:
 //! the relay carries no web framework.
 
 use std::convert::Infallible;

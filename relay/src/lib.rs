@@ -49,6 +49,28 @@ pub struct Relay {
     settings: RelaySettings,
 }
 
+/// Bounds the relay's transaction on `conn` by its bucket `lease`: a relay
+/// that stalls inside it (a paused process keeps its connection, and with
+/// it the row locks of its marks and leases) loses its session after
+/// `lease` idle, so the relay that takes its buckets over is not held up;
+/// and a lock this relay waits for gives up after a third of `lease`, so
+/// its loop goes on renewing.
+pub(crate) async fn bound_transaction(
+    conn: &mut sqlx::PgConnection,
+    lease: Duration,
+) -> Result<(), sqlx::Error> {
+    let ms = |d: Duration| format!("{}ms", d.as_millis().max(1));
+    sqlx::query(
+        "SELECT set_config('idle_in_transaction_session_timeout', $1, true),
+                set_config('lock_timeout', $2, true)",
+    )
+    .bind(ms(lease))
+    .bind(ms(lease / 3))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// How often a relay checks whether the outbox's statistics lag.
 const STATISTICS_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -66,20 +88,28 @@ impl Relay {
         settings: RelaySettings,
     ) -> Result<Self, RelayError> {
         let mut config = settings.broker.acknowledged_producer();
+        let window = settings.send_window();
+        if window < settings.delivery_timeout {
+            tracing::warn!(delivery_timeout = ?settings.delivery_timeout, lease = ?settings.lease, used = ?window,
+                "the delivery timeout is longer than a third of the bucket lease; records are failed after a third of the lease");
+        }
         config
             .set("linger.ms", "5")
-            .set(
-                "message.timeout.ms",
-                settings.delivery_timeout.as_millis().to_string(),
-            )
+            .set("message.timeout.ms", window.as_millis().to_string())
             .set("message.max.bytes", settings.max_message_bytes.to_string());
         let producer: FutureProducer = config.create()?;
         let codec = Arc::new(flotilla_codec::Codec::from_config(
             &settings.broker.registry,
         )?);
-        let publisher = Publisher::new(producer, codec, settings.event_topic.clone());
         let leases =
             buckets::BucketLeases::new(pool.clone(), settings.relay_id.clone(), settings.lease);
+        let publisher = Publisher::new(
+            producer,
+            codec,
+            settings.event_topic.clone(),
+            leases.held().clone(),
+            window,
+        );
         Ok(Self {
             pool,
             clock,
@@ -105,11 +135,8 @@ impl Relay {
                 .rows
         };
         let _renewing = self.leases.keep_renewing();
-        let deadline = tokio::time::Instant::now() + self.settings.delivery_timeout;
-        Ok(self
-            .publisher
-            .publish(rows, self.leases.held(), deadline)
-            .await)
+        let deadline = tokio::time::Instant::now() + self.settings.send_window();
+        Ok(self.publisher.publish(rows, deadline).await)
     }
 
     /// One pass, then marking (fenced on the buckets still held). The
@@ -126,6 +153,7 @@ impl Relay {
                 self.leases.relay_id(),
                 self.clock.now(),
                 self.settings.backoff_base,
+                self.settings.lease,
             )
             .await
     }
@@ -141,6 +169,7 @@ impl Relay {
         let mut deleted = 0;
         loop {
             let mut tx = self.pool.begin().await?;
+            bound_transaction(&mut tx, self.settings.lease).await?;
             let Some(count) = outbox::delete_published_before(&mut tx, cutoff, batch).await? else {
                 tx.rollback().await?;
                 return Ok(deleted); // another relay holds the retention lock
@@ -165,6 +194,7 @@ impl Relay {
             }
             let checked = async {
                 let mut tx = self.pool.begin().await?;
+                bound_transaction(&mut tx, self.settings.lease).await?;
                 let analyzed = outbox::analyze_if_stale(&mut tx).await?;
                 tx.commit().await?;
                 Ok::<_, sqlx::Error>(analyzed == Some(true))
@@ -235,6 +265,9 @@ impl Relay {
             }
         }
         let _ = tokio::time::timeout(grace, retention).await;
+        // Nothing still waiting inside the producer may leave once the
+        // buckets are given up (what is on the wire already has left).
+        self.publisher.purge_waiting();
         if let Err(e) = self.leases.release_all().await {
             tracing::warn!(error = %e, "releasing buckets failed; they expire with their lease");
         }

@@ -1,19 +1,21 @@
 //! Publishing outbox rows: encode, produce keyed by job id with the stored
 //! trace context, await the broker's acknowledgements, then mark.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use flotilla_codec::Codec;
+use flotilla_codec::{Codec, CodecError};
 use flotilla_contracts::{WorkflowRunEvent, json};
+use flotilla_runtime::kafka::security::is_refused_access;
 use flotilla_store::outbox::relay::{self as outbox, PendingEvent};
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 use sqlx::PgPool;
 
@@ -33,14 +35,112 @@ pub struct DrainReport {
     /// registry unreachable, a queue full, no acknowledgement in time): no
     /// attempt spent, sent again after a pause.
     pub deferred: usize,
+    /// The rows `failed` and `deferred` count, by class and reason.
+    pub misses: BTreeMap<(Class, Reason), usize>,
+}
+
+/// Whose fault a miss is: the `class` label of
+/// `flotilla_relay_publish_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    /// The record itself: counts an attempt (or fails the row at once).
+    Message,
+    /// The broker or the registry: spends nothing.
+    World,
+}
+
+impl Class {
+    /// The metric's label value.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Message => "message",
+            Self::World => "world",
+        }
+    }
+}
+
+/// Why a row did not go out: the `reason` label of
+/// `flotilla_relay_publish_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// Larger than the producer or the broker takes.
+    TooLarge,
+    /// Not a valid record: refused as corrupt or invalid, a payload that
+    /// does not decode, an event that breaks a rule.
+    Invalid,
+    /// No connection to the broker, or no leader for the partition.
+    Unreachable,
+    /// The producer's local queue is full.
+    QueueFull,
+    /// No acknowledgement within the delivery timeout (or the round).
+    Timeout,
+    /// Credentials or ACLs refused (authentication, authorization, TLS).
+    RefusedAccess,
+    /// Not handed to the producer: the bucket's lease could run out before
+    /// the producer would give up on the record (renewals late, or this
+    /// process stalled).
+    Lease,
+    /// The schema registry could not be asked, or refused the schema.
+    Registry,
+    /// Anything else.
+    Other,
+}
+
+impl Reason {
+    /// The metric's label value.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::TooLarge => "too_large",
+            Self::Invalid => "invalid",
+            Self::Unreachable => "unreachable",
+            Self::QueueFull => "queue_full",
+            Self::Timeout => "timeout",
+            Self::RefusedAccess => "refused_access",
+            Self::Lease => "lease",
+            Self::Registry => "registry",
+            Self::Other => "other",
+        }
+    }
+
+    /// The reason of a broker or producer error code.
+    fn of(code: RDKafkaErrorCode) -> Self {
+        use RDKafkaErrorCode as Code;
+        match code {
+            Code::MessageSizeTooLarge | Code::MessageBatchTooLarge => Self::TooLarge,
+            Code::InvalidMessageSize | Code::InvalidMessage | Code::InvalidRecord => Self::Invalid,
+            Code::BrokerTransportFailure
+            | Code::AllBrokersDown
+            | Code::Resolve
+            | Code::NetworkException
+            | Code::BrokerNotAvailable
+            | Code::LeaderNotAvailable
+            | Code::NotLeaderForPartition => Self::Unreachable,
+            Code::QueueFull => Self::QueueFull,
+            Code::MessageTimedOut | Code::RequestTimedOut | Code::OperationTimedOut => {
+                Self::Timeout
+            }
+            Code::Authentication
+            | Code::SaslAuthenticationFailed
+            | Code::UnsupportedSASLMechanism
+            | Code::IllegalSASLState
+            | Code::SSL
+            | Code::TopicAuthorizationFailed
+            | Code::ClusterAuthorizationFailed
+            | Code::TransactionalIdAuthorizationFailed => Self::RefusedAccess,
+            _ => Self::Other,
+        }
+    }
 }
 
 /// Why a row did not go out, by whose fault it is.
+#[derive(Debug)]
 enum Miss {
     /// The message itself (too large, invalid): counts an attempt.
-    Message(String),
+    Message(Reason, String),
     /// The world (unreachable, full, too slow): spends nothing.
-    World(String),
+    World(Reason, String),
 }
 
 /// Whether the broker refused this record for itself.
@@ -58,16 +158,40 @@ fn refused_for_itself(code: RDKafkaErrorCode) -> bool {
 impl From<Miss> for Outcome {
     fn from(miss: Miss) -> Self {
         match miss {
-            Miss::Message(error) => Outcome::Refused(error),
-            Miss::World(error) => Outcome::Deferred(error),
+            Miss::Message(reason, error) => Outcome::Refused(reason, error),
+            Miss::World(reason, error) => Outcome::Deferred(reason, error),
         }
     }
 }
 
+/// Classifies a producer or broker error: the class decides whether an
+/// attempt is spent, the reason only labels the metric.
 fn classify(error: &KafkaError) -> Miss {
-    match error.rdkafka_error_code() {
-        Some(code) if refused_for_itself(code) => Miss::Message(error.to_string()),
-        _ => Miss::World(error.to_string()),
+    let code = error.rdkafka_error_code();
+    let reason = if is_refused_access(error) {
+        // Credentials or rights refused: the alert's counter, shared with
+        // the worker's consumer; never the fault of the record.
+        metrics::counter!("flotilla_kafka_access_refused_total").increment(1);
+        Reason::RefusedAccess
+    } else {
+        code.map_or(Reason::Other, Reason::of)
+    };
+    match code {
+        Some(code) if refused_for_itself(code) => Miss::Message(reason, error.to_string()),
+        _ => Miss::World(reason, error.to_string()),
+    }
+}
+
+/// Classifies an encoding error: the registry unavailable is the world's
+/// fault; a refused schema or an event that breaks a rule is the message's.
+fn classify_encoding(error: &CodecError) -> Miss {
+    let text = format!("encoding: {error}");
+    match error {
+        e if e.is_transient() => Miss::World(Reason::Registry, text),
+        CodecError::RegistryRefused { .. } | CodecError::Settings(_) => {
+            Miss::Message(Reason::Registry, text)
+        }
+        _ => Miss::Message(Reason::Invalid, text),
     }
 }
 
@@ -77,9 +201,9 @@ pub enum Outcome {
     /// The broker has it.
     Acked,
     /// Refused for itself: counts an attempt toward FAILED.
-    Refused(String),
+    Refused(Reason, String),
     /// Held back by the world: nothing is written for it.
-    Deferred(String),
+    Deferred(Reason, String),
     /// Its payload does not decode: it can never be published as it is.
     Unreadable(String),
 }
@@ -90,9 +214,9 @@ pub struct Marks {
     /// Acknowledged: `(id, bucket)`.
     acked: Vec<(i64, i16)>,
     /// Refused for themselves: these count toward FAILED.
-    refused: Vec<(PendingEvent, String)>,
+    refused: Vec<(PendingEvent, Reason, String)>,
     /// Held back by the world: nothing is written for them; their buckets.
-    deferred: Vec<i16>,
+    deferred: Vec<(i16, Reason)>,
     /// Rows whose payload does not decode.
     unreadable: Vec<(PendingEvent, String)>,
 }
@@ -102,10 +226,11 @@ impl Marks {
     pub fn record(&mut self, row: PendingEvent, outcome: Outcome) {
         match outcome {
             Outcome::Acked => self.acked.push((row.id, row.bucket)),
-            Outcome::Refused(error) => self.refused.push((row, error)),
-            Outcome::Deferred(error) => {
-                tracing::debug!(event_id = %row.event_id, %error, "not published; no attempt spent");
-                self.deferred.push(row.bucket);
+            Outcome::Refused(reason, error) => self.refused.push((row, reason, error)),
+            Outcome::Deferred(reason, error) => {
+                tracing::debug!(event_id = %row.event_id, reason = reason.label(), %error,
+                    "not published; no attempt spent");
+                self.deferred.push((row.bucket, reason));
             }
             Outcome::Unreadable(error) => self.unreadable.push((row, error)),
         }
@@ -131,19 +256,39 @@ impl Marks {
         self.acked
             .iter()
             .map(|(_, bucket)| *bucket)
-            .chain(self.refused.iter().map(|(row, _)| row.bucket))
-            .chain(self.deferred.iter().copied())
+            .chain(self.refused.iter().map(|(row, _, _)| row.bucket))
+            .chain(self.deferred.iter().map(|(bucket, _)| *bucket))
             .chain(self.unreadable.iter().map(|(row, _)| row.bucket))
     }
 
     /// Buckets with a row the world held back.
     pub fn deferred_buckets(&self) -> impl Iterator<Item = i16> + '_ {
-        self.deferred.iter().copied()
+        self.deferred.iter().map(|(bucket, _)| *bucket)
+    }
+
+    /// The misses recorded, by class and reason.
+    fn misses(&self) -> BTreeMap<(Class, Reason), usize> {
+        let mut misses = BTreeMap::new();
+        let mut count = |class, reason| *misses.entry((class, reason)).or_default() += 1;
+        for (_, reason, _) in &self.refused {
+            count(Class::Message, *reason);
+        }
+        for _ in &self.unreadable {
+            count(Class::Message, Reason::Invalid);
+        }
+        for (_, reason) in &self.deferred {
+            count(Class::World, *reason);
+        }
+        misses
     }
 
     /// Marks acknowledged rows PUBLISHED in one statement and counts the
     /// refusals (backing them off, or landing them FAILED at the tenth
     /// attempt), in one transaction, fenced on the buckets still held.
+    ///
+    /// The transaction is bounded by the bucket `lease`
+    /// ([`crate::bound_transaction`]): a relay stalled inside it cannot hold
+    /// the next owner's marks of the same rows up for longer.
     ///
     /// # Errors
     /// Database errors: the rows stay PENDING and are published again (same event ids).
@@ -153,9 +298,11 @@ impl Marks {
         relay_id: &str,
         now: DateTime<Utc>,
         backoff_base: Duration,
+        lease: Duration,
     ) -> Result<DrainReport, sqlx::Error> {
         let acked: Vec<i64> = self.acked.iter().map(|(id, _)| *id).collect();
         let mut tx = pool.begin().await?;
+        crate::bound_transaction(&mut tx, lease).await?;
         outbox::prefer_indexes(&mut tx).await?;
         let marked = outbox::mark_published(&mut tx, relay_id, &acked, now).await?;
         if marked < acked.len() as u64 {
@@ -165,11 +312,11 @@ impl Marks {
                 "buckets lost before marking: their rows stay PENDING for the new owner"
             );
         }
-        for (row, error) in &self.refused {
+        for (row, reason, error) in &self.refused {
             // This failure is attempt `attempts + 1`.
             let delay = flotilla_runtime::backoff::exponential(backoff_base, row.attempts + 1);
             let next = now + chrono::TimeDelta::from_std(delay).unwrap_or(chrono::TimeDelta::MAX);
-            tracing::warn!(event_id = %row.event_id, job_id = %row.job_id, sequence = row.sequence, attempt = row.attempts + 1, %error, "publish failed");
+            tracing::warn!(event_id = %row.event_id, job_id = %row.job_id, sequence = row.sequence, attempt = row.attempts + 1, reason = reason.label(), %error, "publish failed");
             outbox::record_failure(&mut tx, relay_id, row.id, error, next).await?;
         }
         for (row, error) in &self.unreadable {
@@ -182,6 +329,7 @@ impl Marks {
             published: usize::try_from(marked).unwrap_or(usize::MAX),
             failed: self.refused.len() + self.unreadable.len(),
             deferred: self.deferred.len(),
+            misses: self.misses(),
         })
     }
 }
@@ -195,7 +343,17 @@ pub struct Publisher {
     producer: FutureProducer,
     codec: Arc<Codec>,
     topic: String,
+    /// The buckets this relay holds, checked at the hand-over of each record.
+    held: HeldBuckets,
+    /// The producer's timeout: how long a bucket must surely stay held
+    /// after a record of it is handed over.
+    window: Duration,
 }
+
+/// How long this process may stall between checking a bucket's lease and
+/// handing its record to the producer before what waits in the producer
+/// is purged.
+const STALL_TOLERANCE: Duration = Duration::from_millis(100);
 
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -206,12 +364,23 @@ impl std::fmt::Debug for Publisher {
 }
 
 impl Publisher {
+    /// A publisher to `topic` that hands a record of a bucket to `producer`
+    /// (whose timeout is `window`) only while `held` holds the bucket for at
+    /// least `window` more.
     #[must_use]
-    pub fn new(producer: FutureProducer, codec: Arc<Codec>, topic: String) -> Self {
+    pub fn new(
+        producer: FutureProducer,
+        codec: Arc<Codec>,
+        topic: String,
+        held: HeldBuckets,
+        window: Duration,
+    ) -> Self {
         Self {
             producer,
             codec,
             topic,
+            held,
+            window,
         }
     }
 
@@ -248,25 +417,32 @@ impl Publisher {
                     Outcome::Acked
                 }
                 Some(Ok(Err((e, _)))) => classify(&e).into(),
-                Some(Err(_)) => Outcome::Deferred("the producer dropped the delivery".into()),
-                None => Outcome::Deferred("no acknowledgement within the round".into()),
+                Some(Err(_)) => {
+                    Outcome::Deferred(Reason::Other, "the producer dropped the delivery".into())
+                }
+                None => Outcome::Deferred(
+                    Reason::Timeout,
+                    "no acknowledgement within the round".into(),
+                ),
             };
             (row, outcome)
         }))
     }
 
+    /// Fails every record still waiting inside the producer (not yet
+    /// sent): none of them can leave after this relay gives its buckets up.
+    pub fn purge_waiting(&self) {
+        self.producer.purge(PurgeConfig::default().queue());
+    }
+
     /// One pass: sends `rows` (heads of their jobs) of the buckets still
-    /// `held` and waits for their acknowledgements until `deadline`.
-    pub async fn publish(
-        &self,
-        rows: Vec<PendingEvent>,
-        held: &HeldBuckets,
-        deadline: tokio::time::Instant,
-    ) -> Marks {
+    /// held for at least the producer's timeout and waits for their
+    /// acknowledgements until `deadline`.
+    pub async fn publish(&self, rows: Vec<PendingEvent>, deadline: tokio::time::Instant) -> Marks {
         let mut marks = Marks::default();
         let mut in_flight = FuturesUnordered::new();
         for row in rows {
-            if !held.holds(row.bucket) {
+            if !self.held.holds_for(row.bucket, self.window) {
                 continue;
             }
             match self.dispatch(row, Some(deadline)).await {
@@ -285,13 +461,11 @@ impl Publisher {
         row: &PendingEvent,
         event: &WorkflowRunEvent,
     ) -> Result<DeliveryFuture, Miss> {
-        let bytes = self.codec.encode(&self.topic, event).await.map_err(|e| {
-            if e.is_transient() {
-                Miss::World(format!("encoding: {e}"))
-            } else {
-                Miss::Message(format!("encoding: {e}"))
-            }
-        })?;
+        let bytes = self
+            .codec
+            .encode(&self.topic, event)
+            .await
+            .map_err(|e| classify_encoding(&e))?;
         let key = row.job_id.to_string();
         let mut headers = OwnedHeaders::new()
             .insert(Header {
@@ -338,9 +512,31 @@ impl Publisher {
             .key(&key)
             .payload(&bytes)
             .headers(headers);
-        self.producer
+        // Checked again at the hand-over: encoding may have waited on the
+        // registry, and the record's timeout starts now.
+        if !self.held.holds_for(row.bucket, self.window) {
+            return Err(Miss::World(
+                Reason::Lease,
+                "the bucket's lease could run out before the producer gives up on the record; not sent"
+                    .into(),
+            ));
+        }
+        let delivery = self
+            .producer
             .send_result(record)
-            .map_err(|(e, _)| classify(&e))
+            .map_err(|(e, _)| classify(&e))?;
+        if !self
+            .held
+            .holds_for(row.bucket, self.window.saturating_sub(STALL_TOLERANCE))
+        {
+            // This process stalled between the check and the hand-over: the
+            // record's timeout started late and could outlive the lease.
+            // Nothing waiting in the producer may leave; what fails goes again.
+            tracing::warn!(event_id = %row.event_id, bucket = row.bucket,
+                "stalled while handing a record over; purging what waits in the producer");
+            self.purge_waiting();
+        }
+        Ok(delivery)
     }
 }
 
@@ -349,29 +545,87 @@ mod tests {
     use rdkafka::error::KafkaError;
     use rdkafka::types::RDKafkaErrorCode as Code;
 
-    use super::{Miss, classify};
+    use super::{Miss, Reason, classify};
 
     #[test]
     fn only_refusals_of_the_record_itself_count_and_credentials_are_the_world() {
         let delivery = |code| KafkaError::MessageProduction(code);
+        for (code, reason) in [
+            (Code::MessageSizeTooLarge, Reason::TooLarge),
+            (Code::MessageBatchTooLarge, Reason::TooLarge),
+            (Code::InvalidRecord, Reason::Invalid),
+            (Code::InvalidMessage, Reason::Invalid),
+        ] {
+            match classify(&delivery(code)) {
+                Miss::Message(found, _) => assert_eq!(found, reason, "{code:?}"),
+                other => panic!("{code:?}: {other:?}"),
+            }
+        }
+        for (code, reason) in [
+            (Code::SaslAuthenticationFailed, Reason::RefusedAccess),
+            (Code::Authentication, Reason::RefusedAccess),
+            (Code::TopicAuthorizationFailed, Reason::RefusedAccess),
+            (Code::ClusterAuthorizationFailed, Reason::RefusedAccess),
+            (Code::SSL, Reason::RefusedAccess),
+            (Code::MessageTimedOut, Reason::Timeout),
+            (Code::RequestTimedOut, Reason::Timeout),
+            (Code::QueueFull, Reason::QueueFull),
+            (Code::BrokerTransportFailure, Reason::Unreachable),
+            (Code::AllBrokersDown, Reason::Unreachable),
+            (Code::NotLeaderForPartition, Reason::Unreachable),
+            (Code::UnknownTopic, Reason::Other),
+            (Code::NotEnoughReplicas, Reason::Other),
+        ] {
+            match classify(&delivery(code)) {
+                Miss::World(found, _) => assert_eq!(found, reason, "{code:?}"),
+                other => panic!("{code:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_unavailable_registry_is_the_world_and_a_refused_schema_the_message() {
+        use flotilla_codec::CodecError;
+        let unavailable = CodecError::RegistryUnavailable("500".into());
         assert!(matches!(
-            classify(&delivery(Code::MessageSizeTooLarge)),
-            Miss::Message(_)
+            super::classify_encoding(&unavailable),
+            Miss::World(Reason::Registry, _)
         ));
-        for code in [
+        let refused = CodecError::RegistryRefused {
+            subject: "events-value".into(),
+            reason: "409".into(),
+        };
+        assert!(matches!(
+            super::classify_encoding(&refused),
+            Miss::Message(Reason::Registry, _)
+        ));
+    }
+
+    /// The relay's refused credentials or rights count in the metric the
+    /// `FlotillaKafkaAccessRefused` alert watches, as the consumer's do;
+    /// other world errors and refused records do not.
+    #[test]
+    fn refused_credentials_and_rights_are_counted_for_the_alert() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let refused = [
             Code::SaslAuthenticationFailed,
-            Code::Authentication,
             Code::TopicAuthorizationFailed,
             Code::ClusterAuthorizationFailed,
-            Code::SSL,
-            Code::MessageTimedOut,
-            Code::QueueFull,
-            Code::UnknownTopic,
-        ] {
-            assert!(
-                matches!(classify(&delivery(code)), Miss::World(_)),
-                "{code:?}"
-            );
-        }
+        ];
+        metrics::with_local_recorder(&recorder, || {
+            for code in refused
+                .into_iter()
+                .chain([Code::MessageTimedOut, Code::MessageSizeTooLarge])
+            {
+                let _ = classify(&KafkaError::MessageProduction(code));
+            }
+        });
+        let rendered = handle.render();
+        let count = rendered
+            .lines()
+            .find_map(|line| line.strip_prefix("flotilla_kafka_access_refused_total "))
+            .unwrap_or_else(|| panic!("not counted:\n{rendered}"));
+        assert_eq!(count.trim(), refused.len().to_string(), "{rendered}");
     }
 }

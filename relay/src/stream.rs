@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::Readiness;
-use crate::publisher::{Delivery, DrainReport, Marks};
+use crate::publisher::{Class, Delivery, DrainReport, Marks, Reason};
 use crate::{IDLE_POLL_MIN, Relay};
 
 /// How long acknowledgements gather before they are marked together.
@@ -150,7 +150,8 @@ impl<'a> Stream<'a> {
     async fn rebalance(&mut self) {
         let relay = self.relay;
         self.next_rebalance = Instant::now() + relay.settings.lease / 3;
-        match relay.leases.rebalance().await {
+        let busy = self.outstanding.keys().copied().collect();
+        match relay.leases.rebalance_keeping(&busy).await {
             Ok(held) => {
                 metrics::gauge!("flotilla_relay_buckets_held").set(held.len() as f64);
             }
@@ -171,10 +172,11 @@ impl<'a> Stream<'a> {
             .saturating_sub(i64::try_from(self.in_flight()).unwrap_or(i64::MAX))
             .min(batch);
         self.resting.retain(|_, until| *until > now);
+        let window = relay.settings.send_window();
         let mut idle: Vec<i16> = relay
             .leases
             .held()
-            .current()
+            .current_for(window)
             .into_iter()
             .filter(|b| !self.outstanding.contains_key(b) && !self.resting.contains_key(b))
             .collect();
@@ -204,9 +206,10 @@ impl<'a> Stream<'a> {
         tracing::debug!(buckets = idle.len(), heads = heads.rows.len(), truncated = heads.truncated,
             took = ?started.elapsed(), in_flight = self.in_flight(), "read pending heads");
         for row in heads.rows {
-            // A bucket lost since the read (or possibly lost): its rows wait
-            // for whoever holds it now.
-            if !relay.leases.held().holds(row.bucket) {
+            // A bucket lost since the read (or possibly lost before the
+            // producer would give up on the row): its rows wait for
+            // whoever holds it now, or for the next renewal.
+            if !relay.leases.held().holds_for(row.bucket, window) {
                 continue;
             }
             *self.outstanding.entry(row.bucket).or_default() += 1;
@@ -240,6 +243,7 @@ impl<'a> Stream<'a> {
                 relay.leases.relay_id(),
                 relay.clock.now(),
                 relay.settings.backoff_base,
+                relay.settings.lease,
             )
             .await;
         for bucket in ended {
@@ -287,12 +291,31 @@ impl<'a> Stream<'a> {
     }
 }
 
+/// Every class and reason a miss can have, so each series exists (at 0)
+/// before its first miss and `rate()` sees that one too.
+const MISSES: [(Class, Reason); 10] = [
+    (Class::Message, Reason::TooLarge),
+    (Class::Message, Reason::Invalid),
+    (Class::Message, Reason::Registry),
+    (Class::World, Reason::Unreachable),
+    (Class::World, Reason::QueueFull),
+    (Class::World, Reason::Timeout),
+    (Class::World, Reason::RefusedAccess),
+    (Class::World, Reason::Lease),
+    (Class::World, Reason::Registry),
+    (Class::World, Reason::Other),
+];
+
+fn failures(class: Class, reason: Reason) -> metrics::Counter {
+    metrics::counter!("flotilla_relay_publish_failures_total",
+        "class" => class.label(), "reason" => reason.label())
+}
+
 fn record(report: &DrainReport) {
     metrics::counter!("flotilla_relay_published_total").increment(report.published as u64);
-    metrics::counter!("flotilla_relay_publish_failures_total", "class" => "message")
-        .increment(report.failed as u64);
-    metrics::counter!("flotilla_relay_publish_failures_total", "class" => "world")
-        .increment(report.deferred as u64);
+    for (&(class, reason), &count) in &report.misses {
+        failures(class, reason).increment(count as u64);
+    }
 }
 
 /// Streams until `shutdown` (see the module's documentation).
@@ -302,5 +325,53 @@ pub(crate) async fn run(
     grace: Duration,
     readiness: &Readiness,
 ) {
+    for (class, reason) in MISSES {
+        failures(class, reason).increment(0);
+    }
     Stream::new(relay, readiness).run(shutdown, grace).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::record;
+    use crate::publisher::{Class, DrainReport, Reason};
+
+    #[test]
+    fn failures_are_counted_by_class_and_reason() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let report = DrainReport {
+            published: 3,
+            failed: 1,
+            deferred: 2,
+            misses: BTreeMap::from([
+                ((Class::Message, Reason::TooLarge), 1),
+                ((Class::World, Reason::Timeout), 2),
+            ]),
+        };
+        metrics::with_local_recorder(&recorder, || {
+            record(&report);
+            record(&report);
+        });
+        let rendered = handle.render();
+        let value = |series: &str| {
+            rendered
+                .lines()
+                .find_map(|line| line.strip_prefix(series))
+                .map(str::trim)
+                .unwrap_or_else(|| panic!("no {series}:\n{rendered}"))
+                .to_owned()
+        };
+        assert_eq!(
+            value(r#"flotilla_relay_publish_failures_total{class="message",reason="too_large"} "#),
+            "2"
+        );
+        assert_eq!(
+            value(r#"flotilla_relay_publish_failures_total{class="world",reason="timeout"} "#),
+            "4"
+        );
+        assert_eq!(value("flotilla_relay_published_total "), "6");
+    }
 }

@@ -60,6 +60,15 @@ fn relay_serves_health_readiness_and_metrics_and_exits_zero_on_sigterm() {
         metrics = get(&addr, "/metrics").1;
     }
     assert!(metrics.contains("flotilla_relay_buckets_held"), "{metrics}");
+    for series in [
+        r#"flotilla_relay_publish_failures_total{class="world",reason="timeout"} 0"#,
+        r#"flotilla_relay_publish_failures_total{class="message",reason="too_large"} 0"#,
+    ] {
+        assert!(
+            metrics.contains(series),
+            "every class and reason starts at 0: {metrics}"
+        );
+    }
     assert!(
         metrics.contains("flotilla_relay_oldest_pending_seconds"),
         "{metrics}"

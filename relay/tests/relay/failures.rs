@@ -176,3 +176,103 @@ async fn a_retried_send_is_never_overtaken_by_the_jobs_next_event(pool: PgPool) 
     .await
     .expect("timed out");
 }
+
+/// A broker that takes a request but answers only after the delivery
+/// timeout: the pass marks exactly what was acknowledged, spends no
+/// attempt on what timed out, and the rows that timed out go again (a
+/// repeat on the topic, never a sequence going back).
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_delivery_timeout_marks_only_what_was_acknowledged_and_spends_no_attempt(pool: PgPool) {
+    use flotilla_relay::publisher::{Class, Reason};
+
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let cluster = rdkafka::mocking::MockCluster::new(2).unwrap();
+        let topic = unique("events");
+        cluster.create_topic(&topic, 2, 1).unwrap();
+        // Partition 0 on broker 1, partition 1 on broker 2.
+        cluster.partition_leader(&topic, 0, Some(1)).unwrap();
+        cluster.partition_leader(&topic, 1, Some(2)).unwrap();
+        let bootstrap = cluster.bootstrap_servers();
+        let jobs: Vec<Uuid> = (0..24).map(|_| Uuid::new_v4()).collect();
+        insert_events(&pool, &jobs, 3, json!({})).await;
+        let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
+        let mut relay_settings = settings(&bootstrap, &topic, "patient");
+        relay_settings.delivery_timeout = Duration::from_secs(2);
+        let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
+        assert_eq!(
+            relay.drain_once().await.unwrap().published,
+            24,
+            "both brokers answer"
+        );
+
+        // Broker 2 now answers three times later than the delivery timeout.
+        cluster
+            .broker_round_trip_time(2, Duration::from_secs(6))
+            .unwrap();
+        let report = relay.drain_once().await.unwrap();
+        assert_eq!(report.failed, 0, "{report:?}");
+        assert_eq!(report.published + report.deferred, 24, "{report:?}");
+        assert!(
+            report.published > 0 && report.deferred > 0,
+            "both brokers lead some jobs: {report:?}"
+        );
+        assert_eq!(
+            report.misses,
+            BTreeMap::from([((Class::World, Reason::Timeout), report.deferred)])
+        );
+        let marked: std::collections::BTreeSet<Uuid> = sqlx::query_scalar(
+            "SELECT job_id FROM workflow_run_outbox WHERE sequence = 2 AND status = 'PUBLISHED'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+        assert_eq!(marked.len(), report.published);
+        let spent: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM workflow_run_outbox WHERE attempts > 0 OR last_error IS NOT NULL",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(spent, 0, "a timeout spends no attempt and records no error");
+
+        cluster.broker_round_trip_time(2, Duration::ZERO).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while count(&pool, "PUBLISHED").await < 72 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "rows did not publish once broker 2 answered in time"
+            );
+            clock.advance(Duration::from_secs(1));
+            relay.drain_once().await.unwrap();
+        }
+        let max_attempts: i32 = sqlx::query_scalar("SELECT max(attempts) FROM workflow_run_outbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(max_attempts, 0);
+
+        let on_topic = copies_on_topic(&bootstrap, &topic, 2);
+        let events = read_events(&bootstrap, &topic, on_topic).await;
+        let on_broker_1: std::collections::BTreeSet<Uuid> = events
+            .iter()
+            .filter(|(partition, ..)| *partition == 0)
+            .map(|(_, _, event, _)| event.job_id())
+            .collect();
+        assert_eq!(
+            marked, on_broker_1,
+            "marked in the slow pass: exactly the jobs whose broker acknowledged"
+        );
+        let (distinct, repeats) = without_repeats(&events);
+        assert_eq!(distinct.len(), 24);
+        for (job, sequences) in distinct {
+            assert_eq!(sequences, [1, 2, 3], "job {job}");
+        }
+        println!("{on_topic} copies on the topic, {repeats} of them repeats");
+        drop(relay);
+        drop(cluster); // nextest's per-test deadline guards against a hang here
+    })
+    .await
+    .expect("timed out");
+}

@@ -5,6 +5,7 @@ mod failures;
 mod fencing;
 mod hostile;
 mod order;
+mod registry;
 mod retention;
 
 use std::collections::{BTreeMap, HashMap};
@@ -137,4 +138,47 @@ fn sequences_by_job(
             .push(event.sequence());
     }
     by_job
+}
+
+/// Every copy on `topic` now, duplicates included: the sum of its
+/// partitions' high watermarks.
+fn copies_on_topic(bootstrap: &str, topic: &str, partitions: i32) -> usize {
+    let reader: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    (0..partitions)
+        .map(|partition| {
+            let (_, high) = reader
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .unwrap();
+            usize::try_from(high).unwrap()
+        })
+        .sum()
+}
+
+/// Checks every job's raw stream (every copy, in topic order) never goes
+/// back: a repeat may follow its own sequence, but no sequence follows a
+/// later one. Returns each job's stream without repeats, and how many
+/// copies were repeats.
+fn without_repeats(
+    events: &[(i32, String, WorkflowRunEvent, HashMap<String, String>)],
+) -> (BTreeMap<Uuid, Vec<i64>>, usize) {
+    let mut repeats = 0;
+    let mut distinct = BTreeMap::new();
+    for (job, raw) in sequences_by_job(events) {
+        for pair in raw.windows(2) {
+            assert!(
+                pair[0] <= pair[1],
+                "job {job}: sequence {} after {} on the topic: {raw:?}",
+                pair[1],
+                pair[0]
+            );
+        }
+        let mut once = raw.clone();
+        once.dedup();
+        repeats += raw.len() - once.len();
+        distinct.insert(job, once);
+    }
+    (distinct, repeats)
 }
