@@ -287,7 +287,7 @@ impl Marks {
     /// attempt), in one transaction, fenced on the buckets still held.
     ///
     /// The transaction is bounded by the bucket `lease`
-    /// ([`crate::bound_transaction`]): a relay stalled inside it cannot hold
+    /// (`bound_transaction` in the crate root): a relay stalled inside it cannot hold
     /// the next owner's marks of the same rows up for longer.
     ///
     /// # Errors
