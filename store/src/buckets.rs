@@ -133,3 +133,32 @@ pub async fn leave(tx: &mut PgTransaction<'_>, relay_id: &str) -> Result<(), sql
         .await?;
     Ok(())
 }
+
+/// A relay as the fleet view shows it.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct RelayMember {
+    pub relay_id: String,
+    /// Buckets whose lease it holds now.
+    pub buckets_held: i64,
+    pub last_seen: chrono::DateTime<chrono::Utc>,
+}
+
+/// Relays seen within `ttl_ms`, with the buckets each holds.
+///
+/// # Errors
+/// Database errors.
+pub async fn members(
+    conn: &mut PgConnection,
+    ttl_ms: i64,
+) -> Result<Vec<RelayMember>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT m.relay_id, count(b.bucket) AS buckets_held, m.last_seen
+         FROM relay_member m
+         LEFT JOIN relay_bucket b ON b.owner = m.relay_id AND b.lease_until > now()
+         WHERE m.last_seen > now() - $1 * interval '1 millisecond'
+         GROUP BY m.relay_id, m.last_seen ORDER BY m.relay_id",
+    )
+    .bind(ttl_ms)
+    .fetch_all(conn)
+    .await
+}

@@ -91,3 +91,20 @@ pub async fn list_newest(conn: &mut PgConnection) -> Result<Vec<StoredDefinition
     .fetch_all(conn)
     .await
 }
+
+/// Every version of `name`, newest first (empty when there is none).
+///
+/// # Errors
+/// Database errors.
+pub async fn versions(
+    conn: &mut PgConnection,
+    name: &str,
+) -> Result<Vec<StoredDefinition>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT name, version, definition, created_at FROM workflow_definition
+         WHERE name = $1 ORDER BY version DESC",
+    )
+    .bind(name)
+    .fetch_all(conn)
+    .await
+}

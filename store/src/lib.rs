@@ -9,11 +9,13 @@
 
 pub mod buckets;
 pub mod clock;
+pub mod dead_letters;
 pub mod definitions;
 pub mod outbox;
 pub mod pool;
 pub mod runs;
 mod status;
+pub mod workers;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use pool::{DatabaseConfig, MIGRATOR, connect, migrate};

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 
+pub mod history;
 pub mod relay;
 
 pub use relay::{MAX_PUBLISH_ATTEMPTS, PendingEvent};

@@ -251,6 +251,10 @@ pub struct ListFilter<'a> {
     pub workflow_name: Option<&'a str>,
     /// Only jobs strictly older than this `(created_at, job_id)` cursor.
     pub before: Option<(DateTime<Utc>, Uuid)>,
+    /// Only jobs created at or after this time.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only jobs created strictly before this time.
+    pub created_before: Option<DateTime<Utc>>,
 }
 
 /// Up to `limit` jobs matching `filter`, newest first.
@@ -266,6 +270,8 @@ pub async fn list(
         "SELECT {COLUMNS} FROM workflow_run
          WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR workflow_name = $2)
            AND ($3::timestamptz IS NULL OR (created_at, job_id) < ($3, $4))
+           AND ($6::timestamptz IS NULL OR created_at >= $6)
+           AND ($7::timestamptz IS NULL OR created_at < $7)
          ORDER BY created_at DESC, job_id DESC
          LIMIT $5"
     ))
@@ -274,6 +280,8 @@ pub async fn list(
     .bind(filter.before.map(|(at, _)| at))
     .bind(filter.before.map(|(_, id)| id))
     .bind(limit)
+    .bind(filter.created_after)
+    .bind(filter.created_before)
     .fetch_all(conn)
     .await
 }

@@ -6,6 +6,7 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
 use flotilla_store::RunStatus;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -13,7 +14,7 @@ use uuid::Uuid;
 
 use super::ApiState;
 use super::problem::{ApiJson, ApiQuery, Problem, ProblemDoc};
-use super::views::{JobPageView, JobView};
+use super::views::{JobPageView, JobView, TimelineView};
 use crate::engine::{CompleteOutcome, JobQuery, RefusalMode, Submission, Submitted, WorkflowRef};
 
 fn job_id(raw: &str) -> Result<Uuid, Problem> {
@@ -112,16 +113,46 @@ pub(super) async fn get(
     Ok(axum::Json(row.into()))
 }
 
+#[utoipa::path(get, path = "/v1/jobs/{job_id}/events", params(("job_id" = Uuid, Path, description = "the job id")), responses((status = 200, description = "the job's events still in the outbox, by sequence (retention may have deleted the oldest)", body = TimelineView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+pub(super) async fn events(
+    State(state): State<ApiState>,
+    Path(raw): Path<String>,
+) -> Result<axum::Json<TimelineView>, Problem> {
+    let id = job_id(&raw)?;
+    let events = state
+        .engine
+        .job_timeline(id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format!("job {id} not found")))?;
+    Ok(axum::Json(TimelineView { events }))
+}
+
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(super) struct ListQuery {
     status: Option<String>,
     workflow_name: Option<String>,
+    /// RFC 3339: only jobs created at or after it.
+    created_after: Option<String>,
+    /// RFC 3339: only jobs created before it.
+    created_before: Option<String>,
     limit: Option<i64>,
     cursor: Option<String>,
 }
 
-#[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, description = "newest first", body = JobPageView), (status = 400, description = "bad status, limit or cursor", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+fn timestamp(name: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, Problem> {
+    raw.filter(|r| !r.is_empty())
+        .map(|r| {
+            DateTime::parse_from_rfc3339(r)
+                .map(|at| at.with_timezone(&Utc))
+                .map_err(|e| {
+                    Problem::bad_request(format!("{name} {r:?} is not an RFC 3339 time: {e}"))
+                })
+        })
+        .transpose()
+}
+
+#[utoipa::path(get, path = "/v1/jobs", params(ListQuery), responses((status = 200, description = "newest first", body = JobPageView), (status = 400, description = "bad status, time, limit or cursor", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn list(
     State(state): State<ApiState>,
     ApiQuery(query): ApiQuery<ListQuery>,
@@ -138,6 +169,8 @@ pub(super) async fn list(
     };
     let query = JobQuery {
         status,
+        created_after: timestamp("created_after", query.created_after.as_deref())?,
+        created_before: timestamp("created_before", query.created_before.as_deref())?,
         workflow_name: query.workflow_name,
         limit: query.limit.unwrap_or(0),
         cursor: query.cursor,

@@ -4,7 +4,9 @@
 //! with 503 and the reason.
 
 mod auth;
+mod console;
 mod errors;
+mod fleet;
 mod jobs;
 pub mod openapi;
 mod ops;
@@ -22,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use auth::Tokens;
 
+use crate::consumer::lag::LagSource;
 use crate::engine::Engine;
 use problem::Problem;
 
@@ -31,6 +34,9 @@ pub struct ApiState {
     pub engine: Engine,
     /// Broker checked by `/readyz`; `None` skips the check.
     pub broker: Option<BrokerConfig>,
+    /// Where the request consumers' lag is read for `/v1/fleet`; `None`
+    /// when this worker consumes no requests.
+    pub lag: Option<LagSource>,
 }
 
 /// Request bodies above this are refused with 413, unless configured otherwise.
@@ -43,6 +49,7 @@ pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
     let v1 = Router::new()
         .route("/jobs", post(jobs::submit).get(jobs::list))
         .route("/jobs/{job_id}", get(jobs::get))
+        .route("/jobs/{job_id}/events", get(jobs::events))
         .route(
             "/jobs/{job_id}/steps/{step_name}/complete",
             post(jobs::complete),
@@ -51,13 +58,17 @@ pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
         .route("/jobs/{job_id}/cancel", post(jobs::cancel))
         .route("/workflows", get(workflows::list))
         .route("/workflows/{name}", put(workflows::put).get(workflows::get))
-        .route_layer(middleware::from_fn_with_state(tokens, auth::require_token));
+        .route("/workflows/{name}/versions", get(workflows::versions))
+        .route("/fleet", get(fleet::fleet))
+        .route_layer(middleware::from_fn_with_state(tokens, auth::require_token))
+        .route_layer(middleware::from_fn(console::refuse_cross_site));
     Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))
+        .merge(console::routes())
         .fallback(|| async { Problem::not_found("no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)

@@ -4,17 +4,17 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{jobs, ops, problem, views, workflows};
+use super::{fleet, jobs, ops, problem, views, workflows};
 
 #[derive(Debug, OpenApi)]
 #[openapi(
     info(title = "Flotilla", description = "Durable workflow jobs: submit, inspect, complete external steps, operate."),
     paths(
-        jobs::submit, jobs::list, jobs::get, jobs::complete, jobs::retry, jobs::cancel,
-        workflows::put, workflows::list, workflows::get,
+        jobs::submit, jobs::list, jobs::get, jobs::events, jobs::complete, jobs::retry, jobs::cancel,
+        workflows::put, workflows::list, workflows::get, workflows::versions, fleet::fleet,
         ops::healthz, ops::readyz, ops::metrics, ops::openapi
     ),
-    components(schemas(views::JobView, views::JobPageView, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, problem::ProblemDoc)),
+    components(schemas(views::JobView, views::JobPageView, views::TimelineView, fleet::FleetView, fleet::ConsumerLag, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, problem::ProblemDoc)),
     modifiers(&BearerAuth, &SharedResponses)
 )]
 pub struct ApiDoc;

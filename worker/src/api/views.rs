@@ -34,11 +34,19 @@ pub struct JobView {
     pub lease_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The W3C trace id of the job's spans (from its stored `traceparent`).
+    pub trace_id: Option<String>,
 }
 
 impl From<RunRow> for JobView {
     fn from(row: RunRow) -> Self {
+        let trace_id = Some(flotilla_runtime::trace::trace_id(
+            row.traceparent.as_deref(),
+        ))
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned);
         Self {
+            trace_id,
             status: row.status,
             job_id: row.job_id,
             workflow_name: row.workflow_name,
@@ -75,4 +83,11 @@ impl From<JobPage> for JobPageView {
             next_cursor: page.next_cursor,
         }
     }
+}
+
+/// A job's events still in the outbox, in sequence order.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TimelineView {
+    #[schema(value_type = Vec<Object>)]
+    pub events: Vec<flotilla_store::outbox::history::TimelineEntry>,
 }

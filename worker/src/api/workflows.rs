@@ -48,3 +48,15 @@ pub(super) async fn get(
         .ok_or_else(|| Problem::not_found(format!("no workflow named {name:?}")))?;
     Ok(axum::Json(stored))
 }
+
+#[utoipa::path(get, path = "/v1/workflows/{name}/versions", params(("name" = String, Path)), responses((status = 200, description = "`{versions}`: every stored version, newest first"), (status = 404, description = "no such workflow", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+pub(super) async fn versions(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<axum::Json<Value>, Problem> {
+    let versions = state.engine.workflow_versions(&name).await?;
+    if versions.is_empty() {
+        return Err(Problem::not_found(format!("no workflow named {name:?}")));
+    }
+    Ok(axum::Json(json!({ "versions": versions })))
+}

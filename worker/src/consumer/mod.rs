@@ -10,6 +10,7 @@
 
 mod context;
 pub mod dead_letter;
+pub mod lag;
 mod outage;
 mod persist;
 mod received;

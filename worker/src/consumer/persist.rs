@@ -117,6 +117,13 @@ impl RequestConsumer {
             metrics::counter!("flotilla_requests_dead_lettered_total", "code" => letter.code)
                 .increment(1);
         }
+        // The tally is for the console; the dead letters themselves are
+        // already on their topic, so a failure here is only logged.
+        let codes: Vec<&str> = letters.iter().map(|(_, letter)| letter.code).collect();
+        if let Err(e) = self.engine.tally_dead_letters(&codes).await {
+            tracing::warn!(error = %e, count = codes.len(), "counting dead letters by reason failed");
+            metrics::counter!("flotilla_dead_letter_tally_failures_total").increment(1);
+        }
         report.dead_lettered = letters.len();
         Ok(report)
     }

@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use flotilla_store::definitions::{self, StoredDefinition};
+use flotilla_store::outbox::history::{self, TimelineEntry};
 use flotilla_store::runs::{self, ListFilter, RunRow};
 use flotilla_store::{RunStatus, StoreError};
 use uuid::Uuid;
@@ -23,6 +24,10 @@ pub struct JobQuery {
     pub limit: i64,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
+    /// Only jobs created at or after this time.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only jobs created strictly before this time.
+    pub created_before: Option<DateTime<Utc>>,
 }
 
 /// One page of jobs, newest first.
@@ -78,6 +83,8 @@ impl Engine {
             status: query.status,
             workflow_name: query.workflow_name.as_deref().filter(|w| !w.is_empty()),
             before,
+            created_after: query.created_after,
+            created_before: query.created_before,
         };
         let mut conn = self.pool().acquire().await?;
         // One more than asked says whether a next page exists.
@@ -99,6 +106,31 @@ impl Engine {
     pub async fn workflow(&self, name: &str) -> Result<Option<StoredDefinition>, StoreError> {
         let mut conn = self.pool().acquire().await?;
         Ok(definitions::newest(&mut conn, name).await?)
+    }
+
+    /// Every stored version of `name`, newest first.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn workflow_versions(&self, name: &str) -> Result<Vec<StoredDefinition>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        Ok(definitions::versions(&mut conn, name).await?)
+    }
+
+    /// The events of `job_id` still in the outbox, in sequence order, or
+    /// `None` when there is no such job.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn job_timeline(
+        &self,
+        job_id: Uuid,
+    ) -> Result<Option<Vec<TimelineEntry>>, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        if runs::get(&mut conn, job_id).await?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(history::timeline(&mut conn, job_id).await?))
     }
 
     /// The newest version of every stored workflow.

@@ -83,16 +83,25 @@ impl Engine {
         }
     }
 
+    /// Sweeps lapsed leases and announces this worker to the fleet on every
+    /// tick; leaves the fleet on shutdown.
     async fn sweeper(&self, shutdown: CancellationToken) {
+        let started_at = self.now();
         let mut ticks = tokio::time::interval(self.settings().sweep_interval);
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => break,
             }
             if let Err(e) = self.sweep().await {
                 tracing::warn!(error = %e, "sweep failed");
             }
+            if let Err(e) = self.announce(started_at).await {
+                tracing::warn!(error = %e, "announcing this worker to the fleet failed");
+            }
+        }
+        if let Err(e) = self.leave_fleet().await {
+            tracing::warn!(error = %e, "leaving the fleet failed; the row ages out");
         }
     }
 

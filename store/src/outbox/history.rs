@@ -1,0 +1,132 @@
+//! Reading the outbox as a history: a job's timeline and the fleet's recent
+//! finishes, for the console. Payloads are read as plain JSON, not as the
+//! contract's type, so a row written by another version still shows.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+/// One event of a job as the timeline shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TimelineEntry {
+    pub sequence: i64,
+    pub event_type: String,
+    /// When the commit point happened (the event's `occurred_at`; the row's
+    /// creation when the payload lacks it).
+    pub occurred_at: String,
+    pub attempt: Option<i64>,
+    pub step_name: Option<String>,
+    pub verdict: Option<String>,
+    pub error: Option<String>,
+    /// The row's publication state: PENDING, PUBLISHED or FAILED.
+    pub publication: String,
+}
+
+#[derive(sqlx::FromRow)]
+struct TimelineRow {
+    sequence: i64,
+    event_type: String,
+    payload: Json<Value>,
+    status: String,
+    created_at: DateTime<Utc>,
+}
+
+/// The events of `job_id` still in the outbox, in sequence order (retention
+/// deletes published rows after a while, so the first may be missing).
+///
+/// # Errors
+/// Database errors.
+pub async fn timeline(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> Result<Vec<TimelineEntry>, sqlx::Error> {
+    let rows: Vec<TimelineRow> = sqlx::query_as(
+        "SELECT sequence, event_type, payload, status, created_at
+         FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
+    )
+    .bind(job_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(TimelineEntry::from).collect())
+}
+
+impl From<TimelineRow> for TimelineEntry {
+    fn from(row: TimelineRow) -> Self {
+        let payload = row.payload.0;
+        let text = |key: &str| payload.get(key).and_then(Value::as_str).map(str::to_owned);
+        Self {
+            sequence: row.sequence,
+            occurred_at: text("occurred_at").unwrap_or_else(|| row.created_at.to_rfc3339()),
+            attempt: payload.get("attempt").and_then(Value::as_i64),
+            step_name: text("step_name"),
+            verdict: text("verdict"),
+            error: text("error"),
+            event_type: row.event_type,
+            publication: row.status,
+        }
+    }
+}
+
+/// The outbox's state: what waits for the relay and what it gave up on.
+#[derive(Debug, Clone, Default, sqlx::FromRow, serde::Serialize)]
+pub struct OutboxSummary {
+    pub pending: i64,
+    pub failed: i64,
+    pub oldest_pending_at: Option<DateTime<Utc>>,
+}
+
+/// Counts PENDING and FAILED rows, each over its partial index.
+///
+/// # Errors
+/// Database errors.
+pub async fn summary(conn: &mut PgConnection) -> Result<OutboxSummary, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING') AS pending,
+                (SELECT count(*) FROM workflow_run_outbox WHERE status = 'FAILED') AS failed,
+                (SELECT min(created_at) FROM workflow_run_outbox WHERE status = 'PENDING')
+                    AS oldest_pending_at",
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// Jobs that finished in one minute with one final state.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+pub struct FinishedInMinute {
+    /// The start of the minute.
+    pub minute: DateTime<Utc>,
+    pub status: String,
+    pub count: i64,
+}
+
+/// Final events (COMPLETED, FAILED, DEAD, CANCELLED) that happened since
+/// `since`, per minute (of the commit) and state, oldest first. Minutes
+/// without any are absent.
+///
+/// Published rows are found through the index on `published_at` (a row is
+/// published after it commits, so every row of the window is in that range)
+/// and the rest through the partial indexes of PENDING and FAILED rows: the
+/// cost follows the window and the backlog, not the history.
+///
+/// # Errors
+/// Database errors.
+pub async fn finished_per_minute(
+    conn: &mut PgConnection,
+    since: DateTime<Utc>,
+) -> Result<Vec<FinishedInMinute>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT date_trunc('minute', created_at) AS minute, event_type AS status, count(*) AS count
+         FROM (SELECT event_type, created_at FROM workflow_run_outbox
+               WHERE status = 'PUBLISHED' AND published_at >= $1
+               UNION ALL
+               SELECT event_type, created_at FROM workflow_run_outbox
+               WHERE status IN ('PENDING', 'FAILED')) AS recent
+         WHERE created_at >= $1 AND event_type IN ('COMPLETED', 'FAILED', 'DEAD', 'CANCELLED')
+         GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .bind(since)
+    .fetch_all(conn)
+    .await
+}

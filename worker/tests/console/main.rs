@@ -1,0 +1,294 @@
+//! The web console in a real browser: headless Chromium over WebDriver
+//! against a whole worker on port 0 and a real database. Each test signs in
+//! through the form and keeps screenshots of what it saw under
+//! `test-output/console/`.
+
+mod browser;
+
+use std::time::Duration;
+
+use fantoccini::Locator;
+use flotilla_worker::test_support::{TEST_TOKEN, TestApp, echo_targets};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use browser::Browser;
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+/// A whole test, browser start-up included: a hang fails here.
+const TEST_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Check, then a human approves with `{"approved": true|false, "note": "…"}`.
+fn approval() -> Value {
+    json!({
+        "name": "approval",
+        "input_schema": {"type": "object"},
+        "steps": [
+            {"name": "check", "target": "echo", "method": "check", "rules": ["amount = input.amount"]},
+            {"name": "approve", "target": "echo", "method": "approve", "completion": "external",
+             "output_schema": {"type": "object", "required": ["approved"],
+                               "properties": {"approved": {"type": "boolean"}, "note": {"type": "string"}}},
+             "validate": ["response.approved == true"]}
+        ]
+    })
+}
+
+async fn worker(pool: &PgPool, claim_loops: &str) -> TestApp {
+    let app = TestApp::spawn_with(
+        pool.clone(),
+        &["--worker-count", claim_loops],
+        echo_targets(),
+    )
+    .await;
+    let client = flotilla_runtime::tls::http_client().build().unwrap();
+    let stored = client
+        .put(format!("{}/v1/workflows/approval", app.url))
+        .bearer_auth(TEST_TOKEN)
+        .json(&approval())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stored.status(), StatusCode::CREATED);
+    app
+}
+
+async fn submit(app: &TestApp, input: Value) -> Uuid {
+    let response = flotilla_runtime::tls::http_client()
+        .build()
+        .unwrap()
+        .post(format!("{}/v1/jobs", app.url))
+        .bearer_auth(TEST_TOKEN)
+        .json(&json!({"workflow_name": "approval", "input": input}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let job: Value = response.json().await.unwrap();
+    job["job_id"].as_str().unwrap().parse().unwrap()
+}
+
+async fn status_of(app: &TestApp, job_id: Uuid) -> String {
+    app.engine
+        .job(job_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+        .to_string()
+}
+
+/// Polls the job until it is in `status`, within the page wait.
+async fn wait_for_status(app: &TestApp, job_id: Uuid, status: &str) {
+    let deadline = tokio::time::Instant::now() + browser::PAGE_WAIT;
+    loop {
+        let now = status_of(app, job_id).await;
+        if now == status {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job {job_id} stayed {now}, not {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn within_timeout(test: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(TEST_TIMEOUT, test)
+        .await
+        .expect("the browser test hung");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_wrong_token_is_refused_and_the_right_one_signs_in(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "0").await;
+        let job_id = submit(&app, json!({"amount": 1})).await;
+        let browser = Browser::start(&app.url).await;
+        browser.open("#/jobs").await;
+        browser.fill("#token", "not-the-token").await;
+        browser.click("#sign-in").await;
+        let refused = browser
+            .text_until("#sign-in-error", |t| !t.is_empty())
+            .await;
+        assert!(refused.contains("not accepted"), "{refused}");
+        browser.screenshot("sign-in-refused").await;
+        assert!(
+            browser
+                .client
+                .find(Locator::Css("#jobs-table"))
+                .await
+                .is_err()
+        );
+
+        browser.fill("#token", TEST_TOKEN).await;
+        browser.click("#sign-in").await;
+        let row = browser
+            .find(&format!("tr.job-row[data-job-id='{job_id}']"))
+            .await;
+        assert!(row.text().await.unwrap().contains("QUEUED"));
+        browser.screenshot("jobs").await;
+        browser.close().await;
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_found_by_id_shows_its_timeline(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "2").await;
+        let job_id = submit(&app, json!({"amount": 7})).await;
+        wait_for_status(&app, job_id, "WAITING").await;
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.fill("#job-search", &job_id.to_string()).await;
+        browser.click("#job-search-go").await;
+        browser
+            .text_until("#job-id", |t| t.contains(&job_id.to_string()))
+            .await;
+        browser
+            .text_until("#job-status", |t| t.contains("WAITING"))
+            .await;
+        let timeline = browser
+            .text_until("#timeline", |t| t.contains("WAITING"))
+            .await;
+        for event in ["ACCEPTED", "STEP_CHECKPOINT", "WAITING"] {
+            assert!(timeline.contains(event), "{event} missing from {timeline}");
+        }
+        let rows = browser
+            .client
+            .find_all(Locator::Css("#timeline tr.event-row"))
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 3);
+        browser.screenshot("job").await;
+        browser.close().await;
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_waiting_step_answered_through_the_form_completes_the_job(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "2").await;
+        let job_id = submit(&app, json!({"amount": 12})).await;
+        wait_for_status(&app, job_id, "WAITING").await;
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.open("#/waiting").await;
+        let row = format!("tr.waiting-row[data-job-id='{job_id}']");
+        assert!(browser.find(&row).await.text().await.unwrap().contains("approve"));
+        browser.screenshot("waiting").await;
+        browser.click(&format!("{row} .answer-link")).await;
+        // Fields drawn from the step's output_schema.
+        browser.click("#field-approved").await;
+        browser.fill("#field-note", "looks fine <b>to me</b>").await;
+        browser.screenshot("answer").await;
+        browser.click("#answer-submit").await;
+        let outcome = browser.find("#answer-outcome[data-outcome]").await;
+        assert_eq!(outcome.attr("data-outcome").await.unwrap().as_deref(), Some("Completed"));
+        wait_for_status(&app, job_id, "COMPLETED").await;
+        let row = app.engine.job(job_id).await.unwrap().unwrap();
+        assert_eq!(
+            row.checkpoints.0[1]["response"],
+            json!({"approved": true, "note": "looks fine <b>to me</b>"})
+        );
+        // The same answer again: the API says it was done before.
+        browser.click("#answer-submit").await;
+        browser
+            .find("#answer-outcome[data-outcome='AlreadyDone'], #answer-outcome[data-outcome='WrongState']")
+            .await;
+        browser.close().await;
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_dead_job_is_retried_after_confirmation(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "0").await;
+        let job_id = submit(&app, json!({"amount": 3})).await;
+        // Its attempts ran out (as the sweeper leaves it after the last lapse).
+        sqlx::query("UPDATE workflow_run SET status = 'DEAD', error = 'lease lapsed 3 times' WHERE job_id = $1")
+            .bind(job_id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.open(&format!("#/jobs/{job_id}")).await;
+        browser.text_until("#job-status", |t| t.contains("DEAD")).await;
+        browser.click("#retry").await;
+        browser.find("#confirm-no").await;
+        browser.screenshot("retry-confirm").await;
+        browser.click("#confirm-no").await;
+        assert_eq!(status_of(&app, job_id).await, "DEAD", "nothing happens without confirmation");
+        browser.click("#retry").await;
+        browser.click("#confirm-yes").await;
+        browser.text_until("#job-status", |t| t.contains("QUEUED")).await;
+        assert_eq!(status_of(&app, job_id).await, "QUEUED");
+        browser.close().await;
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_hostile_input_renders_as_text_and_runs_nothing(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "0").await;
+        let script = "<script>window.pwned = 'script'</script>";
+        let image = "\"><img src=x onerror=\"window.pwned = 'img'\">";
+        let job_id = submit(&app, json!({"amount": 1, "note": script, "name": image})).await;
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.open(&format!("#/jobs/{job_id}")).await;
+        let input = browser.text_until("#job-input pre", |t| t.contains("pwned")).await;
+        let shown: Value = serde_json::from_str(&input)
+            .unwrap_or_else(|e| panic!("the input is not shown as its JSON text ({e}): {input}"));
+        assert_eq!(shown["note"], script);
+        assert_eq!(shown["name"], image);
+        let injected = browser
+            .client
+            .execute(
+                "return [typeof window.pwned, document.querySelectorAll('img[src=x], #job-input script').length]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        assert_eq!(injected, json!(["undefined", 0]));
+        browser.screenshot("hostile-input").await;
+        browser.close().await;
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_workflow_and_fleet_views_draw_what_is_stored(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "2").await;
+        let job_id = submit(&app, json!({"amount": 2})).await;
+        wait_for_status(&app, job_id, "WAITING").await;
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.open("#/workflows/approval").await;
+        let drawing = browser
+            .text_until("#workflow-drawing", |t| t.contains("approve"))
+            .await;
+        assert!(
+            drawing.contains("echo.check") && drawing.contains("echo.approve"),
+            "{drawing}"
+        );
+        browser.screenshot("workflow").await;
+        browser.open("#/fleet").await;
+        browser
+            .text_until("#workers", |t| t.contains("test-worker"))
+            .await;
+        browser.find("#finished-chart").await;
+        browser.text_until("#outbox", |t| !t.is_empty()).await;
+        browser.screenshot("fleet").await;
+        browser.close().await;
+    })
+    .await;
+}
