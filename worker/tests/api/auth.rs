@@ -14,11 +14,14 @@ async fn every_v1_route_requires_a_bearer_token(pool: PgPool) {
         (Method::POST, "/v1/jobs".to_owned()),
         (Method::GET, "/v1/jobs".to_owned()),
         (Method::GET, format!("/v1/jobs/{id}")),
+        (Method::GET, format!("/v1/jobs/{id}/events")),
         (Method::POST, format!("/v1/jobs/{id}/steps/s/complete")),
         (Method::POST, format!("/v1/jobs/{id}/retry")),
         (Method::POST, format!("/v1/jobs/{id}/cancel")),
         (Method::GET, "/v1/workflows".to_owned()),
         (Method::GET, "/v1/workflows/w".to_owned()),
+        (Method::GET, "/v1/workflows/w/versions".to_owned()),
+        (Method::GET, "/v1/fleet".to_owned()),
         (Method::PUT, "/v1/workflows/w".to_owned()),
     ];
     for (method, path) in routes {

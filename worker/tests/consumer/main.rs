@@ -6,6 +6,7 @@ mod codecs;
 mod flow;
 mod group;
 mod hostile;
+mod lag;
 mod poison;
 mod seat;
 
