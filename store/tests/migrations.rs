@@ -26,8 +26,10 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
     assert_eq!(
         tables,
         [
+            "dead_letter_tally",
             "relay_bucket",
             "relay_member",
+            "worker_member",
             "workflow_definition",
             "workflow_run",
             "workflow_run_outbox"
