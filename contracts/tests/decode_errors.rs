@@ -121,3 +121,36 @@ fn unknown_fields_are_refused_rather_than_dropped() {
         "{err}"
     );
 }
+
+fn stored_event() -> serde_json::Value {
+    let header = flotilla_contracts::EventHeader {
+        event_id: uuid::Uuid::new_v4(),
+        job_id: uuid::Uuid::new_v4(),
+        sequence: 2,
+        workflow_name: "w".into(),
+        attempt: 1,
+        occurred_at: chrono::Utc::now(),
+    };
+    serde_json::to_value(WorkflowRunEvent::step_checkpoint(header, "step").unwrap()).unwrap()
+}
+
+#[test]
+fn a_stored_event_decodes_from_its_text_also_when_a_newer_writer_added_fields() {
+    let stored = stored_event();
+    let exact = json::decode_stored_text::<WorkflowRunEvent>(&stored.to_string()).unwrap();
+    assert_eq!(serde_json::to_value(&exact).unwrap(), stored);
+    let mut newer = stored.clone();
+    newer["added_by_v2"] = serde_json::json!({"nested": [1, 2]});
+    let dropped = json::decode_stored_text::<WorkflowRunEvent>(&newer.to_string()).unwrap();
+    assert_eq!(serde_json::to_value(&dropped).unwrap(), stored);
+}
+
+#[test]
+fn a_stored_event_that_does_not_fit_names_what_is_wrong() {
+    let mut stored = stored_event();
+    stored["sequence"] = serde_json::json!("two");
+    let err = json::decode_stored_text::<WorkflowRunEvent>(&stored.to_string()).unwrap_err();
+    assert!(err.to_string().contains("sequence"), "{err}");
+    let err = json::decode_stored_text::<WorkflowRunEvent>("{not json").unwrap_err();
+    assert!(matches!(err, DecodeError::JsonMismatch { .. }), "{err}");
+}

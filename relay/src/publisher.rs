@@ -393,7 +393,7 @@ impl Publisher {
         row: PendingEvent,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Delivery, (PendingEvent, Outcome)> {
-        let event = match json::decode_stored::<WorkflowRunEvent>(row.payload.0.clone()) {
+        let event = match json::decode_stored_text::<WorkflowRunEvent>(row.payload.0.get()) {
             Ok(event) => event,
             Err(e) => {
                 let error = format!("the stored event does not decode: {e}");

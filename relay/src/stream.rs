@@ -10,7 +10,8 @@
 //! next events. So one job never has two events in flight, and a later
 //! event leaves only after the earlier one is acknowledged and marked:
 //! per-job order holds on any broker, while thousands of jobs stream side
-//! by side.
+//! by side. One mark runs at a time, beside the reads and sends of the
+//! buckets it does not touch: its buckets stay busy until it commits.
 //!
 //! The world (broker, registry, database) holding rows back pauses the
 //! buckets it touched, doubling up to 10 s; a read that finds nothing
@@ -39,6 +40,17 @@ const OUTAGE_PAUSE_MAX: Duration = Duration::from_secs(10);
 /// Rows sent and not yet marked, at most this many batches' worth.
 const BATCHES_IN_FLIGHT: i64 = 4;
 
+/// A mark under way, as a task of its own so it goes on while the loop
+/// reads and sends: the buckets whose rows it marks (busy until it ends),
+/// those the world held back, and how many rows.
+struct Marking {
+    task: tokio::task::JoinHandle<Result<DrainReport, sqlx::Error>>,
+    ended: Vec<i16>,
+    held_back: Vec<i16>,
+    count: usize,
+    started: Instant,
+}
+
 /// The loop's state: which buckets are busy, what is on its way, what
 /// waits to be marked.
 struct Stream<'a> {
@@ -50,6 +62,8 @@ struct Stream<'a> {
     resting: HashMap<i16, Instant>,
     deliveries: FuturesUnordered<Delivery>,
     marks: Marks,
+    /// The mark under way, if any.
+    marking: Option<Marking>,
     /// When the first row now waiting to be marked ended.
     gathering_since: Option<Instant>,
     next_read: Instant,
@@ -70,6 +84,7 @@ impl<'a> Stream<'a> {
             resting: HashMap::new(),
             deliveries: FuturesUnordered::new(),
             marks: Marks::default(),
+            marking: None,
             gathering_since: None,
             next_read: now,
             next_rebalance: now,
@@ -98,31 +113,44 @@ impl<'a> Stream<'a> {
                 }
             }
             if self.mark_due(now) {
-                self.mark().await;
+                self.start_mark();
                 continue;
             }
             if let Some(deadline) = stop_by
                 && (self.deliveries.is_empty() || now >= deadline)
             {
+                self.finish_marking().await;
                 if !self.marks.is_empty() {
-                    self.mark().await;
+                    self.start_mark();
+                    self.finish_marking().await;
                 }
                 return;
             }
             let wake = [
                 Some(self.next_read),
                 Some(self.next_rebalance),
-                self.gathering_since.map(|since| since + MARK_GATHER),
+                // While a mark is under way the next one waits for it.
+                self.gathering_since
+                    .filter(|_| self.marking.is_none())
+                    .map(|since| since + MARK_GATHER),
                 stop_by,
             ]
             .into_iter()
             .flatten()
             .min()
             .unwrap_or(now);
+            let marking = &mut self.marking;
             tokio::select! {
                 Some((row, outcome)) = self.deliveries.next(), if !self.deliveries.is_empty() => {
                     self.gathering_since.get_or_insert_with(Instant::now);
                     self.marks.record(row, outcome);
+                }
+                report = async { (&mut marking.as_mut().expect("polled only while marking").task).await },
+                    if marking.is_some() =>
+                {
+                    if let Some(marking) = self.marking.take() {
+                        self.finish_mark(marking, report);
+                    }
                 }
                 () = tokio::time::sleep_until(wake) => {}
                 () = shutdown.cancelled(), if stop_by.is_none() => {
@@ -138,6 +166,9 @@ impl<'a> Stream<'a> {
         let Some(since) = self.gathering_since else {
             return false;
         };
+        if self.marking.is_some() {
+            return false;
+        }
         now >= since + MARK_GATHER
             || self.marks.len() >= self.batch_size()
             || self.deliveries.is_empty()
@@ -228,24 +259,56 @@ impl<'a> Stream<'a> {
         };
     }
 
-    /// Marks what has ended, frees its buckets, and paces the next read.
-    async fn mark(&mut self) {
+    /// Starts marking what has ended; the loop goes on meanwhile.
+    fn start_mark(&mut self) {
         let relay = self.relay;
         let marks = std::mem::take(&mut self.marks);
         self.gathering_since = None;
         let ended: Vec<i16> = marks.buckets().collect();
         let held_back: Vec<i16> = marks.deferred_buckets().collect();
-        let started = Instant::now();
         let count = marks.len();
-        let report = marks
-            .mark(
-                &relay.pool,
-                relay.leases.relay_id(),
-                relay.clock.now(),
-                relay.settings.backoff_base,
-                relay.settings.lease,
-            )
-            .await;
+        let now = relay.clock.now();
+        let (pool, relay_id) = (relay.pool.clone(), relay.leases.relay_id().to_owned());
+        let (backoff_base, lease) = (relay.settings.backoff_base, relay.settings.lease);
+        let task =
+            tokio::spawn(
+                async move { marks.mark(&pool, &relay_id, now, backoff_base, lease).await },
+            );
+        self.marking = Some(Marking {
+            task,
+            ended,
+            held_back,
+            count,
+            started: Instant::now(),
+        });
+    }
+
+    /// Waits for the mark under way, if any, and settles it.
+    async fn finish_marking(&mut self) {
+        if let Some(mut marking) = self.marking.take() {
+            let report = (&mut marking.task).await;
+            self.finish_mark(marking, report);
+        }
+    }
+
+    /// Frees the marked rows' buckets and paces the next read. A mark task
+    /// that panicked is a failed mark: its rows stay PENDING and go again.
+    fn finish_mark(
+        &mut self,
+        marking: Marking,
+        joined: Result<Result<DrainReport, sqlx::Error>, tokio::task::JoinError>,
+    ) {
+        let Marking {
+            ended,
+            held_back,
+            count,
+            started,
+            ..
+        } = marking;
+        let report = joined.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the mark task ended without marking");
+            Err(sqlx::Error::Protocol(format!("the mark task ended: {e}")))
+        });
         for bucket in ended {
             if let Some(count) = self.outstanding.get_mut(&bucket) {
                 *count -= 1;

@@ -16,9 +16,10 @@ pub struct PendingEvent {
     pub event_type: String,
     /// The row's bucket (of job ids), which a relay must hold to publish it.
     pub bucket: i16,
-    /// The stored event, read raw: one row a newer or broken writer left
-    /// must not fail the whole read (see `flotilla_contracts::json::decode_stored`).
-    pub payload: Json<serde_json::Value>,
+    /// The stored event as its JSON text, decoded only when sent: one row a
+    /// newer or broken writer left must not fail the whole read (see
+    /// `flotilla_contracts::json::decode_stored_text`).
+    pub payload: Json<Box<serde_json::value::RawValue>>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
     pub attempts: i32,
@@ -62,7 +63,7 @@ pub struct Heads {
 /// not hold later ones back.
 ///
 /// The statement is one ordered scan of the `(bucket, id)` index of PENDING
-/// rows per bucket (at most `limit` rows each, `4 × limit` in all), in the
+/// rows per bucket (at most `limit` rows each, a quarter more than `limit` in all), in the
 /// order given (callers rotate it, so no bucket starves), and nothing else:
 /// no join, no probe per row, so no plan can make it read the backlog
 /// behind what it returns or the published history, even on a table the
@@ -78,8 +79,12 @@ pub async fn publishable(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Heads, sqlx::Error> {
-    // Later rows of a job come along and are dropped: read a few per head.
-    let cap = limit.saturating_mul(4);
+    // Later rows of a job come along and are dropped: read a quarter more
+    // than the heads wanted. Where a job has many rows waiting the read
+    // ends early and says so (`truncated`), and the caller reads again at
+    // once; every row read costs its payload's decoding, so reading four
+    // times what is sent made the read the relay's largest cost.
+    let cap = limit.saturating_add(limit / 4).max(limit.saturating_add(1));
     let mut tx = sqlx::Connection::begin(conn).await?;
     prefer_indexes(&mut tx).await?;
     let rows: Vec<PendingRow> = sqlx::query_as(PENDING_IN_ID_ORDER)
@@ -177,11 +182,17 @@ const HOLDS_BUCKET: &str = "EXISTS (SELECT 1 FROM relay_bucket b
 
 /// The statement of [`mark_published`]: `$1` the ids, `$2` now, `$3` the
 /// relay. Public so tests can look at its plan.
+///
+/// "Still PENDING" is written as neither PUBLISHED nor FAILED (the same
+/// rows, by the table's CHECK) so that the planner cannot prove the
+/// predicate of the index of PENDING rows and use it: on a table not yet
+/// analyzed it takes that index for empty and walked the whole backlog,
+/// bucket by bucket, for every mark. The only way left is the primary key.
 #[must_use]
 pub fn mark_published_statement() -> String {
     format!(
         "UPDATE workflow_run_outbox o SET status = 'PUBLISHED', published_at = $2, last_error = NULL
-         WHERE o.id = ANY($1) AND o.status = 'PENDING' AND {}",
+         WHERE o.id = ANY($1) AND o.status NOT IN ('PUBLISHED', 'FAILED') AND {}",
         HOLDS_BUCKET.replace("$9", "$3")
     )
 }
