@@ -270,6 +270,19 @@ async fn the_workflow_and_fleet_views_draw_what_is_stored(pool: PgPool) {
         let app = worker(&pool, "2").await;
         let job_id = submit(&app, json!({"amount": 2})).await;
         wait_for_status(&app, job_id, "WAITING").await;
+        // A second version: its drawing shows, and the diff against the first.
+        let mut second = approval();
+        second["max_attempts"] = json!(5);
+        let stored = flotilla_runtime::tls::http_client()
+            .build()
+            .unwrap()
+            .put(format!("{}/v1/workflows/approval", app.url))
+            .bearer_auth(TEST_TOKEN)
+            .json(&second)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stored.status(), StatusCode::CREATED);
         let browser = Browser::start(&app.url).await;
         browser.sign_in(TEST_TOKEN).await;
         browser.open("#/workflows/approval").await;
@@ -280,6 +293,16 @@ async fn the_workflow_and_fleet_views_draw_what_is_stored(pool: PgPool) {
             drawing.contains("echo.check") && drawing.contains("echo.approve"),
             "{drawing}"
         );
+        let added = browser
+            .text_until("#diff .diff-add", |t| t.contains("max_attempts"))
+            .await;
+        assert!(added.contains('5'), "{added}");
+        let removed = browser
+            .client
+            .find_all(Locator::Css("#diff .diff-del"))
+            .await
+            .unwrap();
+        assert!(removed.is_empty(), "the second version only adds a field");
         browser.screenshot("workflow").await;
         browser.open("#/fleet").await;
         browser
