@@ -12,6 +12,7 @@ use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequ
 use flotilla_runtime::BrokerConfig;
 use flotilla_tests::process::{Running, workspace_binary};
 use flotilla_tests::scratch::ScratchDatabase;
+use flotilla_worker::consumer::lag::{self, LagSource};
 use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::mocking::MockCluster;
@@ -226,30 +227,18 @@ impl Fleet {
     /// Whether the workers' group has committed every partition of the
     /// request topic to its end.
     async fn committed_to_end(&self) -> anyhow::Result<bool> {
-        let (bootstrap, group, topic) = (
-            self.broker.bootstrap.clone(),
-            self.group.clone(),
-            self.requests.clone(),
+        let source = LagSource {
+            broker: BrokerConfig::new(&self.broker.bootstrap),
+            group: self.group.clone(),
+            topic: self.requests.clone(),
+        };
+        let partitions = lag::read(&source, Duration::from_secs(10)).await?;
+        anyhow::ensure!(
+            partitions.len() == PARTITIONS as usize,
+            "the request topic has {} partitions, not {PARTITIONS}",
+            partitions.len()
         );
-        tokio::task::spawn_blocking(move || {
-            let consumer: rdkafka::consumer::BaseConsumer = BrokerConfig::new(&bootstrap)
-                .manual_commit_consumer(&group)
-                .create()?;
-            let mut partitions = rdkafka::TopicPartitionList::new();
-            for partition in 0..PARTITIONS {
-                partitions.add_partition(&topic, partition);
-            }
-            let timeout = Duration::from_secs(10);
-            let committed = consumer.committed_offsets(partitions, timeout)?;
-            for element in committed.elements() {
-                let (_, high) = consumer.fetch_watermarks(&topic, element.partition(), timeout)?;
-                if element.offset() != rdkafka::Offset::Offset(high) && high > 0 {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        })
-        .await?
+        Ok(partitions.iter().all(|p| p.lag == 0))
     }
 
     fn producer(&self) -> anyhow::Result<FutureProducer> {
