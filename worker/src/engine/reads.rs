@@ -127,10 +127,13 @@ impl Engine {
         job_id: Uuid,
     ) -> Result<Option<Vec<TimelineEntry>>, StoreError> {
         let mut conn = self.pool().acquire().await?;
-        if runs::get(&mut conn, job_id).await?.is_none() {
+        let timeline = history::timeline(&mut conn, job_id).await?;
+        // Only an empty timeline (retention took every event, or no such
+        // job) needs the run row to tell the two apart.
+        if timeline.is_empty() && runs::get(&mut conn, job_id).await?.is_none() {
             return Ok(None);
         }
-        Ok(Some(history::timeline(&mut conn, job_id).await?))
+        Ok(Some(timeline))
     }
 
     /// The newest version of every stored workflow.

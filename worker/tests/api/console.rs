@@ -96,6 +96,29 @@ async fn a_jobs_timeline_lists_its_events_in_sequence_with_their_publication(poo
     assert!(events[0]["occurred_at"].as_str().unwrap().ends_with('Z'));
     assert_eq!(events[1]["error"], "not needed");
 
+    // A row another version wrote, its payload not this version's event:
+    // the timeline still shows it, from the row's own columns.
+    sqlx::query(
+        "UPDATE workflow_run_outbox SET payload = '{\"nonsense\": true}' WHERE job_id = $1 AND sequence = 2",
+    )
+    .bind(job_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (status, timeline) = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}/events"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let foreign = &timeline["events"][1];
+    assert_eq!(
+        (foreign["sequence"].as_i64(), foreign["event_type"].as_str()),
+        (Some(2), Some("CANCELLED"))
+    );
+    assert!(
+        foreign["occurred_at"].is_string() && foreign["error"].is_null(),
+        "{foreign}"
+    );
+
     let unknown = Uuid::new_v4();
     let (status, problem) = api
         .call(Method::GET, &format!("/v1/jobs/{unknown}/events"), None)
