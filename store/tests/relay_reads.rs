@@ -7,6 +7,9 @@ use flotilla_store::outbox::relay::{
     PENDING_IN_ID_ORDER, analyze_if_stale, mark_published_statement, prefer_indexes, publishable,
 };
 use sqlx::PgPool;
+
+mod support;
+use support::prepared_plans;
 use uuid::Uuid;
 
 /// `jobs` jobs of five PENDING events each, interleaved as running jobs
@@ -86,21 +89,12 @@ async fn the_read_is_one_ordered_index_scan_per_bucket_on_a_table_never_analyzed
         .execute(&pool)
         .await
         .unwrap();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        let mut tx = pool.begin().await.unwrap();
-        prefer_indexes(&mut tx).await.unwrap();
-        sqlx::query(&format!("SET LOCAL plan_cache_mode = {mode}"))
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {PENDING_IN_ID_ORDER}"))
-            .bind(all_buckets())
-            .bind(2000_i64)
-            .bind(2000_i64)
-            .fetch_all(&mut *tx)
-            .await
-            .unwrap();
-        let plan = plan.join("\n");
+    // Prepared and executed, as the relay's connection runs it.
+    let mut tx = pool.begin().await.unwrap();
+    prefer_indexes(&mut tx).await.unwrap();
+    let buckets: Vec<String> = all_buckets().iter().map(i16::to_string).collect();
+    let arguments = format!("ARRAY[{}]::smallint[], 2000, 2000", buckets.join(","));
+    for (mode, plan) in prepared_plans(&mut tx, PENDING_IN_ID_ORDER, &arguments).await {
         assert!(
             plan.contains("Index Scan using workflow_run_outbox_pending on workflow_run_outbox"),
             "{mode}: the (bucket, id) index of PENDING rows, in its order:\n{plan}"
@@ -130,15 +124,8 @@ async fn a_table_whose_statistics_lag_is_analyzed_then_marking_reaches_rows_by_p
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert!(!analyzed().await, "once analyzed, not again");
-    let plan = mark_plan(&pool).await;
-    assert!(
-        plan.contains("workflow_run_outbox_pkey"),
-        "the rows by primary key:\n{plan}"
-    );
-    assert!(
-        !plan.contains("Seq Scan on workflow_run_outbox"),
-        "not the whole outbox:\n{plan}"
-    );
+    // Not the whole outbox.
+    marks_by_primary_key(&pool, "Seq Scan on workflow_run_outbox").await;
 }
 
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
@@ -147,28 +134,33 @@ async fn marking_reaches_rows_by_primary_key_before_the_table_is_ever_analyzed(p
     // the index of PENDING rows for empty, and a plan through it reads the
     // whole backlog per mark (measured: 125 ms for 500 rows of 100,000).
     backlog(&pool, 20_000).await;
-    let plan = mark_plan(&pool).await;
-    assert!(
-        plan.contains("workflow_run_outbox_pkey"),
-        "the rows by primary key:\n{plan}"
-    );
-    assert!(
-        !plan.contains("workflow_run_outbox_pending"),
-        "not through the backlog's index:\n{plan}"
-    );
+    // Not through the backlog's index.
+    marks_by_primary_key(&pool, "workflow_run_outbox_pending").await;
 }
 
-/// The plan of a 500-row mark, as the relay runs it (indexes preferred).
-async fn mark_plan(pool: &PgPool) -> String {
-    let ids: Vec<i64> = (1..=500).collect();
+/// Every plan of the mark reaches its rows by primary key, none through
+/// `avoided`.
+async fn marks_by_primary_key(pool: &PgPool, avoided: &str) {
+    for plan in mark_plans(pool).await {
+        assert!(
+            plan.contains("workflow_run_outbox_pkey"),
+            "the rows by primary key:\n{plan}"
+        );
+        assert!(!plan.contains(avoided), "not {avoided}:\n{plan}");
+    }
+}
+
+/// The plans of a 500-row mark, as the relay runs it (indexes preferred,
+/// a prepared statement): the one planned for the values, then the generic
+/// one a connection settles on.
+async fn mark_plans(pool: &PgPool) -> Vec<String> {
+    let ids: Vec<String> = (1..=500).map(|id: i64| id.to_string()).collect();
+    let arguments = format!("ARRAY[{}]::bigint[], now(), 'relay'", ids.join(","));
     let mut tx = pool.begin().await.unwrap();
     prefer_indexes(&mut tx).await.unwrap();
-    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", mark_published_statement()))
-        .bind(&ids)
-        .bind(Utc::now())
-        .bind("relay")
-        .fetch_all(&mut *tx)
+    prepared_plans(&mut tx, &mark_published_statement(), &arguments)
         .await
-        .unwrap();
-    plan.join("\n")
+        .into_iter()
+        .map(|(mode, plan)| format!("{mode}:\n{plan}"))
+        .collect()
 }
