@@ -13,6 +13,10 @@ const concurrency = Number(process.env.CONCURRENCY ?? 16);
 
 const utils = await makeWorkerUtils({ connectionString, logger });
 await utils.migrate();
+// WAL from the queueing to the last job's end: the database's work per job.
+const walPosition = () =>
+  utils.withPgClient((client) => client.query("SELECT pg_current_wal_lsn()::text AS lsn"));
+const walStart = (await walPosition()).rows[0].lsn;
 await utils.withPgClient((client) =>
   client.query(
     "SELECT graphile_worker.add_jobs(array_agg(ROW('noop', json_build_object('n', n), NULL, NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec)) FROM generate_series(1, $1) n",
@@ -40,5 +44,16 @@ const runner = await run({
 await allDone;
 const seconds = Number(process.hrtime.bigint() - started) / 1e9;
 await runner.stop();
+const wal = await utils.withPgClient((client) =>
+  client.query("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8 AS bytes", [walStart]),
+);
 await utils.release();
-console.log(JSON.stringify({ jobs, concurrency, seconds, jobs_per_second: jobs / seconds }));
+console.log(
+  JSON.stringify({
+    jobs,
+    concurrency,
+    seconds,
+    jobs_per_second: jobs / seconds,
+    wal_bytes_per_job: wal.rows[0].bytes / jobs,
+  }),
+);

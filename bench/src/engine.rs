@@ -295,6 +295,14 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
         claims.jobs_per_second,
         "claims/s",
     );
+    // Beside graphile-worker's figure: the database's work per job, whatever
+    // the CPU it ran on.
+    report.add(
+        "components",
+        "WAL per 1-step no-op job, in process",
+        claims.wal_bytes_per_job,
+        "bytes",
+    );
     for loops in [1, 2, 4, 8, 16] {
         let run = run(histories[0], loops, jobs, 3).await?;
         report.add(

@@ -60,5 +60,14 @@ pub(crate) async fn figures(report: &mut Report, jobs: usize) -> anyhow::Result<
         rate,
         "jobs/s",
     );
+    let wal = result["wal_bytes_per_job"]
+        .as_f64()
+        .ok_or_else(|| anyhow::anyhow!("no wal_bytes_per_job in {last}"))?;
+    report.add(
+        "comparison",
+        "graphile-worker WAL per no-op job",
+        wal,
+        "bytes",
+    );
     Ok(())
 }
