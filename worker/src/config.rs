@@ -166,6 +166,12 @@ pub struct EngineConfig {
     /// Longest an idle claim loop waits before polling the queue again.
     #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value_t = engine::DEFAULT_IDLE_POLL_MAX.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub idle_poll_max: humantime::Duration,
+
+    /// A job of a stored workflow points at its version instead of copying
+    /// the definition into its row. Turn on once no worker of a release
+    /// before this one shares the database: those read only the copy.
+    #[arg(long, env = "FLOTILLA_DEFINITION_BY_REFERENCE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub definition_by_reference: bool,
 }
 
 /// The HTTP API's settings.

@@ -240,6 +240,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.sweep_interval = *engine.sweep_interval;
     settings.idle_poll_max = *engine.idle_poll_max;
     settings.max_event_bytes = engine.max_event_bytes;
+    settings.definition_by_reference = engine.definition_by_reference;
     settings
 }
 

@@ -85,8 +85,14 @@ impl RunRow {
     }
 }
 
-const COLUMNS: &str = "job_id, workflow_name, workflow_version, definition, input, request_digest, status, \
-    attempt, max_attempts, run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner, \
+/// Every column of the row. `definition` is the row's copy or, for a row
+/// that points at its stored version, that version's document; JSON `null`
+/// if neither exists (a row another writer broke), which fails the job when
+/// it runs rather than the statement that read it.
+const COLUMNS: &str = "job_id, workflow_name, workflow_version, \
+    coalesce(definition, (SELECT d.definition FROM workflow_definition d \
+        WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
+    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner, \
     lease_until, lease_token, lease_losses, unplaced_since, event_sequence, traceparent, tracestate, created_at, updated_at";
 
 /// The columns an event repeats, returned by every commit-point statement.
@@ -105,7 +111,8 @@ pub struct NewRun<'a> {
     pub job_id: Uuid,
     pub workflow_name: &'a str,
     pub workflow_version: Option<i32>,
-    pub definition: &'a serde_json::Value,
+    /// The copy the row keeps; `None` points at `workflow_version` instead.
+    pub definition: Option<&'a serde_json::Value>,
     pub input: &'a serde_json::Value,
     pub request_digest: &'a str,
     pub max_attempts: i32,
@@ -165,7 +172,11 @@ pub async fn insert_many<'a>(
     .bind(runs.iter().map(|run| run.job_id).collect::<Vec<_>>())
     .bind(text(|run| Some(run.workflow_name)))
     .bind(runs.iter().map(|run| run.workflow_version).collect::<Vec<_>>())
-    .bind(json(|run| run.definition))
+    .bind(
+        runs.iter()
+            .map(|run| run.definition.map(Json))
+            .collect::<Vec<_>>(),
+    )
     .bind(json(|run| run.input))
     .bind(text(|run| Some(run.request_digest)))
     .bind(text(|run| Some(run.status().as_str())))

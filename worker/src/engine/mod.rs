@@ -93,6 +93,10 @@ pub struct EngineSettings {
     /// The largest event the relay can publish: a result whose COMPLETED
     /// event would be larger fails the job instead.
     pub max_event_bytes: usize,
+    /// Whether a job of a stored workflow points at its version instead of
+    /// carrying a copy of the definition. Off by default while workers of
+    /// earlier releases, which read only the copy, may share the database.
+    pub definition_by_reference: bool,
 }
 
 impl EngineSettings {
@@ -109,6 +113,7 @@ impl EngineSettings {
             sweep_batch: DEFAULT_SWEEP_BATCH,
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
             max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
+            definition_by_reference: false,
         }
     }
 }

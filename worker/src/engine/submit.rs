@@ -193,7 +193,9 @@ impl Engine {
             Prepared::Done(submitted) => return Ok(*submitted),
             insert @ Prepared::Insert { .. } => insert,
         };
-        let new_run = prepared.new_run(submission, now).expect("an insert");
+        let new_run = prepared
+            .new_run(submission, now, self.settings().definition_by_reference)
+            .expect("an insert");
         let row = runs::insert(tx, &new_run).await?;
         prepared.inserted(tx, submission, row).await
     }
@@ -286,11 +288,15 @@ pub(super) enum Prepared {
 }
 
 impl Prepared {
-    /// The row to insert for `submission`, unless it is a repeat.
+    /// The row to insert for `submission`, unless it is a repeat. With
+    /// `by_reference`, a stored workflow's row points at its version (which
+    /// never changes) instead of keeping a copy; an inline one has nothing
+    /// to point at and keeps its copy.
     pub(super) fn new_run<'a>(
         &'a self,
         submission: &'a Submission,
         now: DateTime<Utc>,
+        by_reference: bool,
     ) -> Option<NewRun<'a>> {
         let Self::Insert {
             digest,
@@ -304,7 +310,10 @@ impl Prepared {
             job_id: submission.job_id,
             workflow_name: &resolved.workflow_name,
             workflow_version: resolved.workflow_version,
-            definition: &resolved.definition,
+            definition: match resolved.workflow_version {
+                Some(_) if by_reference => None,
+                _ => Some(&resolved.definition),
+            },
             input: &submission.input,
             request_digest: digest,
             max_attempts: resolved.max_attempts,

@@ -10,11 +10,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{Clock, Engine, Outcome};
+use flotilla_worker::engine::{Clock, Engine, Outcome, RefusalMode, Submission, WorkflowRef};
 use flotilla_worker::target::http::HttpTarget;
 use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
+use uuid::Uuid;
 
 use crate::support::{self, Calls, echo_targets, engine, manual_clock, row, submit};
 
@@ -233,6 +234,147 @@ async fn a_segment_past_its_deadline_is_retryable(pool: PgPool) {
     assert_eq!(
         error,
         "step only: the segment deadline of 200 ms passed while waiting for target sleepy"
+    );
+}
+
+/// Runs two jobs queued at the same instant (so in either order) and checks
+/// what became of each.
+async fn run_two(engine: &Engine, mut expected: [Outcome; 2]) {
+    let mut outcomes = [
+        engine.run_once().await.unwrap(),
+        engine.run_once().await.unwrap(),
+    ];
+    let by_text = |outcome: &Outcome| format!("{outcome:?}");
+    outcomes.sort_by_key(by_text);
+    expected.sort_by_key(by_text);
+    assert_eq!(outcomes, expected);
+}
+
+/// Whether the row of `job_id` keeps its own copy of the definition.
+async fn keeps_a_copy(pool: &PgPool, job_id: Uuid) -> bool {
+    sqlx::query_scalar("SELECT definition IS NOT NULL FROM workflow_run WHERE job_id = $1")
+        .bind(job_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_that_points_at_its_stored_version_is_not_shifted_by_an_edit(pool: PgPool) {
+    let calls = Calls::default();
+    let mut settings = support::settings("w");
+    settings.definition_by_reference = true;
+    let engine = Engine::new(pool.clone(), echo_targets(&calls), manual_clock(), settings);
+    engine
+        .register_workflow(&support::three_steps("pointed", "echo"))
+        .await
+        .unwrap();
+    let pointing = submit(&engine, "pointed", json!({"n": 1})).await;
+    let inline = Uuid::new_v4();
+    engine
+        .submit(
+            Submission {
+                job_id: inline,
+                workflow: WorkflowRef::Inline(support::three_steps("inline", "echo")),
+                input: json!({"n": 1}),
+                traceparent: None,
+                tracestate: None,
+            },
+            RefusalMode::Refuse,
+        )
+        .await
+        .unwrap();
+    assert!(
+        !keeps_a_copy(&pool, pointing).await,
+        "a stored workflow's job points at its version"
+    );
+    assert!(
+        keeps_a_copy(&pool, inline).await,
+        "an inline definition has nothing to point at"
+    );
+
+    let edited = json!({"name": "pointed", "input_schema": {}, "steps": [{"name": "other", "target": "echo", "method": "m"}]});
+    let v2 = engine.register_workflow(&edited).await.unwrap();
+    assert_eq!(v2.definition.version, 2);
+    run_two(
+        &engine,
+        [Outcome::Completed(pointing), Outcome::Completed(inline)],
+    )
+    .await;
+    assert_eq!(
+        calls.of(pointing),
+        ["one", "two", "three"],
+        "the job ran version 1"
+    );
+    assert_eq!(calls.of(inline), ["one", "two", "three"]);
+    let read_back = row(&pool, pointing).await;
+    assert_eq!(read_back.workflow_version, Some(1));
+    assert_eq!(
+        read_back.definition.0,
+        support::three_steps("pointed", "echo"),
+        "reads give the version's document"
+    );
+
+    let removed =
+        sqlx::query("DELETE FROM workflow_definition WHERE name = 'pointed' AND version = 1")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+    assert!(removed.to_string().contains("immutable"), "{removed}");
+    let edited_in_place =
+        sqlx::query("UPDATE workflow_definition SET definition = '{}' WHERE name = 'pointed'")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+    assert!(
+        edited_in_place.to_string().contains("immutable"),
+        "{edited_in_place}"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_row_pointing_at_a_version_that_does_not_exist_fails_alone(pool: PgPool) {
+    let calls = Calls::default();
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&calls), clock.clone(), "w");
+    engine
+        .register_workflow(&support::three_steps("real", "echo"))
+        .await
+        .unwrap();
+    // Written by something other than a worker: no copy, no such version.
+    let dangling = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, input, request_digest, status, max_attempts,
+             event_sequence, run_after, created_at)
+         VALUES ($1, 'real', 7, '{}', 'd', 'QUEUED', 3, 1, $2, $2)",
+    )
+    .bind(dangling)
+    .bind(clock.now())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let good = submit(&engine, "real", json!({"n": 1})).await;
+    run_two(
+        &engine,
+        [Outcome::Failed(dangling), Outcome::Completed(good)],
+    )
+    .await;
+    let failed = row(&pool, dangling).await;
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert!(failed.error.unwrap().contains("no longer compiles"));
+
+    let neither = sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, input, request_digest, status, max_attempts)
+         VALUES (gen_random_uuid(), 'real', '{}', 'd', 'QUEUED', 3)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_err();
+    assert!(
+        neither
+            .to_string()
+            .contains("workflow_run_definition_known"),
+        "{neither}"
     );
 }
 
