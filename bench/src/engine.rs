@@ -29,7 +29,14 @@ fn engine(pool: &PgPool, loops: usize) -> Engine {
     );
     let mut settings = EngineSettings::new("bench-engine");
     settings.worker_count = loops;
+    settings.definition_by_reference = definition_by_reference();
     Engine::new(pool.clone(), targets, Arc::new(SystemClock), settings)
+}
+
+/// Whether jobs point at their stored version, as the worker binaries read
+/// it (the end-to-end runs' workers inherit the variable).
+pub(crate) fn definition_by_reference() -> bool {
+    std::env::var("FLOTILLA_DEFINITION_BY_REFERENCE").is_ok_and(|value| value == "true")
 }
 
 /// `rows` COMPLETED 3-step jobs, as the engine leaves them.

@@ -92,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
         started_at: chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
         machine: machine(),
         smoke: args.smoke,
+        definition_by_reference: engine::definition_by_reference(),
         figures: Vec::new(),
     };
     if wanted("ceiling") {

@@ -21,6 +21,9 @@ pub(crate) struct Report {
     pub(crate) started_at: String,
     pub(crate) machine: String,
     pub(crate) smoke: bool,
+    /// Whether jobs pointed at their stored version
+    /// (`FLOTILLA_DEFINITION_BY_REFERENCE`) rather than copying it.
+    pub(crate) definition_by_reference: bool,
     pub(crate) figures: Vec<Figure>,
 }
 
