@@ -243,7 +243,7 @@ impl Engine {
         submission: &Submission,
         newest: &mut NewestDefinitions,
     ) -> Result<Resolved, SubmitError> {
-        let (document, version) = match &submission.workflow {
+        let (document, stored_as) = match &submission.workflow {
             WorkflowRef::Inline(document) => (document.clone(), None),
             WorkflowRef::Stored(name) => {
                 if !newest.contains_key(name) {
@@ -253,7 +253,10 @@ impl Engine {
                 let stored = newest[name]
                     .as_ref()
                     .ok_or_else(|| SubmitError::UnknownWorkflow(name.clone()))?;
-                (stored.definition.0.clone(), Some(stored.version))
+                (
+                    stored.definition.0.clone(),
+                    Some((stored.name.clone(), stored.version)),
+                )
             }
         };
         let compiled = match &submission.workflow {
@@ -266,9 +269,15 @@ impl Engine {
                 workflow: compiled.definition.name.clone(),
                 violations,
             })?;
+        // A stored workflow's row carries the key of its version, so a row
+        // that points at the version instead of copying it finds it.
+        let (workflow_name, workflow_version) = match stored_as {
+            Some((name, version)) => (name, Some(version)),
+            None => (compiled.definition.name.clone(), None),
+        };
         Ok(Resolved {
-            workflow_name: compiled.definition.name.clone(),
-            workflow_version: version,
+            workflow_name,
+            workflow_version,
             definition: document,
             max_attempts: compiled.definition.max_attempts,
         })
