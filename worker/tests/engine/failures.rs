@@ -330,6 +330,24 @@ async fn a_job_that_points_at_its_stored_version_is_not_shifted_by_an_edit(pool:
         edited_in_place.to_string().contains("immutable"),
         "{edited_in_place}"
     );
+
+    // The statement docs/operations.md gives for a rollback to a release
+    // that reads only copies.
+    sqlx::query(
+        "UPDATE workflow_run r SET definition = d.definition
+         FROM workflow_definition d
+         WHERE r.definition IS NULL
+           AND d.name = r.workflow_name AND d.version = r.workflow_version",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert!(keeps_a_copy(&pool, pointing).await);
+    assert_eq!(
+        row(&pool, pointing).await.definition.0,
+        support::three_steps("pointed", "echo"),
+        "the copy is version 1's document"
+    );
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
