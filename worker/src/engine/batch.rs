@@ -102,7 +102,6 @@ impl Engine {
                 Err(unstorable) => Err(SubmitError::Unstorable(unstorable.clone())),
             });
         }
-        let by_reference = self.settings().definition_by_reference;
         let new_runs: Vec<_> = prepared
             .iter()
             .zip(admitted)
@@ -110,7 +109,7 @@ impl Engine {
                 prepared
                     .as_ref()
                     .ok()?
-                    .new_run(submission.as_ref().ok()?, now, by_reference)
+                    .new_run(submission.as_ref().ok()?, now)
             })
             .collect();
         let mut rows = runs::insert_many(tx, &new_runs).await?.into_iter();

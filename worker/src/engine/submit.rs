@@ -144,7 +144,9 @@ impl From<sqlx::Error> for SubmitError {
 pub(super) struct Resolved {
     workflow_name: String,
     workflow_version: Option<i32>,
-    definition: Json,
+    /// The definition the row keeps; `None` when it points at its stored
+    /// version instead (`EngineSettings::definition_by_reference`).
+    copy: Option<Json>,
     max_attempts: i32,
 }
 
@@ -193,9 +195,7 @@ impl Engine {
             Prepared::Done(submitted) => return Ok(*submitted),
             insert @ Prepared::Insert { .. } => insert,
         };
-        let new_run = prepared
-            .new_run(submission, now, self.settings().definition_by_reference)
-            .expect("an insert");
+        let new_run = prepared.new_run(submission, now).expect("an insert");
         let row = runs::insert(tx, &new_run).await?;
         prepared.inserted(tx, submission, row).await
     }
@@ -216,7 +216,7 @@ impl Engine {
                 let resolved = Resolved {
                     workflow_name: refused_name(submission),
                     workflow_version: None,
-                    definition: Json::Null,
+                    copy: Some(Json::Null),
                     max_attempts: 1,
                 };
                 (resolved, Some(refused.to_string()))
@@ -270,15 +270,20 @@ impl Engine {
                 violations,
             })?;
         // A stored workflow's row carries the key of its version, so a row
-        // that points at the version instead of copying it finds it.
-        let (workflow_name, workflow_version) = match stored_as {
-            Some((name, version)) => (name, Some(version)),
-            None => (compiled.definition.name.clone(), None),
+        // that points at the version instead of copying it finds it; with
+        // `definition_by_reference` it keeps no copy. An inline definition
+        // has nothing to point at and is always copied.
+        let (workflow_name, workflow_version, copy) = match stored_as {
+            Some((name, version)) => {
+                let copy = (!self.settings().definition_by_reference).then_some(document);
+                (name, Some(version), copy)
+            }
+            None => (compiled.definition.name.clone(), None, Some(document)),
         };
         Ok(Resolved {
             workflow_name,
             workflow_version,
-            definition: document,
+            copy,
             max_attempts: compiled.definition.max_attempts,
         })
     }
@@ -297,15 +302,11 @@ pub(super) enum Prepared {
 }
 
 impl Prepared {
-    /// The row to insert for `submission`, unless it is a repeat. With
-    /// `by_reference`, a stored workflow's row points at its version (which
-    /// never changes) instead of keeping a copy; an inline one has nothing
-    /// to point at and keeps its copy.
+    /// The row to insert for `submission`, unless it is a repeat.
     pub(super) fn new_run<'a>(
         &'a self,
         submission: &'a Submission,
         now: DateTime<Utc>,
-        by_reference: bool,
     ) -> Option<NewRun<'a>> {
         let Self::Insert {
             digest,
@@ -319,10 +320,7 @@ impl Prepared {
             job_id: submission.job_id,
             workflow_name: &resolved.workflow_name,
             workflow_version: resolved.workflow_version,
-            definition: match resolved.workflow_version {
-                Some(_) if by_reference => None,
-                _ => Some(&resolved.definition),
-            },
+            definition: resolved.copy.as_ref(),
             input: &submission.input,
             request_digest: digest,
             max_attempts: resolved.max_attempts,
