@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{Clock, Engine, Outcome, RefusalMode, Submission, WorkflowRef};
+use flotilla_worker::engine::{Clock, Engine, Outcome, RefusalMode};
 use flotilla_worker::target::http::HttpTarget;
 use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
@@ -273,13 +273,11 @@ async fn a_job_that_points_at_its_stored_version_is_not_shifted_by_an_edit(pool:
     let inline = Uuid::new_v4();
     engine
         .submit(
-            Submission {
-                job_id: inline,
-                workflow: WorkflowRef::Inline(support::three_steps("inline", "echo")),
-                input: json!({"n": 1}),
-                traceparent: None,
-                tracestate: None,
-            },
+            support::inline(
+                inline,
+                support::three_steps("inline", "echo"),
+                json!({"n": 1}),
+            ),
             RefusalMode::Refuse,
         )
         .await

@@ -3,7 +3,7 @@
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
+use flotilla_worker::engine::{RefusalMode, SubmitError, Submitted};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -165,15 +165,13 @@ async fn a_bad_definition_is_refused_with_every_problem_named(pool: PgPool) {
     }
     assert!(invalid.to_string().contains("unknown target \"nowhere\""));
 
-    let inline = Submission {
-        job_id: Uuid::new_v4(),
-        workflow: WorkflowRef::Inline(bad),
-        input: json!({}),
-        traceparent: None,
-        tracestate: None,
-    };
     assert!(matches!(
-        engine.submit(inline, RefusalMode::Refuse).await,
+        engine
+            .submit(
+                support::inline(Uuid::new_v4(), bad, json!({})),
+                RefusalMode::Refuse
+            )
+            .await,
         Err(SubmitError::InvalidDefinition(_))
     ));
     assert_eq!(rows(&pool).await, 0);

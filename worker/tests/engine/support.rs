@@ -111,6 +111,14 @@ pub(crate) fn stored(job_id: Uuid, name: &str, input: Value) -> Submission {
     }
 }
 
+/// A submission carrying its own definition.
+pub(crate) fn inline(job_id: Uuid, document: Value, input: Value) -> Submission {
+    Submission {
+        workflow: WorkflowRef::Inline(document),
+        ..stored(job_id, "", input)
+    }
+}
+
 pub(crate) async fn submit(engine: &Engine, workflow: &str, input: Value) -> Uuid {
     let job_id = Uuid::new_v4();
     engine
