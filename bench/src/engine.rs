@@ -1,6 +1,6 @@
 //! The engine alone, in process, with no-op targets: claim latency and
-//! jobs/s as finished history grows, jobs/s by claim loops, and WAL bytes
-//! per job.
+//! jobs/s as finished history grows, jobs/s by claim loops, WAL bytes per
+//! job, and what the checkpoint layout costs for large responses.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,18 +18,50 @@ use uuid::Uuid;
 
 use crate::report::Report;
 
-fn engine(pool: &PgPool, loops: usize) -> Engine {
+/// What the measured jobs are.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    steps: usize,
+    /// Bytes of random text in each step's response (0: an empty object).
+    response_bytes: usize,
+    checkpoint_rows: bool,
+}
+
+impl Shape {
+    /// `steps` no-op steps with empty responses, checkpoints laid out as
+    /// the worker binaries' setting says.
+    fn small(steps: usize) -> Self {
+        Self {
+            steps,
+            response_bytes: 0,
+            checkpoint_rows: checkpoint_rows(),
+        }
+    }
+}
+
+fn engine(pool: &PgPool, loops: usize, shape: Shape) -> Engine {
     let mut targets = Targets::default();
+    let bytes = shape.response_bytes;
     targets.register(
         "noop",
-        Arc::new(FnTarget(|_: TargetCall| async {
-            Ok::<_, StepFailure>(json!({}))
+        Arc::new(FnTarget(move |_: TargetCall| async move {
+            // Random hex, which the TOAST compression cannot shrink, as a
+            // real payload of that size would not shrink much either.
+            let text: String = std::iter::repeat_with(|| Uuid::new_v4().simple().to_string())
+                .take(bytes.div_ceil(32))
+                .collect();
+            Ok::<_, StepFailure>(if bytes == 0 {
+                json!({})
+            } else {
+                json!({ "text": text })
+            })
         })),
         256,
     );
     let mut settings = EngineSettings::new("bench-engine");
     settings.worker_count = loops;
     settings.definition_by_reference = definition_by_reference();
+    settings.checkpoint_rows = shape.checkpoint_rows;
     Engine::new(pool.clone(), targets, Arc::new(SystemClock), settings)
 }
 
@@ -37,6 +69,12 @@ fn engine(pool: &PgPool, loops: usize) -> Engine {
 /// it (the end-to-end runs' workers inherit the variable).
 pub(crate) fn definition_by_reference() -> bool {
     std::env::var("FLOTILLA_DEFINITION_BY_REFERENCE").is_ok_and(|value| value == "true")
+}
+
+/// Whether runs keep their checkpoints as rows, as the worker binaries read
+/// it (the end-to-end runs' workers inherit the variable).
+pub(crate) fn checkpoint_rows() -> bool {
+    std::env::var("FLOTILLA_CHECKPOINT_ROWS").is_ok_and(|value| value == "true")
 }
 
 /// `rows` COMPLETED 3-step jobs, as the engine leaves them.
@@ -146,14 +184,16 @@ async fn updates(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
 
 /// Claims measured one at a time on a queue of `jobs`, then the rest of
 /// the queue drained by `loops` loops.
-async fn run(finished: i64, loops: usize, jobs: usize, steps: usize) -> anyhow::Result<Run> {
+async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::Result<Run> {
     let database =
         ScratchDatabase::create("bench_engine", u32::try_from(loops).unwrap_or(16) + 8).await?;
     let pool = database.pool.clone();
     history(&pool, finished).await?;
-    let engine = engine(&pool, loops);
+    let engine = engine(&pool, loops, shape);
     let step = |name: &str| json!({"name": name, "target": "noop", "method": name});
-    let steps: Vec<_> = (1..=steps).map(|n| step(&format!("step{n}"))).collect();
+    let steps: Vec<_> = (1..=shape.steps)
+        .map(|n| step(&format!("step{n}")))
+        .collect();
     engine
         .register_workflow(&json!({"name": "bench", "input_schema": {}, "steps": steps}))
         .await?;
@@ -241,7 +281,7 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
     let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
     let mut first_claim = None;
     for &finished in histories {
-        let run = run(finished, loops, jobs, 3).await?;
+        let run = run(finished, loops, jobs, Shape::small(3)).await?;
         report.add(
             "engine",
             format!("claim p50, {finished} finished rows"),
@@ -295,7 +335,7 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
     }
     // A claim and a completion per job: the claim path with the least
     // around it (a workflow has at least one step).
-    let claims = run(histories[0], loops, jobs, 1).await?;
+    let claims = run(histories[0], loops, jobs, Shape::small(1)).await?;
     report.add(
         "components",
         format!("claims/s, 1-step no-op jobs, {loops} loops, in process"),
@@ -311,7 +351,7 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
         "bytes",
     );
     for loops in [1, 2, 4, 8, 16] {
-        let run = run(histories[0], loops, jobs, 3).await?;
+        let run = run(histories[0], loops, jobs, Shape::small(3)).await?;
         report.add(
             "engine",
             format!("3-step jobs/s, {loops} loop(s)"),
@@ -319,5 +359,47 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
             "jobs/s",
         );
     }
+    checkpoint_layouts(report, histories[0], loops, jobs / 10).await
+}
+
+/// Jobs whose responses are large, their checkpoints in the run row's
+/// array (each step rewrites every earlier response) and as rows of their
+/// own (each written once), whatever the setting says.
+async fn checkpoint_layouts(
+    report: &mut Report,
+    finished: i64,
+    loops: usize,
+    jobs: usize,
+) -> anyhow::Result<()> {
+    const STEPS: usize = 10;
+    const RESPONSE_BYTES: usize = 4096;
+    let mut wal = Vec::new();
+    for (checkpoint_rows, layout) in [(false, "the row's array"), (true, "rows")] {
+        let shape = Shape {
+            steps: STEPS,
+            response_bytes: RESPONSE_BYTES,
+            checkpoint_rows,
+        };
+        let run = run(finished, loops, jobs, shape).await?;
+        report.add(
+            "engine",
+            format!("WAL per {STEPS}-step job of 4 KB responses, checkpoints as {layout}"),
+            run.wal_bytes_per_job,
+            "bytes",
+        );
+        report.add(
+            "engine",
+            format!("{STEPS}-step jobs/s, 4 KB responses, checkpoints as {layout}"),
+            run.jobs_per_second,
+            "jobs/s",
+        );
+        wal.push(run.wal_bytes_per_job);
+    }
+    report.add(
+        "engine",
+        "WAL per job of 4 KB responses, checkpoints as rows / as the row's array",
+        wal[1] / wal[0],
+        "ratio",
+    );
     Ok(())
 }

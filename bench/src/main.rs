@@ -93,6 +93,7 @@ async fn main() -> anyhow::Result<()> {
         machine: machine(),
         smoke: args.smoke,
         definition_by_reference: engine::definition_by_reference(),
+        checkpoint_rows: engine::checkpoint_rows(),
         figures: Vec::new(),
     };
     if wanted("ceiling") {

@@ -24,6 +24,9 @@ pub(crate) struct Report {
     /// Whether jobs pointed at their stored version
     /// (`FLOTILLA_DEFINITION_BY_REFERENCE`) rather than copying it.
     pub(crate) definition_by_reference: bool,
+    /// Whether runs kept their checkpoints as rows (`FLOTILLA_CHECKPOINT_ROWS`),
+    /// apart from the figures that name their layout.
+    pub(crate) checkpoint_rows: bool,
     pub(crate) figures: Vec<Figure>,
 }
 

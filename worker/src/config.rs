@@ -172,6 +172,12 @@ pub struct EngineConfig {
     /// before this one shares the database: those read only the copy.
     #[arg(long, env = "FLOTILLA_DEFINITION_BY_REFERENCE", default_value_t = false, action = clap::ArgAction::Set)]
     pub definition_by_reference: bool,
+    /// Start each run's checkpoints as rows of their own, so a step's write
+    /// never rewrites the responses before it, instead of appending to the
+    /// run row's array. Turn on once no worker of a release before this one
+    /// shares the database: those read only the array.
+    #[arg(long, env = "FLOTILLA_CHECKPOINT_ROWS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub checkpoint_rows: bool,
 }
 
 /// The HTTP API's settings.

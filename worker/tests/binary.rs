@@ -231,6 +231,7 @@ fn settings_that_would_panic_or_make_no_sense_are_refused_at_start_up_naming_the
             "yes",
             "--definition-by-reference",
         ),
+        ("FLOTILLA_CHECKPOINT_ROWS", "1", "--checkpoint-rows"),
     ];
     for (variable, value, flag) in cases {
         let mut command = worker("postgres://postgres@127.0.0.1:1/none");

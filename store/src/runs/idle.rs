@@ -6,12 +6,13 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgTransaction};
 use uuid::Uuid;
 
-use super::{COLUMNS, Checkpoint, RunRow, STAMP};
+use super::{COLUMNS, Checkpoint, CheckpointLayout, RunRow, STAMP, checkpoint_write};
 use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
 
-/// Accepts an external step's response on a locked WAITING row: appends the
-/// checkpoint and requeues with fresh attempts (the work after a human step
+/// Accepts an external step's response on a locked WAITING row: adds the
+/// checkpoint (in `layout` unless the run already keeps its checkpoints as
+/// rows) and requeues with fresh attempts (the work after a human step
 /// does not inherit the retries spent before it), with its STEP_CHECKPOINT
 /// event. `false`: the row is not WAITING, nothing was written.
 ///
@@ -21,19 +22,21 @@ pub async fn resume_waiting(
     tx: &mut PgTransaction<'_>,
     job_id: Uuid,
     checkpoint: &Checkpoint,
+    layout: CheckpointLayout,
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
-    let stamp: Option<EventStamp> = sqlx::query_as(&format!(
+    let update = format!(
         "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = $3, updated_at = $3, attempt = 0,
-             checkpoints = checkpoints || jsonb_build_array($2::jsonb), event_sequence = event_sequence + 1
-         WHERE job_id = $1 AND status = 'WAITING'
-         RETURNING {STAMP}"
-    ))
-    .bind(job_id)
-    .bind(Json(checkpoint))
-    .bind(now)
-    .fetch_optional(&mut **tx)
-    .await?;
+             {}, event_sequence = event_sequence + 1
+         WHERE job_id = $1 AND status = 'WAITING'",
+        layout.assignment("$2")
+    );
+    let stamp: Option<EventStamp> = sqlx::query_as(&checkpoint_write(&update, "$2"))
+        .bind(job_id)
+        .bind(Json(checkpoint))
+        .bind(now)
+        .fetch_optional(&mut **tx)
+        .await?;
     let Some(stamp) = stamp else { return Ok(false) };
     let event = EventKind::StepCheckpoint {
         step: checkpoint.name.clone(),

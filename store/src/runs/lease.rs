@@ -10,7 +10,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgTransaction};
 use uuid::Uuid;
 
-use super::{COLUMNS, Checkpoint, RunRow, STAMP};
+use super::{COLUMNS, Checkpoint, CheckpointLayout, RunRow, STAMP, checkpoint_write};
 use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
 
@@ -78,8 +78,12 @@ pub async fn renew(
 /// it commits, so a transition cannot be written without its outbox row.
 #[derive(Debug)]
 pub enum Transition<'a> {
-    /// Appends a checkpoint (event: STEP_CHECKPOINT).
-    Checkpoint(&'a Checkpoint),
+    /// Adds a checkpoint (event: STEP_CHECKPOINT), in `layout` unless the
+    /// run already keeps its checkpoints as rows.
+    Checkpoint {
+        checkpoint: &'a Checkpoint,
+        layout: CheckpointLayout,
+    },
     /// Parks on an external step (event: WAITING).
     Park { step: &'a str },
     /// Finishes (event: COMPLETED).
@@ -113,7 +117,7 @@ impl Transition<'_> {
     /// The event this transition commits, if it is a commit point.
     fn event(&self) -> Option<EventKind> {
         Some(match self {
-            Self::Checkpoint(checkpoint) => EventKind::StepCheckpoint {
+            Self::Checkpoint { checkpoint, .. } => EventKind::StepCheckpoint {
                 step: checkpoint.name.clone(),
             },
             Self::Park { step } => EventKind::Waiting {
@@ -141,9 +145,7 @@ impl Transition<'_> {
         const NEXT: &str =
             "event_sequence = event_sequence + 1, lease_losses = 0, unplaced_since = NULL";
         match self {
-            Self::Checkpoint(_) => {
-                format!("checkpoints = checkpoints || jsonb_build_array($4::jsonb), {NEXT}")
-            }
+            Self::Checkpoint { layout, .. } => format!("{}, {NEXT}", layout.assignment("$4")),
             Self::Park { .. } => {
                 format!("status = 'WAITING', outstanding_step = $4, {RELEASE}, {NEXT}")
             }
@@ -178,15 +180,18 @@ pub async fn transition(
     now: DateTime<Utc>,
     change: &Transition<'_>,
 ) -> Result<bool, StoreError> {
-    let sql = format!(
+    let update = format!(
         "UPDATE workflow_run SET {}, updated_at = $3
-         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'
-         RETURNING {STAMP}",
+         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'",
         change.assignments()
     );
+    let sql = match change {
+        Transition::Checkpoint { .. } => checkpoint_write(&update, "$4"),
+        _ => format!("{update} RETURNING {STAMP}"),
+    };
     let query = sqlx::query_as(&sql).bind(job_id).bind(token).bind(now);
     let query = match change {
-        Transition::Checkpoint(checkpoint) => query.bind(Json(*checkpoint)),
+        Transition::Checkpoint { checkpoint, .. } => query.bind(Json(*checkpoint)),
         Transition::Park { step } => query.bind(*step),
         Transition::Complete { result, verdict } => query.bind(Json(*result)).bind(*verdict),
         Transition::Fail { error, verdict } => query.bind(*error).bind(*verdict),

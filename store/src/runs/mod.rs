@@ -28,6 +28,46 @@ pub struct Checkpoint {
     pub response: serde_json::Value,
 }
 
+/// Where a run's checkpoints start. Appending to the row's array rewrites
+/// every earlier response at each step; a row of its own in
+/// `workflow_run_checkpoint` is written once. A run that has checkpoint rows
+/// keeps adding rows whatever a writer asks, so its array and its rows never
+/// interleave: reads give the array, then the rows in event order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointLayout {
+    /// Elements of the row's `checkpoints` array (what every release reads).
+    Array,
+    /// Rows of their own (read only by releases that know the table).
+    Rows,
+}
+
+impl CheckpointLayout {
+    /// The SET clause of a checkpoint write whose entry is the parameter
+    /// `entry`; goes with [`checkpoint_write`].
+    fn assignment(self, entry: &str) -> String {
+        match self {
+            Self::Array => format!(
+                "checkpoints = CASE WHEN has_checkpoint_rows THEN checkpoints \
+                     ELSE checkpoints || jsonb_build_array({entry}::jsonb) END"
+            ),
+            Self::Rows => "has_checkpoint_rows = true".to_owned(),
+        }
+    }
+}
+
+/// One statement that runs `update` (an UPDATE of one run without its
+/// RETURNING clause, bumping `event_sequence`) and, if the run keeps its
+/// checkpoints as rows, inserts the parameter `entry` as the row of the new
+/// sequence. Returns the event stamp, no row when the update matched none.
+fn checkpoint_write(update: &str, entry: &str) -> String {
+    format!(
+        "WITH written AS ({update} RETURNING {STAMP}, has_checkpoint_rows),
+         kept AS (INSERT INTO workflow_run_checkpoint (job_id, event_sequence, entry)
+             SELECT job_id, event_sequence, {entry}::jsonb FROM written WHERE has_checkpoint_rows)
+         SELECT {STAMP} FROM written"
+    )
+}
+
 /// The whole run row.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct RunRow {
@@ -42,7 +82,8 @@ pub struct RunRow {
     pub max_attempts: i32,
     pub run_after: DateTime<Utc>,
     pub outstanding_step: Option<String>,
-    /// Kept as raw JSON: a malformed array must fail the job loudly, not the load.
+    /// The row's array followed by the run's checkpoint rows, in order.
+    /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
     pub result: Option<Json<serde_json::Value>>,
     pub verdict: Option<String>,
@@ -88,11 +129,17 @@ impl RunRow {
 /// Every column of the row. `definition` is the row's copy or, for a row
 /// that points at its stored version, that version's document; JSON `null`
 /// if neither exists (a row another writer broke), which fails the job when
-/// it runs rather than the statement that read it.
+/// it runs rather than the statement that read it. `checkpoints` is the
+/// row's array with the run's checkpoint rows after it (see
+/// [`CheckpointLayout`]).
 const COLUMNS: &str = "job_id, workflow_name, workflow_version, \
     coalesce(definition, (SELECT d.definition FROM workflow_definition d \
         WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, checkpoints, result, verdict, error, lease_owner, \
+    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, \
+    CASE WHEN has_checkpoint_rows THEN checkpoints || coalesce((SELECT jsonb_agg(c.entry ORDER BY c.event_sequence) \
+        FROM workflow_run_checkpoint c WHERE c.job_id = workflow_run.job_id), '[]'::jsonb) \
+        ELSE checkpoints END AS checkpoints, \
+    result, verdict, error, lease_owner, \
     lease_until, lease_token, lease_losses, unplaced_since, event_sequence, traceparent, tracestate, created_at, updated_at";
 
 /// The columns an event repeats, returned by every commit-point statement.

@@ -102,8 +102,8 @@ impl Lease {
         // The hot path (a checkpoint per step, the completion) shares its
         // commit with other jobs' (see `group_commit`).
         let shared = match change {
-            Transition::Checkpoint(checkpoint) => {
-                Some(SharedChange::Checkpoint((*checkpoint).clone()))
+            Transition::Checkpoint { checkpoint, layout } => {
+                Some(SharedChange::Checkpoint((*checkpoint).clone(), *layout))
             }
             Transition::Complete { result, verdict } => Some(SharedChange::Complete {
                 result: (*result).clone(),
@@ -245,14 +245,17 @@ impl ClaimedRun {
         self.lease.renew().await
     }
 
-    /// Appends a step's checkpoint with its STEP_CHECKPOINT event.
+    /// Adds a step's checkpoint with its STEP_CHECKPOINT event.
     ///
     /// # Errors
     /// Lease lost, or the store failed (then nothing was written).
     pub async fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), SegmentStop> {
         let span = tracing::info_span!("checkpoint", job_id = %self.job_id());
-        tracing::Instrument::instrument(self.lease.write(Transition::Checkpoint(checkpoint)), span)
-            .await
+        let change = Transition::Checkpoint {
+            checkpoint,
+            layout: self.lease.engine.settings().checkpoint_layout(),
+        };
+        tracing::Instrument::instrument(self.lease.write(change), span).await
     }
 
     /// Parks on the external step `step` (WAITING, with its event).

@@ -150,7 +150,15 @@ impl Engine {
                     skipped: false,
                     response,
                 };
-                if !idle::resume_waiting(&mut tx, job_id, &checkpoint, now).await? {
+                if !idle::resume_waiting(
+                    &mut tx,
+                    job_id,
+                    &checkpoint,
+                    self.settings().checkpoint_layout(),
+                    now,
+                )
+                .await?
+                {
                     return Err(corrupt_lock(job_id));
                 }
                 CompleteOutcome::Completed

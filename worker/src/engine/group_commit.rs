@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
-use flotilla_store::runs::Checkpoint;
 use flotilla_store::runs::lease::{self, Transition};
+use flotilla_store::runs::{Checkpoint, CheckpointLayout};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -28,7 +28,7 @@ use super::gather::{Gather, Serve};
 /// A change that may share a transaction with other jobs' changes.
 #[derive(Debug, Clone)]
 pub(super) enum SharedChange {
-    Checkpoint(Checkpoint),
+    Checkpoint(Checkpoint, CheckpointLayout),
     Complete {
         result: serde_json::Value,
         verdict: String,
@@ -38,7 +38,10 @@ pub(super) enum SharedChange {
 impl SharedChange {
     fn transition(&self) -> Transition<'_> {
         match self {
-            Self::Checkpoint(checkpoint) => Transition::Checkpoint(checkpoint),
+            Self::Checkpoint(checkpoint, layout) => Transition::Checkpoint {
+                checkpoint,
+                layout: *layout,
+            },
             Self::Complete { result, verdict } => Transition::Complete { result, verdict },
         }
     }
@@ -176,16 +179,20 @@ mod tests {
         job_id
     }
 
-    fn checkpoint(response: serde_json::Value) -> SharedChange {
-        SharedChange::Checkpoint(Checkpoint {
-            name: "one".into(),
-            skipped: false,
-            response,
-        })
+    fn checkpoint(response: serde_json::Value, layout: CheckpointLayout) -> SharedChange {
+        SharedChange::Checkpoint(
+            Checkpoint {
+                name: "one".into(),
+                skipped: false,
+                response,
+            },
+            layout,
+        )
     }
 
-    async fn events(pool: &PgPool, job_id: Uuid) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM workflow_run_outbox WHERE job_id = $1")
+    /// The job's rows in `table`.
+    async fn count(pool: &PgPool, table: &str, job_id: Uuid) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE job_id = $1"))
             .bind(job_id)
             .fetch_one(pool)
             .await
@@ -195,7 +202,7 @@ mod tests {
     /// Four writers at once: the first commits alone, the other three share
     /// a transaction; of those, one lost its lease and one carries a value
     /// Postgres refuses. Each gets its own outcome, and the good ones are
-    /// written.
+    /// written, checkpoint rows included.
     #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
     async fn writers_sharing_a_commit_each_get_their_own_outcome(pool: PgPool) {
         let group = GroupCommit::new(pool.clone());
@@ -206,16 +213,17 @@ mod tests {
         let refused = running(&pool, token).await;
         let now = Utc::now();
         let ok = serde_json::json!({"ok": true});
+        let rows = CheckpointLayout::Rows;
         let (a, b, c, d) = tokio::join!(
-            group.write(first, token, now, checkpoint(ok.clone())),
-            group.write(good, token, now, checkpoint(ok.clone())),
-            group.write(lost, token, now, checkpoint(ok.clone())),
+            group.write(first, token, now, checkpoint(ok.clone(), rows)),
+            group.write(good, token, now, checkpoint(ok.clone(), rows)),
+            group.write(lost, token, now, checkpoint(ok.clone(), rows)),
             // JSONB cannot hold a NUL character.
             group.write(
                 refused,
                 token,
                 now,
-                checkpoint(serde_json::json!({"bad": "\u{0}"}))
+                checkpoint(serde_json::json!({"bad": "\u{0}"}), rows)
             ),
         );
         assert!(a.unwrap(), "written alone");
@@ -224,7 +232,16 @@ mod tests {
         let refusal = d.expect_err("refused");
         assert!(refusal.is_about_the_data(), "{refusal}");
         for (job, expected) in [(first, 1), (good, 1), (lost, 0), (refused, 0)] {
-            assert_eq!(events(&pool, job).await, expected, "{job}");
+            assert_eq!(
+                count(&pool, "workflow_run_outbox", job).await,
+                expected,
+                "{job}"
+            );
+            assert_eq!(
+                count(&pool, "workflow_run_checkpoint", job).await,
+                expected,
+                "{job}"
+            );
         }
     }
 
@@ -242,13 +259,13 @@ mod tests {
                 *job,
                 token,
                 Utc::now(),
-                checkpoint(serde_json::json!({"n": 1})),
+                checkpoint(serde_json::json!({"n": 1}), CheckpointLayout::Array),
             )
         });
         let outcomes = futures_util::future::join_all(writes).await;
         assert!(outcomes.into_iter().all(|o| o.unwrap()));
         for job in &jobs {
-            assert_eq!(events(&pool, *job).await, 1);
+            assert_eq!(count(&pool, "workflow_run_outbox", *job).await, 1);
         }
         let batches = group.0.server().batches.load(Ordering::Relaxed);
         assert!(batches <= 5, "40 writes took {batches} commits");

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_runtime::supervise::Health;
+use flotilla_store::runs::CheckpointLayout;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
@@ -97,9 +98,24 @@ pub struct EngineSettings {
     /// carrying a copy of the definition. Off by default while workers of
     /// earlier releases, which read only the copy, may share the database.
     pub definition_by_reference: bool,
+    /// Whether a run's checkpoints start as rows of their own rather than
+    /// elements of its row's array (a run already on rows stays on rows
+    /// either way). Off by default while workers of earlier releases, which
+    /// read only the array, may share the database.
+    pub checkpoint_rows: bool,
 }
 
 impl EngineSettings {
+    /// Where runs this engine starts checkpointing keep their checkpoints.
+    #[must_use]
+    pub fn checkpoint_layout(&self) -> CheckpointLayout {
+        if self.checkpoint_rows {
+            CheckpointLayout::Rows
+        } else {
+            CheckpointLayout::Array
+        }
+    }
+
     #[must_use]
     pub fn new(worker_id: impl Into<String>) -> Self {
         Self {
@@ -114,6 +130,7 @@ impl EngineSettings {
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
             max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
             definition_by_reference: false,
+            checkpoint_rows: false,
         }
     }
 }

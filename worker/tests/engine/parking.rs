@@ -15,17 +15,7 @@ const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 async fn approval_engine(pool: &PgPool, calls: &Calls) -> Engine {
     let engine = engine(pool, echo_targets(calls), manual_clock(), "w");
     engine
-        .register_workflow(&json!({
-            "name": "approval",
-            "input_schema": {},
-            "steps": [
-                {"name": "prepare", "target": "echo", "method": "prepare"},
-                {"name": "approve", "target": "echo", "method": "approve", "completion": "external",
-                 "output_schema": {"type": "object", "required": ["approved"]},
-                 "validate": ["response.approved == true"]},
-                {"name": "notify", "target": "echo", "method": "notify", "rules": ["by = steps.approve.by"]}
-            ]
-        }))
+        .register_workflow(&support::approval())
         .await
         .unwrap();
     engine

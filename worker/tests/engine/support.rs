@@ -100,6 +100,22 @@ pub(crate) fn three_steps(name: &str, target: &str) -> Value {
     })
 }
 
+/// `approval`: prepare (echo) → approve (external, must say approved) →
+/// notify (echo, told who approved).
+pub(crate) fn approval() -> Value {
+    json!({
+        "name": "approval",
+        "input_schema": {},
+        "steps": [
+            {"name": "prepare", "target": "echo", "method": "prepare"},
+            {"name": "approve", "target": "echo", "method": "approve", "completion": "external",
+             "output_schema": {"type": "object", "required": ["approved"]},
+             "validate": ["response.approved == true"]},
+            {"name": "notify", "target": "echo", "method": "notify", "rules": ["by = steps.approve.by"]}
+        ]
+    })
+}
+
 /// A submission of the stored workflow `name`.
 pub(crate) fn stored(job_id: Uuid, name: &str, input: Value) -> Submission {
     Submission {
