@@ -201,17 +201,18 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     let (updated_before, hot_before) = updates(&pool).await?;
     submit(&engine, "bench", jobs).await?;
 
-    // Claim latency, 200 claims one at a time on this table: the statement
+    // Claim latency, up to 200 claims one at a time on this table: the statement
     // alone, and with its commit. The commit waits for the WAL to reach the
     // disk, and right after a checkpoint every page a claim's index entries
     // land on is written whole to the WAL (a random job id's page of the
     // primary key, one of many when the history is large): that part
     // follows the disk and the checkpoint, not the claim's plan.
-    let mut claims = Vec::with_capacity(200);
-    let mut committed = Vec::with_capacity(200);
+    let measured = jobs.min(200);
+    let mut claims = Vec::with_capacity(measured);
+    let mut committed = Vec::with_capacity(measured);
     {
         let mut conn = pool.acquire().await?;
-        for _ in 0..200 {
+        for _ in 0..measured {
             let now = chrono::Utc::now();
             let mut tx = sqlx::Connection::begin(&mut *conn).await?;
             let started = Instant::now();
@@ -224,7 +225,7 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     }
     claims.sort_unstable();
     committed.sort_unstable();
-    // Those 200 go back to the queue, leases lapsed at once.
+    // Those go back to the queue, leases lapsed at once.
     sqlx::query(
         "UPDATE workflow_run SET status = 'QUEUED', lease_owner = NULL, lease_token = NULL,
              lease_until = NULL, attempt = 0 WHERE lease_owner = 'bench-claimer'",
