@@ -1,10 +1,17 @@
 //! The relay binary starts, serves its health routes, and exits 0 on SIGTERM.
+//!
+//! Each test that runs the relay gives it a migrated database of its own:
+//! the relay does not migrate, and the server's shared database has the
+//! schema only once something else (the demo, a worker) migrated it.
 
 use std::io::{Read as _, Write as _};
 use std::process::Command;
 use std::time::Duration;
 
 use flotilla_tests::process::Running;
+use sqlx::PgPool;
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
 /// A plain HTTP/1.1 GET: (status, body).
 fn get(addr: &str, path: &str) -> (u16, String) {
@@ -24,11 +31,18 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
-#[test]
-fn relay_serves_health_readiness_and_metrics_and_exits_zero_on_sigterm() {
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn relay_serves_health_readiness_and_metrics_and_exits_zero_on_sigterm(pool: PgPool) {
+    let url = flotilla_tests::database::url_of(&pool).await;
+    tokio::task::spawn_blocking(move || serves_health_and_exits_zero(&url))
+        .await
+        .unwrap();
+}
+
+fn serves_health_and_exits_zero(database_url: &str) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
     command
-        .env("DATABASE_URL", flotilla_tests::service_env("DATABASE_URL"))
+        .env("DATABASE_URL", database_url)
         .env(
             "KAFKA_BOOTSTRAP_SERVERS",
             flotilla_tests::bootstrap_servers(),
@@ -102,11 +116,18 @@ fn settings_that_make_no_sense_are_refused_at_start_up_naming_the_flag() {
     }
 }
 
-#[test]
-fn with_topic_creation_off_the_relay_leaves_topics_to_the_operator() {
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn with_topic_creation_off_the_relay_leaves_topics_to_the_operator(pool: PgPool) {
+    let url = flotilla_tests::database::url_of(&pool).await;
+    tokio::task::spawn_blocking(move || leaves_topics_to_the_operator(&url))
+        .await
+        .unwrap();
+}
+
+fn leaves_topics_to_the_operator(database_url: &str) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
     command
-        .env("DATABASE_URL", flotilla_tests::service_env("DATABASE_URL"))
+        .env("DATABASE_URL", database_url)
         .env(
             "KAFKA_BOOTSTRAP_SERVERS",
             flotilla_tests::bootstrap_servers(),
