@@ -77,4 +77,13 @@ async fn the_schema_refuses_states_outside_the_contract(pool: PgPool) {
     // RUNNING without a lease token breaks the fencing invariant.
     let err = insert("RUNNING").await.unwrap_err();
     assert!(err.to_string().contains("check constraint"), "{err}");
+    // A checkpoint row belongs to a run.
+    let err = sqlx::query(
+        "INSERT INTO workflow_run_checkpoint (job_id, event_sequence, entry)
+         VALUES (gen_random_uuid(), 2, '{}')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("foreign key"), "{err}");
 }

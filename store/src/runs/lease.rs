@@ -10,13 +10,17 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgTransaction};
 use uuid::Uuid;
 
-use super::{COLUMNS, Checkpoint, CheckpointLayout, RunRow, STAMP, checkpoint_write};
+use super::{
+    COLUMNS, Checkpoint, CheckpointLayout, RunRow, STAMP, checkpoint_write, reread_checkpoint_rows,
+};
 use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
 
 /// Claims up to `limit` of the oldest eligible QUEUED rows in one
 /// statement: flips them to RUNNING, stamps the lease and a fresh token per
-/// row (never reused), and counts the attempt. Rows come back oldest first.
+/// row (never reused), and counts the attempt. Rows come back oldest first,
+/// the checkpoint rows of resumed runs read in a second statement
+/// (see `reread_checkpoint_rows`).
 ///
 /// # Errors
 /// Database errors.
@@ -44,8 +48,9 @@ pub async fn claim(
     .bind(now)
     .bind(lease_until)
     .bind(limit)
-    .fetch_all(conn)
+    .fetch_all(&mut *conn)
     .await?;
+    reread_checkpoint_rows(conn, &mut rows).await?;
     rows.sort_by_key(|row| (row.run_after, row.created_at));
     Ok(rows)
 }

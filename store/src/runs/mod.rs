@@ -85,6 +85,8 @@ pub struct RunRow {
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
+    /// Whether the run keeps its checkpoints (after its array) as rows.
+    pub has_checkpoint_rows: bool,
     pub result: Option<Json<serde_json::Value>>,
     pub verdict: Option<String>,
     pub error: Option<String>,
@@ -126,21 +128,69 @@ impl RunRow {
     }
 }
 
+/// A run's checkpoints as one list: the row's array, then its checkpoint
+/// rows in event order (see [`CheckpointLayout`]). A macro so that it can
+/// be spliced into [`COLUMNS`] at compile time.
+macro_rules! checkpoint_list {
+    () => {
+        "CASE WHEN has_checkpoint_rows THEN checkpoints || coalesce((SELECT jsonb_agg(c.entry ORDER BY c.event_sequence) \
+            FROM workflow_run_checkpoint c WHERE c.job_id = workflow_run.job_id), '[]'::jsonb) \
+            ELSE checkpoints END"
+    };
+}
+
 /// Every column of the row. `definition` is the row's copy or, for a row
 /// that points at its stored version, that version's document; JSON `null`
 /// if neither exists (a row another writer broke), which fails the job when
 /// it runs rather than the statement that read it. `checkpoints` is the
-/// row's array with the run's checkpoint rows after it (see
-/// [`CheckpointLayout`]).
-const COLUMNS: &str = "job_id, workflow_name, workflow_version, \
+/// whole list ([`checkpoint_list`]); a statement that locks a row after
+/// another transaction changed it must read them again
+/// ([`reread_checkpoint_rows`]).
+const COLUMNS: &str = concat!(
+    "job_id, workflow_name, workflow_version, \
     coalesce(definition, (SELECT d.definition FROM workflow_definition d \
         WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, \
-    CASE WHEN has_checkpoint_rows THEN checkpoints || coalesce((SELECT jsonb_agg(c.entry ORDER BY c.event_sequence) \
-        FROM workflow_run_checkpoint c WHERE c.job_id = workflow_run.job_id), '[]'::jsonb) \
-        ELSE checkpoints END AS checkpoints, \
-    result, verdict, error, lease_owner, \
-    lease_until, lease_token, lease_losses, unplaced_since, event_sequence, traceparent, tracestate, created_at, updated_at";
+    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, ",
+    checkpoint_list!(),
+    " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
+    lease_until, lease_token, lease_losses, unplaced_since, event_sequence, traceparent, tracestate, created_at, updated_at"
+);
+
+/// Reads again, in a statement of its own, the checkpoints of those `rows`
+/// that keep them as rows. At READ COMMITTED a statement that locks a row
+/// changed since it began (after waiting for its lock, or claiming it
+/// after another worker ran and requeued it) returns the row as it is now,
+/// but its subqueries still read the snapshot the statement began with:
+/// checkpoint rows committed meanwhile would be missing from the list. The
+/// caller holds the lock or the lease, so nothing is added after this read.
+async fn reread_checkpoint_rows(
+    conn: &mut PgConnection,
+    rows: &mut [RunRow],
+) -> Result<(), sqlx::Error> {
+    let ids: Vec<Uuid> = rows
+        .iter()
+        .filter(|row| row.has_checkpoint_rows)
+        .map(|row| row.job_id)
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let lists: Vec<(Uuid, Json<serde_json::Value>)> = sqlx::query_as(concat!(
+        "SELECT job_id, ",
+        checkpoint_list!(),
+        " FROM workflow_run WHERE job_id = ANY($1)"
+    ))
+    .bind(&ids)
+    .fetch_all(conn)
+    .await?;
+    let mut lists: std::collections::HashMap<Uuid, _> = lists.into_iter().collect();
+    for row in rows {
+        if let Some(list) = lists.remove(&row.job_id) {
+            row.checkpoints = list;
+        }
+    }
+    Ok(())
+}
 
 /// The columns an event repeats, returned by every commit-point statement.
 const STAMP: &str = "job_id, event_sequence, workflow_name, attempt, traceparent, tracestate";
@@ -294,12 +344,15 @@ pub async fn get_for_update(
     conn: &mut PgConnection,
     job_id: Uuid,
 ) -> Result<Option<RunRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    let row: Option<RunRow> = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1 FOR UPDATE"
     ))
     .bind(job_id)
-    .fetch_optional(conn)
-    .await
+    .fetch_optional(&mut *conn)
+    .await?;
+    let mut rows: Vec<RunRow> = row.into_iter().collect();
+    reread_checkpoint_rows(conn, &mut rows).await?;
+    Ok(rows.pop())
 }
 
 /// Which jobs a listing returns.

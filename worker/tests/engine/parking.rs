@@ -7,18 +7,14 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{self, Calls, echo_targets, engine, manual_clock, row, submit};
+use crate::support::{self, Calls, row, submit};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
-/// prepare (echo) → approve (external, must say approved) → notify (echo).
+/// prepare (echo) → approve (external, must say approved) → notify (echo),
+/// checkpoints in the row's array.
 async fn approval_engine(pool: &PgPool, calls: &Calls) -> Engine {
-    let engine = engine(pool, echo_targets(calls), manual_clock(), "w");
-    engine
-        .register_workflow(&support::approval())
-        .await
-        .unwrap();
-    engine
+    support::approval_engine(pool, calls, false).await
 }
 
 async fn parked_job(engine: &Engine) -> Uuid {
@@ -74,9 +70,17 @@ async fn an_external_step_parks_the_job_and_complete_step_resumes_it(pool: PgPoo
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn concurrent_completions_give_one_completed_and_one_already_done(pool: PgPool) {
-    let engine = approval_engine(&pool, &Calls::default()).await;
+    for checkpoint_rows in [false, true] {
+        let engine = support::approval_engine(&pool, &Calls::default(), checkpoint_rows).await;
+        concurrent_completions(&pool, &engine).await;
+    }
+}
+
+/// Two answers at once to each of five parked jobs: the second waits for
+/// the first one's lock and must then see its checkpoint.
+async fn concurrent_completions(pool: &PgPool, engine: &Engine) {
     for _ in 0..5 {
-        let job_id = parked_job(&engine).await;
+        let job_id = parked_job(engine).await;
         let response = json!({"approved": true, "by": "ada"});
         let (a, b) = tokio::join!(
             engine.complete_step(job_id, "approve", response.clone()),
@@ -88,7 +92,7 @@ async fn concurrent_completions_give_one_completed_and_one_already_done(pool: Pg
             outcomes,
             [CompleteOutcome::AlreadyDone, CompleteOutcome::Completed]
         );
-        let checkpoints = row(&pool, job_id).await.checkpoints.0;
+        let checkpoints = row(pool, job_id).await.checkpoints.0;
         assert_eq!(
             checkpoints.as_array().unwrap().len(),
             2,

@@ -116,6 +116,17 @@ pub(crate) fn approval() -> Value {
     })
 }
 
+/// An engine for [`approval`], its checkpoints as rows or in the row's
+/// array: one checkpoint written by a lease holder, one by an answer, one
+/// after the answer.
+pub(crate) async fn approval_engine(pool: &PgPool, calls: &Calls, checkpoint_rows: bool) -> Engine {
+    let mut settings = settings("w");
+    settings.checkpoint_rows = checkpoint_rows;
+    let engine = Engine::new(pool.clone(), echo_targets(calls), manual_clock(), settings);
+    engine.register_workflow(&approval()).await.unwrap();
+    engine
+}
+
 /// A submission of the stored workflow `name`.
 pub(crate) fn stored(job_id: Uuid, name: &str, input: Value) -> Submission {
     Submission {
