@@ -97,36 +97,15 @@ impl Lease {
         }
     }
 
+    /// Every fenced write shares its commit with other jobs' writes (see
+    /// `group_commit`), and still waits for its own to be durable.
     async fn try_write(&self, change: &Transition<'_>) -> Result<(), SegmentStop> {
         let now = self.engine.now();
-        // The hot path (a checkpoint per step, the completion) shares its
-        // commit with other jobs' (see `group_commit`).
-        let shared = match change {
-            Transition::Checkpoint { checkpoint, layout } => {
-                Some(SharedChange::Checkpoint((*checkpoint).clone(), *layout))
-            }
-            Transition::Complete { result, verdict } => Some(SharedChange::Complete {
-                result: (*result).clone(),
-                verdict: (*verdict).to_owned(),
-            }),
-            _ => None,
-        };
-        if let Some(shared) = shared {
-            let group = &self.engine.inner.group_commit;
-            return if group.write(self.job_id, self.token, now, shared).await? {
-                Ok(())
-            } else {
-                Err(LeaseLost.into())
-            };
-        }
-        let mut tx = self.engine.pool().begin().await?;
-        if lease::transition(&mut tx, self.job_id, self.token, now, change).await? {
-            tx.commit().await?;
+        let group = &self.engine.inner.group_commit;
+        let shared = SharedChange::of(change);
+        if group.write(self.job_id, self.token, now, shared).await? {
             Ok(())
         } else {
-            // Release the connection clean: a dropped transaction rolls back
-            // only when its connection is next used.
-            tx.rollback().await?;
             Err(LeaseLost.into())
         }
     }

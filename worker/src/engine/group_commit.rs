@@ -1,5 +1,5 @@
-//! Group commit: the checkpoints and completions of many running jobs share
-//! one transaction.
+//! Group commit: the fenced writes of many running jobs (checkpoints,
+//! completions, parking, failures, requeues) share one transaction.
 //!
 //! A writer queues its change and waits for its own outcome; concurrent
 //! changes gather while a commit is in flight (see `gather.rs`), so one
@@ -25,24 +25,96 @@ use uuid::Uuid;
 
 use super::gather::{Gather, Serve};
 
-/// A change that may share a transaction with other jobs' changes.
+/// A change that may share a transaction with other jobs' changes: an
+/// owned [`Transition`], kept until its batch commits.
 #[derive(Debug, Clone)]
 pub(super) enum SharedChange {
     Checkpoint(Checkpoint, CheckpointLayout),
+    Park {
+        step: String,
+    },
     Complete {
         result: serde_json::Value,
         verdict: String,
     },
+    Fail {
+        error: String,
+        verdict: Option<String>,
+    },
+    Dead {
+        error: String,
+    },
+    Requeue {
+        error: String,
+        run_after: DateTime<Utc>,
+    },
+    Release {
+        reason: String,
+        run_after: DateTime<Utc>,
+        since: DateTime<Utc>,
+    },
 }
 
 impl SharedChange {
+    pub(super) fn of(change: &Transition<'_>) -> Self {
+        match *change {
+            Transition::Checkpoint { checkpoint, layout } => {
+                Self::Checkpoint(checkpoint.clone(), layout)
+            }
+            Transition::Park { step } => Self::Park { step: step.into() },
+            Transition::Complete { result, verdict } => Self::Complete {
+                result: result.clone(),
+                verdict: verdict.into(),
+            },
+            Transition::Fail { error, verdict } => Self::Fail {
+                error: error.into(),
+                verdict: verdict.map(Into::into),
+            },
+            Transition::Dead { error } => Self::Dead {
+                error: error.into(),
+            },
+            Transition::Requeue { error, run_after } => Self::Requeue {
+                error: error.into(),
+                run_after,
+            },
+            Transition::Release {
+                reason,
+                run_after,
+                since,
+            } => Self::Release {
+                reason: reason.into(),
+                run_after,
+                since,
+            },
+        }
+    }
+
     fn transition(&self) -> Transition<'_> {
         match self {
             Self::Checkpoint(checkpoint, layout) => Transition::Checkpoint {
                 checkpoint,
                 layout: *layout,
             },
+            Self::Park { step } => Transition::Park { step },
             Self::Complete { result, verdict } => Transition::Complete { result, verdict },
+            Self::Fail { error, verdict } => Transition::Fail {
+                error,
+                verdict: verdict.as_deref(),
+            },
+            Self::Dead { error } => Transition::Dead { error },
+            Self::Requeue { error, run_after } => Transition::Requeue {
+                error,
+                run_after: *run_after,
+            },
+            Self::Release {
+                reason,
+                run_after,
+                since,
+            } => Transition::Release {
+                reason,
+                run_after: *run_after,
+                since: *since,
+            },
         }
     }
 }
@@ -254,18 +326,37 @@ mod tests {
         for _ in 0..40 {
             jobs.push(running(&pool, token).await);
         }
-        let writes = jobs.iter().map(|job| {
-            group.write(
-                *job,
-                token,
-                Utc::now(),
-                checkpoint(serde_json::json!({"n": 1}), CheckpointLayout::Array),
-            )
-        });
+        // Every kind of commit point, side by side.
+        let change = |n: usize| match n % 4 {
+            0 => checkpoint(serde_json::json!({"n": 1}), CheckpointLayout::Array),
+            1 => SharedChange::Park {
+                step: "approve".into(),
+            },
+            2 => SharedChange::Fail {
+                error: "refused".into(),
+                verdict: Some("no".into()),
+            },
+            _ => SharedChange::Complete {
+                result: serde_json::json!({}),
+                verdict: "done".into(),
+            },
+        };
+        let writes = jobs
+            .iter()
+            .enumerate()
+            .map(|(n, job)| group.write(*job, token, Utc::now(), change(n)));
         let outcomes = futures_util::future::join_all(writes).await;
         assert!(outcomes.into_iter().all(|o| o.unwrap()));
-        for job in &jobs {
+        for (n, job) in jobs.iter().enumerate() {
             assert_eq!(count(&pool, "workflow_run_outbox", *job).await, 1);
+            let status: String =
+                sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
+                    .bind(job)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            let expected = ["RUNNING", "WAITING", "FAILED", "COMPLETED"][n % 4];
+            assert_eq!(status, expected, "{job}");
         }
         let batches = group.0.server().batches.load(Ordering::Relaxed);
         assert!(batches <= 5, "40 writes took {batches} commits");

@@ -153,7 +153,7 @@ struct Inner {
     compiled: Mutex<HashMap<String, Arc<CompiledWorkflow>>>,
     /// The supervised tasks of this process (claim loops, sweeper, consumer).
     health: Health,
-    /// Checkpoints and completions of many jobs, committed together.
+    /// The fenced writes of many running jobs, committed together.
     group_commit: group_commit::GroupCommit,
     /// Claims of the loops that look for work at once, in one statement.
     claims: claims::Claims,
