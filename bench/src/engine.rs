@@ -25,6 +25,9 @@ struct Shape {
     /// Bytes of random text in each step's response (0: an empty object).
     response_bytes: usize,
     checkpoint_rows: bool,
+    /// Whether the last step is external: each job parks (WAITING) there
+    /// instead of completing.
+    parks: bool,
 }
 
 impl Shape {
@@ -35,6 +38,7 @@ impl Shape {
             steps,
             response_bytes: 0,
             checkpoint_rows: checkpoint_rows(),
+            parks: false,
         }
     }
 }
@@ -122,13 +126,14 @@ async fn submit(engine: &Engine, workflow: &str, jobs: usize) -> anyhow::Result<
     Ok(())
 }
 
-/// The measured jobs that have finished. Through the workflow's index, so
-/// its cost follows the jobs measured, not the history: a count that read
-/// every finished row would take a core from the engine at 1M rows.
-async fn completed(pool: &PgPool) -> anyhow::Result<i64> {
+/// The measured jobs that reached `status`. Through the workflow's index,
+/// so its cost follows the jobs measured, not the history: a count that
+/// read every finished row would take a core from the engine at 1M rows.
+async fn reached(pool: &PgPool, status: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM workflow_run WHERE workflow_name = 'bench' AND status = 'COMPLETED'",
+        "SELECT count(*) FROM workflow_run WHERE workflow_name = 'bench' AND status = $1",
     )
+    .bind(status)
     .fetch_one(pool)
     .await?)
 }
@@ -191,9 +196,13 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     history(&pool, finished).await?;
     let engine = engine(&pool, loops, shape);
     let step = |name: &str| json!({"name": name, "target": "noop", "method": name});
-    let steps: Vec<_> = (1..=shape.steps)
+    let mut steps: Vec<_> = (1..=shape.steps)
         .map(|n| step(&format!("step{n}")))
         .collect();
+    if shape.parks {
+        steps.push(json!({"name": "approve", "target": "noop", "method": "approve", "completion": "external"}));
+    }
+    let last_status = if shape.parks { "WAITING" } else { "COMPLETED" };
     engine
         .register_workflow(&json!({"name": "bench", "input_schema": {}, "steps": steps}))
         .await?;
@@ -241,7 +250,7 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
         async move { engine.run(stop, Duration::from_secs(10)).await }
     });
     let deadline = started + Duration::from_secs(600);
-    while completed(&pool).await? < i64::try_from(jobs)? {
+    while reached(&pool, last_status).await? < i64::try_from(jobs)? {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the engine did not finish in 10 minutes"
@@ -363,6 +372,26 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
     checkpoint_layouts(report, histories[0], loops, jobs / 10).await
 }
 
+/// Jobs that run one step and park on an external one: a claim, a
+/// checkpoint and a park per job, every write a commit point that
+/// concurrent jobs share.
+pub(crate) async fn parking(report: &mut Report, smoke: bool) -> anyhow::Result<()> {
+    let (finished, jobs) = if smoke { (1_000, 500) } else { (10_000, 5_000) };
+    let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
+    let shape = Shape {
+        parks: true,
+        ..Shape::small(1)
+    };
+    let run = run(finished, loops, jobs, shape).await?;
+    report.add(
+        "engine",
+        format!("parked jobs/s (a step, then an external one), {loops} loops"),
+        run.jobs_per_second,
+        "jobs/s",
+    );
+    Ok(())
+}
+
 /// Jobs whose responses are large, their checkpoints in the run row's
 /// array (each step rewrites every earlier response) and as rows of their
 /// own (each written once), whatever the setting says.
@@ -380,6 +409,7 @@ async fn checkpoint_layouts(
             steps: STEPS,
             response_bytes: RESPONSE_BYTES,
             checkpoint_rows,
+            parks: false,
         };
         let run = run(finished, loops, jobs, shape).await?;
         report.add(

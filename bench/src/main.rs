@@ -25,7 +25,7 @@ struct Args {
     /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
     #[arg(long)]
     smoke: bool,
-    /// Run only these parts (comma separated): ceiling, e2e, engine, graphile, relay.
+    /// Run only these parts (comma separated): ceiling, e2e, engine, parking, graphile, relay.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
@@ -115,6 +115,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("engine") {
         engine::figures(&mut report, args.smoke).await?;
+    }
+    if wanted("parking") {
+        engine::parking(&mut report, args.smoke).await?;
     }
     if wanted("relay") {
         relay::run(&mut report, args.smoke).await?;
