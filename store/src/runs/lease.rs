@@ -81,63 +81,62 @@ pub async fn renew(
 
 /// A change to a RUNNING row by its lease holder. Each one states the event
 /// it commits, so a transition cannot be written without its outbox row.
-#[derive(Debug)]
-pub enum Transition<'a> {
+/// Owned, so a writer can hand it to a shared commit and wait.
+#[derive(Debug, Clone)]
+pub enum Transition {
     /// Adds a checkpoint (event: STEP_CHECKPOINT), in `layout` unless the
     /// run already keeps its checkpoints as rows.
     Checkpoint {
-        checkpoint: &'a Checkpoint,
+        checkpoint: Checkpoint,
         layout: CheckpointLayout,
     },
     /// Parks on an external step (event: WAITING).
-    Park { step: &'a str },
+    Park { step: String },
     /// Finishes (event: COMPLETED).
     Complete {
-        result: &'a serde_json::Value,
-        verdict: &'a str,
+        result: serde_json::Value,
+        verdict: String,
     },
     /// Fails for good (event: FAILED).
     Fail {
-        error: &'a str,
-        verdict: Option<&'a str>,
+        error: String,
+        verdict: Option<String>,
     },
     /// Attempts exhausted (event: DEAD).
-    Dead { error: &'a str },
+    Dead { error: String },
     /// Back to the queue after a retryable failure (no event: retries are
     /// not commit points).
     Requeue {
-        error: &'a str,
+        error: String,
         run_after: DateTime<Utc>,
     },
     /// Handed back by a worker that lacks a target the job needs, for one
     /// that has it: no attempt spent, no event; `since` starts the wait.
     Release {
-        reason: &'a str,
+        reason: String,
         run_after: DateTime<Utc>,
         since: DateTime<Utc>,
     },
 }
 
-impl Transition<'_> {
+impl Transition {
     /// The event this transition commits, if it is a commit point.
     fn event(&self) -> Option<EventKind> {
         Some(match self {
             Self::Checkpoint { checkpoint, .. } => EventKind::StepCheckpoint {
                 step: checkpoint.name.clone(),
             },
-            Self::Park { step } => EventKind::Waiting {
-                step: (*step).to_owned(),
-            },
+            Self::Park { step } => EventKind::Waiting { step: step.clone() },
             Self::Complete { result, verdict } => EventKind::Completed {
-                verdict: (*verdict).to_owned(),
-                result: (*result).clone(),
+                verdict: verdict.clone(),
+                result: result.clone(),
             },
             Self::Fail { error, verdict } => EventKind::Failed {
-                error: (*error).to_owned(),
-                verdict: verdict.map(str::to_owned),
+                error: error.clone(),
+                verdict: verdict.clone(),
             },
             Self::Dead { error } => EventKind::Dead {
-                error: (*error).to_owned(),
+                error: error.clone(),
             },
             Self::Requeue { .. } | Self::Release { .. } => return None,
         })
@@ -183,7 +182,7 @@ pub async fn transition(
     job_id: Uuid,
     token: Uuid,
     now: DateTime<Utc>,
-    change: &Transition<'_>,
+    change: &Transition,
 ) -> Result<bool, StoreError> {
     let update = format!(
         "UPDATE workflow_run SET {}, updated_at = $3
@@ -196,17 +195,17 @@ pub async fn transition(
     };
     let query = sqlx::query_as(&sql).bind(job_id).bind(token).bind(now);
     let query = match change {
-        Transition::Checkpoint { checkpoint, .. } => query.bind(Json(*checkpoint)),
-        Transition::Park { step } => query.bind(*step),
-        Transition::Complete { result, verdict } => query.bind(Json(*result)).bind(*verdict),
-        Transition::Fail { error, verdict } => query.bind(*error).bind(*verdict),
-        Transition::Dead { error } => query.bind(*error),
-        Transition::Requeue { error, run_after } => query.bind(*error).bind(*run_after),
+        Transition::Checkpoint { checkpoint, .. } => query.bind(Json(checkpoint)),
+        Transition::Park { step } => query.bind(step),
+        Transition::Complete { result, verdict } => query.bind(Json(result)).bind(verdict),
+        Transition::Fail { error, verdict } => query.bind(error).bind(verdict),
+        Transition::Dead { error } => query.bind(error),
+        Transition::Requeue { error, run_after } => query.bind(error).bind(*run_after),
         Transition::Release {
             reason,
             run_after,
             since,
-        } => query.bind(*reason).bind(*run_after).bind(*since),
+        } => query.bind(reason).bind(*run_after).bind(*since),
     };
     let stamp: Option<EventStamp> = query.fetch_optional(&mut **tx).await?;
     let Some(stamp) = stamp else {

@@ -18,7 +18,6 @@ use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::group_commit::SharedChange;
 use super::{Engine, sanitize};
 use crate::target::RetryClass;
 
@@ -78,16 +77,15 @@ impl Lease {
     /// Writes `change`; when the store refuses its values (not a failure of
     /// the store itself), fails the job as a defect with the store's reason,
     /// on this attempt, rather than leave it to lapse and be tried again.
-    async fn write(&self, change: Transition<'_>) -> Result<(), SegmentStop> {
-        match self.try_write(&change).await {
-            Err(SegmentStop::Store(e))
-                if e.is_about_the_data() && !matches!(change, Transition::Fail { .. }) =>
-            {
+    async fn write(&self, change: Transition) -> Result<(), SegmentStop> {
+        let failing = matches!(change, Transition::Fail { .. });
+        match self.try_write(change).await {
+            Err(SegmentStop::Store(e)) if e.is_about_the_data() && !failing => {
                 let error =
                     sanitize::error_text(&format!("the store refused a value of this job: {e}"));
                 tracing::error!(job_id = %self.job_id, %error, "job failed: the store refused its data");
-                self.try_write(&Transition::Fail {
-                    error: &error,
+                self.try_write(Transition::Fail {
+                    error: error.clone(),
                     verdict: None,
                 })
                 .await?;
@@ -99,11 +97,10 @@ impl Lease {
 
     /// Every fenced write shares its commit with other jobs' writes (see
     /// `group_commit`), and still waits for its own to be durable.
-    async fn try_write(&self, change: &Transition<'_>) -> Result<(), SegmentStop> {
+    async fn try_write(&self, change: Transition) -> Result<(), SegmentStop> {
         let now = self.engine.now();
         let group = &self.engine.inner.group_commit;
-        let shared = SharedChange::of(change);
-        if group.write(self.job_id, self.token, now, shared).await? {
+        if group.write(self.job_id, self.token, now, change).await? {
             Ok(())
         } else {
             Err(LeaseLost.into())
@@ -119,10 +116,9 @@ pub(super) struct Fence(Lease);
 impl Fence {
     /// Fails the job as a defect, if this worker still holds it.
     pub(super) async fn fail_defect(&self, error: &str) -> Result<(), SegmentStop> {
-        let error = sanitize::error_text(error);
         self.0
             .write(Transition::Fail {
-                error: &error,
+                error: sanitize::error_text(error),
                 verdict: None,
             })
             .await
@@ -231,7 +227,7 @@ impl ClaimedRun {
     pub async fn checkpoint(&self, checkpoint: &Checkpoint) -> Result<(), SegmentStop> {
         let span = tracing::info_span!("checkpoint", job_id = %self.job_id());
         let change = Transition::Checkpoint {
-            checkpoint,
+            checkpoint: checkpoint.clone(),
             layout: self.lease.engine.settings().checkpoint_layout(),
         };
         tracing::Instrument::instrument(self.lease.write(change), span).await
@@ -243,7 +239,13 @@ impl ClaimedRun {
     /// Lease lost, or the store failed.
     pub async fn park(self, step: &str) -> Result<(), SegmentStop> {
         let span = tracing::info_span!("park", job_id = %self.job_id(), flotilla.step = %step);
-        tracing::Instrument::instrument(self.lease.write(Transition::Park { step }), span).await
+        tracing::Instrument::instrument(
+            self.lease.write(Transition::Park {
+                step: step.to_owned(),
+            }),
+            span,
+        )
+        .await
     }
 
     /// Completes the job with its result and verdict.
@@ -256,7 +258,10 @@ impl ClaimedRun {
         verdict: &str,
     ) -> Result<(), SegmentStop> {
         self.lease
-            .write(Transition::Complete { result, verdict })
+            .write(Transition::Complete {
+                result: result.clone(),
+                verdict: verdict.to_owned(),
+            })
             .await?;
         self.finished("COMPLETED");
         Ok(())
@@ -271,13 +276,10 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn fail(self, error: &str, verdict: Option<&str>) -> Result<(), SegmentStop> {
-        let error = sanitize::error_text(error);
-        let verdict = verdict.map(sanitize::error_text);
-        let verdict = verdict.as_deref();
         self.lease
             .write(Transition::Fail {
-                error: &error,
-                verdict,
+                error: sanitize::error_text(error),
+                verdict: verdict.map(sanitize::error_text),
             })
             .await?;
         self.finished("FAILED");
@@ -289,8 +291,11 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn dead(self, error: &str) -> Result<(), SegmentStop> {
-        let error = sanitize::error_text(error);
-        self.lease.write(Transition::Dead { error: &error }).await?;
+        self.lease
+            .write(Transition::Dead {
+                error: sanitize::error_text(error),
+            })
+            .await?;
         self.finished("DEAD");
         Ok(())
     }
@@ -306,10 +311,9 @@ impl ClaimedRun {
         run_after: DateTime<Utc>,
         since: DateTime<Utc>,
     ) -> Result<(), SegmentStop> {
-        let reason = sanitize::error_text(reason);
         self.lease
             .write(Transition::Release {
-                reason: &reason,
+                reason: sanitize::error_text(reason),
                 run_after,
                 since,
             })
@@ -327,10 +331,9 @@ impl ClaimedRun {
         run_after: DateTime<Utc>,
         class: RetryClass,
     ) -> Result<(), SegmentStop> {
-        let error = sanitize::error_text(error);
         self.lease
             .write(Transition::Requeue {
-                error: &error,
+                error: sanitize::error_text(error),
                 run_after,
             })
             .await?;

@@ -19,105 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
 use flotilla_store::runs::lease::{self, Transition};
-use flotilla_store::runs::{Checkpoint, CheckpointLayout};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::gather::{Gather, Serve};
-
-/// A change that may share a transaction with other jobs' changes: an
-/// owned [`Transition`], kept until its batch commits.
-#[derive(Debug, Clone)]
-pub(super) enum SharedChange {
-    Checkpoint(Checkpoint, CheckpointLayout),
-    Park {
-        step: String,
-    },
-    Complete {
-        result: serde_json::Value,
-        verdict: String,
-    },
-    Fail {
-        error: String,
-        verdict: Option<String>,
-    },
-    Dead {
-        error: String,
-    },
-    Requeue {
-        error: String,
-        run_after: DateTime<Utc>,
-    },
-    Release {
-        reason: String,
-        run_after: DateTime<Utc>,
-        since: DateTime<Utc>,
-    },
-}
-
-impl SharedChange {
-    pub(super) fn of(change: &Transition<'_>) -> Self {
-        match *change {
-            Transition::Checkpoint { checkpoint, layout } => {
-                Self::Checkpoint(checkpoint.clone(), layout)
-            }
-            Transition::Park { step } => Self::Park { step: step.into() },
-            Transition::Complete { result, verdict } => Self::Complete {
-                result: result.clone(),
-                verdict: verdict.into(),
-            },
-            Transition::Fail { error, verdict } => Self::Fail {
-                error: error.into(),
-                verdict: verdict.map(Into::into),
-            },
-            Transition::Dead { error } => Self::Dead {
-                error: error.into(),
-            },
-            Transition::Requeue { error, run_after } => Self::Requeue {
-                error: error.into(),
-                run_after,
-            },
-            Transition::Release {
-                reason,
-                run_after,
-                since,
-            } => Self::Release {
-                reason: reason.into(),
-                run_after,
-                since,
-            },
-        }
-    }
-
-    fn transition(&self) -> Transition<'_> {
-        match self {
-            Self::Checkpoint(checkpoint, layout) => Transition::Checkpoint {
-                checkpoint,
-                layout: *layout,
-            },
-            Self::Park { step } => Transition::Park { step },
-            Self::Complete { result, verdict } => Transition::Complete { result, verdict },
-            Self::Fail { error, verdict } => Transition::Fail {
-                error,
-                verdict: verdict.as_deref(),
-            },
-            Self::Dead { error } => Transition::Dead { error },
-            Self::Requeue { error, run_after } => Transition::Requeue {
-                error,
-                run_after: *run_after,
-            },
-            Self::Release {
-                reason,
-                run_after,
-                since,
-            } => Transition::Release {
-                reason,
-                run_after: *run_after,
-                since: *since,
-            },
-        }
-    }
-}
 
 /// One fenced write.
 #[derive(Debug)]
@@ -125,7 +30,7 @@ pub(super) struct Write {
     job_id: Uuid,
     token: Uuid,
     now: DateTime<Utc>,
-    change: SharedChange,
+    change: Transition,
 }
 
 /// The group committer of one engine.
@@ -159,7 +64,7 @@ impl GroupCommit {
         job_id: Uuid,
         token: Uuid,
         now: DateTime<Utc>,
-        change: SharedChange,
+        change: Transition,
     ) -> Result<bool, StoreError> {
         let write = Write {
             job_id,
@@ -206,9 +111,9 @@ impl Committer {
         let mut tx = self.pool.begin().await?;
         let mut outcomes = Vec::with_capacity(batch.len());
         for write in batch {
-            let change = write.change.transition();
             outcomes.push(
-                lease::transition(&mut tx, write.job_id, write.token, write.now, &change).await?,
+                lease::transition(&mut tx, write.job_id, write.token, write.now, &write.change)
+                    .await?,
             );
         }
         tx.commit().await?;
@@ -217,9 +122,8 @@ impl Committer {
 
     async fn write_alone(&self, write: &Write) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let change = write.change.transition();
         let written =
-            lease::transition(&mut tx, write.job_id, write.token, write.now, &change).await?;
+            lease::transition(&mut tx, write.job_id, write.token, write.now, &write.change).await?;
         if written {
             tx.commit().await?;
         } else {
@@ -234,6 +138,7 @@ impl Committer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flotilla_store::runs::{Checkpoint, CheckpointLayout};
 
     /// A RUNNING row leased with `token`.
     async fn running(pool: &PgPool, token: Uuid) -> Uuid {
@@ -251,15 +156,15 @@ mod tests {
         job_id
     }
 
-    fn checkpoint(response: serde_json::Value, layout: CheckpointLayout) -> SharedChange {
-        SharedChange::Checkpoint(
-            Checkpoint {
+    fn checkpoint(response: serde_json::Value, layout: CheckpointLayout) -> Transition {
+        Transition::Checkpoint {
+            checkpoint: Checkpoint {
                 name: "one".into(),
                 skipped: false,
                 response,
             },
             layout,
-        )
+        }
     }
 
     /// The job's rows in `table`.
@@ -329,14 +234,14 @@ mod tests {
         // Every kind of commit point, side by side.
         let change = |n: usize| match n % 4 {
             0 => checkpoint(serde_json::json!({"n": 1}), CheckpointLayout::Array),
-            1 => SharedChange::Park {
+            1 => Transition::Park {
                 step: "approve".into(),
             },
-            2 => SharedChange::Fail {
+            2 => Transition::Fail {
                 error: "refused".into(),
                 verdict: Some("no".into()),
             },
-            _ => SharedChange::Complete {
+            _ => Transition::Complete {
                 result: serde_json::json!({}),
                 verdict: "done".into(),
             },
