@@ -31,15 +31,9 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
-async fn relay_serves_health_readiness_and_metrics_and_exits_zero_on_sigterm(pool: PgPool) {
-    let url = flotilla_tests::database::url_of(&pool).await;
-    tokio::task::spawn_blocking(move || serves_health_and_exits_zero(&url))
-        .await
-        .unwrap();
-}
-
-fn serves_health_and_exits_zero(database_url: &str) {
+/// The relay on `database_url` and the test broker, its health routes on a
+/// free port.
+fn relay(database_url: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
     command
         .env("DATABASE_URL", database_url)
@@ -49,7 +43,25 @@ fn serves_health_and_exits_zero(database_url: &str) {
         )
         .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
         .env("NO_COLOR", "1");
-    let mut running = Running::start(command);
+    command
+}
+
+/// Runs `body`, which drives a relay process and blocks, with the URL of
+/// the test's own database.
+async fn on_own_database(pool: &PgPool, body: fn(&str)) {
+    let url = flotilla_tests::database::url_of(pool).await;
+    tokio::task::spawn_blocking(move || body(&url))
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn relay_serves_health_readiness_and_metrics_and_exits_zero_on_sigterm(pool: PgPool) {
+    on_own_database(&pool, serves_health_and_exits_zero).await;
+}
+
+fn serves_health_and_exits_zero(database_url: &str) {
+    let mut running = Running::start(relay(database_url));
     running.wait_for_line("relay ready", Duration::from_secs(60));
     let line = running
         .output
@@ -118,27 +130,17 @@ fn settings_that_make_no_sense_are_refused_at_start_up_naming_the_flag() {
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn with_topic_creation_off_the_relay_leaves_topics_to_the_operator(pool: PgPool) {
-    let url = flotilla_tests::database::url_of(&pool).await;
-    tokio::task::spawn_blocking(move || leaves_topics_to_the_operator(&url))
-        .await
-        .unwrap();
+    on_own_database(&pool, leaves_topics_to_the_operator).await;
 }
 
 fn leaves_topics_to_the_operator(database_url: &str) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
+    let mut command = relay(database_url);
     command
-        .env("DATABASE_URL", database_url)
-        .env(
-            "KAFKA_BOOTSTRAP_SERVERS",
-            flotilla_tests::bootstrap_servers(),
-        )
-        .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
         .env(
             "FLOTILLA_EVENT_TOPIC",
             flotilla_tests::unique("operator-made"),
         )
-        .env("FLOTILLA_CREATE_TOPICS", "false")
-        .env("NO_COLOR", "1");
+        .env("FLOTILLA_CREATE_TOPICS", "false");
     let mut running = Running::start(command);
     running.wait_for_line("relay ready", Duration::from_secs(60));
     assert!(

@@ -344,15 +344,14 @@ pub async fn get_for_update(
     conn: &mut PgConnection,
     job_id: Uuid,
 ) -> Result<Option<RunRow>, sqlx::Error> {
-    let row: Option<RunRow> = sqlx::query_as(&format!(
+    let mut row: Option<RunRow> = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1 FOR UPDATE"
     ))
     .bind(job_id)
     .fetch_optional(&mut *conn)
     .await?;
-    let mut rows: Vec<RunRow> = row.into_iter().collect();
-    reread_checkpoint_rows(conn, &mut rows).await?;
-    Ok(rows.pop())
+    reread_checkpoint_rows(conn, row.as_mut_slice()).await?;
+    Ok(row)
 }
 
 /// Which jobs a listing returns.
