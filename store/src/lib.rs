@@ -30,6 +30,15 @@ pub enum StoreError {
     Corrupt { job_id: uuid::Uuid, reason: String },
     #[error("event refused by the contract: {0}")]
     Event(#[from] flotilla_contracts::RuleViolation),
+    /// One failure of the database shared by every write it stopped (a
+    /// batch that could not begin, say): nothing of theirs was written.
+    #[error("database: {0}")]
+    Shared(std::sync::Arc<sqlx::Error>),
+    /// The commit was sent but its answer never came back: the writes may
+    /// or may not be durable. Never redone blindly; the job resumes from
+    /// what the database holds.
+    #[error("commit outcome unknown: {0}")]
+    OutcomeUnknown(String),
 }
 
 impl StoreError {
@@ -45,8 +54,19 @@ impl StoreError {
                 // 23514: a CHECK constraint.
                 code.starts_with("22") || code.starts_with("54") || code == "23514"
             }),
-            Self::Database(_) => false,
+            Self::Database(_) | Self::Shared(_) | Self::OutcomeUnknown(_) => false,
             Self::Corrupt { .. } | Self::Event(_) => true,
         }
+    }
+
+    /// Whether this write waited too long for a row lock another session
+    /// holds, or ran past its statement timeout: about the row it touched
+    /// (an operator's open `SELECT … FOR UPDATE`, say), not the database.
+    #[must_use]
+    pub fn is_a_blocked_row(&self) -> bool {
+        // 55P03: lock_not_available (lock_timeout); 57014: query_canceled
+        // (statement_timeout).
+        matches!(self, Self::Database(sqlx::Error::Database(e))
+            if e.code().is_some_and(|code| code == "55P03" || code == "57014"))
     }
 }

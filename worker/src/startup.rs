@@ -202,7 +202,7 @@ impl Application {
         if let Some(clients) = clients {
             clients.drop_off_runtime();
         }
-        engine.pool().close().await;
+        engine.close().await;
         tracing::info!(worker_id = %engine.settings().worker_id, "worker stopped");
     }
 }

@@ -103,7 +103,8 @@ pub async fn settle_idle(
 }
 
 /// Operator retry: a DEAD, FAILED or CANCELLED job goes back to the queue with
-/// fresh attempts, keeping its checkpoints. `None` when the job is in another state.
+/// fresh attempts, no lapses counted and a fresh wait for its targets,
+/// keeping its checkpoints. `None` when the job is in another state.
 ///
 /// # Errors
 /// Database errors.
@@ -114,7 +115,8 @@ pub async fn retry(
 ) -> Result<Option<RunRow>, sqlx::Error> {
     sqlx::query_as(&format!(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
-             error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL
+             error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
+             lease_losses = 0, unplaced_since = NULL
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING {COLUMNS}"
     ))

@@ -79,6 +79,17 @@ pub async fn renew(
     Ok(done.rows_affected() == 1)
 }
 
+/// What a lease holder's write is conditioned on: its lease token, and
+/// for a write that commits an event, the event sequence the holder last
+/// saw, so a write repeated after an ambiguous commit can never append a
+/// second time (compare-and-set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub token: Uuid,
+    /// The row's `event_sequence` before this write.
+    pub sequence: i64,
+}
+
 /// A change to a RUNNING row by its lease holder. Each one states the event
 /// it commits, so a transition cannot be written without its outbox row.
 /// Owned, so a writer can hand it to a shared commit and wait.
@@ -117,6 +128,13 @@ pub enum Transition {
         run_after: DateTime<Utc>,
         since: DateTime<Utc>,
     },
+    /// Handed back by a worker that cannot go on with it for a reason of
+    /// the world (the database failed mid-segment, a shutdown): no attempt
+    /// spent, no lapse counted, no event.
+    HandBack {
+        reason: String,
+        run_after: DateTime<Utc>,
+    },
 }
 
 impl Transition {
@@ -138,62 +156,86 @@ impl Transition {
             Self::Dead { error } => EventKind::Dead {
                 error: error.clone(),
             },
-            Self::Requeue { .. } | Self::Release { .. } => return None,
+            Self::Requeue { .. } | Self::Release { .. } | Self::HandBack { .. } => return None,
         })
     }
 
-    /// The SET clause; parameters from `$4` on are bound by [`transition`].
+    /// Whether this transition commits an event.
+    #[must_use]
+    pub fn is_commit_point(&self) -> bool {
+        !matches!(
+            self,
+            Self::Requeue { .. } | Self::Release { .. } | Self::HandBack { .. }
+        )
+    }
+
+    /// The SET clause; parameters from `$5` on are bound by [`transition`].
     fn assignments(&self) -> String {
         const RELEASE: &str = "lease_owner = NULL, lease_token = NULL, lease_until = NULL";
         // Every transition is the work going on: lapses before it no longer count.
         const NEXT: &str =
             "event_sequence = event_sequence + 1, lease_losses = 0, unplaced_since = NULL";
         match self {
-            Self::Checkpoint { layout, .. } => format!("{}, {NEXT}", layout.assignment("$4")),
+            Self::Checkpoint { layout, .. } => format!("{}, {NEXT}", layout.assignment("$5")),
             Self::Park { .. } => {
-                format!("status = 'WAITING', outstanding_step = $4, {RELEASE}, {NEXT}")
+                format!("status = 'WAITING', outstanding_step = $5, {RELEASE}, {NEXT}")
             }
             Self::Complete { .. } => format!(
-                "status = 'COMPLETED', result = $4, verdict = $5, error = NULL, {RELEASE}, {NEXT}"
+                "status = 'COMPLETED', result = $5, verdict = $6, error = NULL, {RELEASE}, {NEXT}"
             ),
             Self::Fail { .. } => {
-                format!("status = 'FAILED', error = $4, verdict = $5, {RELEASE}, {NEXT}")
+                format!("status = 'FAILED', error = $5, verdict = $6, {RELEASE}, {NEXT}")
             }
-            Self::Dead { .. } => format!("status = 'DEAD', error = $4, {RELEASE}, {NEXT}"),
+            Self::Dead { .. } => format!("status = 'DEAD', error = $5, {RELEASE}, {NEXT}"),
             Self::Requeue { .. } => format!(
-                "status = 'QUEUED', error = $4, run_after = $5, lease_losses = 0, unplaced_since = NULL, {RELEASE}"
+                "status = 'QUEUED', error = $5, run_after = $6, lease_losses = 0, unplaced_since = NULL, {RELEASE}"
             ),
             Self::Release { .. } => format!(
-                "status = 'QUEUED', error = $4, run_after = $5, attempt = greatest(attempt - 1, 0),
-                 unplaced_since = coalesce(unplaced_since, $6), {RELEASE}"
+                "status = 'QUEUED', error = $5, run_after = $6, attempt = greatest(attempt - 1, 0),
+                 unplaced_since = coalesce(unplaced_since, $7), {RELEASE}"
+            ),
+            Self::HandBack { .. } => format!(
+                "status = 'QUEUED', error = $5, run_after = $6, attempt = greatest(attempt - 1, 0), {RELEASE}"
             ),
         }
     }
 }
 
-/// Applies `change` if `token` still holds the lease on `job_id`, with its
-/// outbox row in the same transaction. `false`: the lease is lost, zero rows
-/// matched and nothing was written.
+/// Applies `change` if `fence` still holds the lease on `job_id` (and, for
+/// a commit point, the row is still at the fence's sequence), with its
+/// outbox row in the same transaction. `false`: the lease is lost or the
+/// change was already written; zero rows matched and nothing was written.
 ///
 /// # Errors
 /// Database errors; an event the contract refuses.
 pub async fn transition(
     tx: &mut PgTransaction<'_>,
     job_id: Uuid,
-    token: Uuid,
+    fence: Fence,
     now: DateTime<Utc>,
     change: &Transition,
 ) -> Result<bool, StoreError> {
+    // A hand-back after an ambiguous commit must match whatever the
+    // sequence became: only commit points compare it.
+    let sequence = if change.is_commit_point() {
+        " AND event_sequence = $4"
+    } else {
+        ""
+    };
     let update = format!(
         "UPDATE workflow_run SET {}, updated_at = $3
-         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'",
+         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'{sequence}",
         change.assignments()
     );
     let sql = match change {
-        Transition::Checkpoint { .. } => checkpoint_write(&update, "$4"),
+        Transition::Checkpoint { .. } => checkpoint_write(&update, "$5"),
         _ => format!("{update} RETURNING {STAMP}"),
     };
-    let query = sqlx::query_as(&sql).bind(job_id).bind(token).bind(now);
+    let query = sqlx::query_as(&sql)
+        .bind(job_id)
+        .bind(fence.token)
+        .bind(now)
+        .bind(fence.sequence);
     let query = match change {
         Transition::Checkpoint { checkpoint, .. } => query.bind(Json(checkpoint)),
         Transition::Park { step } => query.bind(step),
@@ -206,6 +248,7 @@ pub async fn transition(
             run_after,
             since,
         } => query.bind(reason).bind(*run_after).bind(*since),
+        Transition::HandBack { reason, run_after } => query.bind(reason).bind(*run_after),
     };
     let stamp: Option<EventStamp> = query.fetch_optional(&mut **tx).await?;
     let Some(stamp) = stamp else {
@@ -233,8 +276,10 @@ pub struct SweptLease {
     pub outcome: Swept,
     /// The attempt the lost worker was running (given back when requeued).
     pub attempt: i32,
-    /// Lapses in a row, this one included.
+    /// Lapses in a row, this one included if it was counted.
     pub lease_losses: i32,
+    /// Whether this lapse counted against the job (its owner was gone).
+    pub counted: bool,
 }
 
 /// A RUNNING job whose lease lapsed, with what the sweeper's span and
@@ -268,11 +313,28 @@ pub async fn lapsed(
     .await
 }
 
+/// How the sweeper judges a lapsed lease.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepPolicy {
+    /// Lapses in a row, counted only when the owner is gone, that send a job DEAD.
+    pub max_lease_losses: i32,
+    /// A worker whose `worker_member` row is older than this is gone.
+    pub owner_stale_after: std::time::Duration,
+    /// A lapsed job waits `backoff_base × 2^(losses−1)` before it can be
+    /// claimed again (at least one base), so a job that kills its workers
+    /// does not take the next one down at once.
+    pub backoff_base: std::time::Duration,
+}
+
 /// Settles one lapsed lease. A lapse is not a failure of the work: the job
-/// goes back to the queue with its attempt given back, and the lapse is
-/// counted; the `max_lease_losses`-th lapse in a row sends it DEAD (with its
-/// event) instead. `None` when the job is no longer lapsed or someone else
-/// holds its row lock.
+/// goes back to the queue with its attempt given back, after a backoff.
+/// The lapse counts against the job only when its owner is really gone
+/// (its `worker_member` row is missing or stale, or the worker started
+/// again after it last touched the job): a worker that is alive but could
+/// not renew (the database blinked, its shutdown grace ran out) says
+/// nothing about the job. The `max_lease_losses`-th counted lapse in a row
+/// sends it DEAD (with its event) instead. `None` when the job is no
+/// longer lapsed or someone else holds its row lock.
 ///
 /// # Errors
 /// Database errors; an event the contract refuses.
@@ -280,23 +342,31 @@ pub async fn sweep_one(
     tx: &mut PgTransaction<'_>,
     job_id: Uuid,
     now: DateTime<Utc>,
-    max_lease_losses: i32,
+    policy: SweepPolicy,
 ) -> Result<Option<SweptLease>, StoreError> {
-    let lapsed: Option<(i32, i32, Option<String>)> = sqlx::query_as(
-        "SELECT attempt, lease_losses, lease_owner FROM workflow_run
-         WHERE job_id = $1 AND status = 'RUNNING' AND lease_until < $2
-         FOR UPDATE SKIP LOCKED",
+    let stale_ms = i64::try_from(policy.owner_stale_after.as_millis()).unwrap_or(i64::MAX);
+    let lapsed: Option<(i32, i32, Option<String>, bool)> = sqlx::query_as(
+        "SELECT r.attempt, r.lease_losses, r.lease_owner,
+                coalesce(m.last_seen > now() - $3 * interval '1 millisecond'
+                         AND m.started_at <= r.updated_at, false)
+         FROM workflow_run r LEFT JOIN worker_member m ON m.worker_id = r.lease_owner
+         WHERE r.job_id = $1 AND r.status = 'RUNNING' AND r.lease_until < $2
+         FOR UPDATE OF r SKIP LOCKED",
     )
     .bind(job_id)
     .bind(now)
+    .bind(stale_ms)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some((attempt, losses, owner)) = lapsed else {
+    let Some((attempt, losses, owner, owner_alive)) = lapsed else {
         return Ok(None);
     };
     let owner = owner.as_deref().unwrap_or("?");
-    let losses = losses + 1;
-    let dead = losses >= max_lease_losses;
+    let losses = if owner_alive { losses } else { losses + 1 };
+    let dead = losses >= policy.max_lease_losses;
+    let exponent = u32::try_from(losses.clamp(1, 20) - 1).unwrap_or(0);
+    let backoff = policy.backoff_base.saturating_mul(1u32 << exponent);
+    let run_after = now + chrono::Duration::from_std(backoff).unwrap_or(chrono::Duration::MAX);
     let (set, error) = if dead {
         (
             "status = 'DEAD', event_sequence = event_sequence + 1",
@@ -305,9 +375,17 @@ pub async fn sweep_one(
                  a job that stops its worker every time is not tried again"
             ),
         )
+    } else if owner_alive {
+        (
+            "status = 'QUEUED', run_after = $5, attempt = greatest(attempt - 1, 0)",
+            format!(
+                "lease expired: worker {owner} is alive but could not renew during attempt {attempt}; \
+                 requeued without spending the attempt or counting a lapse"
+            ),
+        )
     } else {
         (
-            "status = 'QUEUED', run_after = $2, attempt = greatest(attempt - 1, 0)",
+            "status = 'QUEUED', run_after = $5, attempt = greatest(attempt - 1, 0)",
             format!(
                 "lease expired: worker {owner} stopped renewing during attempt {attempt}; \
                  requeued without spending the attempt ({losses} lapse(s) in a row)"
@@ -323,6 +401,7 @@ pub async fn sweep_one(
     .bind(now)
     .bind(&error)
     .bind(losses)
+    .bind(run_after)
     .fetch_one(&mut **tx)
     .await?;
     let outcome = if dead {
@@ -335,7 +414,38 @@ pub async fn sweep_one(
         outcome,
         attempt,
         lease_losses: losses,
+        counted: !owner_alive,
     }))
+}
+
+/// Hands every `(job, token)` of `leases` still RUNNING under that token
+/// back to the queue in one statement: no attempt spent, no lapse counted,
+/// no event. A worker at the end of its shutdown grace gives back the jobs
+/// it could not finish. Returns how many were handed back.
+///
+/// # Errors
+/// Database errors.
+pub async fn hand_back_all(
+    conn: &mut PgConnection,
+    leases: &[(Uuid, Uuid)],
+    now: DateTime<Utc>,
+    reason: &str,
+) -> Result<u64, sqlx::Error> {
+    let (jobs, tokens): (Vec<Uuid>, Vec<Uuid>) = leases.iter().copied().unzip();
+    let done = sqlx::query(
+        "UPDATE workflow_run r SET status = 'QUEUED', error = $4, run_after = $3,
+             attempt = greatest(attempt - 1, 0), lease_owner = NULL, lease_token = NULL,
+             lease_until = NULL, updated_at = $3
+         FROM unnest($1::uuid[], $2::uuid[]) AS held(job_id, token)
+         WHERE r.job_id = held.job_id AND r.lease_token = held.token AND r.status = 'RUNNING'",
+    )
+    .bind(&jobs)
+    .bind(&tokens)
+    .bind(now)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Moves a lapsed lease that could not be swept to `until`, behind the

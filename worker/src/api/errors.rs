@@ -13,6 +13,8 @@ impl From<StoreError> for Problem {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Database(e) => Self::unavailable(&e),
+            StoreError::Shared(e) => Self::unavailable(&e),
+            StoreError::OutcomeUnknown(e) => Self::unavailable(&e),
             other => Self::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
         }
     }

@@ -5,14 +5,15 @@
 //! writing more. The heartbeat that keeps the lease alive hangs off the
 //! same handle.
 
-use std::time::Duration;
-
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flotilla_runtime::supervise::panic_message;
 use flotilla_store::StoreError;
-use flotilla_store::runs::lease::{self, Transition};
+use flotilla_store::runs::lease::{self, Fence as LeaseFence, Transition};
 use flotilla_store::runs::{Checkpoint, RunRow};
 use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
@@ -54,19 +55,22 @@ pub struct ClaimedRun {
     row: RunRow,
 }
 
-/// The job id and token: enough to renew, shared with the heartbeat task.
+/// The job id and token: enough to renew, shared with the heartbeat task;
+/// and the event sequence the holder's writes have reached, which fences
+/// its commit points.
 #[derive(Debug, Clone)]
 struct Lease {
     engine: Engine,
     job_id: Uuid,
     token: Uuid,
+    sequence: Arc<AtomicI64>,
 }
 
 impl Lease {
     async fn renew(&self) -> Result<(), SegmentStop> {
         let now = self.engine.now();
         let until = now + self.engine.settings().lease;
-        let mut conn = self.engine.pool().acquire().await?;
+        let mut conn = self.engine.inner.reserved.acquire().await?;
         if lease::renew(&mut conn, self.job_id, self.token, now, until).await? {
             Ok(())
         } else {
@@ -100,7 +104,15 @@ impl Lease {
     async fn try_write(&self, change: Transition) -> Result<(), SegmentStop> {
         let now = self.engine.now();
         let group = &self.engine.inner.group_commit;
-        if group.write(self.job_id, self.token, now, change).await? {
+        let fence = LeaseFence {
+            token: self.token,
+            sequence: self.sequence.load(Ordering::SeqCst),
+        };
+        let commit_point = change.is_commit_point();
+        if group.write(self.job_id, fence, now, change).await? {
+            if commit_point {
+                self.sequence.fetch_add(1, Ordering::SeqCst);
+            }
             Ok(())
         } else {
             Err(LeaseLost.into())
@@ -114,6 +126,18 @@ impl Lease {
 pub(super) struct Fence(Lease);
 
 impl Fence {
+    /// Gives the job back to the queue for a reason of the world (the store
+    /// failed mid-segment): fenced on the token only, so it matches whatever
+    /// an ambiguous commit left; no attempt spent, no lapse counted.
+    pub(super) async fn hand_back(&self, reason: &str) -> Result<(), SegmentStop> {
+        self.0
+            .try_write(Transition::HandBack {
+                reason: sanitize::error_text(reason),
+                run_after: self.0.engine.now(),
+            })
+            .await
+    }
+
     /// Fails the job as a defect, if this worker still holds it.
     pub(super) async fn fail_defect(&self, error: &str) -> Result<(), SegmentStop> {
         self.0
@@ -152,6 +176,7 @@ impl ClaimedRun {
             engine,
             job_id: row.job_id,
             token: row.lease_token?,
+            sequence: Arc::new(AtomicI64::new(row.event_sequence)),
         };
         Some(Self { lease, row })
     }
@@ -165,6 +190,11 @@ impl ClaimedRun {
     #[must_use]
     pub fn job_id(&self) -> Uuid {
         self.row.job_id
+    }
+
+    /// The token this claim holds the lease under.
+    pub(super) fn token(&self) -> Uuid {
+        self.lease.token
     }
 
     pub(super) fn fence(&self) -> Fence {

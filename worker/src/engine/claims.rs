@@ -166,7 +166,7 @@ mod tests {
             rows.iter()
                 .all(|r| r.attempt == 1 && r.lease_owner.as_deref() == Some("w"))
         );
-        let statements = claims.0.server().statements.load(Ordering::Relaxed);
+        let statements = claims.0.server_ref().statements.load(Ordering::Relaxed);
         assert!(statements <= 3, "16 claims took {statements} statements");
     }
 

@@ -1,14 +1,19 @@
-//! Leader/follower batching: concurrent callers' requests share one round
-//! trip to the database.
+//! Batching: concurrent callers' requests share one round trip to the
+//! database.
 //!
-//! A caller queues its request and waits for its own answer. When no batch
-//! is being served, the caller that arrives becomes the leader: it takes
-//! everything queued (up to a batch), serves it, answers every caller, and
+//! A caller queues its request and waits for its own answer. The first
+//! caller to find nobody serving starts a serving task, which takes
+//! everything queued (up to a batch), serves it, answers every caller and
 //! goes on while more is queued. Under load, requests gather while a batch
 //! is in flight, so one round trip carries many; alone, a request is served
-//! at once (no timer, no added latency). A leader whose future is dropped
-//! mid-batch hands the queue to a task, so no caller waits for an answer
-//! nobody will give.
+//! at once (no timer, only a task hop).
+//!
+//! The server is a task of its own, never one of the callers: a caller
+//! that served the queue would keep its own claimed job waiting (no
+//! heartbeat, its lease running out) for as long as other loops kept the
+//! queue busy, and a caller whose future is dropped could abandon a batch
+//! half sent. A serving task that panics answers its batch with nothing
+//! (`None`) and hands the rest of the queue to a new task.
 //!
 //! Used by group commit (`group_commit.rs`) and by batched claims
 //! (`claims.rs`).
@@ -32,7 +37,8 @@ type Waiting<S> = (<S as Serve>::Request, oneshot::Sender<<S as Serve>::Answer>)
 
 struct Queue<S: Serve> {
     items: Vec<Waiting<S>>,
-    leading: bool,
+    /// Whether a serving task is running.
+    serving: bool,
 }
 
 /// The queue of one kind of batched work.
@@ -64,13 +70,13 @@ impl<S: Serve> Gather<S> {
             server,
             queue: Arc::new(Mutex::new(Queue {
                 items: Vec::new(),
-                leading: false,
+                serving: false,
             })),
         }
     }
 
-    #[cfg(test)]
-    pub(super) fn server(&self) -> &S {
+    #[cfg(any(test, feature = "test-support"))]
+    pub(super) fn server_ref(&self) -> &S {
         &self.server
     }
 
@@ -81,29 +87,37 @@ impl<S: Serve> Gather<S> {
     }
 
     /// Queues `request` and waits for its answer; `None` when the batch
-    /// carrying it was abandoned (its serving task died).
+    /// carrying it was abandoned (its serving task panicked or the runtime
+    /// is shutting down).
     pub(super) async fn ask(&self, request: S::Request) -> Option<S::Answer> {
         let (reply, answer) = oneshot::channel();
-        let lead = {
+        let start = {
             let mut queue = self.lock();
             queue.items.push((request, reply));
-            !std::mem::replace(&mut queue.leading, true)
+            !std::mem::replace(&mut queue.serving, true)
         };
-        if lead {
-            self.lead().await;
+        if start {
+            self.start_serving();
         }
         answer.await.ok()
     }
 
-    /// Serves batches until the queue is empty, then steps down.
-    async fn lead(&self) {
-        let mut guard = Leadership(Some(self.clone()));
+    fn start_serving(&self) {
+        let gather = self.clone();
+        tokio::spawn(async move {
+            let steward = Steward(Some(gather.clone()));
+            gather.serve_queue().await;
+            std::mem::forget(steward);
+        });
+    }
+
+    /// Serves batches until the queue is empty, then stops.
+    async fn serve_queue(&self) {
         loop {
             let (requests, replies): (Vec<_>, Vec<_>) = {
                 let mut queue = self.lock();
                 if queue.items.is_empty() {
-                    queue.leading = false;
-                    guard.0 = None;
+                    queue.serving = false;
                     return;
                 }
                 let take = queue.items.len().min(S::MAX_BATCH);
@@ -119,28 +133,127 @@ impl<S: Serve> Gather<S> {
     }
 }
 
-/// Held by the leader; if its future is dropped before the queue is empty,
-/// a task takes over, so queued callers still get their answers.
-struct Leadership<S: Serve>(Option<Gather<S>>);
+/// Held by a serving task; dropped only when the task panicked or was
+/// cancelled mid-batch. The batch in flight is answered with nothing (its
+/// senders are gone); the rest of the queue gets a new serving task, or,
+/// when none can be started, the next caller starts one.
+struct Steward<S: Serve>(Option<Gather<S>>);
 
-impl<S: Serve> Drop for Leadership<S> {
+impl<S: Serve> Drop for Steward<S> {
     fn drop(&mut self) {
         let Some(gather) = self.0.take() else {
             return;
         };
         let orphaned = {
             let mut queue = gather.lock();
-            if queue.items.is_empty() {
-                queue.leading = false;
-                false
-            } else {
-                true
-            }
+            let orphaned = !queue.items.is_empty();
+            queue.serving = orphaned;
+            orphaned
         };
-        if orphaned && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { gather.lead().await });
-        } else if orphaned {
-            gather.lock().leading = false;
+        if orphaned {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                gather.start_serving();
+            } else {
+                gather.lock().serving = false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Echoes each request; panics on a request of 0; waits on `gate`
+    /// before each batch so a test can hold the server.
+    #[derive(Clone)]
+    struct Echo {
+        /// Batches taken (counted before the gate).
+        taken: Arc<AtomicUsize>,
+        /// Batches served (counted after it).
+        batches: Arc<AtomicUsize>,
+        gate: Arc<tokio::sync::Semaphore>,
+    }
+
+    impl Serve for Echo {
+        type Request = u32;
+        type Answer = u32;
+        const MAX_BATCH: usize = 4;
+
+        async fn serve(&self, batch: Vec<u32>) -> Vec<u32> {
+            self.taken.fetch_add(1, Ordering::Relaxed);
+            self.gate.acquire().await.unwrap().forget();
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            assert!(!batch.contains(&0), "request 0 panics the server");
+            batch
+        }
+    }
+
+    /// Waits until the server has taken its first batch.
+    async fn first_batch_taken(gather: &Gather<Echo>) {
+        while gather.server_ref().taken.load(Ordering::Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn echo(permits: usize) -> Gather<Echo> {
+        Gather::new(Echo {
+            taken: Arc::default(),
+            batches: Arc::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(permits)),
+        })
+    }
+
+    /// The first caller's answer does not wait for the batches queued
+    /// behind it: it is not the one serving them.
+    #[tokio::test]
+    async fn the_first_caller_is_answered_after_its_own_batch_not_the_whole_queue() {
+        let gather = echo(1);
+        let first = tokio::spawn({
+            let gather = gather.clone();
+            async move { gather.ask(1).await }
+        });
+        first_batch_taken(&gather).await;
+        // Ten more callers queue behind the first batch.
+        let rest: Vec<_> = (2..12)
+            .map(|n| {
+                let gather = gather.clone();
+                tokio::spawn(async move { gather.ask(n).await })
+            })
+            .collect();
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(5), first)
+            .await
+            .expect("the first caller was answered while the others' batches wait")
+            .unwrap();
+        assert_eq!(answer, Some(1));
+        assert_eq!(gather.server_ref().batches.load(Ordering::Relaxed), 1);
+        gather.server_ref().gate.add_permits(100);
+        for (n, caller) in (2..12).zip(rest) {
+            assert_eq!(caller.await.unwrap(), Some(n));
+        }
+    }
+
+    /// A server that panics answers its own batch with nothing, and the
+    /// requests queued behind it are still served.
+    #[tokio::test]
+    async fn a_panicking_batch_answers_nothing_and_the_queue_is_served_on() {
+        let gather = echo(0);
+        let poisoned = tokio::spawn({
+            let gather = gather.clone();
+            async move { gather.ask(0).await }
+        });
+        first_batch_taken(&gather).await;
+        let after: Vec<_> = (1..6)
+            .map(|n| {
+                let gather = gather.clone();
+                tokio::spawn(async move { gather.ask(n).await })
+            })
+            .collect();
+        gather.server_ref().gate.add_permits(100);
+        assert_eq!(poisoned.await.unwrap(), None);
+        for (n, caller) in (1..6).zip(after) {
+            assert_eq!(caller.await.unwrap(), Some(n));
         }
     }
 }

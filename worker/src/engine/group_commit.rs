@@ -4,21 +4,35 @@
 //! A writer queues its change and waits for its own outcome; concurrent
 //! changes gather while a commit is in flight (see `gather.rs`), so one
 //! commit carries many, and a lone write commits at once. Each change is
-//! written fenced on its own lease token, and each writer still waits for
+//! written fenced on its own lease token (and, for a commit point, on the
+//! event sequence its writer last saw), and each writer still waits for
 //! its own write to be durable before its job runs its next step.
 //!
-//! A lease lost for one job answers only that writer (its statement matched
-//! no row). When the batch fails (the database refuses one change, or
-//! fails as a service), its changes are written again one by one, so a
-//! refusal stays with the change it is about and each writer gets its own
-//! outcome.
+//! How a batch fails decides who is told what:
+//! - a lease lost for one job answers only that writer (its statement
+//!   matched no row);
+//! - a statement refused for its own data, or stopped by a row lock it
+//!   could not get in time, answers only its writer; the rest of the batch
+//!   is written again without it;
+//! - a failure of the database before `COMMIT` answers every writer at
+//!   once with that failure: nothing was written;
+//! - a failure at `COMMIT` is ambiguous (the server may have written the
+//!   commit record before the connection broke): every writer is told the
+//!   outcome is unknown and nothing is redone, so a checkpoint can never be
+//!   written twice; its job resumes from whatever is durable.
+//!
+//! Writes run on the engine's reserved connections, whose `lock_timeout`
+//! and `statement_timeout` (see `Engine::new`) keep a row held by a foreign
+//! session from freezing the batch, and each batch is bounded in time and
+//! ordered by job id.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
-use flotilla_store::runs::lease::{self, Transition};
+use flotilla_store::runs::lease::{self, Fence, Transition};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -28,7 +42,7 @@ use super::gather::{Gather, Serve};
 #[derive(Debug)]
 pub(super) struct Write {
     job_id: Uuid,
-    token: Uuid,
+    fence: Fence,
     now: DateTime<Utc>,
     change: Transition,
 }
@@ -37,46 +51,94 @@ pub(super) struct Write {
 #[derive(Debug, Clone)]
 pub(super) struct GroupCommit(Gather<Committer>);
 
-/// What writes a batch: the pool, and a count of commits for tests.
+/// What writes a batch: the reserved pool, the time a batch may take, and
+/// a count of commits for tests.
 #[derive(Debug, Clone)]
 pub(super) struct Committer {
     pool: PgPool,
+    /// Longest one batch (all its attempts) may take.
+    bound: Duration,
     /// Batches committed (or tried), for tests.
     batches: Arc<AtomicU64>,
+    #[cfg(any(test, feature = "test-support"))]
+    faults: CommitFaults,
+}
+
+/// Commits that report a failure after they committed, for tests of the
+/// ambiguous commit (a connection reset after the server wrote the commit
+/// record).
+#[cfg(any(test, feature = "test-support"))]
+#[derive(Debug, Clone, Default)]
+pub struct CommitFaults(Arc<std::sync::atomic::AtomicU32>);
+
+#[cfg(any(test, feature = "test-support"))]
+impl CommitFaults {
+    /// The next `commits` commits are made and then reported failed.
+    pub fn fail_after_commit(&self, commits: u32) {
+        self.0.store(commits, Ordering::SeqCst);
+    }
+
+    fn take(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
 }
 
 impl GroupCommit {
-    pub(super) fn new(pool: PgPool) -> Self {
+    /// Writes on `pool`; one batch may take up to `bound`.
+    pub(super) fn new(pool: PgPool, bound: Duration) -> Self {
         Self(Gather::new(Committer {
             pool,
+            bound,
             batches: Arc::default(),
+            #[cfg(any(test, feature = "test-support"))]
+            faults: CommitFaults::default(),
         }))
     }
 
-    /// Writes `change` to `job_id` if `token` still holds its lease, in a
-    /// transaction it may share with other jobs' changes; `Ok(false)` when
-    /// the lease is lost (nothing written).
+    #[cfg(any(test, feature = "test-support"))]
+    pub(super) fn faults(&self) -> &CommitFaults {
+        &self.0.server_ref().faults
+    }
+
+    /// Writes `change` to `job_id` if `fence` still holds, in a transaction
+    /// it may share with other jobs' changes; `Ok(false)` when the lease is
+    /// lost or the change was already written (nothing written now).
     ///
     /// # Errors
-    /// The database refused this change, or failed.
+    /// The database refused this change, failed, or cannot say whether the
+    /// commit carrying it happened ([`StoreError::OutcomeUnknown`]).
     pub(super) async fn write(
         &self,
         job_id: Uuid,
-        token: Uuid,
+        fence: Fence,
         now: DateTime<Utc>,
         change: Transition,
     ) -> Result<bool, StoreError> {
         let write = Write {
             job_id,
-            token,
+            fence,
             now,
             change,
         };
-        self.0
-            .ask(write)
-            .await
-            .unwrap_or_else(|| Err(sqlx::Error::WorkerCrashed.into()))
+        self.0.ask(write).await.unwrap_or_else(|| {
+            Err(StoreError::OutcomeUnknown(
+                "the batch carrying this write was abandoned".into(),
+            ))
+        })
     }
+}
+
+/// How one attempt at a batch failed.
+enum Failed {
+    /// Statement `index` (of the attempt's writes) failed before `COMMIT`.
+    At(usize, StoreError),
+    /// The database failed before `COMMIT`, or the attempt ran out of time
+    /// before it: nothing was written.
+    Before(StoreError),
+    /// `COMMIT` was sent and failed, or its answer never came in time.
+    AtCommit(String),
 }
 
 impl Serve for Committer {
@@ -88,50 +150,111 @@ impl Serve for Committer {
     async fn serve(&self, batch: Vec<Write>) -> Vec<Self::Answer> {
         self.batches.fetch_add(1, Ordering::Relaxed);
         metrics::histogram!("flotilla_group_commit_writes").record(batch.len() as f64);
-        if batch.len() == 1 {
-            return vec![self.write_alone(&batch[0]).await];
-        }
-        match self.write_together(&batch).await {
-            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-            Err(e) => {
-                tracing::debug!(error = %e, writes = batch.len(),
-                    "a shared commit failed; writing its changes one by one");
-                let mut outcomes = Vec::with_capacity(batch.len());
-                for write in &batch {
-                    outcomes.push(self.write_alone(write).await);
+        let deadline = tokio::time::Instant::now() + self.bound;
+        let mut answers: Vec<Option<Self::Answer>> = batch.iter().map(|_| None).collect();
+        // Rows are locked in job-id order, so two batches never wait on
+        // each other's locks in a cycle.
+        let mut pending: Vec<usize> = (0..batch.len()).collect();
+        pending.sort_by_key(|&i| batch[i].job_id);
+        while !pending.is_empty() {
+            let writes: Vec<&Write> = pending.iter().map(|&i| &batch[i]).collect();
+            match self.attempt(&writes, deadline).await {
+                Ok(outcomes) => {
+                    for (&i, written) in pending.iter().zip(outcomes) {
+                        answers[i] = Some(Ok(written));
+                    }
+                    break;
                 }
-                outcomes
+                // A write refused for its own data, or blocked on its row,
+                // answers alone; the others are tried again without it.
+                Err(Failed::At(at, e)) if e.is_about_the_data() || e.is_a_blocked_row() => {
+                    tracing::debug!(error = %e, job_id = %batch[pending[at]].job_id,
+                        "a write of a shared commit failed alone; writing the others again");
+                    answers[pending.remove(at)] = Some(Err(e));
+                }
+                Err(Failed::At(_, e) | Failed::Before(e)) => {
+                    let shared = Arc::new(match e {
+                        StoreError::Database(e) => e,
+                        other => sqlx::Error::Protocol(other.to_string()),
+                    });
+                    for &i in &pending {
+                        answers[i] = Some(Err(StoreError::Shared(shared.clone())));
+                    }
+                    break;
+                }
+                Err(Failed::AtCommit(reason)) => {
+                    tracing::warn!(writes = pending.len(), %reason,
+                        "a shared commit's outcome is unknown; its jobs resume from what is durable");
+                    for &i in &pending {
+                        answers[i] = Some(Err(StoreError::OutcomeUnknown(reason.clone())));
+                    }
+                    break;
+                }
             }
         }
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| Err(StoreError::OutcomeUnknown("unanswered".into())))
+            })
+            .collect()
     }
 }
 
 impl Committer {
-    async fn write_together(&self, batch: &[Write]) -> Result<Vec<bool>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for write in batch {
-            outcomes.push(
-                lease::transition(&mut tx, write.job_id, write.token, write.now, &write.change)
-                    .await?,
-            );
+    /// One transaction carrying `writes`, in their order, before `deadline`.
+    async fn attempt(
+        &self,
+        writes: &[&Write],
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<bool>, Failed> {
+        let timed_out = || {
+            StoreError::Shared(Arc::new(sqlx::Error::Protocol(format!(
+                "a shared commit took longer than {:?}",
+                self.bound
+            ))))
+        };
+        let statements = async {
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| Failed::Before(e.into()))?;
+            let mut outcomes = Vec::with_capacity(writes.len());
+            for (index, write) in writes.iter().enumerate() {
+                let written =
+                    lease::transition(&mut tx, write.job_id, write.fence, write.now, &write.change)
+                        .await
+                        .map_err(|e| Failed::At(index, e))?;
+                outcomes.push(written);
+            }
+            Ok((tx, outcomes))
+        };
+        let (tx, outcomes) = tokio::time::timeout_at(deadline, statements)
+            .await
+            .map_err(|_| Failed::Before(timed_out()))??;
+        if !outcomes.contains(&true) {
+            // Nothing to commit: release the connection clean.
+            tx.rollback().await.map_err(|e| Failed::Before(e.into()))?;
+            return Ok(outcomes);
         }
-        tx.commit().await?;
+        match tokio::time::timeout_at(deadline, tx.commit()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Failed::AtCommit(e.to_string())),
+            Err(_) => {
+                return Err(Failed::AtCommit(format!(
+                    "no answer to COMMIT within {:?}",
+                    self.bound
+                )));
+            }
+        }
+        #[cfg(any(test, feature = "test-support"))]
+        if self.faults.take() {
+            return Err(Failed::AtCommit(
+                "injected: connection reset after COMMIT".into(),
+            ));
+        }
         Ok(outcomes)
-    }
-
-    async fn write_alone(&self, write: &Write) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let written =
-            lease::transition(&mut tx, write.job_id, write.token, write.now, &write.change).await?;
-        if written {
-            tx.commit().await?;
-        } else {
-            // Release the connection clean: a dropped transaction rolls back
-            // only when its connection is next used.
-            tx.rollback().await?;
-        }
-        Ok(written)
     }
 }
 
@@ -139,6 +262,15 @@ impl Committer {
 mod tests {
     use super::*;
     use flotilla_store::runs::{Checkpoint, CheckpointLayout};
+
+    fn committer(pool: &PgPool) -> GroupCommit {
+        GroupCommit::new(pool.clone(), Duration::from_secs(5))
+    }
+
+    /// The fence of a row as [`running`] made it.
+    fn fence(token: Uuid) -> Fence {
+        Fence { token, sequence: 0 }
+    }
 
     /// A RUNNING row leased with `token`.
     async fn running(pool: &PgPool, token: Uuid) -> Uuid {
@@ -182,7 +314,7 @@ mod tests {
     /// written, checkpoint rows included.
     #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
     async fn writers_sharing_a_commit_each_get_their_own_outcome(pool: PgPool) {
-        let group = GroupCommit::new(pool.clone());
+        let group = committer(&pool);
         let token = Uuid::new_v4();
         let first = running(&pool, token).await;
         let good = running(&pool, token).await;
@@ -192,13 +324,13 @@ mod tests {
         let ok = serde_json::json!({"ok": true});
         let rows = CheckpointLayout::Rows;
         let (a, b, c, d) = tokio::join!(
-            group.write(first, token, now, checkpoint(ok.clone(), rows)),
-            group.write(good, token, now, checkpoint(ok.clone(), rows)),
-            group.write(lost, token, now, checkpoint(ok.clone(), rows)),
+            group.write(first, fence(token), now, checkpoint(ok.clone(), rows)),
+            group.write(good, fence(token), now, checkpoint(ok.clone(), rows)),
+            group.write(lost, fence(token), now, checkpoint(ok.clone(), rows)),
             // JSONB cannot hold a NUL character.
             group.write(
                 refused,
-                token,
+                fence(token),
                 now,
                 checkpoint(serde_json::json!({"bad": "\u{0}"}), rows)
             ),
@@ -225,7 +357,7 @@ mod tests {
     /// Under load, many writes share one commit.
     #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
     async fn concurrent_writes_share_commits(pool: PgPool) {
-        let group = GroupCommit::new(pool.clone());
+        let group = committer(&pool);
         let token = Uuid::new_v4();
         let mut jobs = Vec::new();
         for _ in 0..40 {
@@ -249,7 +381,7 @@ mod tests {
         let writes = jobs
             .iter()
             .enumerate()
-            .map(|(n, job)| group.write(*job, token, Utc::now(), change(n)));
+            .map(|(n, job)| group.write(*job, fence(token), Utc::now(), change(n)));
         let outcomes = futures_util::future::join_all(writes).await;
         assert!(outcomes.into_iter().all(|o| o.unwrap()));
         for (n, job) in jobs.iter().enumerate() {
@@ -263,7 +395,148 @@ mod tests {
             let expected = ["RUNNING", "WAITING", "FAILED", "COMPLETED"][n % 4];
             assert_eq!(status, expected, "{job}");
         }
-        let batches = group.0.server().batches.load(Ordering::Relaxed);
+        let batches = group.0.server_ref().batches.load(Ordering::Relaxed);
         assert!(batches <= 5, "40 writes took {batches} commits");
+    }
+
+    /// A shared commit that commits and then reports a failure (a
+    /// connection reset after the server wrote the commit record): every
+    /// writer hears "outcome unknown", nothing is redone, and each job has
+    /// exactly one checkpoint and one event. The same checkpoint written
+    /// again by its holder matches nothing: the sequence moved on.
+    #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+    async fn an_ambiguous_commit_is_never_redone(pool: PgPool) {
+        let group = committer(&pool);
+        let token = Uuid::new_v4();
+        let mut jobs = Vec::new();
+        for _ in 0..8 {
+            jobs.push(running(&pool, token).await);
+        }
+        group.faults().fail_after_commit(u32::MAX);
+        let rows = CheckpointLayout::Rows;
+        let writes = jobs.iter().map(|job| {
+            group.write(
+                *job,
+                fence(token),
+                Utc::now(),
+                checkpoint(serde_json::json!({}), rows),
+            )
+        });
+        let outcomes = futures_util::future::join_all(writes).await;
+        for outcome in outcomes {
+            let error = outcome.expect_err("the commit's outcome is unknown");
+            assert!(matches!(error, StoreError::OutcomeUnknown(_)), "{error}");
+        }
+        group.faults().fail_after_commit(0);
+        for job in &jobs {
+            assert_eq!(count(&pool, "workflow_run_outbox", *job).await, 1, "{job}");
+            assert_eq!(
+                count(&pool, "workflow_run_checkpoint", *job).await,
+                1,
+                "{job}"
+            );
+            let again = group
+                .write(
+                    *job,
+                    fence(token),
+                    Utc::now(),
+                    checkpoint(serde_json::json!({}), rows),
+                )
+                .await;
+            assert!(
+                !again.unwrap(),
+                "a repeat at the old sequence appends nothing"
+            );
+            assert_eq!(
+                count(&pool, "workflow_run_checkpoint", *job).await,
+                1,
+                "{job}"
+            );
+        }
+    }
+
+    /// A row locked by a foreign session (an operator's open `SELECT … FOR
+    /// UPDATE`) fails its own write after the reserved connections' lock
+    /// timeout (a tenth of the lease); the other writes of the batch commit,
+    /// and no writer waits for the lock holder.
+    #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+    async fn a_row_locked_by_a_foreign_session_fails_only_its_own_write(pool: PgPool) {
+        let mut settings = crate::engine::EngineSettings::new("w");
+        settings.lease = Duration::from_secs(2);
+        let reserved = crate::engine::reserved_pool(&pool, &settings);
+        let group = GroupCommit::new(reserved, Duration::from_secs(5));
+        let token = Uuid::new_v4();
+        let mut jobs = Vec::new();
+        for _ in 0..6 {
+            jobs.push(running(&pool, token).await);
+        }
+        let blocked = jobs[2];
+        let mut operator = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM workflow_run WHERE job_id = $1 FOR UPDATE")
+            .bind(blocked)
+            .execute(&mut *operator)
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let writes = jobs.iter().map(|job| {
+            group.write(
+                *job,
+                fence(token),
+                Utc::now(),
+                checkpoint(serde_json::json!({}), CheckpointLayout::Array),
+            )
+        });
+        let outcomes = futures_util::future::join_all(writes).await;
+        let waited = started.elapsed();
+        for (job, outcome) in jobs.iter().zip(outcomes) {
+            if *job == blocked {
+                let error = outcome.expect_err("the locked row's write fails");
+                assert!(error.is_a_blocked_row(), "{error}");
+            } else {
+                assert!(outcome.unwrap(), "{job} written beside the blocked row");
+            }
+        }
+        assert!(
+            waited < Duration::from_secs(2),
+            "the writers waited {waited:?}"
+        );
+        operator.rollback().await.unwrap();
+        for job in &jobs {
+            let expected = i64::from(*job != blocked);
+            assert_eq!(
+                count(&pool, "workflow_run_outbox", *job).await,
+                expected,
+                "{job}"
+            );
+        }
+    }
+
+    /// With the database out of reach, a batch of waiting writers is
+    /// answered at once with the one failure, not written again one by one
+    /// (each waiting for a connection in turn).
+    #[tokio::test]
+    async fn after_an_outage_every_waiting_writer_is_answered_at_once() {
+        let unreachable = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(300))
+            .connect_lazy("postgres://postgres@127.0.0.1:1/none")
+            .unwrap();
+        let group = GroupCommit::new(unreachable, Duration::from_secs(5));
+        let token = Uuid::new_v4();
+        let started = std::time::Instant::now();
+        let writes = (0..20).map(|_| {
+            group.write(
+                Uuid::new_v4(),
+                fence(token),
+                Utc::now(),
+                checkpoint(serde_json::json!({}), CheckpointLayout::Array),
+            )
+        });
+        let outcomes = futures_util::future::join_all(writes).await;
+        let waited = started.elapsed();
+        assert!(outcomes.iter().all(Result::is_err));
+        assert!(
+            waited < Duration::from_secs(2),
+            "20 writers answered after {waited:?}"
+        );
     }
 }

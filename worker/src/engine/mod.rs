@@ -11,6 +11,7 @@ mod digest;
 mod fleet;
 mod gather;
 mod group_commit;
+mod in_flight;
 mod operator;
 mod placement;
 mod reads;
@@ -40,6 +41,8 @@ pub use complete_step::{CompleteError, CompleteOutcome};
 pub use definitions::RegisterError;
 pub use fleet::{FINISHED_WINDOW, FleetSnapshot, MEMBER_TTL};
 pub use flotilla_store::{Clock, ManualClock, SystemClock};
+#[cfg(feature = "test-support")]
+pub use group_commit::CommitFaults;
 pub use operator::OperatorError;
 pub use reads::{JobPage, JobQuery, ListError};
 pub use segment::Outcome;
@@ -68,6 +71,9 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_SWEEP_BATCH: i64 = 100;
 /// Longest an idle claim loop waits before polling again, unless configured.
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(500);
+/// Connections reserved for lease renewals and fenced writes, unless
+/// configured: one carries the group commit, the rest the heartbeats.
+pub const DEFAULT_RESERVED_CONNECTIONS: u32 = 4;
 
 /// How an engine behaves; defaults as listed in docs/operations.md.
 #[derive(Debug, Clone)]
@@ -103,6 +109,9 @@ pub struct EngineSettings {
     /// either way). Off by default while workers of earlier releases, which
     /// read only the array, may share the database.
     pub checkpoint_rows: bool,
+    /// Connections of their own for lease renewals and fenced writes, so
+    /// that neither waits behind the API, the console or a claim.
+    pub reserved_connections: u32,
 }
 
 impl EngineSettings {
@@ -131,6 +140,7 @@ impl EngineSettings {
             max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
             definition_by_reference: false,
             checkpoint_rows: false,
+            reserved_connections: DEFAULT_RESERVED_CONNECTIONS,
         }
     }
 }
@@ -144,6 +154,9 @@ pub struct Engine {
 #[derive(Debug)]
 struct Inner {
     pool: PgPool,
+    /// Connections for lease renewals and fenced writes only, with lock and
+    /// statement timeouts below a quarter of the lease (see [`reserved_pool`]).
+    reserved: PgPool,
     targets: Targets,
     clock: Arc<dyn Clock>,
     settings: EngineSettings,
@@ -157,6 +170,34 @@ struct Inner {
     group_commit: group_commit::GroupCommit,
     /// Claims of the loops that look for work at once, in one statement.
     claims: claims::Claims,
+    /// The jobs this process is running, for the hand-back at shutdown.
+    in_flight: in_flight::InFlight,
+}
+
+/// The reserved connections of an engine: the shared pool's database,
+/// `reserved_connections` of them, each with `lock_timeout` a tenth and
+/// `statement_timeout` a fifth of the lease, so a row another session
+/// holds, or a stuck statement, fails its own write long before any
+/// lease it fences could lapse. A connection is waited for at most a
+/// quarter of the lease. Opened lazily.
+pub(super) fn reserved_pool(pool: &PgPool, settings: &EngineSettings) -> PgPool {
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+    let lock_timeout = millis(settings.lease / 10);
+    let statement_timeout = millis(settings.lease / 5);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(settings.reserved_connections.max(1))
+        .acquire_timeout((settings.lease / 4).max(Duration::from_millis(100)))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                let set = format!(
+                    "SELECT set_config('lock_timeout', '{lock_timeout}', false), \
+                            set_config('statement_timeout', '{statement_timeout}', false)"
+                );
+                sqlx::query(&set).execute(conn).await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with((*pool.connect_options()).clone())
 }
 
 /// Compiled snapshots kept; beyond this the cache starts over (rarely hit:
@@ -171,9 +212,13 @@ impl Engine {
         clock: Arc<dyn Clock>,
         settings: EngineSettings,
     ) -> Self {
+        let reserved = reserved_pool(&pool, &settings);
         Self {
             inner: Arc::new(Inner {
-                group_commit: group_commit::GroupCommit::new(pool.clone()),
+                // A batch's time: a third of the lease, well inside what its
+                // heartbeat-renewed writers' leases allow.
+                group_commit: group_commit::GroupCommit::new(reserved.clone(), settings.lease / 3),
+                reserved,
                 claims: claims::Claims::new(
                     pool.clone(),
                     clock.clone(),
@@ -187,6 +232,7 @@ impl Engine {
                 work_available: Notify::new(),
                 compiled: Mutex::new(HashMap::new()),
                 health: Health::default(),
+                in_flight: in_flight::InFlight::default(),
             }),
         }
     }
@@ -194,6 +240,19 @@ impl Engine {
     #[must_use]
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
+    }
+
+    /// The group committer's fault hook, for tests of an ambiguous commit.
+    #[cfg(feature = "test-support")]
+    #[must_use]
+    pub fn commit_faults(&self) -> &CommitFaults {
+        self.inner.group_commit.faults()
+    }
+
+    /// Closes both pools: the shared one and the reserved one.
+    pub async fn close(&self) {
+        self.inner.reserved.close().await;
+        self.inner.pool.close().await;
     }
 
     #[must_use]

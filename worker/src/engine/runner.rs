@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use flotilla_runtime::backoff::Doubling;
 use flotilla_runtime::supervise::restart_on_panic;
 use flotilla_store::StoreError;
-use flotilla_store::runs::lease::{self, Lapsed, Swept, SweptLease};
+use flotilla_store::runs::lease::{self, Lapsed, SweepPolicy, Swept, SweptLease};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -55,8 +55,38 @@ impl Engine {
         let drained =
             tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
-            tracing::warn!("grace period over; abandoning in-flight segments to their leases");
+            let held = self.inner.in_flight.held();
             tasks.shutdown().await;
+            self.hand_back_at_shutdown(&held).await;
+        }
+    }
+
+    /// Gives back, in one statement, the jobs whose segments the grace did
+    /// not see finish: fenced on their tokens, no attempt spent, no lapse
+    /// counted. If the database cannot be reached, their leases lapse and
+    /// the sweeper requeues them.
+    async fn hand_back_at_shutdown(&self, held: &[(uuid::Uuid, uuid::Uuid)]) {
+        if held.is_empty() {
+            return;
+        }
+        let reason = format!(
+            "handed back by worker {} at the end of its shutdown grace",
+            self.settings().worker_id
+        );
+        let handed = async {
+            let mut conn = self.inner.reserved.acquire().await?;
+            lease::hand_back_all(&mut conn, held, self.now(), &reason).await
+        };
+        match handed.await {
+            Ok(count) => {
+                tracing::warn!(
+                    jobs = count,
+                    "grace period over; in-flight jobs handed back"
+                );
+                self.wake();
+            }
+            Err(e) => tracing::warn!(jobs = held.len(), error = %e,
+                "grace period over; handing jobs back failed, their leases will lapse"),
         }
     }
 
@@ -93,11 +123,13 @@ impl Engine {
                 _ = ticks.tick() => {}
                 () = shutdown.cancelled() => break,
             }
-            if let Err(e) = self.sweep().await {
-                tracing::warn!(error = %e, "sweep failed");
-            }
+            // Announced first: after an outage this worker's own lapsed
+            // jobs must find it alive, or their lapses would count.
             if let Err(e) = self.announce(started_at).await {
                 tracing::warn!(error = %e, "announcing this worker to the fleet failed");
+            }
+            if let Err(e) = self.sweep().await {
+                tracing::warn!(error = %e, "sweep failed");
             }
         }
         if let Err(e) = self.leave_fleet().await {
@@ -149,7 +181,11 @@ impl Engine {
                 span.record("flotilla.outcome", "deferred");
                 tracing::error!(%job_id, error = %e, "a lapsed lease cannot be settled; it waits behind the others");
                 let mut conn = self.pool().acquire().await?;
-                lease::defer_sweep(&mut conn, job_id, now + SWEEP_DEFER).await?;
+                // A row that refuses even the deferral is skipped: the pass
+                // goes on to the others.
+                if let Err(e) = lease::defer_sweep(&mut conn, job_id, now + SWEEP_DEFER).await {
+                    tracing::error!(%job_id, error = %e, "a lapsed lease cannot even be deferred; skipped in this pass");
+                }
                 return Ok(None);
             }
             Err(e) => return Err(e),
@@ -159,8 +195,9 @@ impl Engine {
         match swept.outcome {
             Swept::Requeued => {
                 span.record("flotilla.outcome", "requeued");
-                super::telemetry::lease_lost_requeued();
-                tracing::warn!(%job_id, attempt, lease_losses, "lease lapsed; job requeued without spending the attempt");
+                super::telemetry::lease_lost_requeued(swept.counted);
+                tracing::warn!(%job_id, attempt, lease_losses, counted = swept.counted,
+                    "lease lapsed; job requeued without spending the attempt");
                 self.wake();
             }
             Swept::Dead => {
@@ -174,8 +211,14 @@ impl Engine {
 
     async fn sweep_one(&self, job_id: uuid::Uuid) -> Result<Option<SweptLease>, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let losses = self.settings().max_lease_losses;
-        match lease::sweep_one(&mut tx, job_id, self.now(), losses).await {
+        let settings = self.settings();
+        let policy = SweepPolicy {
+            max_lease_losses: settings.max_lease_losses,
+            // A live worker announces itself every sweep interval.
+            owner_stale_after: settings.lease.max(settings.sweep_interval * 3),
+            backoff_base: settings.backoff_base,
+        };
+        match lease::sweep_one(&mut tx, job_id, self.now(), policy).await {
             Ok(swept) => {
                 tx.commit().await?;
                 Ok(swept)

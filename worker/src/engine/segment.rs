@@ -72,6 +72,7 @@ impl Engine {
     /// the lease every quarter of its term meanwhile.
     pub async fn run_segment(&self, claimed: ClaimedRun) -> Outcome {
         let job_id = claimed.job_id();
+        let _in_flight = self.inner.in_flight.enter(job_id, claimed.token());
         let heartbeat = claimed.heartbeat();
         let fence = claimed.fence();
         let row = claimed.row();
@@ -113,7 +114,16 @@ impl Engine {
             Err(SegmentStop::LeaseLost(_)) => Outcome::LeaseLost(job_id),
             Err(SegmentStop::Refused(_)) => Outcome::Failed(job_id),
             Err(SegmentStop::Store(e)) => {
-                span.in_scope(|| tracing::error!(error = %e, "store failed mid-segment; the lease will lapse and the job be retried"));
+                // A failure of the database, not of the job or this worker:
+                // the job goes back as it is durable, its attempt unspent.
+                let reason = format!("handed back: the store failed mid-segment: {e}");
+                let handed =
+                    tracing::Instrument::instrument(fence.hand_back(&reason), span.clone()).await;
+                span.in_scope(|| match handed {
+                    Ok(()) => tracing::warn!(error = %e, "store failed mid-segment; job handed back"),
+                    Err(back) => tracing::error!(error = %e, hand_back = %back,
+                        "store failed mid-segment and the job could not be handed back; its lease will lapse"),
+                });
                 Outcome::StoreFailed(job_id)
             }
         };
@@ -130,6 +140,7 @@ impl Engine {
     ) -> Result<Outcome, SegmentStop> {
         let job_id = claimed.job_id();
         let started = Instant::now();
+        self.renew_if_stale(&claimed).await?;
         let missing = self.missing_targets(&claimed.row().definition.0);
         if !missing.is_empty() {
             return self.release_for_others(claimed, &missing).await;
@@ -190,6 +201,25 @@ impl Engine {
             steps.insert(name, response);
         }
         finish(self, claimed, &compiled, &input, steps).await
+    }
+}
+
+impl Engine {
+    /// Renews the lease, fenced, before the first step when the claim is
+    /// older than a quarter of the lease (when the heartbeat would have
+    /// renewed it): a claim that waited, in a busy runtime or behind a slow
+    /// batch, may have lapsed and be another worker's by now, and then the
+    /// segment stops before calling anything. A fresh claim is its own
+    /// renewal, so the common case costs nothing.
+    async fn renew_if_stale(&self, claimed: &ClaimedRun) -> Result<(), SegmentStop> {
+        let since_claim = (self.now() - claimed.row().updated_at)
+            .to_std()
+            .unwrap_or_default();
+        super::telemetry::claim_to_segment(since_claim);
+        if since_claim > self.settings().lease / 4 {
+            claimed.renew().await?;
+        }
+        Ok(())
     }
 }
 

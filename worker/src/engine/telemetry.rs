@@ -63,9 +63,12 @@ pub(crate) fn retry(class: RetryClass) {
     metrics::counter!("flotilla_step_retries_total", "class" => class.label()).increment(1);
 }
 
-/// A job lost its worker (a lease lapsed) and was requeued by the sweeper.
-pub(crate) fn lease_lost_requeued() {
-    metrics::counter!("flotilla_lease_losses_total").increment(1);
+/// A lease lapsed and the sweeper requeued the job; `counted` when its
+/// owner was gone (a lease lost against the job), not merely unable to renew.
+pub(crate) fn lease_lost_requeued(counted: bool) {
+    if counted {
+        metrics::counter!("flotilla_lease_losses_total").increment(1);
+    }
     metrics::counter!("flotilla_sweeper_requeues_total").increment(1);
 }
 
@@ -74,4 +77,10 @@ pub(crate) fn lease_lost_requeued() {
 pub(crate) fn lease_lost_dead(workflow: &str, created_at: DateTime<Utc>) {
     metrics::counter!("flotilla_lease_losses_total").increment(1);
     job_finished(workflow, "DEAD", created_at);
+}
+
+/// From a job's claim to the start of its segment: time its lease ran
+/// without a heartbeat.
+pub(crate) fn claim_to_segment(waited: std::time::Duration) {
+    metrics::histogram!("flotilla_claim_to_segment_seconds").record(waited.as_secs_f64());
 }

@@ -174,6 +174,7 @@ async fn checkpoint_survives_worker_crash(pool: PgPool) {
     );
     clock.advance(Duration::from_secs(61));
     assert_eq!(survivor.sweep().await.unwrap(), 1);
+    clock.advance(Duration::from_secs(60)); // past the lapse's backoff
     assert_eq!(
         survivor.run_once().await.unwrap(),
         Outcome::Completed(job_id)
@@ -213,6 +214,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
     let old = stale.claim().await.unwrap().unwrap();
     clock.advance(Duration::from_secs(61));
     assert_eq!(fresh.sweep().await.unwrap(), 1);
+    clock.advance(Duration::from_secs(60)); // past the lapse's backoff
     let new = fresh.claim().await.unwrap().unwrap();
     assert_eq!(new.job_id(), job_id);
     assert_ne!(new.row().lease_token, old.row().lease_token);
@@ -310,21 +312,22 @@ async fn concurrency_cap_bounds_calls_to_one_target(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn store_failure_while_checkpointing_requeues_and_never_settles(pool: PgPool) {
     let clock = manual_clock();
-    // The doomed engine has a pool of its own, closed by its target mid-step.
+    // The doomed engine has pools of its own, closed by its target mid-step.
     let doomed_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect_with(pool.connect_options().as_ref().clone())
         .await
         .unwrap();
     let mut targets = Targets::default();
-    let closer = doomed_pool.clone();
+    let closer: Arc<std::sync::OnceLock<flotilla_worker::engine::Engine>> = Arc::default();
+    let close = closer.clone();
     targets.register(
         "echo",
         Arc::new(FnTarget(move |call: TargetCall| {
-            let closer = closer.clone();
+            let close = close.clone();
             async move {
                 if call.step_name == "two" {
-                    closer.close().await;
+                    close.get().unwrap().close().await;
                 }
                 Ok::<_, StepFailure>(json!({"step": call.step_name, "request": call.request}))
             }
@@ -337,6 +340,7 @@ async fn store_failure_while_checkpointing_requeues_and_never_settles(pool: PgPo
         clock.clone(),
         support::settings("doomed"),
     );
+    closer.set(doomed.clone()).unwrap();
     doomed
         .register_workflow(&three_steps("fragile", "echo"))
         .await
@@ -356,6 +360,7 @@ async fn store_failure_while_checkpointing_requeues_and_never_settles(pool: PgPo
     clock.advance(Duration::from_secs(61));
     assert_eq!(rescuer.sweep().await.unwrap(), 1);
     assert_eq!(row(&pool, job_id).await.status, RunStatus::Queued);
+    clock.advance(Duration::from_secs(60)); // past the lapse's backoff
     assert_eq!(
         rescuer.run_once().await.unwrap(),
         Outcome::Completed(job_id)

@@ -1,12 +1,14 @@
 //! A lapsed lease is not a failure of the work: it spends no attempt, even
 //! on the last one, and only a job that loses its worker several times in a
 //! row (the one that crashes its worker every time) goes DEAD, saying so.
+//! A lapse counts only when its worker is really gone; a failure of the
+//! database, or a shutdown whose grace ran out, hands the job back instead.
 
 use std::time::Duration;
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::Outcome;
+use flotilla_worker::engine::{Clock as _, Outcome};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -37,6 +39,7 @@ async fn a_lapsed_lease_spends_no_attempt_even_on_the_last_one(pool: PgPool) {
         (RunStatus::Queued, 0),
         "the attempt was given back"
     );
+    clock.advance(Duration::from_secs(60)); // past the lapse's backoff
     assert_eq!(
         engine.run_once().await.unwrap(),
         Outcome::Completed(job_id),
@@ -58,6 +61,8 @@ async fn a_job_that_loses_its_worker_three_times_in_a_row_goes_dead_saying_so(po
         drop(engine.claim().await.unwrap().expect("claimable"));
         clock.advance(Duration::from_secs(120));
         assert_eq!(engine.sweep().await.unwrap(), 1);
+        // Past the lapse's backoff.
+        clock.advance(Duration::from_secs(60));
     }
     let dead = row(&pool, job_id).await;
     assert_eq!(dead.status, RunStatus::Dead);
@@ -82,6 +87,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
         drop(engine.claim().await.unwrap().expect("claimable"));
         clock.advance(Duration::from_secs(120));
         engine.sweep().await.unwrap();
+        clock.advance(Duration::from_secs(60));
     }
     // A segment that checkpoints is progress: the losses before it no longer count.
     let claimed = engine.claim().await.unwrap().expect("claimable");
@@ -97,9 +103,226 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
     for _ in 0..2 {
         clock.advance(Duration::from_secs(120));
         engine.sweep().await.unwrap();
+        clock.advance(Duration::from_secs(60));
         if let Some(claimed) = engine.claim().await.unwrap() {
             drop(claimed);
         }
     }
     assert_ne!(row(&pool, job_id).await.status, RunStatus::Dead);
+}
+
+/// A lapse whose worker is gone backs the job off before it can be claimed
+/// again, so a job that kills its workers does not take the next one down
+/// at once: `backoff_base × 2^(lapses−1)`.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_lapsed_job_is_backed_off_before_it_is_claimed_again(pool: PgPool) {
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    engine
+        .register_workflow(&one_attempt("lapsing"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "lapsing", json!({})).await;
+    let base = engine.settings().backoff_base;
+    for lapse in 1..=2u32 {
+        drop(engine.claim().await.unwrap().expect("claimable"));
+        clock.advance(Duration::from_secs(120));
+        assert_eq!(engine.sweep().await.unwrap(), 1);
+        let backoff = base * 2u32.pow(lapse - 1);
+        clock.advance(backoff - Duration::from_millis(1));
+        assert!(
+            engine.claim().await.unwrap().is_none(),
+            "lapse {lapse}: still backing off"
+        );
+        clock.advance(Duration::from_millis(1));
+        let requeued = row(&pool, job_id).await;
+        assert_eq!(requeued.lease_losses, i32::try_from(lapse).unwrap());
+    }
+    assert!(
+        engine.claim().await.unwrap().is_some(),
+        "claimable after its backoff"
+    );
+}
+
+/// A worker that is alive (its `worker_member` row fresh, started before it
+/// last touched the job) but could not renew, as when the database blinked
+/// for longer than the lease: the lapse requeues the job without counting,
+/// so four such blips in a row never send it DEAD.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn lapses_of_a_worker_that_is_still_alive_are_not_counted(pool: PgPool) {
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    engine
+        .register_workflow(&one_attempt("blinking"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "blinking", json!({})).await;
+    engine.announce(clock.now()).await.unwrap();
+    for _ in 0..4 {
+        drop(engine.claim().await.unwrap().expect("claimable"));
+        clock.advance(Duration::from_secs(120));
+        assert_eq!(engine.sweep().await.unwrap(), 1);
+        let requeued = row(&pool, job_id).await;
+        assert_eq!(
+            (requeued.status, requeued.lease_losses, requeued.attempt),
+            (RunStatus::Queued, 0, 0)
+        );
+        assert!(requeued.error.unwrap().contains("is alive"));
+        clock.advance(Duration::from_secs(60));
+    }
+    // The same worker id, started again after it last touched the job: the
+    // process that held it is gone, and that lapse counts.
+    drop(engine.claim().await.unwrap().expect("claimable"));
+    clock.advance(Duration::from_secs(120));
+    engine.announce(clock.now()).await.unwrap();
+    assert_eq!(engine.sweep().await.unwrap(), 1);
+    assert_eq!(row(&pool, job_id).await.lease_losses, 1);
+}
+
+/// A store that fails mid-segment (here: commits whose answer is lost, one
+/// at each step) is not the job's failure: each time the job is handed back
+/// with its attempt unspent and no lapse counted (three in a row would
+/// otherwise send it DEAD), resumes from what is durable, and runs every
+/// step once.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_whose_store_fails_mid_segment_is_handed_back_each_time_and_never_dead(pool: PgPool) {
+    let clock = manual_clock();
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), clock.clone(), "w");
+    engine
+        .register_workflow(&crate::support::three_steps("blips", "echo"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "blips", json!({"n": 1})).await;
+    for blip in 1..=3 {
+        engine.commit_faults().fail_after_commit(1);
+        assert_eq!(
+            engine.run_once().await.unwrap(),
+            Outcome::StoreFailed(job_id),
+            "blip {blip}"
+        );
+        let back = row(&pool, job_id).await;
+        assert_eq!(
+            (back.status, back.attempt, back.lease_losses),
+            (RunStatus::Queued, 0, 0),
+            "blip {blip}"
+        );
+        assert!(back.error.unwrap().contains("handed back"), "blip {blip}");
+    }
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    // Three checkpoints and a completion committed across the blips, each once.
+    assert_eq!(
+        event_types(&pool, job_id).await,
+        [
+            E::Accepted,
+            E::StepCheckpoint,
+            E::StepCheckpoint,
+            E::StepCheckpoint,
+            E::Completed
+        ]
+    );
+    let per_step = calls.per_job_step();
+    for step in ["one", "two", "three"] {
+        assert_eq!(per_step.get(&(job_id, step.to_owned())), Some(&1), "{step}");
+    }
+    let done = row(&pool, job_id).await;
+    let names: Vec<_> = done
+        .checkpoints
+        .0
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].clone())
+        .collect();
+    assert_eq!(names, [json!("one"), json!("two"), json!("three")]);
+}
+
+/// Operator retry gives a job that died of lapses a fresh count.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn operator_retry_resets_the_lapse_count(pool: PgPool) {
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    engine
+        .register_workflow(&one_attempt("retried"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "retried", json!({})).await;
+    for _ in 0..3 {
+        drop(engine.claim().await.unwrap().expect("claimable"));
+        clock.advance(Duration::from_secs(120));
+        engine.sweep().await.unwrap();
+        clock.advance(Duration::from_secs(60));
+    }
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Dead);
+    engine.retry(job_id).await.unwrap();
+    assert_eq!(row(&pool, job_id).await.lease_losses, 0);
+    drop(engine.claim().await.unwrap().expect("claimable"));
+    clock.advance(Duration::from_secs(120));
+    engine.sweep().await.unwrap();
+    let once = row(&pool, job_id).await;
+    assert_eq!((once.status, once.lease_losses), (RunStatus::Queued, 1));
+}
+
+/// Segments still running when the shutdown grace runs out are handed back
+/// in one go, fenced on their tokens: QUEUED at once, attempt unspent, no
+/// lapse counted, instead of waiting out their leases as losses.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn jobs_still_running_at_the_end_of_the_shutdown_grace_are_handed_back_unspent(pool: PgPool) {
+    let mut targets = flotilla_worker::target::Targets::default();
+    targets.register(
+        "stuck",
+        std::sync::Arc::new(flotilla_worker::target::FnTarget(|_call| async {
+            std::future::pending::<Result<serde_json::Value, flotilla_worker::target::StepFailure>>(
+            )
+            .await
+        })),
+        8,
+    );
+    let mut settings = crate::support::settings("stopping");
+    settings.worker_count = 3;
+    let engine = flotilla_worker::engine::Engine::new(
+        pool.clone(),
+        targets,
+        std::sync::Arc::new(flotilla_worker::engine::SystemClock),
+        settings,
+    );
+    engine
+        .register_workflow(
+            &json!({"name": "stuck", "input_schema": {}, "deadline_ms": 600_000,
+            "steps": [{"name": "wait", "target": "stuck", "method": "m"}]}),
+        )
+        .await
+        .unwrap();
+    let mut jobs = Vec::new();
+    for _ in 0..3 {
+        jobs.push(submit(&engine, "stuck", json!({})).await);
+    }
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let runner = tokio::spawn({
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        async move { engine.run(shutdown, Duration::from_millis(300)).await }
+    });
+    crate::support::eventually(Duration::from_secs(30), "3 jobs RUNNING", || async {
+        let running: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM workflow_run WHERE status = 'RUNNING'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        running == 3
+    })
+    .await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), runner)
+        .await
+        .unwrap()
+        .unwrap();
+    for job_id in jobs {
+        let back = row(&pool, job_id).await;
+        assert_eq!(
+            (back.status, back.attempt, back.lease_losses),
+            (RunStatus::Queued, 0, 0)
+        );
+        assert!(back.lease_token.is_none());
+        assert!(back.error.unwrap().contains("shutdown grace"));
+    }
 }

@@ -1,6 +1,7 @@
 //! The durable run engine against a real Postgres (a fresh database per
 //! test). Each test is named after the guarantee it proves.
 
+mod backlog;
 mod checkpoint_rows;
 mod claims;
 mod failures;
