@@ -8,13 +8,26 @@ use std::time::Duration;
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{Clock as _, Outcome};
+use flotilla_worker::engine::{Clock as _, Engine, ManualClock, Outcome};
 use serde_json::json;
 use sqlx::PgPool;
 
 use crate::support::{Calls, echo_targets, engine, event_types, manual_clock, row, submit};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+/// Claims the job and lets its worker die: the lease lapses and one sweep
+/// settles it.
+async fn lose_the_worker(engine: &Engine, clock: &ManualClock) {
+    drop(engine.claim().await.unwrap().expect("claimable"));
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(engine.sweep().await.unwrap(), 1);
+}
+
+/// Past any lapse's backoff in these tests.
+fn past_the_backoff(clock: &ManualClock) {
+    clock.advance(Duration::from_secs(60));
+}
 
 fn one_attempt(name: &str) -> serde_json::Value {
     json!({"name": name, "input_schema": {}, "max_attempts": 1,
@@ -30,16 +43,14 @@ async fn a_lapsed_lease_spends_no_attempt_even_on_the_last_one(pool: PgPool) {
         .await
         .unwrap();
     let job_id = submit(&engine, "single", json!({})).await;
-    drop(engine.claim().await.unwrap().expect("claimable")); // its worker dies
-    clock.advance(Duration::from_secs(120));
-    assert_eq!(engine.sweep().await.unwrap(), 1);
+    lose_the_worker(&engine, &clock).await;
     let requeued = row(&pool, job_id).await;
     assert_eq!(
         (requeued.status, requeued.attempt),
         (RunStatus::Queued, 0),
         "the attempt was given back"
     );
-    clock.advance(Duration::from_secs(60)); // past the lapse's backoff
+    past_the_backoff(&clock);
     assert_eq!(
         engine.run_once().await.unwrap(),
         Outcome::Completed(job_id),
@@ -58,11 +69,8 @@ async fn a_job_that_loses_its_worker_three_times_in_a_row_goes_dead_saying_so(po
         .unwrap();
     let job_id = submit(&engine, "crashy", json!({})).await;
     for _ in 0..3 {
-        drop(engine.claim().await.unwrap().expect("claimable"));
-        clock.advance(Duration::from_secs(120));
-        assert_eq!(engine.sweep().await.unwrap(), 1);
-        // Past the lapse's backoff.
-        clock.advance(Duration::from_secs(60));
+        lose_the_worker(&engine, &clock).await;
+        past_the_backoff(&clock);
     }
     let dead = row(&pool, job_id).await;
     assert_eq!(dead.status, RunStatus::Dead);
@@ -84,10 +92,8 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
         .unwrap();
     let job_id = submit(&engine, "long", json!({"n": 1})).await;
     for _ in 0..2 {
-        drop(engine.claim().await.unwrap().expect("claimable"));
-        clock.advance(Duration::from_secs(120));
-        engine.sweep().await.unwrap();
-        clock.advance(Duration::from_secs(60));
+        lose_the_worker(&engine, &clock).await;
+        past_the_backoff(&clock);
     }
     // A segment that checkpoints is progress: the losses before it no longer count.
     let claimed = engine.claim().await.unwrap().expect("claimable");
@@ -103,7 +109,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
     for _ in 0..2 {
         clock.advance(Duration::from_secs(120));
         engine.sweep().await.unwrap();
-        clock.advance(Duration::from_secs(60));
+        past_the_backoff(&clock);
         if let Some(claimed) = engine.claim().await.unwrap() {
             drop(claimed);
         }
@@ -125,9 +131,7 @@ async fn a_lapsed_job_is_backed_off_before_it_is_claimed_again(pool: PgPool) {
     let job_id = submit(&engine, "lapsing", json!({})).await;
     let base = engine.settings().backoff_base;
     for lapse in 1..=2u32 {
-        drop(engine.claim().await.unwrap().expect("claimable"));
-        clock.advance(Duration::from_secs(120));
-        assert_eq!(engine.sweep().await.unwrap(), 1);
+        lose_the_worker(&engine, &clock).await;
         let backoff = base * 2u32.pow(lapse - 1);
         clock.advance(backoff - Duration::from_millis(1));
         assert!(
@@ -159,16 +163,14 @@ async fn lapses_of_a_worker_that_is_still_alive_are_not_counted(pool: PgPool) {
     let job_id = submit(&engine, "blinking", json!({})).await;
     engine.announce(clock.now()).await.unwrap();
     for _ in 0..4 {
-        drop(engine.claim().await.unwrap().expect("claimable"));
-        clock.advance(Duration::from_secs(120));
-        assert_eq!(engine.sweep().await.unwrap(), 1);
+        lose_the_worker(&engine, &clock).await;
         let requeued = row(&pool, job_id).await;
         assert_eq!(
             (requeued.status, requeued.lease_losses, requeued.attempt),
             (RunStatus::Queued, 0, 0)
         );
         assert!(requeued.error.unwrap().contains("is alive"));
-        clock.advance(Duration::from_secs(60));
+        past_the_backoff(&clock);
     }
     // The same worker id, started again after it last touched the job: the
     // process that held it is gone, and that lapse counts.
@@ -248,17 +250,13 @@ async fn operator_retry_resets_the_lapse_count(pool: PgPool) {
         .unwrap();
     let job_id = submit(&engine, "retried", json!({})).await;
     for _ in 0..3 {
-        drop(engine.claim().await.unwrap().expect("claimable"));
-        clock.advance(Duration::from_secs(120));
-        engine.sweep().await.unwrap();
-        clock.advance(Duration::from_secs(60));
+        lose_the_worker(&engine, &clock).await;
+        past_the_backoff(&clock);
     }
     assert_eq!(row(&pool, job_id).await.status, RunStatus::Dead);
     engine.retry(job_id).await.unwrap();
     assert_eq!(row(&pool, job_id).await.lease_losses, 0);
-    drop(engine.claim().await.unwrap().expect("claimable"));
-    clock.advance(Duration::from_secs(120));
-    engine.sweep().await.unwrap();
+    lose_the_worker(&engine, &clock).await;
     let once = row(&pool, job_id).await;
     assert_eq!((once.status, once.lease_losses), (RunStatus::Queued, 1));
 }
