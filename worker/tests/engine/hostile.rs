@@ -234,3 +234,118 @@ async fn an_external_response_the_store_cannot_hold_is_refused_before_the_job_is
         "{refused:?}"
     );
 }
+
+/// A database migrated up to just before the nil-id check, holding one
+/// row with the nil job id in `status` (written the way a release of that
+/// time could) and its ACCEPTED event, then migrated to the end.
+async fn migrated_past_a_nil_row(pool: &PgPool, status: &str) {
+    let nil_check = 20_261_130_000_001;
+    let earlier = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            MIGRATOR
+                .iter()
+                .filter(|m| m.version < nil_check)
+                .cloned()
+                .collect(),
+        ),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    earlier.run(pool).await.unwrap();
+    // A month before the tests' manual clock starts.
+    let long_ago = manual_clock().now() - chrono::TimeDelta::days(30);
+    sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest,
+             status, max_attempts, run_after, created_at, lease_owner, lease_token, lease_until)
+         VALUES ('00000000-0000-0000-0000-000000000000', 'old', '{}', '{}', 'd', $1, 3, $2, $2,
+             CASE WHEN $1 = 'RUNNING' THEN 'gone' END,
+             CASE WHEN $1 = 'RUNNING' THEN gen_random_uuid() END,
+             CASE WHEN $1 = 'RUNNING' THEN $2 END)",
+    )
+    .bind(status)
+    .bind(long_ago)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload)
+         VALUES (gen_random_uuid(), '00000000-0000-0000-0000-000000000000', 1, 'ACCEPTED', '{}')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    MIGRATOR.run(pool).await.unwrap();
+    for table in ["workflow_run_set_aside", "workflow_run_outbox_set_aside"] {
+        let set_aside: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(set_aside, 1, "{table}");
+    }
+}
+
+/// A QUEUED row with the nil job id, the oldest in the queue, made every
+/// claim statement fail under the NOT VALID check (the claim's UPDATE of
+/// it is refused): the migration sets it aside and the queue moves.
+#[sqlx::test(migrations = false)]
+async fn a_queued_nil_id_row_an_earlier_release_wrote_does_not_stop_the_claims(pool: PgPool) {
+    migrated_past_a_nil_row(&pool, "QUEUED").await;
+    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
+    engine
+        .register_workflow(&support::three_steps("after", "echo"))
+        .await
+        .unwrap();
+    let job_id = support::submit(&engine, "after", json!({"n": 1})).await;
+    let claimed = engine.claim().await.expect("the claim works");
+    assert_eq!(claimed.expect("the new job").job_id(), job_id);
+}
+
+/// A RUNNING row with the nil job id and a lapsed lease stopped every
+/// sweeper pass (neither its settling nor its deferral could be written):
+/// the migration sets it aside and the others are swept.
+#[sqlx::test(migrations = false)]
+async fn a_lapsed_nil_id_row_an_earlier_release_wrote_does_not_stop_the_sweeper(pool: PgPool) {
+    migrated_past_a_nil_row(&pool, "RUNNING").await;
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    engine
+        .register_workflow(&support::three_steps("after", "echo"))
+        .await
+        .unwrap();
+    support::submit(&engine, "after", json!({"n": 1})).await;
+    drop(engine.claim().await.unwrap().expect("the new job"));
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(engine.sweep().await.expect("the sweep works"), 1);
+}
+
+/// A lapsed row that refuses even its deferral (here a trigger refuses
+/// every update of it, as a check would) is logged and skipped: the pass
+/// goes on and settles the rows behind it.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_lapsed_row_that_refuses_its_deferral_is_skipped_not_the_end_of_the_pass(pool: PgPool) {
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    engine
+        .register_workflow(&support::three_steps("swept", "echo"))
+        .await
+        .unwrap();
+    let stubborn = support::submit(&engine, "swept", json!({"n": 1})).await;
+    drop(engine.claim().await.unwrap().expect("the first job"));
+    let healthy = support::submit(&engine, "swept", json!({"n": 2})).await;
+    clock.advance(Duration::from_secs(1));
+    drop(engine.claim().await.unwrap().expect("the second job"));
+    for statement in [
+        "CREATE FUNCTION refuse_stubborn() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = 'check_violation'; END $$"
+            .to_owned(),
+        format!(
+            "CREATE TRIGGER refuse_stubborn BEFORE UPDATE ON workflow_run
+             FOR EACH ROW WHEN (OLD.job_id = '{stubborn}') EXECUTE FUNCTION refuse_stubborn()"
+        ),
+    ] {
+        sqlx::query(&statement).execute(&pool).await.unwrap();
+    }
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(engine.sweep().await.expect("the pass goes on"), 1);
+    assert_eq!(row(&pool, healthy).await.status, RunStatus::Queued);
+    assert_eq!(row(&pool, stubborn).await.status, RunStatus::Running);
+}
