@@ -81,6 +81,9 @@ pub(crate) fn checkpoint_rows() -> bool {
     std::env::var("FLOTILLA_CHECKPOINT_ROWS").is_ok_and(|value| value == "true")
 }
 
+/// The engine's histogram of the time from a claim to its segment's start.
+const CLAIM_TO_SEGMENT: &str = "flotilla_claim_to_segment_seconds";
+
 /// `rows` COMPLETED 3-step jobs, as the engine leaves them.
 async fn history(pool: &PgPool, rows: i64) -> anyhow::Result<()> {
     let mut done = 0;
@@ -156,6 +159,9 @@ async fn wal_since(pool: &PgPool, from: &str) -> anyhow::Result<f64> {
 /// What one run measured.
 struct Run {
     jobs_per_second: f64,
+    /// From a job's claim to the start of its segment (the time its lease
+    /// ran without a heartbeat), p99 over the run.
+    claim_to_segment_p99_ms: f64,
     /// The claim statement alone.
     claim_p50_ms: f64,
     /// The claim and its commit.
@@ -242,6 +248,8 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     .execute(&pool)
     .await?;
 
+    // Histograms recorded before the run are not its own.
+    drop(crate::metrics::histogram(CLAIM_TO_SEGMENT));
     let stop = CancellationToken::new();
     let started = Instant::now();
     let started_at = chrono::Utc::now();
@@ -271,9 +279,11 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     let wal_bytes = wal_since(&pool, &wal).await?;
     let (updated, hot) = updates(&pool).await?;
     database.drop_now().await?;
+    let claim_to_segment = crate::metrics::histogram(CLAIM_TO_SEGMENT);
     #[allow(clippy::cast_precision_loss)]
     Ok(Run {
         jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
+        claim_to_segment_p99_ms: crate::metrics::quantile(&claim_to_segment, 0.99) * 1000.0,
         claim_p50_ms: claims[claims.len() / 2].as_secs_f64() * 1000.0,
         committed_claim_p50_ms: committed[committed.len() / 2].as_secs_f64() * 1000.0,
         wal_bytes_per_job: wal_bytes / jobs as f64,
@@ -351,6 +361,14 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
         format!("claims/s, 1-step no-op jobs, {loops} loops, in process"),
         claims.jobs_per_second,
         "claims/s",
+    );
+    // How long a claimed job waits, lease running and no heartbeat, before
+    // its segment starts: batching must keep this far below the lease.
+    report.add(
+        "components",
+        format!("claim to segment start p99, 1-step no-op jobs, {loops} loops"),
+        claims.claim_to_segment_p99_ms,
+        "ms",
     );
     // Beside graphile-worker's figure: the database's work per job, whatever
     // the CPU it ran on.

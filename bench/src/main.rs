@@ -8,7 +8,9 @@
 mod ceiling;
 mod e2e;
 mod engine;
+mod fleet;
 mod graphile;
+mod metrics;
 mod relay;
 mod report;
 
@@ -25,7 +27,7 @@ struct Args {
     /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
     #[arg(long)]
     smoke: bool,
-    /// Run only these parts (comma separated): ceiling, e2e, engine, parking, graphile, relay.
+    /// Run only these parts (comma separated): ceiling, e2e, engine, parking, fleet, graphile, relay.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
@@ -87,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    metrics::install();
     let wanted = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
     let mut report = report::Report {
         started_at: chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
@@ -118,6 +121,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("parking") {
         engine::parking(&mut report, args.smoke).await?;
+    }
+    if wanted("fleet") {
+        fleet::run(&mut report, args.smoke).await?;
     }
     if wanted("relay") {
         relay::run(&mut report, args.smoke).await?;

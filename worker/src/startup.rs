@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api;
 use crate::config::WorkerConfig;
-use crate::consumer::lag::LagSource;
+use crate::consumer::lag::{LagReader, LagSource};
 use crate::consumer::{ConsumerSettings, RequestConsumer};
 use crate::engine::{Engine, EngineSettings, RegisterError, SystemClock};
 use crate::target::Targets;
@@ -124,10 +124,12 @@ impl Application {
                 .consumer
                 .consume_requests
                 .then(|| config.broker.clone()),
-            lag: config.consumer.consume_requests.then(|| LagSource {
-                broker: config.broker.clone(),
-                group: config.consumer.consumer_group.clone(),
-                topic: config.consumer.request_topic.clone(),
+            lag: config.consumer.consume_requests.then(|| {
+                LagReader::new(LagSource {
+                    broker: config.broker.clone(),
+                    group: config.consumer.consumer_group.clone(),
+                    topic: config.consumer.request_topic.clone(),
+                })
             }),
         };
         let router = api::router(state, tokens, config.http.max_body_bytes);

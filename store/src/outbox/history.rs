@@ -1,5 +1,5 @@
-//! Reading the outbox as a history: a job's timeline and the fleet's recent
-//! finishes, for the console. Payloads are read as plain JSON, not as the
+//! Reading the outbox as a history: a job's timeline and the backlog, for
+//! the console. Payloads are read as plain JSON, not as the
 //! contract's type, so a row written by another version still shows.
 
 use chrono::{DateTime, Utc};
@@ -89,44 +89,5 @@ pub async fn summary(conn: &mut PgConnection) -> Result<OutboxSummary, sqlx::Err
                     AS oldest_pending_at",
     )
     .fetch_one(conn)
-    .await
-}
-
-/// Jobs that finished in one minute with one final state.
-#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
-pub struct FinishedInMinute {
-    /// The start of the minute.
-    pub minute: DateTime<Utc>,
-    pub status: String,
-    pub count: i64,
-}
-
-/// Final events (COMPLETED, FAILED, DEAD, CANCELLED) that happened since
-/// `since`, per minute (of the commit) and state, oldest first. Minutes
-/// without any are absent.
-///
-/// Published rows are found through the index on `published_at` (a row is
-/// published after it commits, so every row of the window is in that range)
-/// and the rest through the partial indexes of PENDING and FAILED rows: the
-/// cost follows the window and the backlog, not the history.
-///
-/// # Errors
-/// Database errors.
-pub async fn finished_per_minute(
-    conn: &mut PgConnection,
-    since: DateTime<Utc>,
-) -> Result<Vec<FinishedInMinute>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT date_trunc('minute', created_at) AS minute, event_type AS status, count(*) AS count
-         FROM (SELECT event_type, created_at FROM workflow_run_outbox
-               WHERE status = 'PUBLISHED' AND published_at >= $1
-               UNION ALL
-               SELECT event_type, created_at FROM workflow_run_outbox
-               WHERE status IN ('PENDING', 'FAILED')) AS recent
-         WHERE created_at >= $1 AND event_type IN ('COMPLETED', 'FAILED', 'DEAD', 'CANCELLED')
-         GROUP BY 1, 2 ORDER BY 1, 2",
-    )
-    .bind(since)
-    .fetch_all(conn)
     .await
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::ApiState;
 use super::problem::{Problem, ProblemDoc};
-use crate::consumer::lag::{self, PartitionLag};
+use crate::consumer::lag::PartitionLag;
 use crate::engine::FleetSnapshot;
 
 /// How long the broker may take to answer each lag request.
@@ -46,13 +46,13 @@ pub(super) async fn fleet(State(state): State<ApiState>) -> Result<axum::Json<Fl
             error: Some("this worker does not consume requests".into()),
         },
         Some(source) => {
-            let (partitions, error) = match lag::read(source, LAG_TIMEOUT).await {
+            let (partitions, error) = match source.read(LAG_TIMEOUT).await {
                 Ok(partitions) => (partitions, None),
                 Err(e) => (Vec::new(), Some(format!("the broker did not answer: {e}"))),
             };
             ConsumerLag {
-                group: Some(source.group.clone()),
-                topic: Some(source.topic.clone()),
+                group: Some(source.source().group.clone()),
+                topic: Some(source.source().topic.clone()),
                 partitions,
                 error,
             }

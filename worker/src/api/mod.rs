@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use auth::Tokens;
 
-use crate::consumer::lag::LagSource;
+use crate::consumer::lag::LagReader;
 use crate::engine::Engine;
 use problem::Problem;
 
@@ -36,7 +36,7 @@ pub struct ApiState {
     pub broker: Option<BrokerConfig>,
     /// Where the request consumers' lag is read for `/v1/fleet`; `None`
     /// when this worker consumes no requests.
-    pub lag: Option<LagSource>,
+    pub lag: Option<LagReader>,
 }
 
 /// Request bodies above this are refused with 413, unless configured otherwise.

@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
+use flotilla_store::StoreError;
 use flotilla_store::runs;
-use flotilla_store::{RunStatus, StoreError};
 use sqlx::PgTransaction;
 
 use super::Engine;
@@ -42,12 +42,8 @@ impl Engine {
             }
             other => other?,
         };
-        for result in &results {
-            if let Ok(Submitted::Created(row)) = result
-                && row.status == RunStatus::Queued
-            {
-                self.wake();
-            }
+        for submitted in results.iter().flatten() {
+            self.created(submitted);
         }
         Ok(results)
     }

@@ -298,7 +298,10 @@ impl ClaimedRun {
     }
 
     fn finished(&self, state: &'static str) {
-        super::telemetry::job_finished(&self.row().workflow_name, state, self.row().created_at);
+        let row = self.row();
+        self.lease
+            .engine
+            .job_finished(&row.workflow_name, state, row.created_at);
     }
 
     /// Fails the job for good: a verdict or a defect.

@@ -180,8 +180,12 @@ impl Engine {
             }
         };
         tx.commit().await?;
-        if outcome == CompleteOutcome::Completed {
-            self.wake();
+        match &outcome {
+            CompleteOutcome::Completed => self.wake(),
+            CompleteOutcome::Rejected { .. } => {
+                self.job_finished(&row.workflow_name, "FAILED", row.created_at);
+            }
+            _ => {}
         }
         Ok(outcome)
     }

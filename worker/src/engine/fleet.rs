@@ -8,7 +8,8 @@ use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
 use flotilla_store::buckets::{self, RelayMember};
 use flotilla_store::dead_letters::{self, Tally};
-use flotilla_store::outbox::history::{self, FinishedInMinute, OutboxSummary};
+use flotilla_store::finished::{self, FinishedInMinute};
+use flotilla_store::outbox::history::{self, OutboxSummary};
 use flotilla_store::workers::{self, WorkerMember};
 
 use super::Engine;
@@ -36,7 +37,9 @@ fn millis(d: Duration) -> i64 {
 }
 
 impl Engine {
-    /// Records that this worker is alive (and forgets long-gone ones).
+    /// Records that this worker is alive, adds its finishes since the last
+    /// announcement to the fleet's tally, and forgets long-gone workers and
+    /// minutes.
     ///
     /// # Errors
     /// Database errors.
@@ -44,7 +47,10 @@ impl Engine {
         let mut conn = self.pool().acquire().await?;
         let loops = i32::try_from(self.settings().worker_count).unwrap_or(i32::MAX);
         workers::heartbeat(&mut conn, &self.settings().worker_id, loops, started_at).await?;
+        self.inner.finishes.flush(&mut conn).await?;
         workers::forget_departed(&mut conn, millis(FORGET_AFTER)).await?;
+        let forget = chrono::Duration::from_std(FORGET_AFTER).unwrap_or(chrono::Duration::zero());
+        finished::forget_before(&mut conn, self.now() - forget).await?;
         Ok(())
     }
 
@@ -58,28 +64,24 @@ impl Engine {
         Ok(())
     }
 
-    /// Workers, relays, the outbox, dead letters and the last hour's
-    /// finishes, read in one repeatable-read snapshot.
+    /// Workers, relays, the outbox backlog, dead letters and the last
+    /// hour's finishes: each a small read (statements of their own, no
+    /// snapshot held open), none of which grows with the history.
     ///
     /// # Errors
     /// Database errors.
     pub async fn fleet(&self) -> Result<FleetSnapshot, StoreError> {
-        let mut tx = self.pool().begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await?;
+        let mut conn = self.pool().acquire().await?;
         let ttl = millis(MEMBER_TTL);
         let since = self.now()
             - chrono::Duration::from_std(FINISHED_WINDOW).unwrap_or(chrono::Duration::zero());
-        let snapshot = FleetSnapshot {
-            workers: workers::list(&mut tx, ttl).await?,
-            relays: buckets::members(&mut tx, ttl).await?,
-            outbox: history::summary(&mut tx).await?,
-            dead_letters: dead_letters::list(&mut tx).await?,
-            finished_per_minute: history::finished_per_minute(&mut tx, since).await?,
-        };
-        tx.commit().await?;
-        Ok(snapshot)
+        Ok(FleetSnapshot {
+            workers: workers::list(&mut conn, ttl).await?,
+            relays: buckets::members(&mut conn, ttl).await?,
+            outbox: history::summary(&mut conn).await?,
+            dead_letters: dead_letters::list(&mut conn).await?,
+            finished_per_minute: self.inner.finishes.since(&mut conn, since).await?,
+        })
     }
 
     /// Counts dead letters by reason code.

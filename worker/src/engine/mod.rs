@@ -8,6 +8,7 @@ mod claims;
 mod complete_step;
 mod definitions;
 mod digest;
+mod finishes;
 mod fleet;
 mod gather;
 mod group_commit;
@@ -172,6 +173,8 @@ struct Inner {
     claims: claims::Claims,
     /// The jobs this process is running, for the hand-back at shutdown.
     in_flight: in_flight::InFlight,
+    /// Jobs this process finished, by minute, for the fleet's tally.
+    finishes: finishes::Finishes,
 }
 
 /// The reserved connections of an engine: the shared pool's database,
@@ -233,6 +236,7 @@ impl Engine {
                 compiled: Mutex::new(HashMap::new()),
                 health: Health::default(),
                 in_flight: in_flight::InFlight::default(),
+                finishes: finishes::Finishes::default(),
             }),
         }
     }
@@ -280,6 +284,18 @@ impl Engine {
 
     fn now(&self) -> chrono::DateTime<chrono::Utc> {
         self.inner.clock.now()
+    }
+
+    /// A job reached the final `state`: counted in the metrics and in this
+    /// process's tally of finishes.
+    fn job_finished(
+        &self,
+        workflow: &str,
+        state: &'static str,
+        created_at: chrono::DateTime<chrono::Utc>,
+    ) {
+        telemetry::job_finished(workflow, state, created_at);
+        self.inner.finishes.record(state, self.now());
     }
 
     /// Tells an idle claim loop of this process that a job became claimable.

@@ -174,12 +174,24 @@ impl Engine {
             Ok(_) => tx.commit().await?,
             Err(_) => tx.rollback().await?,
         }
-        if let Ok(Submitted::Created(row)) = &submitted
-            && row.status == RunStatus::Queued
-        {
-            self.wake();
+        if let Ok(submitted) = &submitted {
+            self.created(submitted);
         }
         submitted
+    }
+
+    /// After a submission commits: a new QUEUED job wakes a claim loop, a
+    /// refusal recorded as a FAILED row counts as a finish.
+    pub(super) fn created(&self, submitted: &Submitted) {
+        if let Submitted::Created(row) = submitted {
+            match row.status {
+                RunStatus::Queued => self.wake(),
+                RunStatus::Failed => {
+                    self.job_finished(&row.workflow_name, "FAILED", row.created_at)
+                }
+                _ => {}
+            }
+        }
     }
 
     /// The submission inside the caller's transaction; the caller commits.

@@ -74,9 +74,8 @@ pub(crate) fn lease_lost_requeued(counted: bool) {
 
 /// A job lost its worker once too often and the sweeper sent it DEAD: a
 /// lease lost, and a job finished DEAD.
-pub(crate) fn lease_lost_dead(workflow: &str, created_at: DateTime<Utc>) {
+pub(crate) fn lease_lost_dead() {
     metrics::counter!("flotilla_lease_losses_total").increment(1);
-    job_finished(workflow, "DEAD", created_at);
 }
 
 /// From a job's claim to the start of its segment: time its lease ran

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use flotilla_tests::{bootstrap_servers, broker, create_topic, unique};
-use flotilla_worker::consumer::lag::{self, LagSource, PartitionLag};
+use flotilla_worker::consumer::lag::{self, LagReader, LagSource, PartitionLag};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -49,6 +49,16 @@ async fn lag_is_the_distance_from_the_groups_commit_to_the_high_watermark() {
             topic,
         };
         let lags = lag::read(&source, Duration::from_secs(10)).await.unwrap();
+        // A flood of fleet views: one client, the same answer.
+        let reader = LagReader::new(source);
+        let views =
+            futures_util::future::join_all((0..20).map(|_| reader.read(Duration::from_secs(10))))
+                .await;
+        assert!(
+            views.iter().all(|view| view.as_ref() == Ok(&lags)),
+            "{views:?}"
+        );
+        assert_eq!(reader.clients_created(), 1);
         assert_eq!(
             lags,
             [
