@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use flotilla_store::runs::lease;
 use flotilla_tests::scratch::ScratchDatabase;
 use flotilla_worker::engine::{
-    Engine, EngineSettings, RefusalMode, Submission, SystemClock, WorkflowRef,
+    Engine, EngineSettings, RefusalMode, Submission, Switch, SystemClock, WorkflowRef,
 };
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
@@ -64,21 +64,28 @@ fn engine(pool: &PgPool, loops: usize, shape: Shape) -> Engine {
     );
     let mut settings = EngineSettings::new("bench-engine");
     settings.worker_count = loops;
-    settings.definition_by_reference = definition_by_reference();
-    settings.checkpoint_rows = shape.checkpoint_rows;
+    settings.definition_by_reference = switch(definition_by_reference());
+    settings.checkpoint_rows = switch(shape.checkpoint_rows);
     Engine::new(pool.clone(), targets, Arc::new(SystemClock), settings)
 }
 
 /// Whether jobs point at their stored version, as the worker binaries read
-/// it (the end-to-end runs' workers inherit the variable).
+/// it (the end-to-end runs' workers inherit the variable): on unless set
+/// `false`, since no worker of an earlier release shares the benchmark's
+/// databases (`auto` turns it on).
 pub(crate) fn definition_by_reference() -> bool {
-    std::env::var("FLOTILLA_DEFINITION_BY_REFERENCE").is_ok_and(|value| value == "true")
+    std::env::var("FLOTILLA_DEFINITION_BY_REFERENCE").map_or(true, |value| value != "false")
 }
 
 /// Whether runs keep their checkpoints as rows, as the worker binaries read
-/// it (the end-to-end runs' workers inherit the variable).
+/// it (the end-to-end runs' workers inherit the variable): on unless set
+/// `false`, as for [`definition_by_reference`].
 pub(crate) fn checkpoint_rows() -> bool {
-    std::env::var("FLOTILLA_CHECKPOINT_ROWS").is_ok_and(|value| value == "true")
+    std::env::var("FLOTILLA_CHECKPOINT_ROWS").map_or(true, |value| value != "false")
+}
+
+fn switch(on: bool) -> Switch {
+    if on { Switch::True } else { Switch::False }
 }
 
 /// The engine's histogram of the time from a claim to its segment's start.

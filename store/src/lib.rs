@@ -11,6 +11,7 @@ pub mod buckets;
 pub mod clock;
 pub mod dead_letters;
 pub mod definitions;
+pub mod features;
 pub mod finished;
 pub mod outbox;
 pub mod pool;

@@ -18,7 +18,8 @@ pub struct WorkerMember {
 }
 
 /// Records that `worker_id`, started at `started_at` with `claim_loops`
-/// loops, is alive now (the database's clock).
+/// loops and reading runs up to [`crate::runs::READER_LEVEL`], is alive now
+/// (the database's clock).
 ///
 /// # Errors
 /// Database errors.
@@ -29,14 +30,16 @@ pub async fn heartbeat(
     started_at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO worker_member (worker_id, claim_loops, started_at, last_seen)
-         VALUES ($1, $2, $3, now())
+        "INSERT INTO worker_member (worker_id, claim_loops, started_at, last_seen, reader_level)
+         VALUES ($1, $2, $3, now(), $4)
          ON CONFLICT (worker_id) DO UPDATE
-         SET claim_loops = EXCLUDED.claim_loops, started_at = EXCLUDED.started_at, last_seen = now()",
+         SET claim_loops = EXCLUDED.claim_loops, started_at = EXCLUDED.started_at, last_seen = now(),
+             reader_level = EXCLUDED.reader_level",
     )
     .bind(worker_id)
     .bind(claim_loops)
     .bind(started_at)
+    .bind(i32::from(crate::runs::READER_LEVEL))
     .execute(conn)
     .await?;
     Ok(())

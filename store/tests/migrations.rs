@@ -28,6 +28,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
         [
             "dead_letter_tally",
             "finished_tally",
+            "fleet_feature",
             "relay_bucket",
             "relay_member",
             "worker_member",

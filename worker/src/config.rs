@@ -15,6 +15,7 @@ use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
 use secrecy::SecretString;
 
+use crate::engine::Switch;
 use crate::{api, consumer, engine};
 
 /// How long in-flight work may take to finish after SIGTERM, unless configured.
@@ -168,16 +169,18 @@ pub struct EngineConfig {
     pub idle_poll_max: humantime::Duration,
 
     /// A job of a stored workflow points at its version instead of copying
-    /// the definition into its row. Turn on once no worker of a release
-    /// before this one shares the database: those read only the copy.
-    #[arg(long, env = "FLOTILLA_DEFINITION_BY_REFERENCE", default_value_t = false, action = clap::ArgAction::Set)]
-    pub definition_by_reference: bool,
+    /// the definition into its row. `auto`: once no worker of an earlier
+    /// release (which reads only the copy) is alive, for the whole database;
+    /// `true`: refuse to start while one is; `false`: keep copying.
+    #[arg(long, env = "FLOTILLA_DEFINITION_BY_REFERENCE", value_enum, default_value_t = Switch::Auto)]
+    pub definition_by_reference: Switch,
     /// Start each run's checkpoints as rows of their own, so a step's write
     /// never rewrites the responses before it, instead of appending to the
-    /// run row's array. Turn on once no worker of a release before this one
-    /// shares the database: those read only the array.
-    #[arg(long, env = "FLOTILLA_CHECKPOINT_ROWS", default_value_t = false, action = clap::ArgAction::Set)]
-    pub checkpoint_rows: bool,
+    /// run row's array. `auto`: once no worker of an earlier release (which
+    /// reads only the array) is alive, for the whole database; `true`:
+    /// refuse to start while one is; `false`: keep the array.
+    #[arg(long, env = "FLOTILLA_CHECKPOINT_ROWS", value_enum, default_value_t = Switch::Auto)]
+    pub checkpoint_rows: Switch,
 }
 
 /// The HTTP API's settings.

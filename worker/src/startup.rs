@@ -22,7 +22,7 @@ use crate::api;
 use crate::config::WorkerConfig;
 use crate::consumer::lag::{LagReader, LagSource};
 use crate::consumer::{ConsumerSettings, RequestConsumer};
-use crate::engine::{Engine, EngineSettings, RegisterError, SystemClock};
+use crate::engine::{Engine, EngineSettings, RegisterError, SwitchError, SystemClock};
 use crate::target::Targets;
 use crate::target::config::TargetsFileError;
 
@@ -47,6 +47,8 @@ pub enum StartupError {
     Workflows { dir: PathBuf, source: RegisterError },
     #[error("creating the request consumer: {0}")]
     Consumer(#[from] KafkaError),
+    #[error("the run layout switches: {0}")]
+    Switches(#[from] SwitchError),
     #[error("binding the API on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -101,6 +103,16 @@ impl Application {
             Arc::new(SystemClock),
             engine_settings(&worker_id, &config),
         );
+        // Announced before the switches are decided, so that another worker
+        // deciding now sees this one. Without a database the worker still
+        // starts (its API answers 503); the sweeper decides them later.
+        let announced = engine.announce().await.map_err(SwitchError::Store);
+        match announced.and(engine.settle_switches(true).await) {
+            Err(SwitchError::Store(e)) => {
+                tracing::warn!(error = %e, "the run layout switches wait for the database");
+            }
+            other => other?,
+        }
         if let Some(dir) = &config.engine.workflows_dir {
             let loaded = engine.register_workflows_dir(dir).await.map_err(|source| {
                 StartupError::Workflows {

@@ -224,8 +224,9 @@ fn settings_that_would_panic_or_make_no_sense_are_refused_at_start_up_naming_the
         ("FLOTILLA_REQUEST_BATCH_SIZE", "0", "--request-batch-size"),
         ("FLOTILLA_WORKER_COUNT", "100000", "--worker-count"),
         ("FLOTILLA_DB_ACQUIRE_TIMEOUT", "0s", "--db-acquire-timeout"),
-        // Only `true` or `false`: a value read as "off" by accident would
-        // keep copies silently, one read as "on" would strand older workers.
+        // Only `auto`, `true` or `false`: a value read as "off" by accident
+        // would keep copies silently, one read as "on" would strand older
+        // workers.
         (
             "FLOTILLA_DEFINITION_BY_REFERENCE",
             "yes",

@@ -16,8 +16,8 @@ use super::{
 use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
 
-/// Claims up to `limit` of the oldest eligible QUEUED rows in one
-/// statement: flips them to RUNNING, stamps the lease and a fresh token per
+/// Claims up to `limit` of the oldest eligible QUEUED rows this release
+/// can read ([`super::READER_LEVEL`]) in one statement: flips them to RUNNING, stamps the lease and a fresh token per
 /// row (never reused), and counts the attempt. Rows come back oldest first,
 /// the checkpoint rows of resumed runs read in a second statement
 /// (see `reread_checkpoint_rows`).
@@ -34,7 +34,7 @@ pub async fn claim(
     let mut rows: Vec<RunRow> = sqlx::query_as(&format!(
         "WITH picked AS (
              SELECT job_id AS picked_id FROM workflow_run
-             WHERE status = 'QUEUED' AND run_after <= $2
+             WHERE status = 'QUEUED' AND run_after <= $2 AND reader_level <= $5
              ORDER BY run_after, created_at
              LIMIT $4
              FOR UPDATE SKIP LOCKED)
@@ -48,6 +48,7 @@ pub async fn claim(
     .bind(now)
     .bind(lease_until)
     .bind(limit)
+    .bind(super::READER_LEVEL)
     .fetch_all(&mut *conn)
     .await?;
     reread_checkpoint_rows(conn, &mut rows).await?;

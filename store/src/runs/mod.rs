@@ -19,6 +19,13 @@ use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
 use crate::status::RunStatus;
 
+/// The newest run layout this release reads: 1, runs whose checkpoints are
+/// rows of their own or whose definition is their stored version's. A run
+/// states the level it needs in `reader_level`, and a worker claims only
+/// runs at or below its own (a later release's runs wait for a worker of
+/// that release instead of being run by one that cannot read them).
+pub const READER_LEVEL: i16 = 1;
+
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,7 +57,9 @@ impl CheckpointLayout {
                 "checkpoints = CASE WHEN has_checkpoint_rows THEN checkpoints \
                      ELSE checkpoints || jsonb_build_array({entry}::jsonb) END"
             ),
-            Self::Rows => "has_checkpoint_rows = true".to_owned(),
+            Self::Rows => {
+                "has_checkpoint_rows = true, reader_level = greatest(reader_level, 1)".to_owned()
+            }
         }
     }
 }
@@ -98,6 +107,8 @@ pub struct RunRow {
     /// Since when only workers lacking one of its targets have claimed it.
     pub unplaced_since: Option<DateTime<Utc>>,
     pub event_sequence: i64,
+    /// The newest layout a worker must read to run this job ([`READER_LEVEL`]).
+    pub reader_level: i16,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -153,7 +164,7 @@ const COLUMNS: &str = concat!(
     input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, ",
     checkpoint_list!(),
     " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
-    lease_until, lease_token, lease_losses, unplaced_since, event_sequence, traceparent, tracestate, created_at, updated_at"
+    lease_until, lease_token, lease_losses, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
 );
 
 /// Reads again, in a statement of its own, the checkpoints of those `rows`
@@ -255,9 +266,10 @@ pub async fn insert_many<'a>(
     };
     let inserted: Vec<RunRow> = sqlx::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
-             status, max_attempts, run_after, error, verdict, event_sequence, traceparent, tracestate, created_at, updated_at)
+             status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at)
          SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
-             status, max_attempts, $13, error, verdict, 1, traceparent, tracestate, $13, $13
+             status, max_attempts, $13, error, verdict, 1, CASE WHEN definition IS NULL THEN 1 ELSE 0 END,
+             traceparent, tracestate, $13, $13
          FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::jsonb[], $5::jsonb[], $6::text[],
                      $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[])
              WITH ORDINALITY AS r(job_id, workflow_name, workflow_version, definition, input, request_digest,

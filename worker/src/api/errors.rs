@@ -48,6 +48,7 @@ impl From<CompleteError> for Problem {
     fn from(e: CompleteError) -> Self {
         match e {
             CompleteError::NotFound(_) => Self::not_found(e.to_string()),
+            CompleteError::TooNew { .. } => Self::new(StatusCode::CONFLICT, e.to_string()),
             CompleteError::Unstorable(ref unstorable) => {
                 let extra = json!({ "field": unstorable.field });
                 Self::bad_request(e.to_string()).with(extra)

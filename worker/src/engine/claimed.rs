@@ -258,7 +258,7 @@ impl ClaimedRun {
         let span = tracing::info_span!("checkpoint", job_id = %self.job_id());
         let change = Transition::Checkpoint {
             checkpoint: checkpoint.clone(),
-            layout: self.lease.engine.settings().checkpoint_layout(),
+            layout: self.lease.engine.checkpoint_layout(),
         };
         tracing::Instrument::instrument(self.lease.write(change), span).await
     }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use flotilla_store::runs::idle::{self, IdleSettle};
-use flotilla_store::runs::{self, Checkpoint, RunRow};
+use flotilla_store::runs::{self, Checkpoint, READER_LEVEL, RunRow};
 use flotilla_store::{RunStatus, StoreError};
 
 use super::Engine;
@@ -41,6 +41,16 @@ pub enum CompleteError {
     /// The response holds a value the store cannot keep; nothing changed.
     #[error("the response cannot be stored: {0}")]
     Unstorable(#[from] Unstorable),
+    /// The job was written by a later release in a layout this worker
+    /// cannot read; a worker of that release must answer it.
+    #[error(
+        "job {job_id} needs a worker that reads run layout {needs} (this one reads up to {reads}); answer it through a worker of the newer release"
+    )]
+    TooNew {
+        job_id: Uuid,
+        needs: i16,
+        reads: i16,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -103,6 +113,13 @@ impl Engine {
                 .await?
                 .ok_or(CompleteError::NotFound(job_id))?
         };
+        if row.reader_level > READER_LEVEL {
+            return Err(CompleteError::TooNew {
+                job_id,
+                needs: row.reader_level,
+                reads: READER_LEVEL,
+            });
+        }
         if let Gate::Stop(outcome) = gate(&row, step) {
             return Ok(outcome);
         }
@@ -154,7 +171,7 @@ impl Engine {
                     &mut tx,
                     job_id,
                     &checkpoint,
-                    self.settings().checkpoint_layout(),
+                    self.checkpoint_layout(),
                     now,
                 )
                 .await?

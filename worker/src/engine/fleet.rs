@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
 use flotilla_store::buckets::{self, RelayMember};
 use flotilla_store::dead_letters::{self, Tally};
@@ -43,9 +42,10 @@ impl Engine {
     ///
     /// # Errors
     /// Database errors.
-    pub async fn announce(&self, started_at: DateTime<Utc>) -> Result<(), StoreError> {
+    pub async fn announce(&self) -> Result<(), StoreError> {
         let mut conn = self.pool().acquire().await?;
         let loops = i32::try_from(self.settings().worker_count).unwrap_or(i32::MAX);
+        let started_at = self.inner.started_at;
         workers::heartbeat(&mut conn, &self.settings().worker_id, loops, started_at).await?;
         self.inner.finishes.flush(&mut conn).await?;
         workers::forget_departed(&mut conn, millis(FORGET_AFTER)).await?;

@@ -24,6 +24,7 @@ mod settle;
 mod step;
 mod storable;
 mod submit;
+mod switches;
 mod telemetry;
 
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ pub use claims::ClaimError;
 pub use complete_step::{CompleteError, CompleteOutcome};
 pub use definitions::RegisterError;
 pub use fleet::{FINISHED_WINDOW, FleetSnapshot, MEMBER_TTL};
+pub use flotilla_store::features::Feature;
 pub use flotilla_store::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "test-support")]
 pub use group_commit::CommitFaults;
@@ -49,6 +51,7 @@ pub use reads::{JobPage, JobQuery, ListError};
 pub use segment::Outcome;
 pub use storable::{MAX_WORKFLOW_NAME_CHARS, Unstorable};
 pub use submit::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
+pub use switches::{Switch, SwitchError, SwitchRefused};
 
 use crate::target::Targets;
 use crate::workflow::{CompiledWorkflow, InvalidDefinition};
@@ -102,30 +105,20 @@ pub struct EngineSettings {
     /// event would be larger fails the job instead.
     pub max_event_bytes: usize,
     /// Whether a job of a stored workflow points at its version instead of
-    /// carrying a copy of the definition. Off by default while workers of
-    /// earlier releases, which read only the copy, may share the database.
-    pub definition_by_reference: bool,
+    /// carrying a copy of the definition: by default, once no worker of an
+    /// earlier release (which reads only the copy) is alive (`switches.rs`).
+    pub definition_by_reference: Switch,
     /// Whether a run's checkpoints start as rows of their own rather than
     /// elements of its row's array (a run already on rows stays on rows
-    /// either way). Off by default while workers of earlier releases, which
-    /// read only the array, may share the database.
-    pub checkpoint_rows: bool,
+    /// either way): by default, once no worker of an earlier release (which
+    /// reads only the array) is alive.
+    pub checkpoint_rows: Switch,
     /// Connections of their own for lease renewals and fenced writes, so
     /// that neither waits behind the API, the console or a claim.
     pub reserved_connections: u32,
 }
 
 impl EngineSettings {
-    /// Where runs this engine starts checkpointing keep their checkpoints.
-    #[must_use]
-    pub fn checkpoint_layout(&self) -> CheckpointLayout {
-        if self.checkpoint_rows {
-            CheckpointLayout::Rows
-        } else {
-            CheckpointLayout::Array
-        }
-    }
-
     #[must_use]
     pub fn new(worker_id: impl Into<String>) -> Self {
         Self {
@@ -139,8 +132,8 @@ impl EngineSettings {
             sweep_batch: DEFAULT_SWEEP_BATCH,
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
             max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
-            definition_by_reference: false,
-            checkpoint_rows: false,
+            definition_by_reference: Switch::Auto,
+            checkpoint_rows: Switch::Auto,
             reserved_connections: DEFAULT_RESERVED_CONNECTIONS,
         }
     }
@@ -175,6 +168,11 @@ struct Inner {
     in_flight: in_flight::InFlight,
     /// Jobs this process finished, by minute, for the fleet's tally.
     finishes: finishes::Finishes,
+    /// Which one-way switches this worker uses now.
+    switches: switches::InUse,
+    /// When this engine was made (on its clock): announced to the fleet, so
+    /// a worker started again under the same id is told from the one before.
+    started_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The reserved connections of an engine: the shared pool's database,
@@ -216,6 +214,9 @@ impl Engine {
         settings: EngineSettings,
     ) -> Self {
         let reserved = reserved_pool(&pool, &settings);
+        let started_at = clock.now();
+        let switches =
+            switches::InUse::new(settings.checkpoint_rows, settings.definition_by_reference);
         Self {
             inner: Arc::new(Inner {
                 // A batch's time: a third of the lease, well inside what its
@@ -237,6 +238,8 @@ impl Engine {
                 health: Health::default(),
                 in_flight: in_flight::InFlight::default(),
                 finishes: finishes::Finishes::default(),
+                switches,
+                started_at,
             }),
         }
     }
@@ -296,6 +299,16 @@ impl Engine {
     ) {
         telemetry::job_finished(workflow, state, created_at);
         self.inner.finishes.record(state, self.now());
+    }
+
+    /// Where runs this engine starts checkpointing keep their checkpoints.
+    #[must_use]
+    pub fn checkpoint_layout(&self) -> CheckpointLayout {
+        if self.uses(Feature::CheckpointRows) {
+            CheckpointLayout::Rows
+        } else {
+            CheckpointLayout::Array
+        }
     }
 
     /// Tells an idle claim loop of this process that a job became claimable.

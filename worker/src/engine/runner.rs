@@ -116,7 +116,6 @@ impl Engine {
     /// Sweeps lapsed leases and announces this worker to the fleet on every
     /// tick; leaves the fleet on shutdown.
     async fn sweeper(&self, shutdown: CancellationToken) {
-        let started_at = self.now();
         let mut ticks = tokio::time::interval(self.settings().sweep_interval);
         loop {
             tokio::select! {
@@ -125,8 +124,11 @@ impl Engine {
             }
             // Announced first: after an outage this worker's own lapsed
             // jobs must find it alive, or their lapses would count.
-            if let Err(e) = self.announce(started_at).await {
+            if let Err(e) = self.announce().await {
                 tracing::warn!(error = %e, "announcing this worker to the fleet failed");
+            }
+            if let Err(e) = self.settle_switches(false).await {
+                tracing::warn!(error = %e, "checking the run layout switches failed");
             }
             if let Err(e) = self.sweep().await {
                 tracing::warn!(error = %e, "sweep failed");

@@ -12,9 +12,9 @@ use serde_json::Value as Json;
 use sqlx::{PgConnection, PgTransaction};
 use uuid::Uuid;
 
-use super::Engine;
 use super::digest::request_digest;
 use super::storable::{self, Unstorable};
+use super::{Engine, Feature};
 use crate::workflow::InvalidDefinition;
 
 /// Which workflow to run.
@@ -145,7 +145,7 @@ pub(super) struct Resolved {
     workflow_name: String,
     workflow_version: Option<i32>,
     /// The definition the row keeps; `None` when it points at its stored
-    /// version instead (`EngineSettings::definition_by_reference`).
+    /// version instead (the definition-by-reference switch).
     copy: Option<Json>,
     max_attempts: i32,
 }
@@ -287,7 +287,7 @@ impl Engine {
         // has nothing to point at and is always copied.
         let (workflow_name, workflow_version, copy) = match stored_as {
             Some((name, version)) => {
-                let copy = (!self.settings().definition_by_reference).then_some(document);
+                let copy = (!self.uses(Feature::DefinitionByReference)).then_some(document);
                 (name, Some(version), copy)
             }
             None => (compiled.definition.name.clone(), None, Some(document)),

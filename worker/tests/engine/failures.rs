@@ -263,7 +263,7 @@ async fn keeps_a_copy(pool: &PgPool, job_id: Uuid) -> bool {
 async fn a_job_that_points_at_its_stored_version_is_not_shifted_by_an_edit(pool: PgPool) {
     let calls = Calls::default();
     let mut settings = support::settings("w");
-    settings.definition_by_reference = true;
+    settings.definition_by_reference = flotilla_worker::engine::Switch::True;
     let engine = Engine::new(pool.clone(), echo_targets(&calls), manual_clock(), settings);
     engine
         .register_workflow(&support::three_steps("pointed", "echo"))

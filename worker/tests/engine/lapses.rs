@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{Clock as _, Engine, ManualClock, Outcome};
+use flotilla_worker::engine::{Engine, ManualClock, Outcome};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -161,7 +161,7 @@ async fn lapses_of_a_worker_that_is_still_alive_are_not_counted(pool: PgPool) {
         .await
         .unwrap();
     let job_id = submit(&engine, "blinking", json!({})).await;
-    engine.announce(clock.now()).await.unwrap();
+    engine.announce().await.unwrap();
     for _ in 0..4 {
         lose_the_worker(&engine, &clock).await;
         let requeued = row(&pool, job_id).await;
@@ -176,8 +176,10 @@ async fn lapses_of_a_worker_that_is_still_alive_are_not_counted(pool: PgPool) {
     // process that held it is gone, and that lapse counts.
     drop(engine.claim().await.unwrap().expect("claimable"));
     clock.advance(Duration::from_secs(120));
-    engine.announce(clock.now()).await.unwrap();
-    assert_eq!(engine.sweep().await.unwrap(), 1);
+    let restarted =
+        crate::support::engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    restarted.announce().await.unwrap();
+    assert_eq!(restarted.sweep().await.unwrap(), 1);
     assert_eq!(row(&pool, job_id).await.lease_losses, 1);
 }
 

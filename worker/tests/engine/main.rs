@@ -13,3 +13,4 @@ mod placement;
 mod responses;
 mod submission;
 mod support;
+mod switches;

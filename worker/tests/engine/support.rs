@@ -9,7 +9,7 @@ use chrono::{TimeZone, Utc};
 use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType};
 use flotilla_store::{outbox, runs};
 use flotilla_worker::engine::{
-    Clock, Engine, EngineSettings, ManualClock, RefusalMode, Submission, WorkflowRef,
+    Clock, Engine, EngineSettings, ManualClock, RefusalMode, Submission, Switch, WorkflowRef,
 };
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
@@ -121,7 +121,11 @@ pub(crate) fn approval() -> Value {
 /// after the answer.
 pub(crate) async fn approval_engine(pool: &PgPool, calls: &Calls, checkpoint_rows: bool) -> Engine {
     let mut settings = settings("w");
-    settings.checkpoint_rows = checkpoint_rows;
+    settings.checkpoint_rows = if checkpoint_rows {
+        Switch::True
+    } else {
+        Switch::False
+    };
     let engine = Engine::new(pool.clone(), echo_targets(calls), manual_clock(), settings);
     engine.register_workflow(&approval()).await.unwrap();
     engine
