@@ -78,6 +78,10 @@ impl From<ListError> for Problem {
             ListError::NegativeLimit(_) | ListError::BadCursor(_) => {
                 Self::bad_request(e.to_string())
             }
+            ListError::Unstorable(ref unstorable) => {
+                let extra = json!({ "field": unstorable.field });
+                Self::bad_request(e.to_string()).with(extra)
+            }
             ListError::Store(e) => e.into(),
         }
     }
@@ -91,6 +95,10 @@ impl From<RegisterError> for Problem {
                     .with(json!({ "problems": invalid.problems }))
             }
             RegisterError::Database(e) => Self::unavailable(&e),
+            RegisterError::Unstorable(ref unstorable) => {
+                let extra = json!({ "field": unstorable.field });
+                Self::bad_request(e.to_string()).with(extra)
+            }
             other @ (RegisterError::NameMismatch { .. } | RegisterError::File { .. }) => {
                 Self::bad_request(other.to_string())
             }

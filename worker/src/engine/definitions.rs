@@ -6,12 +6,16 @@ use std::path::Path;
 use flotilla_store::definitions::{self, Registered, StoredDefinition};
 
 use super::Engine;
+use super::storable::{self, Unstorable};
 use crate::workflow::InvalidDefinition;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
     #[error(transparent)]
     Invalid(#[from] InvalidDefinition),
+    /// A value the store cannot hold (a NUL, a name over the limit).
+    #[error(transparent)]
+    Unstorable(#[from] Unstorable),
     #[error("the definition is named {found:?}, not {expected:?}")]
     NameMismatch { expected: String, found: String },
     #[error("reading {path}: {reason}")]
@@ -30,7 +34,9 @@ impl Engine {
         &self,
         document: &serde_json::Value,
     ) -> Result<Registered, RegisterError> {
+        storable::check_json("workflow", document)?;
         let compiled = self.compile(document)?;
+        storable::check_workflow_name(&compiled.definition.name)?;
         let mut tx = self.pool().begin().await?;
         let registered =
             definitions::register(&mut tx, &compiled.definition.name, document).await?;

@@ -9,6 +9,7 @@ use flotilla_store::{RunStatus, StoreError};
 use uuid::Uuid;
 
 use super::Engine;
+use super::storable::{self, Unstorable};
 
 /// Page size when none (or 0) is asked for.
 pub(super) const DEFAULT_PAGE: i64 = 50;
@@ -45,6 +46,9 @@ pub enum ListError {
     NegativeLimit(i64),
     #[error("cursor {0:?} is not one this API handed out")]
     BadCursor(String),
+    /// A name the store could never hold (so no job or workflow has it).
+    #[error(transparent)]
+    Unstorable(#[from] Unstorable),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -79,6 +83,9 @@ impl Engine {
             None => None,
             Some(raw) => Some(parse_cursor(raw).ok_or_else(|| ListError::BadCursor(raw.into()))?),
         };
+        if let Some(name) = &query.workflow_name {
+            storable::check_workflow_name(name)?;
+        }
         let filter = ListFilter {
             status: query.status,
             workflow_name: query.workflow_name.as_deref().filter(|w| !w.is_empty()),
@@ -102,8 +109,9 @@ impl Engine {
     /// The newest version of the stored workflow `name`.
     ///
     /// # Errors
-    /// Database errors.
-    pub async fn workflow(&self, name: &str) -> Result<Option<StoredDefinition>, StoreError> {
+    /// A name the store cannot hold; database errors.
+    pub async fn workflow(&self, name: &str) -> Result<Option<StoredDefinition>, ListError> {
+        storable::check_workflow_name(name)?;
         let mut conn = self.pool().acquire().await?;
         Ok(definitions::newest(&mut conn, name).await?)
     }
@@ -111,8 +119,9 @@ impl Engine {
     /// Every stored version of `name`, newest first.
     ///
     /// # Errors
-    /// Database errors.
-    pub async fn workflow_versions(&self, name: &str) -> Result<Vec<StoredDefinition>, StoreError> {
+    /// A name the store cannot hold; database errors.
+    pub async fn workflow_versions(&self, name: &str) -> Result<Vec<StoredDefinition>, ListError> {
+        storable::check_workflow_name(name)?;
         let mut conn = self.pool().acquire().await?;
         Ok(definitions::versions(&mut conn, name).await?)
     }

@@ -248,3 +248,76 @@ async fn a_cancel_reason_with_a_nul_is_400_and_the_job_stays_queued(pool: PgPool
         .await;
     assert_eq!(job["status"], "QUEUED");
 }
+
+/// Registration and the read filters check names as submissions do: a
+/// NUL or a name over the limit is a 400 naming the field, never a 503
+/// from a database that refused the text.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn names_the_store_cannot_hold_are_400_naming_the_field_in_registration_and_reads(
+    pool: PgPool,
+) {
+    let api = Api::start(&pool).await;
+    let long = "w".repeat(300);
+    let mut nul_inside = approval();
+    nul_inside["steps"][0]["rules"] = json!(["memo = 'a\u{0}b'"]);
+    let mut long_named = approval();
+    long_named["name"] = json!(long);
+    let cases = [
+        (
+            Method::PUT,
+            "/v1/workflows/approval".to_owned(),
+            Some(nul_inside),
+            "workflow",
+        ),
+        (
+            Method::PUT,
+            format!("/v1/workflows/{long}"),
+            Some(long_named),
+            "workflow_name",
+        ),
+        (
+            Method::GET,
+            "/v1/jobs?workflow_name=a%00b".to_owned(),
+            None,
+            "workflow_name",
+        ),
+        (
+            Method::GET,
+            format!("/v1/jobs?workflow_name={long}"),
+            None,
+            "workflow_name",
+        ),
+        (
+            Method::GET,
+            "/v1/workflows/a%00b".to_owned(),
+            None,
+            "workflow_name",
+        ),
+        (
+            Method::GET,
+            format!("/v1/workflows/{long}/versions"),
+            None,
+            "workflow_name",
+        ),
+    ];
+    for (method, path, body, field) in cases {
+        let (status, problem) = api.call(method.clone(), &path, body).await;
+        let shown = &path[..path.len().min(60)];
+        assert_eq!(
+            status,
+            StatusCode::BAD_REQUEST,
+            "{method} {shown}: {problem}"
+        );
+        assert!(
+            problem["field"]
+                .as_str()
+                .is_some_and(|f| f.starts_with(field)),
+            "{method} {shown}: {problem}"
+        );
+    }
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_definition")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "nothing was registered");
+}
