@@ -13,10 +13,10 @@ use flotilla_contracts::framing::{self, Framed};
 use flotilla_contracts::{DecodeError, RuleViolation, json};
 use flotilla_runtime::registry::{RegistryConfig, RegistryCredentials};
 use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
-use schema_registry_converter::async_impl::schema_registry::SrSettings;
+use schema_registry_converter::async_impl::schema_registry::{SrSettings, get_schema_by_id};
 use schema_registry_converter::avro_common::get_supplied_schema;
 use schema_registry_converter::error::SRCError;
-use schema_registry_converter::schema_registry_common::SubjectNameStrategy;
+use schema_registry_converter::schema_registry_common::{SchemaType, SubjectNameStrategy};
 use secrecy::ExposeSecret;
 
 /// How long one registry request may take before it counts as unavailable.
@@ -63,6 +63,8 @@ struct Registry {
     url: String,
     encoder: AvroEncoder,
     decoder: AvroDecoder,
+    /// For asking what an id is when the decoder gives up on it.
+    settings: SrSettings,
 }
 
 impl std::fmt::Debug for Registry {
@@ -126,6 +128,7 @@ impl Codec {
                 url: url.to_owned(),
                 encoder: AvroEncoder::new(settings()?),
                 decoder: AvroDecoder::new(settings()?),
+                settings: settings()?,
             }),
         })
     }
@@ -237,16 +240,47 @@ impl Registry {
                 // refuse this id for the life of the process.
                 self.decoder.remove_errors_from_cache();
                 if is_definitely_not_found(&e) {
-                    Err(DecodeError::UnknownSchemaId(schema_id).into())
-                } else {
-                    Err(CodecError::RegistryUnavailable(format!(
-                        "resolving schema id {schema_id} at {}: {}",
-                        self.url,
-                        describe(&e)
-                    )))
+                    return Err(DecodeError::UnknownSchemaId(schema_id).into());
                 }
+                if !e.retriable
+                    && let Some(verdict) = self.definite_answer_about(schema_id).await
+                {
+                    return Err(verdict.into());
+                }
+                Err(CodecError::RegistryUnavailable(format!(
+                    "resolving schema id {schema_id} at {}: {}",
+                    self.url,
+                    describe(&e)
+                )))
             }
         }
+    }
+}
+
+impl Registry {
+    /// The decoder gave up on `schema_id` for good, which it also does for
+    /// refused credentials or a proxy's page: asks the registry for the id
+    /// itself, and only a schema it returns that is not Avro, or Avro text
+    /// that does not parse, condemns the message. `None`: the answer says
+    /// nothing definite about the id (the world's fault).
+    async fn definite_answer_about(&self, schema_id: u32) -> Option<DecodeError> {
+        let found = get_schema_by_id(schema_id, &self.settings).await.ok()?;
+        let kind = match &found.schema_type {
+            SchemaType::Avro => {
+                return apache_avro::Schema::parse_str(&found.schema)
+                    .err()
+                    .map(|e| DecodeError::SchemaDoesNotParse {
+                        schema_id,
+                        reason: e.to_string(),
+                    });
+            }
+            SchemaType::Protobuf => "Protobuf".to_owned(),
+            SchemaType::Json => "JSON Schema".to_owned(),
+            SchemaType::Other(other) => other.clone(),
+            // A kind this library learns later: still not Avro.
+            other => format!("{other:?}"),
+        };
+        Some(DecodeError::NotAvroSchema { schema_id, kind })
     }
 }
 

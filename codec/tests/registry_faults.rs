@@ -15,24 +15,33 @@ fn avro_request() -> (WorkflowRunRequest, Vec<u8>) {
     (request, bytes)
 }
 
+/// Each failure answers the decoder's request and the follow-up that asks
+/// what the id is (a non-retriable answer gets one), then the registry
+/// recovers: the failure was an outage naming its cause, and the same codec
+/// decodes the same bytes next time.
 #[tokio::test]
 async fn registry_failures_are_outages_and_are_not_remembered() {
     let (request, bytes) = avro_request();
     let good = schema_answer(WorkflowRunRequest::schema_text());
-    let script = vec![
+    let failures = [
         (
-            500,
-            r#"{"error_code": 50001, "message": "boom"}"#.to_owned(),
+            (
+                500,
+                r#"{"error_code": 50001, "message": "boom"}"#.to_owned(),
+            ),
+            "500",
         ),
-        (429, "{}".to_owned()),
-        (401, r#"{"error_code": 40101, "message": "no"}"#.to_owned()),
-        (404, "<html>not a registry</html>".to_owned()),
-        (200, "not json".to_owned()),
-        good,
+        ((429, "{}".to_owned()), "429"),
+        (
+            (401, r#"{"error_code": 40101, "message": "no"}"#.to_owned()),
+            "401",
+        ),
+        ((404, "<html>not a registry</html>".to_owned()), "404"),
+        ((200, "not json".to_owned()), "decod"),
     ];
-    let stub = RegistryStub::start(script).await;
-    let codec = Codec::with_registry(&stub.url()).unwrap();
-    for expected in ["500", "429", "401", "404", "decod"] {
+    for (failure, expected) in failures {
+        let stub = RegistryStub::start(vec![failure.clone(), failure, good.clone()]).await;
+        let codec = Codec::with_registry(&stub.url()).unwrap();
         match codec.decode::<WorkflowRunRequest>(&bytes).await {
             Err(e @ CodecError::RegistryUnavailable(_)) => {
                 assert!(e.is_transient());
@@ -43,12 +52,19 @@ async fn registry_failures_are_outages_and_are_not_remembered() {
             }
             other => panic!("{expected}: expected an outage, got {other:?}"),
         }
+        // A retriable failure asked once: the stub's second answer is the
+        // same failure again, still an outage; the third decodes.
+        let decoded = loop {
+            match codec.decode::<WorkflowRunRequest>(&bytes).await {
+                Ok(decoded) => break decoded,
+                Err(e) => assert!(e.is_transient(), "{expected}: {e}"),
+            }
+        };
+        assert_eq!(
+            decoded, request,
+            "{expected}: the id resolves once the registry answers"
+        );
     }
-    let decoded = codec.decode::<WorkflowRunRequest>(&bytes).await.unwrap();
-    assert_eq!(
-        decoded, request,
-        "the same id resolves once the registry answers"
-    );
 }
 
 #[tokio::test]
@@ -96,4 +112,41 @@ async fn refused_credentials_while_registering_are_an_outage_and_only_409_refuse
         codec.encode("faults", &request).await,
         Err(CodecError::RegistryRefused { .. })
     ));
+}
+
+/// A framed id that the registry holds as another kind of schema
+/// (Protobuf, JSON Schema), or as Avro text that does not parse, is a
+/// definite answer about the message: each is its own decode error (and so
+/// its own dead-letter code), not an outage that pauses the partition.
+#[tokio::test]
+async fn a_schema_id_of_another_kind_or_one_that_does_not_parse_condemns_the_message() {
+    let (_, bytes) = avro_request();
+    let cases = [
+        (
+            json!({"schemaType": "PROTOBUF", "schema": "syntax = \"proto3\"; message M { string a = 1; }"}),
+            "not_avro_schema",
+            "Protobuf",
+        ),
+        (
+            json!({"schemaType": "JSON", "schema": "{\"type\": \"object\"}"}),
+            "not_avro_schema",
+            "JSON Schema",
+        ),
+        (
+            json!({"schema": "{\"type\": \"record\", \"name\": \"Broken\", \"fields\": 7}"}),
+            "schema_does_not_parse",
+            "does not parse",
+        ),
+    ];
+    for (answer, code, named) in cases {
+        let stub = RegistryStub::start(vec![(200, answer.to_string())]).await;
+        let codec = Codec::with_registry(&stub.url()).unwrap();
+        match codec.decode::<WorkflowRunRequest>(&bytes).await {
+            Err(CodecError::Decode(e)) => {
+                assert_eq!(e.code(), code, "{e}");
+                assert!(e.to_string().contains(named), "{e}");
+            }
+            other => panic!("{code}: expected a decode error, got {other:?}"),
+        }
+    }
 }

@@ -20,6 +20,14 @@ pub enum DecodeError {
         expected: &'static str,
         found: String,
     },
+    /// The registry holds the framed schema id, as a schema of another
+    /// kind (Protobuf, JSON Schema): the bytes are not Avro of ours.
+    #[error("schema id {schema_id} is a {kind} schema, not Avro")]
+    NotAvroSchema { schema_id: u32, kind: String },
+    /// The registry holds the framed schema id, but its text is not a
+    /// schema Avro can read.
+    #[error("schema id {schema_id} does not parse as an Avro schema: {reason}")]
+    SchemaDoesNotParse { schema_id: u32, reason: String },
     #[error("Avro that does not match {schema}: {reason}")]
     AvroMismatch {
         schema: &'static str,
@@ -44,6 +52,8 @@ impl DecodeError {
             Self::TruncatedFrame(_) => "truncated_frame",
             Self::UnknownSchemaId(_) => "unknown_schema_id",
             Self::WrongSchema { .. } => "wrong_schema",
+            Self::NotAvroSchema { .. } => "not_avro_schema",
+            Self::SchemaDoesNotParse { .. } => "schema_does_not_parse",
             Self::AvroMismatch { .. } => "avro_mismatch",
             Self::JsonMismatch { .. } => "json_mismatch",
             Self::Rule(_) => "rule_broken",

@@ -155,3 +155,67 @@ async fn unknown_workflows_and_bad_inputs_become_failed_rows_with_events(pool: P
     })
     .await;
 }
+
+/// One message framed with the id of a Protobuf schema registered in the
+/// same registry, among good requests on its partition: the registry's
+/// definite answer about the id dead-letters that message (its own code),
+/// and every other request of the partition becomes a row, its offsets
+/// committed. It used to pause the partition for good as a registry outage.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_message_framed_with_a_protobuf_schema_id_is_dead_lettered_and_its_partition_moves_on(
+    pool: PgPool,
+) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let registry = flotilla_tests::service_env("SCHEMA_REGISTRY_URL");
+        let registered: serde_json::Value = flotilla_runtime::tls::http_client()
+            .build()
+            .unwrap()
+            .post(format!(
+                "{registry}/subjects/{}-proto-value/versions",
+                topics.requests
+            ))
+            .header("content-type", "application/vnd.schemaregistry.v1+json")
+            .json(&json!({
+                "schemaType": "PROTOBUF",
+                "schema": "syntax = \"proto3\";\nmessage Other { string a = 1; }\n"
+            }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let proto_id = u32::try_from(registered["id"].as_u64().expect("an id")).unwrap();
+        let producer = producer();
+        for n in 0..21 {
+            let bytes = if n == 10 {
+                framing::frame(proto_id, b"\x02a")
+            } else {
+                let request = flotilla_contracts::WorkflowRunRequest::new(
+                    Uuid::new_v4(),
+                    "greet",
+                    json!({"name": format!("n{n}")}),
+                )
+                .unwrap();
+                flotilla_contracts::json::encode(&request).unwrap()
+            };
+            support::produce_to(&producer, &topics.requests, 0, &bytes, None).await;
+        }
+        let (stop, handle) = spawn(support::consumer(&engine, &topics));
+        let letters = support::dead_letters(&topics.dead_letters, 1).await;
+        wait_rows(&pool, 20).await;
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        stop.cancel();
+        handle.await.unwrap();
+        assert_eq!(letters[0].headers[CODE], "not_avro_schema");
+        assert!(
+            letters[0].headers[REASON].contains("Protobuf"),
+            "{}",
+            letters[0].headers[REASON]
+        );
+    })
+    .await;
+}
