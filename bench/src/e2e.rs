@@ -244,7 +244,7 @@ impl Fleet {
     fn producer(&self) -> anyhow::Result<FutureProducer> {
         Ok(BrokerConfig::new(&self.broker.bootstrap)
             .idempotent_producer()
-            .set("linger.ms", "5")
+            .set("queue.buffering.max.ms", "5")
             .create()?)
     }
 

@@ -94,7 +94,7 @@ impl Relay {
                 "the delivery timeout is longer than a third of the bucket lease; records are failed after a third of the lease");
         }
         config
-            .set("linger.ms", "5")
+            .set("queue.buffering.max.ms", "5")
             .set("message.timeout.ms", window.as_millis().to_string())
             .set("message.max.bytes", settings.max_message_bytes.to_string());
         let producer: FutureProducer = config.create()?;

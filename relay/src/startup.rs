@@ -41,6 +41,10 @@ pub async fn run(
     args: RelayArgs,
     shutdown: CancellationToken,
 ) -> Result<(), StartupError> {
+    // Settings that are wrong on their own fail before anything is reached.
+    args.broker
+        .validate()
+        .map_err(kafka::BrokerError::Settings)?;
     let pool = flotilla_store::connect(database).await?;
     kafka::check_reachable(&args.broker, CONNECT_TIMEOUT).await?;
     kafka::ensure_topics(&args.broker, &[&args.event_topic], args.topics).await?;

@@ -128,6 +128,25 @@ fn settings_that_make_no_sense_are_refused_at_start_up_naming_the_flag() {
     }
 }
 
+/// The relay's producer settings cannot be reached by a pass-through
+/// property either, under any of their names.
+#[test]
+fn pinned_kafka_settings_are_refused_at_start_up_by_name() {
+    for property in [
+        "acks=0",
+        "message.timeout.ms=999999",
+        "enable.idempotence=true",
+    ] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
+        command
+            .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+            .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
+            .args(["--kafka-property", property]);
+        let key = property.split_once('=').unwrap().0;
+        flotilla_tests::process::assert_refused(command, key, "cannot be overridden");
+    }
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn with_topic_creation_off_the_relay_leaves_topics_to_the_operator(pool: PgPool) {
     on_own_database(&pool, leaves_topics_to_the_operator).await;

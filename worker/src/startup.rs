@@ -228,6 +228,9 @@ fn check_settings(config: &WorkerConfig) -> Result<(String, api::Tokens), Startu
     if tokens.is_empty() && !config.http.insecure_no_auth {
         return Err(StartupError::NoTokens);
     }
+    if config.consumer.consume_requests {
+        config.broker.validate().map_err(BrokerError::Settings)?;
+    }
     Ok((worker_id, tokens))
 }
 

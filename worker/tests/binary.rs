@@ -241,6 +241,31 @@ fn settings_that_would_panic_or_make_no_sense_are_refused_at_start_up_naming_the
     }
 }
 
+/// A pass-through property may not reach what Flotilla pins for its
+/// guarantees, whatever librdkafka name it uses: refused at start-up, by
+/// name, before anything is reached.
+#[test]
+fn pinned_kafka_settings_and_their_aliases_are_refused_at_start_up_by_name() {
+    for property in [
+        "acks=1",
+        "request.required.acks=0",
+        "delivery.timeout.ms=1",
+        "isolation.level=read_uncommitted",
+        "partitioner=random",
+    ] {
+        let mut command = worker("postgres://postgres@127.0.0.1:1/none");
+        command.args(["--kafka-property", property]);
+        let key = property.split_once('=').unwrap().0;
+        flotilla_tests::process::assert_refused(command, key, "cannot be overridden");
+    }
+    let file = std::env::temp_dir().join(format!("pinned-{}.properties", uuid::Uuid::new_v4()));
+    std::fs::write(&file, "enable.auto.commit=true\n").unwrap();
+    let mut command = worker("postgres://postgres@127.0.0.1:1/none");
+    command.env("FLOTILLA_KAFKA_PROPERTIES_FILE", &file);
+    flotilla_tests::process::assert_refused(command, "enable.auto.commit", "cannot be overridden");
+    std::fs::remove_file(file).unwrap();
+}
+
 /// A cluster whose admin API does not answer (librdkafka's mock cluster,
 /// like an account without the right to create topics) does not stop a
 /// worker whose topics exist: they are read from the metadata, and

@@ -120,7 +120,7 @@ async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Trac
     let producer: FutureProducer = settings
         .broker
         .idempotent_producer()
-        .set("linger.ms", "5")
+        .set("queue.buffering.max.ms", "5")
         .create()
         .context("creating the producer")?;
     let mut jobs = HashMap::new();

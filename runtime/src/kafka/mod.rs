@@ -4,6 +4,7 @@
 //! from [`BrokerConfig::client`], so TLS, SASL and pass-through properties
 //! ([`security`]) reach all of them.
 
+pub mod pinned;
 pub mod security;
 
 use std::time::Duration;
@@ -75,7 +76,10 @@ impl BrokerConfig {
     #[must_use]
     pub fn idempotent_producer(&self) -> ClientConfig {
         let mut config = self.client();
-        config.set("enable.idempotence", "true").set("acks", "all");
+        config
+            .set("enable.idempotence", "true")
+            .set("request.required.acks", "all")
+            .set("partitioner", pinned::PARTITIONER);
         config
     }
 
@@ -92,7 +96,10 @@ impl BrokerConfig {
     #[must_use]
     pub fn acknowledged_producer(&self) -> ClientConfig {
         let mut config = self.client();
-        config.set("enable.idempotence", "false").set("acks", "all");
+        config
+            .set("enable.idempotence", "false")
+            .set("request.required.acks", "all")
+            .set("partitioner", pinned::PARTITIONER);
         config
     }
 
@@ -105,7 +112,8 @@ impl BrokerConfig {
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest");
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", pinned::ISOLATION_LEVEL);
         config
     }
 }

@@ -240,7 +240,21 @@ impl KafkaSecurity {
             named("ssl.key.password", password.expose_secret().to_owned());
         }
         properties.extend(self.kafka_property.iter().cloned());
+        // One spelling per property, so the later setting wins for sure
+        // (a client configuration applies its keys in no fixed order).
         properties
+            .into_iter()
+            .map(|(key, value)| (super::pinned::canonical(&key).to_owned(), value))
+            .collect()
+    }
+
+    /// The keys set through the properties file and `--kafka-property`.
+    fn pass_through_keys(&self) -> impl Iterator<Item = &str> {
+        self.kafka_properties_file
+            .iter()
+            .flat_map(|file| file.0.iter())
+            .chain(&self.kafka_property)
+            .map(|(key, _)| key.as_str())
     }
 
     fn sasl_password(&self) -> Option<&SecretString> {
@@ -266,6 +280,9 @@ impl KafkaSecurity {
             setting,
             problem: problem.to_owned(),
         };
+        if let Some(refused) = self.pass_through_keys().find_map(super::pinned::refusal) {
+            return Err(error("Kafka properties", &refused));
+        }
         let effective: BTreeMap<String, String> = self.properties().into_iter().collect();
         let protocol = effective
             .get("security.protocol")
@@ -300,7 +317,6 @@ impl KafkaSecurity {
             .kafka_security_protocol
             .is_some_and(SecurityProtocol::uses_sasl)
             && !effective.contains_key("sasl.mechanisms")
-            && !effective.contains_key("sasl.mechanism")
         {
             return Err(error(
                 "KAFKA_SASL_MECHANISM",
