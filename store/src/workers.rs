@@ -98,3 +98,21 @@ pub async fn forget_departed(conn: &mut PgConnection, ttl_ms: i64) -> Result<u64
     .await?;
     Ok(done.rows_affected())
 }
+
+/// When `worker_id` last announced itself, and how long ago that was by
+/// the database's clock; `None` when it has no row.
+///
+/// # Errors
+/// Database errors.
+pub async fn last_seen(
+    conn: &mut PgConnection,
+    worker_id: &str,
+) -> Result<Option<(DateTime<Utc>, f64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT last_seen, extract(epoch FROM now() - last_seen)::float8
+         FROM worker_member WHERE worker_id = $1",
+    )
+    .bind(worker_id)
+    .fetch_optional(conn)
+    .await
+}

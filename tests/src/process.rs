@@ -121,6 +121,21 @@ impl Running {
         }
     }
 
+    /// The value of `field` (as `field=value`) on the first printed line
+    /// containing `message`, among the lines read so far.
+    #[must_use]
+    pub fn logged(&self, message: &str, field: &str) -> Option<String> {
+        let prefix = format!("{field}=");
+        self.output
+            .iter()
+            .filter(|line| line.contains(message))
+            .find_map(|line| {
+                line.split_whitespace()
+                    .find_map(|word| word.strip_prefix(&prefix))
+                    .map(|value| value.trim_matches('"').to_owned())
+            })
+    }
+
     /// Sends SIGTERM and waits for the exit.
     ///
     /// # Panics

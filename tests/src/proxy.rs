@@ -14,6 +14,7 @@ pub struct Proxy {
     address: SocketAddr,
     open: Arc<AtomicBool>,
     refused: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
     generation: watch::Sender<u64>,
 }
 
@@ -32,8 +33,11 @@ impl Proxy {
         let (generation, _) = watch::channel(0u64);
         let (accept_open, accept_generation) = (open.clone(), generation.clone());
         let accept_refused = refused.clone();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let accept_count = accepted.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                accept_count.fetch_add(1, Ordering::SeqCst);
                 if !accept_open.load(Ordering::SeqCst) {
                     accept_refused.fetch_add(1, Ordering::SeqCst);
                     drop(client); // refused while cut
@@ -56,6 +60,7 @@ impl Proxy {
             address,
             open,
             refused,
+            accepted,
             generation,
         }
     }
@@ -75,6 +80,12 @@ impl Proxy {
     #[must_use]
     pub fn refused_connections(&self) -> u64 {
         self.refused.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted so far (refused ones included).
+    #[must_use]
+    pub fn connections(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     pub fn restore(&self) {

@@ -119,6 +119,12 @@ pub struct ConsumerConfig {
     /// How long to wait for the broker at start-up.
     #[arg(long, env = "FLOTILLA_KAFKA_CONNECT_TIMEOUT", default_value_t = DEFAULT_CONNECT_TIMEOUT.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub connect_timeout: humantime::Duration,
+
+    /// How long the request consumer may stay paused by an outage (the
+    /// database, the registry, the dead-letter topic) before `/readyz`
+    /// fails, naming it.
+    #[arg(long, env = "FLOTILLA_CONSUMER_PAUSED_UNREADY_AFTER", default_value_t = consumer::DEFAULT_PAUSED_UNREADY_AFTER.into(), value_parser = duration_between(SECOND, DAY))]
+    pub paused_unready_after: humantime::Duration,
 }
 
 /// The run engine's settings.

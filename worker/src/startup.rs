@@ -22,7 +22,7 @@ use crate::api;
 use crate::config::WorkerConfig;
 use crate::consumer::lag::{LagReader, LagSource};
 use crate::consumer::{ConsumerSettings, RequestConsumer};
-use crate::engine::{Engine, EngineSettings, RegisterError, SwitchError, SystemClock};
+use crate::engine::{Engine, EngineSettings, Namesake, RegisterError, SwitchError, SystemClock};
 use crate::target::Targets;
 use crate::target::config::TargetsFileError;
 
@@ -47,6 +47,12 @@ pub enum StartupError {
     Workflows { dir: PathBuf, source: RegisterError },
     #[error("creating the request consumer: {0}")]
     Consumer(#[from] KafkaError),
+    #[error(transparent)]
+    Namesake(#[from] Namesake),
+    #[error(
+        "the dead-letter topic {0} does not exist and FLOTILLA_CREATE_TOPICS=false: create it (with the request topic's retention), or let the worker create it"
+    )]
+    NoDeadLetterTopic(String),
     #[error("the run layout switches: {0}")]
     Switches(#[from] SwitchError),
     #[error("binding the API on {addr}: {source}")]
@@ -61,6 +67,7 @@ pub enum StartupError {
 pub struct Application {
     engine: Engine,
     consumer: Option<RequestConsumer>,
+    readiness: api::readiness::Readiness,
     listener: TcpListener,
     router: axum::Router,
     grace: Duration,
@@ -103,6 +110,14 @@ impl Application {
             Arc::new(SystemClock),
             engine_settings(&worker_id, &config),
         );
+        // Never beside a live worker of the same id; without a database the
+        // worker still starts (its API answers 503).
+        match engine.refuse_a_live_namesake().await {
+            Err(Namesake::Store(e)) => {
+                tracing::warn!(error = %e, "could not check for a live worker of this id");
+            }
+            other => other?,
+        }
         // Announced before the switches are decided, so that another worker
         // deciding now sees this one. Without a database the worker still
         // starts (its API answers 503); the sweeper decides them later.
@@ -130,12 +145,15 @@ impl Application {
         if tokens.is_empty() {
             tracing::warn!("the API serves /v1 WITHOUT AUTH (--insecure-no-auth)");
         }
+        let readiness = api::readiness::Readiness::new(
+            engine.clone(),
+            consumer.as_ref().map(RequestConsumer::health),
+            *config.consumer.paused_unready_after,
+        );
+        readiness.ping().await;
         let state = api::ApiState {
             engine: engine.clone(),
-            broker: config
-                .consumer
-                .consume_requests
-                .then(|| config.broker.clone()),
+            readiness: readiness.clone(),
             lag: config.consumer.consume_requests.then(|| {
                 LagReader::new(LagSource {
                     broker: config.broker.clone(),
@@ -152,6 +170,7 @@ impl Application {
         Ok(Self {
             engine,
             consumer,
+            readiness,
             listener,
             router,
             grace: *config.shutdown_grace,
@@ -182,10 +201,12 @@ impl Application {
         let Self {
             engine,
             consumer,
+            readiness,
             listener,
             router,
             grace,
         } = self;
+        tokio::spawn(readiness.keep_fresh(shutdown.clone()));
         tracing::info!(api = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             loops = engine.settings().worker_count, "worker ready");
         let api = tokio::spawn(api::serve(listener, router, shutdown.clone()));
@@ -281,12 +302,19 @@ async fn subscribe(
     settings.batch_bytes = consumer.request_batch_bytes;
     settings.group_instance_id = consumer.static_membership.then(|| worker_id.to_owned());
     settings.max_request_bytes = consumer.max_request_bytes;
-    kafka::ensure_topics(
+    let missing = kafka::ensure_topics(
         &config.broker,
         &[&settings.request_topic, &settings.dead_letter_topic],
         consumer.topics,
     )
     .await?;
+    // Without its dead-letter topic every bad request would pause its
+    // partition: refuse to start instead, naming it.
+    if missing.contains(&settings.dead_letter_topic) {
+        return Err(StartupError::NoDeadLetterTopic(
+            settings.dead_letter_topic.clone(),
+        ));
+    }
     tracing::info!(topic = %settings.request_topic, group = %settings.group, "consuming requests");
     Ok(RequestConsumer::subscribe(
         engine.clone(),

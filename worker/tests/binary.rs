@@ -306,3 +306,108 @@ async fn existing_topics_are_not_created_again_so_start_up_needs_no_admin_rights
     assert!(status.0.success(), "{}", status.1.output.join("\n"));
     drop(cluster);
 }
+
+/// With topic creation off and the dead-letter topic missing, every bad
+/// request would pause its partition: the worker refuses to start, naming
+/// the topic.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_missing_dead_letter_topic_with_creation_off_fails_start_up_naming_it(pool: PgPool) {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let topic = flotilla_tests::unique("no-dlq-requests");
+    cluster.create_topic(&topic, 1, 1).unwrap();
+    let mut command = worker(&flotilla_tests::database::url_of(&pool).await);
+    command
+        .env("KAFKA_BOOTSTRAP_SERVERS", cluster.bootstrap_servers())
+        .env("FLOTILLA_REQUEST_TOPIC", &topic)
+        .env("FLOTILLA_CREATE_TOPICS", "false");
+    let dead_letters = flotilla_contracts::topics::dead_letter_topic(&topic);
+    tokio::task::spawn_blocking(move || {
+        flotilla_tests::process::assert_refused(command, &dead_letters, "does not exist");
+    })
+    .await
+    .unwrap();
+    drop(cluster);
+}
+
+/// A flood of `/readyz` probes opens no connection to the broker (readiness
+/// reads the consumer's own state) and costs the database no round trip per
+/// probe (a background ping every 2 s): counted at a proxy in front of the
+/// broker and in the database's transaction counter.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_flood_of_readyz_opens_no_kafka_connection_and_no_database_round_trip_per_probe(
+    pool: PgPool,
+) {
+    let broker = tokio::net::lookup_host(flotilla_tests::bootstrap_servers())
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = flotilla_tests::proxy::Proxy::start(broker).await;
+    let url = flotilla_tests::database::url_of(&pool).await;
+    let database: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mut command = worker(&url);
+    command.env("KAFKA_BOOTSTRAP_SERVERS", proxy.address().to_string());
+    let running = tokio::task::spawn_blocking(move || {
+        let mut running = Running::start(command);
+        running.wait_for_line("worker ready", Duration::from_secs(60));
+        running
+    })
+    .await
+    .unwrap();
+    let api = format!(
+        "http://{}",
+        running
+            .logged("worker ready", "api")
+            .expect("the API's address")
+    );
+    let client = flotilla_runtime::tls::http_client().build().unwrap();
+    // The consumer settles into its connections first.
+    let ready = |client: reqwest::Client, api: String| async move {
+        client
+            .get(format!("{api}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while ready(client.clone(), api.clone()).await != reqwest::StatusCode::OK {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let commits = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1",
+        )
+        .bind(&database)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let (connections, transactions) = (proxy.connections(), commits().await);
+    let started = std::time::Instant::now();
+    for _ in 0..500 {
+        assert_eq!(
+            ready(client.clone(), api.clone()).await,
+            reqwest::StatusCode::OK
+        );
+    }
+    let took = started.elapsed();
+    assert_eq!(
+        proxy.connections(),
+        connections,
+        "a probe opened a broker connection"
+    );
+    // The counter lags a little behind the backends; the flood itself
+    // would add 500.
+    let added = commits().await - transactions;
+    assert!(
+        added < 100,
+        "{added} transactions during 500 probes in {took:?}"
+    );
+    drop(running);
+}

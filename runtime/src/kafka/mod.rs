@@ -269,7 +269,8 @@ fn parse_layout(text: &str) -> Result<i32, String> {
 /// Which exist is read from the cluster's metadata first, so a service
 /// account without the right to create topics starts fine when they exist
 /// (and CreateTopics is never sent for them). With creation off, a missing
-/// topic is only warned about: an operator's job may be creating it.
+/// topic is warned about and returned: the caller decides whether it can
+/// start without it (an operator's job may be creating it).
 ///
 /// # Errors
 /// The metadata cannot be read, or the broker refuses to create a missing
@@ -278,7 +279,7 @@ pub async fn ensure_topics(
     broker: &BrokerConfig,
     topics: &[&str],
     layout: TopicLayout,
-) -> Result<(), BrokerError> {
+) -> Result<Vec<String>, BrokerError> {
     let existing = existing_topics(broker, Duration::from_secs(10)).await?;
     let missing: Vec<&str> = topics
         .iter()
@@ -286,14 +287,14 @@ pub async fn ensure_topics(
         .filter(|topic| !existing.iter().any(|t| t == topic))
         .collect();
     if missing.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     if !layout.create_topics {
         tracing::warn!(
             ?missing,
             "topics do not exist and creation is off (FLOTILLA_CREATE_TOPICS=false): they must be created"
         );
-        return Ok(());
+        return Ok(missing.into_iter().map(str::to_owned).collect());
     }
     let admin: AdminClient<DefaultClientContext> = broker.client().create()?;
     let new_topics: Vec<NewTopic<'_>> = missing
@@ -317,7 +318,7 @@ pub async fn ensure_topics(
             Err((topic, code)) => return Err(BrokerError::CreateTopic { topic, code }),
         }
     }
-    Ok(())
+    Ok(Vec::new())
 }
 
 /// The names of the topics the cluster's metadata lists.

@@ -11,6 +11,7 @@ mod jobs;
 pub mod openapi;
 mod ops;
 pub mod problem;
+pub mod readiness;
 pub mod views;
 mod workflows;
 
@@ -18,7 +19,6 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post, put};
-use flotilla_runtime::BrokerConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -32,8 +32,8 @@ use problem::Problem;
 #[derive(Debug, Clone)]
 pub struct ApiState {
     pub engine: Engine,
-    /// Broker checked by `/readyz`; `None` skips the check.
-    pub broker: Option<BrokerConfig>,
+    /// What `/readyz` reads, kept fresh in the background.
+    pub readiness: readiness::Readiness,
     /// Where the request consumers' lag is read for `/v1/fleet`; `None`
     /// when this worker consumes no requests.
     pub lag: Option<LagReader>,

@@ -1,7 +1,5 @@
 //! The open operational routes: health, readiness, metrics, the API document.
 
-use std::time::Duration;
-
 use axum::extract::State;
 use axum::http::{HeaderName, StatusCode, header};
 use serde_json::{Value, json};
@@ -16,39 +14,20 @@ pub(super) async fn healthz() -> axum::Json<Value> {
     axum::Json(json!({ "status": "ok" }))
 }
 
-/// Ready when the database answers, every supervised task runs, and (if
-/// configured) the broker answers.
-#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "`{status: ready}`"), (status = 503, description = "database or broker unavailable, or a task not running", body = ProblemDoc, content_type = "application/problem+json")))]
+/// Ready when the database answered a recent ping, every supervised task
+/// runs, and the request consumer is not paused past its bound: read from
+/// state kept in the background (`readiness.rs`), so a probe opens no
+/// connection of any kind.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "`{status: ready}`"), (status = 503, description = "database unavailable, a task not running, or the consumer paused too long", body = ProblemDoc, content_type = "application/problem+json")))]
 pub(super) async fn readyz(
     State(state): State<ApiState>,
 ) -> Result<axum::Json<serde_json::Value>, Problem> {
-    let database = tokio::time::timeout(Duration::from_secs(2), state.engine.ping()).await;
-    match database {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(e.into()),
-        Err(_) => {
-            return Err(Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "database did not answer within 2 s",
-            ));
-        }
-    }
-    let problems = state.engine.health().problems();
+    let problems = state.readiness.problems();
     if !problems.is_empty() {
         return Err(Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("tasks not running: {}", problems.join("; ")),
+            problems.join("; "),
         ));
-    }
-    if let Some(broker) = &state.broker {
-        flotilla_runtime::kafka::check_reachable(broker, Duration::from_secs(2))
-            .await
-            .map_err(|e| {
-                Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("broker unavailable: {e}"),
-                )
-            })?;
     }
     Ok(axum::Json(json!({ "status": "ready" })))
 }

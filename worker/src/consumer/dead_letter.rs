@@ -6,8 +6,10 @@ use std::time::Duration;
 use rdkafka::Message;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 
-use super::Received;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use flotilla_runtime::BrokerConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+
+use super::{DEAD_LETTER_TIMEOUT, Received};
 
 /// Header names added to a dead-lettered record.
 pub const REASON: &str = "flotilla.dlq.reason";
@@ -28,9 +30,44 @@ pub struct DeadLetter {
     pub reason: String,
 }
 
+/// The dead-letter producer: idempotent, and a letter that cannot be
+/// delivered soon is an outage of the batch, retried.
+///
+/// # Errors
+/// The client cannot be created.
+pub fn producer(broker: &BrokerConfig) -> Result<FutureProducer, rdkafka::error::KafkaError> {
+    broker
+        .idempotent_producer()
+        .set(
+            "message.timeout.ms",
+            DEAD_LETTER_TIMEOUT.as_millis().to_string(),
+        )
+        .create()
+}
+
+/// Whether `producer` can send nothing more (an idempotent producer whose
+/// sequence the broker refused for good, say): it must be replaced.
+#[must_use]
+pub fn is_broken(producer: &FutureProducer) -> bool {
+    producer.client().fatal_error().is_some()
+}
+
+/// How much of the original record a dead letter carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carried {
+    /// Its key, value and headers.
+    Whole,
+    /// Its key and headers; the value's size in a header.
+    WithoutValue,
+    /// Only the reason headers and the value's size: the least that says
+    /// what happened, for a record whose own headers are too large.
+    Minimal,
+}
+
 /// Produces `message` to `topic` with the reason headers, waiting for the
-/// ack. A value the broker refuses as too large is dropped (its size noted in
-/// a header) rather than stalling the partition on a record that can never land.
+/// ack. A record the broker refuses as too large is sent again without its
+/// value (its size noted in a header), then without its original headers,
+/// rather than stalling the partition on a record that can never land.
 ///
 /// # Errors
 /// The broker did not take the record.
@@ -42,18 +79,29 @@ pub async fn send(
 ) -> Result<(), rdkafka::error::KafkaError> {
     use rdkafka::error::KafkaError;
     use rdkafka::types::RDKafkaErrorCode;
-    if message.dropped_value_bytes().is_some() {
-        return produce(producer, topic, message, letter, false).await;
-    }
-    match produce(producer, topic, message, letter, true).await {
-        Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
-            tracing::warn!(
-                topic,
-                "dead letter too large for the broker; sending it without its value"
-            );
-            produce(producer, topic, message, letter, false).await
+    let first = if message.dropped_value_bytes().is_some() {
+        Carried::WithoutValue
+    } else {
+        Carried::Whole
+    };
+    let mut carried = first;
+    loop {
+        match produce(producer, topic, message, letter, carried).await {
+            Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge))
+                if carried != Carried::Minimal =>
+            {
+                carried = match carried {
+                    Carried::Whole => Carried::WithoutValue,
+                    _ => Carried::Minimal,
+                };
+                tracing::warn!(
+                    topic,
+                    ?carried,
+                    "dead letter too large for the broker; sending less of it"
+                );
+            }
+            other => return other,
         }
-        other => other,
     }
 }
 
@@ -62,10 +110,11 @@ async fn produce(
     topic: &str,
     message: &Received,
     letter: &DeadLetter,
-    with_value: bool,
+    carried: Carried,
 ) -> Result<(), rdkafka::error::KafkaError> {
+    let with_value = carried == Carried::Whole;
     let mut headers = OwnedHeaders::new();
-    if let Some(original) = message.headers() {
+    if let (Some(original), false) = (message.headers(), carried == Carried::Minimal) {
         for header in original.iter() {
             headers = headers.insert(Header {
                 key: header.key,
@@ -79,10 +128,16 @@ async fn produce(
         .dropped_value_bytes()
         .unwrap_or_else(|| message.payload().map_or(0, <[u8]>::len))
         .to_string();
+    // A minimal letter keeps the start of its reason only.
+    let reason = if carried == Carried::Minimal {
+        letter.reason.chars().take(512).collect::<String>()
+    } else {
+        letter.reason.clone()
+    };
     let mut headers = headers
         .insert(Header {
             key: REASON,
-            value: Some(letter.reason.as_bytes()),
+            value: Some(reason.as_bytes()),
         })
         .insert(Header {
             key: CODE,
@@ -107,7 +162,7 @@ async fn produce(
         });
     }
     let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(headers);
-    if let Some(key) = message.key() {
+    if let (Some(key), false) = (message.key(), carried == Carried::Minimal) {
         record = record.key(key);
     }
     if let (true, Some(value)) = (with_value, message.payload()) {

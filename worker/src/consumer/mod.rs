@@ -10,6 +10,7 @@
 
 mod context;
 pub mod dead_letter;
+mod health;
 pub mod lag;
 mod outage;
 mod persist;
@@ -29,6 +30,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 pub use context::RequestConsumerContext;
+pub use health::ConsumerHealth;
 pub use outage::is_unreadable;
 pub use persist::{BatchReport, Outage};
 pub use received::Received;
@@ -46,6 +48,9 @@ pub const DEFAULT_BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Longest pause between retries of a batch during an outage.
 pub const DEFAULT_OUTAGE_BACKOFF_MAX: Duration = Duration::from_secs(10);
 pub(crate) const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// How long the consumer may stay paused by an outage before readiness
+/// fails, unless configured.
+pub const DEFAULT_PAUSED_UNREADY_AFTER: Duration = Duration::from_secs(120);
 /// How long one dead-letter delivery may take before the batch is retried.
 pub const DEAD_LETTER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -94,12 +99,17 @@ impl ConsumerSettings {
 /// A subscribed consumer with its dead-letter producer.
 pub struct RequestConsumer {
     consumer: Arc<StreamConsumer<RequestConsumerContext>>,
-    dead_letters: FutureProducer,
+    /// Replaced when it enters a fatal state (see `dead_letter::send`).
+    dead_letters: std::sync::Mutex<FutureProducer>,
+    health: Arc<ConsumerHealth>,
     engine: Engine,
     codec: Arc<Codec>,
     settings: ConsumerSettings,
     /// Set once a message could not be read: nothing is committed after it.
     stalled: std::sync::atomic::AtomicBool,
+    /// Set once the client hit a fatal error (another member took its
+    /// `group.instance.id`): it consumes nothing more.
+    dead: std::sync::atomic::AtomicBool,
     /// Messages that arrived while riding out an outage, for the next batch.
     carried: std::sync::Mutex<Vec<Received>>,
     /// Times librdkafka said this member went too long without polling.
@@ -150,25 +160,25 @@ impl RequestConsumer {
             config.create_with_context(RequestConsumerContext::default())?;
         consumer.subscribe(&[&settings.request_topic])?;
         let consumer = Arc::new(consumer);
-        let dead_letters: FutureProducer = settings
-            .broker
-            .idempotent_producer()
-            // A dead letter that cannot be delivered soon is an outage, retried.
-            .set(
-                "message.timeout.ms",
-                DEAD_LETTER_TIMEOUT.as_millis().to_string(),
-            )
-            .create()?;
+        let dead_letters = dead_letter::producer(&settings.broker)?;
         Ok(Self {
             consumer,
-            dead_letters,
+            dead_letters: std::sync::Mutex::new(dead_letters),
+            health: Arc::default(),
             engine,
             codec,
             settings,
             stalled: std::sync::atomic::AtomicBool::new(false),
+            dead: std::sync::atomic::AtomicBool::new(false),
             carried: std::sync::Mutex::new(Vec::new()),
             poll_interval_exceeded: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// The consumer's own state, for readiness.
+    #[must_use]
+    pub fn health(&self) -> Arc<ConsumerHealth> {
+        self.health.clone()
     }
 
     /// Consumes until `shutdown`: batch, persist (retrying through outages), commit.
@@ -179,9 +189,10 @@ impl RequestConsumer {
             };
             tracing::debug!(messages = batch.len(), ?report, "batch persisted");
             self.commit(&batch);
-            if self.is_stalled() {
+            if self.is_stalled() || self.is_dead() {
                 // Keep the group seat (and the partitions paused) until told
-                // to stop: an operator looks at the message that cannot be read.
+                // to stop: an operator looks at the message that cannot be
+                // read, or at the worker whose id another one took.
                 shutdown.cancelled().await;
                 break;
             }
@@ -212,7 +223,7 @@ impl RequestConsumer {
             tokio::select! {
                 received = self.consumer.recv() => match received {
                     Ok(message) => batch.push(Received::take(&message, limit)),
-                    Err(e) if self.stall_on(&e) => {
+                    Err(e) if self.stall_on(&e) || self.dies_on(&e) => {
                         shutdown.cancelled().await;
                         return None;
                     }
@@ -232,7 +243,7 @@ impl RequestConsumer {
                 }
                 // What came before the unreadable message is still persisted
                 // and committed; nothing after it is.
-                Ok(Err(e)) if self.stall_on(&e) => break,
+                Ok(Err(e)) if self.stall_on(&e) || self.dies_on(&e) => break,
                 Ok(Err(e)) => self.note_error(&e),
                 Err(_) => break,
             }
@@ -281,8 +292,16 @@ impl RequestConsumer {
     pub fn clients(&self) -> KafkaClients {
         KafkaClients {
             _consumer: self.consumer.clone(),
-            _dead_letters: self.dead_letters.clone(),
+            _dead_letters: self.dead_letter_producer(),
         }
+    }
+
+    /// The dead-letter producer in use now.
+    pub(super) fn dead_letter_producer(&self) -> FutureProducer {
+        self.dead_letters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 

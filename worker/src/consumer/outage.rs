@@ -36,6 +36,7 @@ impl RequestConsumer {
                 Err(outage) => {
                     let pause = backoff.next_pause();
                     tracing::warn!(error = %outage, retry_in = ?pause, "batch not persisted; pausing and retrying");
+                    self.health.paused(outage.to_string());
                     if !in_outage {
                         self.begin_outage();
                         in_outage = true;
@@ -58,6 +59,7 @@ impl RequestConsumer {
 
     fn end_outage(&self) {
         self.consumer.context().set_outage(false);
+        self.health.resumed();
         tracing::info!("outage over; resuming partitions");
         let assignment = self.consumer.assignment().unwrap_or_default();
         if let Err(e) = self.consumer.resume(&assignment) {
@@ -110,6 +112,40 @@ impl RequestConsumer {
 
     pub(super) fn is_stalled(&self) -> bool {
         self.stalled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(super) fn is_dead(&self) -> bool {
+        self.dead.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// When `error` is fatal to the client (most often: another live member
+    /// of the group joined with this worker's `group.instance.id` and
+    /// fenced this one), marks the consumer dead, naming the cause: it can
+    /// consume nothing more, and readiness fails until it is restarted.
+    pub(super) fn dies_on(&self, error: &KafkaError) -> bool {
+        if !matches!(error, KafkaError::MessageConsumptionFatal(_)) {
+            return false;
+        }
+        if !self.dead.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let (code, detail) = self.consumer.client().fatal_error().unwrap_or((
+                error
+                    .rdkafka_error_code()
+                    .unwrap_or(rdkafka::types::RDKafkaErrorCode::Fatal),
+                error.to_string(),
+            ));
+            let reason = if code == rdkafka::types::RDKafkaErrorCode::FencedInstanceId {
+                format!(
+                    "another live member of group {} uses group.instance.id {:?}, this worker's id, and fenced this one ({detail}); give every worker its own FLOTILLA_WORKER_ID",
+                    self.settings.group,
+                    self.settings.group_instance_id.as_deref().unwrap_or("?")
+                )
+            } else {
+                format!("the Kafka client hit a fatal error: {code:?}: {detail}")
+            };
+            metrics::counter!("flotilla_consumer_fatal_errors_total").increment(1);
+            self.engine.health().dead("request consumer", reason);
+        }
+        true
     }
 
     /// When `error` says a message could not be read (librdkafka would skip

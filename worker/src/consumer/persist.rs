@@ -31,8 +31,11 @@ pub enum Outage {
     Store(#[from] StoreError),
     #[error("schema registry: {0}")]
     Registry(CodecError),
-    #[error("dead-letter topic: {0}")]
-    DeadLetter(rdkafka::error::KafkaError),
+    #[error("dead-letter topic {topic}: {error}")]
+    DeadLetter {
+        topic: String,
+        error: rdkafka::error::KafkaError,
+    },
 }
 
 enum Classified {
@@ -106,14 +109,15 @@ impl RequestConsumer {
             }
         }
         for (message, letter) in &letters {
-            dead_letter::send(
-                &self.dead_letters,
-                &self.settings.dead_letter_topic,
-                message,
-                letter,
-            )
-            .await
-            .map_err(Outage::DeadLetter)?;
+            let producer = self.dead_letter_producer();
+            let topic = &self.settings.dead_letter_topic;
+            if let Err(e) = dead_letter::send(&producer, topic, message, letter).await {
+                self.replace_if_broken(&producer);
+                return Err(Outage::DeadLetter {
+                    topic: topic.clone(),
+                    error: e,
+                });
+            }
             metrics::counter!("flotilla_requests_dead_lettered_total", "code" => letter.code)
                 .increment(1);
         }
@@ -126,6 +130,32 @@ impl RequestConsumer {
         }
         report.dead_lettered = letters.len();
         Ok(report)
+    }
+
+    /// Replaces the dead-letter producer when it can send nothing more (a
+    /// fatal error): the batch is retried with the new one.
+    fn replace_if_broken(&self, producer: &rdkafka::producer::FutureProducer) {
+        if !dead_letter::is_broken(producer) {
+            return;
+        }
+        match dead_letter::producer(&self.settings.broker) {
+            Ok(fresh) => {
+                let old = std::mem::replace(
+                    &mut *self
+                        .dead_letters
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                    fresh,
+                );
+                // librdkafka can block in a client's destructor.
+                std::thread::spawn(move || drop(old));
+                metrics::counter!("flotilla_dead_letter_producer_replaced_total").increment(1);
+                tracing::warn!("the dead-letter producer hit a fatal error; replaced it");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "replacing the broken dead-letter producer failed")
+            }
+        }
     }
 
     async fn classify(&self, message: &Received) -> Result<Classified, Outage> {

@@ -94,3 +94,54 @@ impl Engine {
         Ok(())
     }
 }
+
+/// Another live worker announces itself under this worker's id.
+#[derive(Debug, thiserror::Error)]
+pub enum Namesake {
+    #[error(
+        "worker id {worker_id:?} is in use by another live worker (it announced itself {seconds:.0} s ago and again while this one waited); give every worker its own FLOTILLA_WORKER_ID"
+    )]
+    Alive { worker_id: String, seconds: f64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Engine {
+    /// Refuses to start beside a live worker of the same id (two members
+    /// with one `group.instance.id` fence each other, and one lease owner
+    /// name would stand for two processes). A row that was fresh may be a
+    /// predecessor that died a moment ago: it counts only if it is
+    /// announced again within two sweep intervals.
+    ///
+    /// # Errors
+    /// [`Namesake::Alive`]; database errors.
+    pub async fn refuse_a_live_namesake(&self) -> Result<(), Namesake> {
+        let worker_id = &self.settings().worker_id;
+        let every = self.settings().sweep_interval;
+        let fresh = (every * 2 + std::time::Duration::from_secs(1)).as_secs_f64();
+        let mut conn = self.pool().acquire().await?;
+        let Some((first, seconds)) = workers::last_seen(&mut conn, worker_id).await? else {
+            return Ok(());
+        };
+        if seconds > fresh {
+            return Ok(());
+        }
+        drop(conn);
+        tracing::info!(%worker_id, seconds, "a worker of this id announced itself lately; waiting to see whether it is alive");
+        tokio::time::sleep(every * 2 + std::time::Duration::from_secs(1)).await;
+        let mut conn = self.pool().acquire().await?;
+        match workers::last_seen(&mut conn, worker_id).await? {
+            Some((again, seconds)) if again > first => Err(Namesake::Alive {
+                worker_id: worker_id.clone(),
+                seconds,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl From<sqlx::Error> for Namesake {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}

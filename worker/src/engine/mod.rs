@@ -41,7 +41,7 @@ pub use claimed::{ClaimedRun, LeaseLost, SegmentStop};
 pub use claims::ClaimError;
 pub use complete_step::{CompleteError, CompleteOutcome};
 pub use definitions::RegisterError;
-pub use fleet::{FINISHED_WINDOW, FleetSnapshot, MEMBER_TTL};
+pub use fleet::{FINISHED_WINDOW, FleetSnapshot, MEMBER_TTL, Namesake};
 pub use flotilla_store::features::Feature;
 pub use flotilla_store::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "test-support")]

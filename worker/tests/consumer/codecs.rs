@@ -73,36 +73,22 @@ async fn requests_compressed_with_gzip_lz4_and_zstd_become_rows(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn requests_compressed_with_snappy_become_rows(pool: PgPool) {
     within_deadline(async {
-        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-        let requests = flotilla_tests::unique("snappy-requests");
-        cluster.create_topic(&requests, 1, 1).unwrap();
-        cluster
-            .create_topic(
-                &flotilla_contracts::topics::dead_letter_topic(&requests),
-                1,
-                1,
-            )
-            .unwrap();
-        let bootstrap = cluster.bootstrap_servers();
+        let mock = support::MockTopics::new("snappy");
+        let bootstrap = mock.cluster.bootstrap_servers();
         let engine = support::engine(&pool);
         support::register_greet(&engine).await;
-        let settings = flotilla_worker::consumer::ConsumerSettings::new(
-            flotilla_runtime::BrokerConfig::new(&bootstrap),
-            &requests,
-            &flotilla_tests::unique("snappy-workers"),
-        );
         let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
             engine,
             support::codec(),
-            settings,
+            mock.settings(),
         )
         .unwrap();
         let (stop, handle) = spawn(consumer);
-        produce_compressed(&bootstrap, &requests, "snappy", 20).await;
+        produce_compressed(&bootstrap, &mock.requests, "snappy", 20).await;
         wait_rows(&pool, 20).await;
         stop.cancel();
         handle.await.unwrap();
-        drop(cluster);
+        drop(mock);
     })
     .await;
 }

@@ -157,3 +157,57 @@ async fn a_database_outage_pauses_ingestion_commits_nothing_undurable_and_loses_
     })
     .await;
 }
+
+/// A consumer whose `group.instance.id` another live member took (two
+/// workers given one id) is fenced by the broker: it stops for good and
+/// says so, its task dead in the health that readiness reads, naming the
+/// duplicate id. (The test broker does not fence static members; librdkafka's
+/// mock cluster answers the group coordinator's requests with the error a
+/// real broker sends, FENCED_INSTANCE_ID.)
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_consumer_fenced_by_a_second_member_with_its_instance_id_is_a_dead_task(pool: PgPool) {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    within_deadline(async {
+        let mock = support::MockTopics::new("fenced");
+        let engine = support::engine(&pool);
+        let mut settings = mock.settings();
+        settings.group_instance_id = Some("twin".into());
+        let fenced = [RDKafkaRespErr::RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID; 64];
+        for api in [
+            RDKafkaApiKey::JoinGroup,
+            RDKafkaApiKey::SyncGroup,
+            RDKafkaApiKey::Heartbeat,
+        ] {
+            mock.cluster.request_errors(api, &fenced);
+        }
+        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
+            engine.clone(),
+            support::codec(),
+            settings,
+        )
+        .unwrap();
+        let (stop, handle) = spawn(consumer);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let problems = loop {
+            let problems = engine.health().problems();
+            if !problems.is_empty() {
+                break problems;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the consumer never said it was fenced"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("\"twin\"") && p.contains("group.instance.id")),
+            "{problems:?}"
+        );
+        stop.cancel();
+        handle.await.unwrap();
+        drop(mock);
+    })
+    .await;
+}

@@ -219,3 +219,62 @@ async fn a_message_framed_with_a_protobuf_schema_id_is_dead_lettered_and_its_par
     })
     .await;
 }
+
+/// A dead-letter producer that hits a fatal error (here: the broker answers
+/// its first record with a sequence error, which an idempotent producer
+/// cannot recover from) is replaced, and the batch's dead letter lands
+/// through the new one: the partition is not paused for good.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_dead_letter_producer_in_a_fatal_state_is_replaced(pool: PgPool) {
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    within_deadline(async {
+        let mock = support::MockTopics::new("fatal-dlq");
+        let broker = mock.broker();
+        let producer: rdkafka::producer::FutureProducer = broker.client().create().unwrap();
+        producer
+            .send(
+                rdkafka::producer::FutureRecord::<(), [u8]>::to(&mock.requests)
+                    .payload(b"\x07 poison"),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        // The next record produced (the dead letter) is refused as out of
+        // sequence at the head of the line: fatal for an idempotent producer.
+        mock.cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
+        );
+        let engine = support::engine(&pool);
+        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
+            engine,
+            support::codec(),
+            mock.settings(),
+        )
+        .unwrap();
+        let (stop, handle) = spawn(consumer);
+        let reader: BaseConsumer = broker.client().create().unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, high) = reader
+                .fetch_watermarks(&mock.dead_letters, 0, Duration::from_secs(5))
+                .unwrap();
+            if high == 1 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the dead letter never landed"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        stop.cancel();
+        handle.await.unwrap();
+        std::thread::spawn(move || drop(reader));
+        std::thread::spawn(move || drop(producer));
+        drop(mock);
+    })
+    .await;
+}

@@ -266,3 +266,36 @@ pub(crate) fn traceparent_header(value: &str) -> OwnedHeaders {
         value: Some(value.as_bytes()),
     })
 }
+
+/// librdkafka's mock cluster with a request topic and its dead-letter
+/// topic, one partition each: for faults the test broker cannot make.
+pub(crate) struct MockTopics {
+    pub(crate) cluster:
+        rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    pub(crate) requests: String,
+    pub(crate) dead_letters: String,
+}
+
+impl MockTopics {
+    pub(crate) fn new(prefix: &str) -> Self {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let requests = unique(&format!("{prefix}-requests"));
+        let dead_letters = flotilla_contracts::topics::dead_letter_topic(&requests);
+        cluster.create_topic(&requests, 1, 1).unwrap();
+        cluster.create_topic(&dead_letters, 1, 1).unwrap();
+        Self {
+            cluster,
+            requests,
+            dead_letters,
+        }
+    }
+
+    pub(crate) fn broker(&self) -> flotilla_runtime::BrokerConfig {
+        flotilla_runtime::BrokerConfig::new(&self.cluster.bootstrap_servers())
+    }
+
+    /// Consumer settings for a group of its own on this cluster.
+    pub(crate) fn settings(&self) -> ConsumerSettings {
+        ConsumerSettings::new(self.broker(), &self.requests, &unique("mock-workers"))
+    }
+}

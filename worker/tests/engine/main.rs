@@ -7,6 +7,7 @@ mod claims;
 mod failures;
 mod hostile;
 mod lapses;
+mod namesakes;
 mod panics;
 mod parking;
 mod placement;

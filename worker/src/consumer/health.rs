@@ -1,0 +1,45 @@
+//! What the request consumer says about itself, read by readiness and the
+//! metrics without asking the broker anything: whether it is riding out an
+//! outage (since when, and why).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The consumer's own state, shared with the API.
+#[derive(Debug, Default)]
+pub struct ConsumerHealth {
+    outage: Mutex<Option<(Instant, String)>>,
+}
+
+impl ConsumerHealth {
+    fn outage(&self) -> std::sync::MutexGuard<'_, Option<(Instant, String)>> {
+        self.outage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A batch could not be persisted for `reason`: the partitions are
+    /// paused (since the first such failure of this outage).
+    pub(crate) fn paused(&self, reason: String) {
+        let mut outage = self.outage();
+        let since = outage
+            .as_ref()
+            .map_or_else(Instant::now, |(since, _)| *since);
+        metrics::gauge!("flotilla_consumer_outage_seconds").set(since.elapsed().as_secs_f64());
+        *outage = Some((since, reason));
+    }
+
+    /// The outage is over: the partitions consume again.
+    pub(crate) fn resumed(&self) {
+        metrics::gauge!("flotilla_consumer_outage_seconds").set(0.0);
+        *self.outage() = None;
+    }
+
+    /// How long the partitions have been paused, and the last reason.
+    #[must_use]
+    pub fn paused_for(&self) -> Option<(Duration, String)> {
+        self.outage()
+            .as_ref()
+            .map(|(since, reason)| (since.elapsed(), reason.clone()))
+    }
+}
