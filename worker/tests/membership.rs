@@ -131,3 +131,63 @@ async fn a_worker_killed_and_restarted_with_its_id_gets_its_partitions_back(pool
     .await
     .expect("the membership test timed out");
 }
+
+/// Dynamic membership, the chart's default (Deployment pod names never come
+/// back): a worker stopped gracefully (a rollout, a scale-in) leaves the
+/// group, and its partitions are read by the survivor within seconds, not
+/// after a session timeout. Prints how long the partitions went unread.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_scaled_in_with_dynamic_membership_hands_its_partitions_over_at_once(
+    pool: PgPool,
+) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let dir = std::env::temp_dir().join(format!("flotilla-scale-in-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let noop = serde_json::json!({"name": "noop", "input_schema": {},
+            "steps": [{"name": "never", "target": "svc", "method": "m"}]});
+        std::fs::write(dir.join("noop.json"), noop.to_string()).unwrap();
+        std::fs::write(
+            dir.with_extension("targets.yaml"),
+            "targets:\n  svc:\n    kind: http\n    base_url: http://127.0.0.1:1\n",
+        )
+        .unwrap();
+        let (topic, group) = (unique("scale-in-requests"), unique("scale-in-workers"));
+        flotilla_tests::create_topic(&topic, 4).await.unwrap();
+        let url = flotilla_tests::database::url_of(&pool).await;
+        let member = |id: &str| {
+            let mut command = ingesting_worker(&url, &topic, &group, &dir);
+            command
+                .env("FLOTILLA_WORKER_ID", id)
+                .env("FLOTILLA_STATIC_MEMBERSHIP", "false");
+            command
+        };
+        let mut leaving = start(member("leaving")).await;
+        let mut staying = start(member("staying")).await;
+        // Both members hold partitions once every partition is read.
+        produce(&topic, 40).await;
+        wait_rows(&pool, 40, Duration::from_secs(60)).await;
+        let status =
+            tokio::task::spawn_blocking(move || leaving.terminate(Duration::from_secs(30)))
+                .await
+                .unwrap();
+        assert!(status.success());
+        let stopped = std::time::Instant::now();
+        produce(&topic, 40).await;
+        wait_rows(&pool, 80, Duration::from_secs(40)).await;
+        let unread = stopped.elapsed();
+        println!("partitions unread after a graceful scale-in (dynamic membership): {unread:?}");
+        assert!(
+            unread < Duration::from_secs(30),
+            "{unread:?}: a session timeout was waited for"
+        );
+        let status =
+            tokio::task::spawn_blocking(move || staying.terminate(Duration::from_secs(30)))
+                .await
+                .unwrap();
+        assert!(status.success());
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_file(dir.with_extension("targets.yaml")).unwrap();
+    })
+    .await
+    .expect("the scale-in test timed out");
+}
