@@ -182,14 +182,18 @@ fn classify(error: &KafkaError) -> Miss {
     }
 }
 
-/// Classifies an encoding error: the registry unavailable is the world's
-/// fault; a refused schema or an event that breaks a rule is the message's.
+/// Classifies an encoding error: the registry unavailable, refusing the
+/// event schema (409, 422: the schema is the relay's, the same for every
+/// event, so an operator must fix the subject's compatibility) or
+/// misconfigured is the world's fault and spends nothing; an event that
+/// breaks a rule is the message's.
 fn classify_encoding(error: &CodecError) -> Miss {
     let text = format!("encoding: {error}");
     match error {
         e if e.is_transient() => Miss::World(Reason::Registry, text),
         CodecError::RegistryRefused { .. } | CodecError::Settings(_) => {
-            Miss::Message(Reason::Registry, text)
+            metrics::counter!("flotilla_relay_schema_refused_total").increment(1);
+            Miss::World(Reason::Registry, text)
         }
         _ => Miss::Message(Reason::Invalid, text),
     }

@@ -240,3 +240,50 @@ async fn rows_wait_without_spending_attempts_while_the_registry_fails_then_publi
     .await
     .expect("timed out");
 }
+
+/// A registry that refuses the event schema (409: incompatible with the
+/// subject's history; 422: not valid there) is an outage of the relay for
+/// an operator to fix, not a fault of the events: they wait PENDING without
+/// spending attempts, however many passes it lasts, instead of landing
+/// FAILED after ten.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_registry_refusing_the_event_schema_holds_rows_back_without_failing_them(pool: PgPool) {
+    use flotilla_tests::registry_stub::RegistryStub;
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let topic = unique("events");
+        cluster.create_topic(&topic, 3, 1).unwrap();
+        let jobs: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        insert_events(&pool, &jobs, 1, json!({})).await;
+        for answer in [
+            (
+                409,
+                r#"{"error_code": 409, "message": "incompatible schema"}"#,
+            ),
+            (422, r#"{"error_code": 42201, "message": "invalid schema"}"#),
+        ] {
+            let stub = RegistryStub::start(vec![(answer.0, answer.1.to_owned())]).await;
+            let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
+            let mut relay_settings =
+                settings(&cluster.bootstrap_servers(), &topic, "refused-schema");
+            relay_settings.broker.registry =
+                flotilla_runtime::registry::RegistryConfig::new(&stub.url());
+            let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
+            for pass in 1..=12 {
+                let report = relay.drain_once().await.unwrap();
+                assert_eq!(
+                    (report.published, report.failed, report.deferred),
+                    (0, 0, 4),
+                    "{}: pass {pass}: {report:?}",
+                    answer.0
+                );
+                clock.advance(Duration::from_secs(3600));
+            }
+            assert_eq!(untouched(&pool).await, 4, "{}: no attempt spent", answer.0);
+            drop(relay);
+        }
+        drop(cluster);
+    })
+    .await
+    .expect("timed out");
+}
