@@ -107,6 +107,11 @@ pub struct RelayArgs {
     /// How long in-flight deliveries may take after SIGTERM.
     #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value_t = DEFAULT_SHUTDOWN_GRACE.into(), value_parser = duration_between(Duration::ZERO, HOUR))]
     pub shutdown_grace: humantime::Duration,
+    /// Accept a changed partition count of the event topic (and record it):
+    /// without it a relay that finds one publishes nothing, since a job in
+    /// flight could have its events split across partitions.
+    #[arg(long, env = "FLOTILLA_ACCEPT_PARTITION_CHANGE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub accept_partition_change: bool,
 }
 
 /// The relay's settings as the library takes them.
@@ -124,6 +129,8 @@ pub struct RelaySettings {
     pub retention: Duration,
     pub retention_batch: i64,
     pub retention_interval: Duration,
+    /// Whether a changed partition count of the event topic is accepted.
+    pub accept_partition_change: bool,
 }
 
 impl RelaySettings {
@@ -142,6 +149,7 @@ impl RelaySettings {
             retention: DEFAULT_RETENTION,
             retention_batch: DEFAULT_RETENTION_BATCH,
             retention_interval: DEFAULT_RETENTION_INTERVAL,
+            accept_partition_change: false,
         }
     }
 
@@ -183,6 +191,7 @@ impl From<RelayArgs> for RelaySettings {
         settings.delivery_timeout = *args.delivery_timeout;
         settings.max_message_bytes = args.max_message_bytes;
         settings.retention = *args.retention;
+        settings.accept_partition_change = args.accept_partition_change;
         settings
     }
 }

@@ -26,9 +26,27 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Default)]
 pub struct Readiness {
     rounds_failing: Arc<AtomicBool>,
+    /// Why publishing stopped for good, until an operator acts.
+    stopped: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Readiness {
+    /// Records why publishing stopped (a changed partition count), or that
+    /// it goes on (`None`).
+    pub fn publishing_stopped(&self, reason: Option<String>) {
+        *self
+            .stopped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
+    }
+
+    fn stopped(&self) -> Option<String> {
+        self.stopped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Records whether the last read or marking failed (the database, or
     /// the world held back every row it marked).
     pub fn round_failed(&self, failed: bool) {
@@ -102,6 +120,9 @@ async fn ready(pool: &PgPool, readiness: &Readiness) -> Response<Full<Bytes>> {
         sqlx::query("SELECT 1").execute(pool),
     )
     .await;
+    if let Some(reason) = readiness.stopped() {
+        return problem(StatusCode::SERVICE_UNAVAILABLE, &reason);
+    }
     match database {
         Ok(Ok(_)) if !readiness.rounds_failing.load(Ordering::SeqCst) => {
             json(StatusCode::OK, r#"{"status":"ready"}"#.to_owned())

@@ -9,6 +9,7 @@
 pub mod buckets;
 pub mod config;
 pub mod health;
+pub mod partitions;
 pub mod publisher;
 pub mod startup;
 mod stream;
@@ -46,6 +47,8 @@ pub struct Relay {
     clock: Arc<dyn Clock>,
     leases: buckets::BucketLeases,
     publisher: Publisher,
+    /// Stops publishing when the event topic's partition count changes.
+    partitions: partitions::PartitionGuard,
     settings: RelaySettings,
 }
 
@@ -110,11 +113,17 @@ impl Relay {
             leases.held().clone(),
             window,
         );
+        let partitions = partitions::PartitionGuard::new(
+            settings.broker.clone(),
+            &settings.event_topic,
+            settings.accept_partition_change,
+        );
         Ok(Self {
             pool,
             clock,
             leases,
             publisher,
+            partitions,
             settings,
         })
     }
@@ -126,6 +135,10 @@ impl Relay {
     /// # Errors
     /// Database errors.
     pub async fn publish_once(&self) -> Result<Marks, sqlx::Error> {
+        self.partitions.check(&self.pool).await?;
+        if !self.partitions.allowed() {
+            return Ok(Marks::default());
+        }
         let now = self.clock.now();
         let buckets = self.leases.rebalance().await?;
         let rows = {
@@ -178,6 +191,27 @@ impl Relay {
             deleted += count;
             if count < u64::try_from(batch).unwrap_or(u64::MAX) {
                 return Ok(deleted);
+            }
+        }
+    }
+
+    /// The watch over the event topic's partition count.
+    #[must_use]
+    pub fn partitions(&self) -> &partitions::PartitionGuard {
+        &self.partitions
+    }
+
+    /// Checks the event topic's partition count every few seconds (the
+    /// stream publishes only while it is the recorded one).
+    async fn partitions_loop(&self, shutdown: CancellationToken) {
+        let mut ticks = tokio::time::interval(STATISTICS_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            if let Err(e) = self.partitions.check(&self.pool).await {
+                tracing::warn!(error = %e, "checking the event topic's partition count failed");
             }
         }
     }
@@ -242,12 +276,17 @@ impl Relay {
         grace: Duration,
         readiness: &health::Readiness,
     ) {
+        // The partition count is known before anything is published.
+        if let Err(e) = self.partitions.check(&self.pool).await {
+            tracing::warn!(error = %e, "checking the event topic's partition count failed");
+        }
         let retention = {
             let (relay, stop) = (self.clone(), shutdown.clone());
             tokio::spawn(async move {
                 tokio::join!(
                     relay.retention_loop(stop.clone()),
-                    relay.statistics_loop(stop)
+                    relay.statistics_loop(stop.clone()),
+                    relay.partitions_loop(stop)
                 );
             })
         };

@@ -198,6 +198,12 @@ impl<'a> Stream<'a> {
     async fn read_and_send(&mut self) {
         let relay = self.relay;
         let now = Instant::now();
+        self.readiness
+            .publishing_stopped(relay.partitions.problem());
+        if !relay.partitions.allowed() {
+            self.next_read = now + self.outage.next_pause();
+            return;
+        }
         let batch = relay.settings.batch_size;
         let room = (batch * BATCHES_IN_FLIGHT)
             .saturating_sub(i64::try_from(self.in_flight()).unwrap_or(i64::MAX))

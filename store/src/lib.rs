@@ -17,6 +17,7 @@ pub mod outbox;
 pub mod pool;
 pub mod runs;
 mod status;
+pub mod topics;
 pub mod workers;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -27,6 +27,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
         tables,
         [
             "dead_letter_tally",
+            "event_topic",
             "finished_tally",
             "fleet_feature",
             "relay_bucket",

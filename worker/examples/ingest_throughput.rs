@@ -142,5 +142,6 @@ fn layout() -> flotilla_runtime::kafka::TopicLayout {
         create_topics: true,
         topic_partitions: 3,
         topic_replication: 1,
+        topic_min_insync_replicas: flotilla_runtime::kafka::BROKER_DEFAULT,
     }
 }

@@ -227,6 +227,7 @@ impl Broker {
             create_topics: true,
             topic_partitions: partitions,
             topic_replication: 1,
+            topic_min_insync_replicas: flotilla_runtime::kafka::BROKER_DEFAULT,
         };
         flotilla_runtime::kafka::ensure_topics(kafka, topics, layout)
             .await

@@ -268,6 +268,8 @@ migration. Call with (dict "root" $ "pod" ...).
   value: {{ int $v.topics.partitions | quote }}
 - name: FLOTILLA_TOPIC_REPLICATION
   value: {{ int $v.topics.replication | quote }}
+- name: FLOTILLA_TOPIC_MIN_INSYNC_REPLICAS
+  value: {{ int $v.topics.minInsyncReplicas | quote }}
 {{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}

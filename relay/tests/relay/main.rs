@@ -5,6 +5,7 @@ mod failures;
 mod fencing;
 mod hostile;
 mod order;
+mod partitions;
 mod registry;
 mod retention;
 

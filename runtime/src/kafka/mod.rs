@@ -239,6 +239,12 @@ pub struct TopicLayout {
     /// Replication factor of a topic this process creates (-1: the broker's default).
     #[arg(long, env = "FLOTILLA_TOPIC_REPLICATION", default_value_t = BROKER_DEFAULT, value_parser = parse_layout)]
     pub topic_replication: i32,
+
+    /// `min.insync.replicas` of a topic this process creates (-1: the
+    /// broker's default): with `acks=all`, how many replicas a record must
+    /// reach before it counts as written.
+    #[arg(long, env = "FLOTILLA_TOPIC_MIN_INSYNC_REPLICAS", default_value_t = BROKER_DEFAULT, value_parser = parse_layout)]
+    pub topic_min_insync_replicas: i32,
 }
 
 /// "Whatever the broker's default is", in a CreateTopics request.
@@ -252,7 +258,28 @@ impl TopicLayout {
             create_topics: true,
             topic_partitions: BROKER_DEFAULT,
             topic_replication: BROKER_DEFAULT,
+            topic_min_insync_replicas: BROKER_DEFAULT,
         }
+    }
+
+    /// The CreateTopics request for `names`, laid out as this says.
+    #[must_use]
+    pub fn new_topics<'a>(&self, names: &[&'a str], min_insync: &'a str) -> Vec<NewTopic<'a>> {
+        names
+            .iter()
+            .map(|name| {
+                let topic = NewTopic::new(
+                    name,
+                    self.topic_partitions,
+                    TopicReplication::Fixed(self.topic_replication),
+                );
+                if self.topic_min_insync_replicas == BROKER_DEFAULT {
+                    topic
+                } else {
+                    topic.set("min.insync.replicas", min_insync)
+                }
+            })
+            .collect()
     }
 }
 
@@ -297,16 +324,8 @@ pub async fn ensure_topics(
         return Ok(missing.into_iter().map(str::to_owned).collect());
     }
     let admin: AdminClient<DefaultClientContext> = broker.client().create()?;
-    let new_topics: Vec<NewTopic<'_>> = missing
-        .iter()
-        .map(|topic| {
-            NewTopic::new(
-                topic,
-                layout.topic_partitions,
-                TopicReplication::Fixed(layout.topic_replication),
-            )
-        })
-        .collect();
+    let min_insync = layout.topic_min_insync_replicas.to_string();
+    let new_topics = layout.new_topics(&missing, &min_insync);
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin.create_topics(&new_topics, &options).await;
     // librdkafka can block in a client's destructor: never on an async worker.
@@ -367,5 +386,22 @@ mod tests {
                 "{kind}"
             );
         }
+    }
+
+    #[test]
+    fn created_topics_get_the_configured_partitions_replicas_and_min_insync_replicas() {
+        let layout = TopicLayout {
+            create_topics: true,
+            topic_partitions: 6,
+            topic_replication: 3,
+            topic_min_insync_replicas: 2,
+        };
+        let topics = layout.new_topics(&["events"], "2");
+        assert_eq!(topics[0].num_partitions, 6);
+        assert!(matches!(topics[0].replication, TopicReplication::Fixed(3)));
+        assert_eq!(topics[0].config, [("min.insync.replicas", "2")]);
+        let defaults = TopicLayout::broker_defaults().new_topics(&["events"], "-1");
+        assert_eq!(defaults[0].num_partitions, BROKER_DEFAULT);
+        assert!(defaults[0].config.is_empty(), "the broker's default");
     }
 }

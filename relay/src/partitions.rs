@@ -1,0 +1,177 @@
+//! The event topic's partition count, watched. A job's events stay in
+//! order because its key always maps to one partition; adding partitions
+//! moves keys, so a job in flight could have its later events in another
+//! partition, read before its earlier ones. The relays record the count
+//! they publish to (`event_topic`), and a relay that finds another count
+//! stops publishing, and says so in readiness, until an operator accepts
+//! the change (`--accept-partition-change`): docs/operations.md says how to
+//! grow the topic so that no job's order is lost.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flotilla_runtime::BrokerConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use sqlx::PgPool;
+
+/// How long a metadata request may take.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The watch over one topic's partition count.
+#[derive(Clone)]
+pub struct PartitionGuard {
+    topic: String,
+    accept_change: bool,
+    /// A client of its own, so the check never refreshes the producer's
+    /// view of the topic.
+    client: Arc<Mutex<Option<BaseConsumer>>>,
+    broker: BrokerConfig,
+    allowed: Arc<AtomicBool>,
+    problem: Arc<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for PartitionGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionGuard")
+            .field("topic", &self.topic)
+            .field("accept_change", &self.accept_change)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PartitionGuard {
+    fn drop(&mut self) {
+        // The last holder closes the client off the async runtime.
+        if Arc::strong_count(&self.client) == 1
+            && let Some(client) = self
+                .client
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+        {
+            std::thread::spawn(move || drop(client));
+        }
+    }
+}
+
+/// What a check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// The count matches the record (or was recorded now).
+    Same(i32),
+    /// It changed and the change was accepted: the new count is recorded.
+    Accepted { from: i32, to: i32 },
+    /// It changed and publishing stops.
+    Refused { recorded: i32, found: i32 },
+    /// The count could not be read; nothing changes.
+    Unknown(String),
+}
+
+impl PartitionGuard {
+    #[must_use]
+    pub fn new(broker: BrokerConfig, topic: &str, accept_change: bool) -> Self {
+        Self {
+            topic: topic.to_owned(),
+            accept_change,
+            client: Arc::default(),
+            broker,
+            allowed: Arc::new(AtomicBool::new(true)),
+            problem: Arc::default(),
+        }
+    }
+
+    /// Whether rows may be published now.
+    #[must_use]
+    pub fn allowed(&self) -> bool {
+        self.allowed.load(Ordering::SeqCst)
+    }
+
+    /// Why publishing stopped, if it did.
+    #[must_use]
+    pub fn problem(&self) -> Option<String> {
+        self.problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    async fn partition_count(&self) -> Result<i32, String> {
+        let (client, broker, topic) =
+            (self.client.clone(), self.broker.clone(), self.topic.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut client = client
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if client.is_none() {
+                *client = Some(broker.client().create().map_err(|e| e.to_string())?);
+            }
+            let metadata = client
+                .as_ref()
+                .expect("just made")
+                .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+            metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map(|t| i32::try_from(t.partitions().len()).unwrap_or(i32::MAX))
+                .filter(|count| *count > 0)
+                .ok_or_else(|| format!("the broker lists no partitions of {topic}"))
+        })
+        .await
+        .map_err(|e| format!("the metadata read stopped: {e}"))?
+    }
+
+    /// Reads the count and compares it with the record: records it when
+    /// there is none (or the change is accepted), stops publishing when it
+    /// changed otherwise.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn check(&self, pool: &PgPool) -> Result<Checked, sqlx::Error> {
+        let found = match self.partition_count().await {
+            Ok(found) => found,
+            Err(e) => return Ok(Checked::Unknown(e)),
+        };
+        let mut conn = pool.acquire().await?;
+        let recorded = flotilla_store::topics::recorded_partitions(&mut conn, &self.topic).await?;
+        let checked = match recorded {
+            None => {
+                flotilla_store::topics::record_partitions(&mut conn, &self.topic, found).await?;
+                Checked::Same(found)
+            }
+            Some(recorded) if recorded == found => Checked::Same(found),
+            Some(recorded) if self.accept_change => {
+                flotilla_store::topics::record_partitions(&mut conn, &self.topic, found).await?;
+                tracing::warn!(topic = %self.topic, from = recorded, to = found,
+                    "the event topic's partition count changed; accepted and recorded");
+                Checked::Accepted {
+                    from: recorded,
+                    to: found,
+                }
+            }
+            Some(recorded) => Checked::Refused { recorded, found },
+        };
+        let problem = match &checked {
+            Checked::Refused { recorded, found } => Some(format!(
+                "event topic {} has {found} partitions, {recorded} recorded: a job's later events could land in another partition than its earlier ones, so nothing is published until the change is accepted (--accept-partition-change, FLOTILLA_ACCEPT_PARTITION_CHANGE=true; see \"Growing the event topic\" in docs/operations.md)",
+                self.topic
+            )),
+            _ => None,
+        };
+        if let Some(problem) = &problem
+            && self.allowed()
+        {
+            tracing::error!(topic = %self.topic, %problem, "publishing stopped");
+            metrics::counter!("flotilla_relay_partition_changes_refused_total").increment(1);
+        }
+        self.allowed.store(problem.is_none(), Ordering::SeqCst);
+        *self
+            .problem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = problem;
+        Ok(checked)
+    }
+}
