@@ -22,9 +22,6 @@ pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(100);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// Base of the backoff after a failed publish, unless configured.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
-/// How long the producer tries to deliver one record, unless configured:
-/// under a third of the default lease (see [`RelaySettings::send_window`]).
-pub const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest record the producer sends, unless configured.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = topics::DEFAULT_MAX_MESSAGE_BYTES;
 /// How long PUBLISHED rows are kept, unless configured.
@@ -95,9 +92,10 @@ pub struct RelayArgs {
     /// Base of the backoff after a failed publish (`base × 2^(attempts−1)`).
     #[arg(long, env = "FLOTILLA_RELAY_BACKOFF_BASE", default_value_t = DEFAULT_BACKOFF_BASE.into(), value_parser = duration_between(MILLISECOND, DAY))]
     pub backoff_base: humantime::Duration,
-    /// How long the producer tries to deliver one record; at most a third of the lease.
-    #[arg(long, env = "FLOTILLA_RELAY_DELIVERY_TIMEOUT", default_value_t = DEFAULT_DELIVERY_TIMEOUT.into(), value_parser = duration_between(SECOND, DAY))]
-    pub delivery_timeout: humantime::Duration,
+    /// How long the producer tries to deliver one record: a third of the
+    /// lease unless set, and never more (see `RelaySettings::send_window`).
+    #[arg(long, env = "FLOTILLA_RELAY_DELIVERY_TIMEOUT", value_parser = duration_between(SECOND, DAY))]
+    pub delivery_timeout: Option<humantime::Duration>,
     /// Largest record the producer sends; bigger rows fail (and land FAILED).
     #[arg(long, env = "FLOTILLA_RELAY_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000))]
     pub max_message_bytes: usize,
@@ -124,7 +122,8 @@ pub struct RelaySettings {
     pub idle_poll_max: Duration,
     pub lease: Duration,
     pub backoff_base: Duration,
-    pub delivery_timeout: Duration,
+    /// The producer's delivery timeout; `None`: a third of the lease.
+    pub delivery_timeout: Option<Duration>,
     pub max_message_bytes: usize,
     pub retention: Duration,
     pub retention_batch: i64,
@@ -144,7 +143,7 @@ impl RelaySettings {
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
             lease: DEFAULT_LEASE,
             backoff_base: DEFAULT_BACKOFF_BASE,
-            delivery_timeout: DEFAULT_DELIVERY_TIMEOUT,
+            delivery_timeout: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             retention: DEFAULT_RETENTION,
             retention_batch: DEFAULT_RETENTION_BATCH,
@@ -153,8 +152,9 @@ impl RelaySettings {
         }
     }
 
-    /// How long the producer may hold one record before it fails it: the
-    /// delivery timeout, but never more than a third of the bucket lease. A
+    /// How long the producer may hold one record before it fails it: a
+    /// third of the bucket lease, or the delivery timeout when one is set
+    /// and shorter (so a longer lease lengthens the window too). A
     /// row is handed to the producer only while its bucket is surely held
     /// that much longer ([`crate::buckets::HeldBuckets::holds_for`]), so a
     /// relay that stalls or is cut off with records inside its producer
@@ -165,7 +165,9 @@ impl RelaySettings {
     /// third of the lease is the margin for slow renewals.
     #[must_use]
     pub fn send_window(&self) -> Duration {
-        self.delivery_timeout.min(self.lease / 3)
+        let third = self.lease / 3;
+        self.delivery_timeout
+            .map_or(third, |timeout| timeout.min(third))
     }
 }
 
@@ -188,10 +190,30 @@ impl From<RelayArgs> for RelaySettings {
         settings.idle_poll_max = *args.idle_poll_max;
         settings.lease = *args.lease;
         settings.backoff_base = *args.backoff_base;
-        settings.delivery_timeout = *args.delivery_timeout;
+        settings.delivery_timeout = args.delivery_timeout.map(Into::into);
         settings.max_message_bytes = args.max_message_bytes;
         settings.retention = *args.retention;
         settings.accept_partition_change = args.accept_partition_change;
         settings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The send window is a third of the lease unless a shorter delivery
+    /// timeout is set: a longer lease lengthens it, and it never outgrows
+    /// the third that keeps a stalled relay's records from landing after
+    /// its heir's.
+    #[test]
+    fn the_send_window_follows_the_lease() {
+        let mut settings = RelaySettings::new(BrokerConfig::new("x:9092"), "events", "r");
+        settings.lease = Duration::from_secs(60);
+        assert_eq!(settings.send_window(), Duration::from_secs(20));
+        settings.delivery_timeout = Some(Duration::from_secs(5));
+        assert_eq!(settings.send_window(), Duration::from_secs(5));
+        settings.lease = Duration::from_secs(3);
+        assert_eq!(settings.send_window(), Duration::from_secs(1));
     }
 }

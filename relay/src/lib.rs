@@ -92,7 +92,10 @@ impl Relay {
     ) -> Result<Self, RelayError> {
         let mut config = settings.broker.acknowledged_producer();
         let window = settings.send_window();
-        if window < settings.delivery_timeout {
+        if settings
+            .delivery_timeout
+            .is_some_and(|timeout| window < timeout)
+        {
             tracing::warn!(delivery_timeout = ?settings.delivery_timeout, lease = ?settings.lease, used = ?window,
                 "the delivery timeout is longer than a third of the bucket lease; records are failed after a third of the lease");
         }
@@ -193,6 +196,12 @@ impl Relay {
                 return Ok(deleted);
             }
         }
+    }
+
+    /// The publisher (its counts of slow acknowledgements, for tests).
+    #[must_use]
+    pub fn publisher(&self) -> &Publisher {
+        &self.publisher
     }
 
     /// The watch over the event topic's partition count.

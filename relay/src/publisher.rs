@@ -352,6 +352,46 @@ pub struct Publisher {
     /// The producer's timeout: how long a bucket must surely stay held
     /// after a record of it is handed over.
     window: Duration,
+    /// Acknowledgements that came close to the window (see [`SLOW_ACK`]).
+    slow_acks: Arc<SlowAcks>,
+}
+
+/// An acknowledgement that took this share of the send window is slow:
+/// a broker answering slower than the window gets every record timed out
+/// and sent again, so the operator is warned before that.
+pub const SLOW_ACK: f64 = 0.8;
+
+/// How often a slow acknowledgement is logged at most.
+const SLOW_ACK_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Slow acknowledgements counted, and when one was last logged.
+#[derive(Debug, Default)]
+struct SlowAcks {
+    count: std::sync::atomic::AtomicU64,
+    logged: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl SlowAcks {
+    fn record(&self, took: Duration, window: Duration) {
+        if took.as_secs_f64() < window.as_secs_f64() * SLOW_ACK {
+            return;
+        }
+        self.count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!("flotilla_relay_slow_acks_total").increment(1);
+        let mut logged = self
+            .logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if logged.is_none_or(|at| at.elapsed() >= SLOW_ACK_LOG_EVERY) {
+            *logged = Some(std::time::Instant::now());
+            tracing::warn!(
+                ?took,
+                ?window,
+                "the broker's acknowledgement took most of the send window (a third of the bucket lease): slower ones are timed out and sent again; raise FLOTILLA_RELAY_LEASE"
+            );
+        }
+    }
 }
 
 /// How long this process may stall between checking a bucket's lease and
@@ -385,7 +425,16 @@ impl Publisher {
             topic,
             held,
             window,
+            slow_acks: Arc::default(),
         }
+    }
+
+    /// Acknowledgements so far that took [`SLOW_ACK`] of the send window or more.
+    #[must_use]
+    pub fn slow_acks(&self) -> u64 {
+        self.slow_acks
+            .count
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Hands `row` to the producer: the delivery to await, or how it ended
@@ -409,6 +458,7 @@ impl Publisher {
             Err(miss) => return Err((row, miss.into())),
         };
         let sent = std::time::Instant::now();
+        let (slow_acks, window) = (self.slow_acks.clone(), self.window);
         Ok(Box::pin(async move {
             let answered = match deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, delivery).await.ok(),
@@ -416,8 +466,10 @@ impl Publisher {
             };
             let outcome = match answered {
                 Some(Ok(Ok(_))) => {
+                    let took = sent.elapsed();
                     metrics::histogram!("flotilla_relay_publish_duration_seconds")
-                        .record(sent.elapsed().as_secs_f64());
+                        .record(took.as_secs_f64());
+                    slow_acks.record(took, window);
                     Outcome::Acked
                 }
                 Some(Ok(Err((e, _)))) => classify(&e).into(),
@@ -587,8 +639,11 @@ mod tests {
         }
     }
 
+    /// The event schema is the relay's own, the same for every event: a
+    /// registry that refuses it is an outage for an operator, like one that
+    /// does not answer.
     #[test]
-    fn an_unavailable_registry_is_the_world_and_a_refused_schema_the_message() {
+    fn an_unavailable_registry_and_a_refused_schema_are_both_the_world() {
         use flotilla_codec::CodecError;
         let unavailable = CodecError::RegistryUnavailable("500".into());
         assert!(matches!(
@@ -601,7 +656,7 @@ mod tests {
         };
         assert!(matches!(
             super::classify_encoding(&refused),
-            Miss::Message(Reason::Registry, _)
+            Miss::World(Reason::Registry, _)
         ));
     }
 

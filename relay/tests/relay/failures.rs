@@ -13,7 +13,7 @@ async fn rows_stay_pending_while_the_broker_is_down_then_publish_in_order(pool: 
         insert_events(&pool, &jobs, 4, json!({})).await;
         let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
         let mut relay_settings = settings(&bootstrap, &topic, "lonely");
-        relay_settings.delivery_timeout = Duration::from_secs(2);
+        relay_settings.delivery_timeout = Some(Duration::from_secs(2));
         let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
 
         cluster.broker_down(1).unwrap();
@@ -197,7 +197,7 @@ async fn a_delivery_timeout_marks_only_what_was_acknowledged_and_spends_no_attem
         insert_events(&pool, &jobs, 3, json!({})).await;
         let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
         let mut relay_settings = settings(&bootstrap, &topic, "patient");
-        relay_settings.delivery_timeout = Duration::from_secs(2);
+        relay_settings.delivery_timeout = Some(Duration::from_secs(2));
         let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
         assert_eq!(
             relay.drain_once().await.unwrap().published,
@@ -272,6 +272,50 @@ async fn a_delivery_timeout_marks_only_what_was_acknowledged_and_spends_no_attem
         println!("{on_topic} copies on the topic, {repeats} of them repeats");
         drop(relay);
         drop(cluster); // nextest's per-test deadline guards against a hang here
+    })
+    .await
+    .expect("timed out");
+}
+
+/// A broker whose acknowledgements take most of the send window (here 90%
+/// of it): every record is still acknowledged and marked, and each slow
+/// acknowledgement is counted (and logged, at most every ten seconds), so
+/// the operator hears of it before acknowledgements outgrow the window and
+/// every record is timed out and sent again.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn acknowledgements_that_near_the_send_window_are_counted(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let topic = unique("slow-acks");
+        cluster.create_topic(&topic, 3, 1).unwrap();
+        let jobs: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        insert_events(&pool, &jobs, 1, json!({})).await;
+        let mut relay_settings = settings(&cluster.bootstrap_servers(), &topic, "slow");
+        relay_settings.lease = Duration::from_secs(6); // a window of 2 s
+        let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
+        let relay = Relay::new(pool.clone(), clock, relay_settings).unwrap();
+        // Metadata first, at full speed; then every answer takes 1.8 s.
+        relay.drain_once().await.unwrap();
+        assert_eq!(
+            relay.publisher().slow_acks(),
+            0,
+            "fast acknowledgements are not slow"
+        );
+        insert_events(
+            &pool,
+            &(0..4).map(|_| Uuid::new_v4()).collect::<Vec<_>>(),
+            1,
+            json!({}),
+        )
+        .await;
+        cluster
+            .broker_round_trip_time(1, Duration::from_millis(1800))
+            .unwrap();
+        let report = relay.drain_once().await.unwrap();
+        assert_eq!(report.published, 4, "{report:?}");
+        assert_eq!(relay.publisher().slow_acks(), 4);
+        drop(relay);
+        drop(cluster);
     })
     .await
     .expect("timed out");

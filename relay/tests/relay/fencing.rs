@@ -539,3 +539,155 @@ async fn a_bucket_with_rows_on_their_way_is_released_only_once_idle(pool: PgPool
     assert_eq!(taken.len(), 32);
     assert!(taken.iter().all(|bucket| !(8..40).contains(bucket)));
 }
+
+/// What the fence does not promise: a record already on the wire when its
+/// relay's lease lapses (sent, held up on a slow network) can still land
+/// after the heir's later events. The first copy of each event stays in
+/// order; the stale one trails, a repeat of an earlier `sequence` with the
+/// same `event_id`, which consumers drop (docs/operations.md, "What
+/// consumers of the event topic must do"). A broker of the test's own
+/// behind a proxy that holds the first relay's connections.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_record_on_the_wire_when_its_lease_lapses_can_trail_as_a_repeat_and_first_copies_stay_in_order(
+    pool: PgPool,
+) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let bin = flotilla_tests::tansu::binary()
+            .expect("FLOTILLA_TANSU_BIN is unset: run the tests through scripts/test");
+        let dir = std::env::temp_dir().join(format!("flotilla-trailing-{}", Uuid::new_v4()));
+        let broker_address = format!("127.0.0.1:{}", flotilla_tests::free_port());
+        let proxy = flotilla_tests::proxy::Proxy::start(broker_address.parse().unwrap()).await;
+        let bootstrap = proxy.address().to_string();
+        let broker = {
+            let (dir, advertised, address) =
+                (dir.clone(), bootstrap.clone(), broker_address.clone());
+            tokio::task::spawn_blocking(move || {
+                flotilla_tests::tansu::OwnBroker::start_on(
+                    &bin,
+                    &dir,
+                    &address,
+                    Some(&advertised),
+                    &[],
+                )
+            })
+            .await
+            .unwrap()
+        };
+        let topic = unique("trailing");
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .create()
+                .unwrap();
+        let created = admin
+            .create_topics(
+                [&rdkafka::admin::NewTopic::new(
+                    &topic,
+                    1,
+                    rdkafka::admin::TopicReplication::Fixed(1),
+                )],
+                &rdkafka::admin::AdminOptions::new(),
+            )
+            .await
+            .unwrap();
+        assert!(created.iter().all(Result::is_ok), "{created:?}");
+        std::thread::spawn(move || drop(admin));
+        let url = flotilla_tests::database::url_of(&pool).await;
+        let job = Uuid::new_v4();
+        let start = |id: &'static str| {
+            let (bootstrap, topic, url) = (bootstrap.clone(), topic.clone(), url.clone());
+            tokio::task::spawn_blocking(move || {
+                relay_process_on(
+                    &bootstrap,
+                    &topic,
+                    id,
+                    &url,
+                    &[("RUST_LOG", "info,flotilla_relay=debug")],
+                )
+            })
+        };
+        let stale = start("stale").await.unwrap();
+        insert_at(&pool, &[(job, 1)]).await;
+        eventually("the first relay publishes sequence 1", || async {
+            count(&pool, "PUBLISHED").await == 1
+        })
+        .await;
+
+        // From now on what the first relay sends waits in the proxy: its
+        // record of sequence 2 is on the wire. It stops past its lease.
+        proxy.hold();
+        insert_at(&pool, &[(job, 2)]).await;
+        let mut stale = tokio::task::spawn_blocking(move || {
+            let mut stale = stale;
+            stale.wait_for_line("heads=1", Duration::from_secs(30));
+            stale
+        })
+        .await
+        .unwrap();
+        eventually("the record of sequence 2 is on the wire, held", || async {
+            proxy.held_bytes() > 0
+        })
+        .await;
+        stale.signal("STOP");
+
+        // The heir takes the buckets over and publishes 2, then 3.
+        insert_at(&pool, &[(job, 3)]).await;
+        let heir = start("heir").await.unwrap();
+        eventually("the heir publishes sequences 2 and 3", || async {
+            count(&pool, "PUBLISHED").await == 3
+        })
+        .await;
+
+        // The slow network delivers the first relay's record at last.
+        proxy.release();
+        // The proxy runs on this test's thread: the client's blocking calls
+        // go elsewhere.
+        eventually("the held record lands", || {
+            let (bootstrap, topic) = (bootstrap.clone(), topic.clone());
+            async move {
+                tokio::task::spawn_blocking(move || copies_on_topic(&bootstrap, &topic, 1))
+                    .await
+                    .unwrap()
+                    == 4
+            }
+        })
+        .await;
+        let events = read_events(&bootstrap, &topic, 4).await;
+        let raw: Vec<i64> = events.iter().map(|(_, _, e, _)| e.sequence()).collect();
+        assert_eq!(
+            raw,
+            [1, 2, 3, 2],
+            "the stale copy trails the heir's later event"
+        );
+        let ids: Vec<Uuid> = events.iter().map(|(_, _, e, _)| e.event_id()).collect();
+        assert_eq!(
+            ids[1], ids[3],
+            "the trailing copy is a repeat: the same event id"
+        );
+        // What a consumer keeps, dropping any sequence at or below the last
+        // one it kept: every event once, in order.
+        let mut last = 0;
+        let kept: Vec<i64> = raw
+            .into_iter()
+            .filter(|sequence| {
+                let new = *sequence > last;
+                last = last.max(*sequence);
+                new
+            })
+            .collect();
+        assert_eq!(kept, [1, 2, 3]);
+
+        stale.signal("CONT");
+        let mut heir = heir;
+        tokio::task::spawn_blocking(move || {
+            stale.kill();
+            heir.terminate(Duration::from_secs(30));
+        })
+        .await
+        .unwrap();
+        drop(broker);
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("timed out");
+}
