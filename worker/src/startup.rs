@@ -237,7 +237,14 @@ impl Application {
         if let Some(clients) = clients {
             clients.drop_off_runtime();
         }
-        engine.close().await;
+        // Closing waits for every connection to come back; one stuck on a
+        // dead link must not keep the process from exiting.
+        if tokio::time::timeout(Duration::from_secs(5), engine.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!("database connections still busy at exit; leaving them");
+        }
         tracing::info!(worker_id = %engine.settings().worker_id, "worker stopped");
     }
 }

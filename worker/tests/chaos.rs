@@ -296,14 +296,6 @@ impl Fleet {
             .env("FLOTILLA_SWEEP_INTERVAL", "1s")
             .env("FLOTILLA_BACKOFF_BASE", "200ms")
             .env("FLOTILLA_WORKER_COUNT", CLAIM_LOOPS.to_string())
-            // Kept above the default of 3: the storm kills, pauses and cuts
-            // the same worker again and again (the seed may pick one worker
-            // several times running, and a database cut takes both), so a
-            // job claimed again just before the next fault can lose its
-            // worker three times in a row, which by design sends it DEAD.
-            // Those lapses are the storm's, not the job's; the run checks
-            // that no job ends DEAD.
-            .env("FLOTILLA_MAX_LEASE_LOSSES", "100")
             .env("FLOTILLA_DB_ACQUIRE_TIMEOUT", "2s")
             .env("FLOTILLA_SHUTDOWN_GRACE", "5s")
             .env(

@@ -77,7 +77,12 @@ impl Engine {
             let mut conn = self.inner.reserved.acquire().await?;
             lease::hand_back_all(&mut conn, held, self.now(), &reason).await
         };
-        match handed.await {
+        // A database that does not answer must not hold the exit up.
+        let bound = self.settings().lease / 4;
+        let handed = tokio::time::timeout(bound, handed)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+        match handed {
             Ok(count) => {
                 tracing::warn!(
                     jobs = count,
