@@ -143,6 +143,12 @@ pub struct EngineConfig {
     #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = engine::DEFAULT_WORKER_COUNT, value_parser = RangedU64ValueParser::<usize>::new().range(0..=1024))]
     pub worker_count: usize,
 
+    /// Database connections reserved for lease renewals and fenced writes,
+    /// beside `FLOTILLA_DB_MAX_CONNECTIONS`: heartbeats never wait behind
+    /// the API, the console or a claim.
+    #[arg(long, env = "FLOTILLA_DB_RESERVED_CONNECTIONS", default_value_t = engine::DEFAULT_RESERVED_CONNECTIONS, value_parser = RangedU64ValueParser::<u32>::new().range(2..=1000))]
+    pub db_reserved_connections: u32,
+
     /// Lease a claim holds without renewal; renewed every quarter of it. A
     /// killed worker's jobs are resumed after about this plus a sweep interval.
     #[arg(long, env = "FLOTILLA_LEASE", default_value_t = engine::DEFAULT_LEASE.into(), value_parser = duration_between(SECOND, DAY))]

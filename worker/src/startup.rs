@@ -278,6 +278,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     let engine = &config.engine;
     let mut settings = EngineSettings::new(worker_id);
     settings.worker_count = engine.worker_count;
+    settings.reserved_connections = engine.db_reserved_connections;
     settings.lease = *engine.lease;
     settings.max_lease_losses = engine.max_lease_losses;
     settings.missing_target_wait = *engine.missing_target_wait;

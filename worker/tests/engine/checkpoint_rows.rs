@@ -103,7 +103,8 @@ async fn each_checkpoint_is_written_once_and_never_rewritten_by_later_steps(pool
     // that reads only the row's array.
     sqlx::query(
         "WITH moved AS (DELETE FROM workflow_run_checkpoint RETURNING job_id, event_sequence, entry)
-         UPDATE workflow_run r SET checkpoints = r.checkpoints || m.entries, has_checkpoint_rows = false
+         UPDATE workflow_run r SET checkpoints = r.checkpoints || m.entries, has_checkpoint_rows = false,
+             reader_level = CASE WHEN r.definition IS NULL THEN 1 ELSE 0 END
          FROM (SELECT job_id, jsonb_agg(entry ORDER BY event_sequence) AS entries
                FROM moved GROUP BY job_id) m
          WHERE r.job_id = m.job_id",
@@ -116,7 +117,12 @@ async fn each_checkpoint_is_written_once_and_never_rewritten_by_later_steps(pool
         ["prepare", "approve", "notify"]
     );
     assert!(checkpoint_rows(&pool, job_id).await.is_empty());
-    assert_eq!(row(&pool, job_id).await.checkpoints.0, read.checkpoints.0);
+    let folded = row(&pool, job_id).await;
+    assert_eq!(folded.checkpoints.0, read.checkpoints.0);
+    assert_eq!(
+        folded.reader_level, 0,
+        "an earlier release may claim it again"
+    );
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]

@@ -332,7 +332,8 @@ async fn a_job_that_points_at_its_stored_version_is_not_shifted_by_an_edit(pool:
     // The statement docs/operations.md gives for a rollback to a release
     // that reads only copies.
     sqlx::query(
-        "UPDATE workflow_run r SET definition = d.definition
+        "UPDATE workflow_run r SET definition = d.definition,
+             reader_level = CASE WHEN r.has_checkpoint_rows THEN 1 ELSE 0 END
          FROM workflow_definition d
          WHERE r.definition IS NULL
            AND d.name = r.workflow_name AND d.version = r.workflow_version",
@@ -341,6 +342,7 @@ async fn a_job_that_points_at_its_stored_version_is_not_shifted_by_an_edit(pool:
     .await
     .unwrap();
     assert!(keeps_a_copy(&pool, pointing).await);
+    assert_eq!(row(&pool, pointing).await.reader_level, 0);
     assert_eq!(
         row(&pool, pointing).await.definition.0,
         support::three_steps("pointed", "echo"),
