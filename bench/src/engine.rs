@@ -208,6 +208,7 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     let pool = database.pool.clone();
     history(&pool, finished).await?;
     let engine = engine(&pool, loops, shape);
+    engine.settle_switches(true).await?;
     let step = |name: &str| json!({"name": name, "target": "noop", "method": name});
     let mut steps: Vec<_> = (1..=shape.steps)
         .map(|n| step(&format!("step{n}")))

@@ -265,6 +265,11 @@ impl Registry {
     /// nothing definite about the id (the world's fault).
     async fn definite_answer_about(&self, schema_id: u32) -> Option<DecodeError> {
         let found = get_schema_by_id(schema_id, &self.settings).await.ok()?;
+        // A schema with references needs them fetched too; its failure may
+        // be the world's (a refused reference), so it says nothing definite.
+        if !found.references.is_empty() {
+            return None;
+        }
         let kind = match &found.schema_type {
             SchemaType::Avro => {
                 return apache_avro::Schema::parse_str(&found.schema)

@@ -42,6 +42,10 @@ pub enum StoreError {
     /// what the database holds.
     #[error("commit outcome unknown: {0}")]
     OutcomeUnknown(String),
+    /// The row is held by another session (an operator's open `SELECT …
+    /// FOR UPDATE`): nothing of this write was tried.
+    #[error("the row is locked by another session")]
+    RowHeld,
 }
 
 impl StoreError {
@@ -57,7 +61,7 @@ impl StoreError {
                 // 23514: a CHECK constraint.
                 code.starts_with("22") || code.starts_with("54") || code == "23514"
             }),
-            Self::Database(_) | Self::Shared(_) | Self::OutcomeUnknown(_) => false,
+            Self::Database(_) | Self::Shared(_) | Self::OutcomeUnknown(_) | Self::RowHeld => false,
             Self::Corrupt { .. } | Self::Event(_) => true,
         }
     }
@@ -69,7 +73,8 @@ impl StoreError {
     pub fn is_a_blocked_row(&self) -> bool {
         // 55P03: lock_not_available (lock_timeout); 57014: query_canceled
         // (statement_timeout).
-        matches!(self, Self::Database(sqlx::Error::Database(e))
-            if e.code().is_some_and(|code| code == "55P03" || code == "57014"))
+        matches!(self, Self::RowHeld)
+            || matches!(self, Self::Database(sqlx::Error::Database(e))
+                if e.code().is_some_and(|code| code == "55P03" || code == "57014"))
     }
 }

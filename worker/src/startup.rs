@@ -229,7 +229,9 @@ impl Application {
         };
         shutdown.cancelled().await;
         let deadline = tokio::time::Instant::now() + grace;
-        finish_by(deadline, "claim loops", claims).await;
+        // The claim loops get the time to hand back what the grace did not
+        // see finish, and to leave the fleet, before they are abandoned.
+        finish_by(deadline + engine.wind_down(), "claim loops", claims).await;
         if let Some(consumer) = consumer {
             finish_by(deadline, "request consumer", consumer).await;
         }

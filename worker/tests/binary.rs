@@ -411,3 +411,99 @@ async fn a_flood_of_readyz_opens_no_kafka_connection_and_no_database_round_trip_
     );
     drop(running);
 }
+
+/// A job whose step outlasts the shutdown grace is handed back by the
+/// exiting worker itself (QUEUED at once, attempt unspent, no lapse), and
+/// only then does the worker leave the fleet: the binary gives its claim
+/// loops the time to do it after the grace.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_step_that_outlasts_the_grace_is_handed_back_by_the_exiting_worker(pool: PgPool) {
+    // A target that takes the call and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let (seen, mut calls) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+            let _ = seen.send(());
+        }
+    });
+    let dir = std::env::temp_dir().join(format!("flotilla-binary-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join("workflows")).unwrap();
+    std::fs::write(
+        dir.join("targets.yaml"),
+        format!("targets:\n  svc:\n    kind: http\n    base_url: {url}\n    timeout_ms: 60000\n"),
+    )
+    .unwrap();
+    let workflow = serde_json::json!({
+        "name": "stuck", "input_schema": {}, "deadline_ms": 120_000,
+        "steps": [{"name": "call", "target": "svc", "method": "wait"}]
+    });
+    std::fs::write(dir.join("workflows/stuck.json"), workflow.to_string()).unwrap();
+    let url_of_database = flotilla_tests::database::url_of(&pool).await;
+    let mut command = worker(&url_of_database);
+    command
+        .env("FLOTILLA_CONSUME_REQUESTS", "false")
+        .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
+        .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
+        .env("FLOTILLA_SHUTDOWN_GRACE", "1s");
+    let running = tokio::task::spawn_blocking(move || {
+        let mut running = Running::start(command);
+        running.wait_for_line("worker ready", Duration::from_secs(60));
+        running
+    })
+    .await
+    .unwrap();
+    let api = format!(
+        "http://{}",
+        running
+            .logged("worker ready", "api")
+            .expect("the API's address")
+    );
+    let submitted = flotilla_runtime::tls::http_client()
+        .build()
+        .unwrap()
+        .post(format!("{api}/v1/jobs"))
+        .bearer_auth("test-token")
+        .json(&serde_json::json!({"workflow_name": "stuck", "input": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), reqwest::StatusCode::CREATED);
+    let job: serde_json::Value = submitted.json().await.unwrap();
+    let job_id: uuid::Uuid = job["job_id"].as_str().unwrap().parse().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), calls.recv())
+        .await
+        .expect("the worker never called the target");
+    let (status, output) = tokio::task::spawn_blocking(move || {
+        let mut running = running;
+        let status = running.terminate(Duration::from_secs(30));
+        (status, running.output.join("\n"))
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "exit {status}:\n{output}");
+    let (state, attempt, losses, error): (String, i32, i32, Option<String>) = sqlx::query_as(
+        "SELECT status, attempt, lease_losses, error FROM workflow_run WHERE job_id = $1",
+    )
+    .bind(job_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (state.as_str(), attempt, losses),
+        ("QUEUED", 0, 0),
+        "{output}"
+    );
+    assert!(
+        error.unwrap_or_default().contains("shutdown grace"),
+        "{output}"
+    );
+    let members: i64 = sqlx::query_scalar("SELECT count(*) FROM worker_member")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(members, 0, "the worker left the fleet after handing back");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

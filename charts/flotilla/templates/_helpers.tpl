@@ -196,13 +196,15 @@ A duration of the form <n>ms, <n>s or <n>m, in whole seconds (rounded up).
 {{- end }}
 
 {{/*
-Refuses a termination grace period that does not cover the preStop pause
-and the drain. Call with (dict "name" "worker" "v" .Values.worker).
+Refuses a termination grace period that does not cover the preStop pause,
+the drain and what follows it ("windDown" seconds: the worker hands back
+the jobs still running and leaves the fleet, up to half its lease plus
+1 s). Call with (dict "name" "worker" "v" .Values.worker "windDown" 15).
 */}}
 {{- define "flotilla.checkGrace" -}}
-{{- $need := add .v.preStopSleepSeconds (include "flotilla.seconds" .v.shutdownGrace | atoi) -}}
+{{- $need := add .v.preStopSleepSeconds (include "flotilla.seconds" .v.shutdownGrace | atoi) (.windDown | default 0) -}}
 {{- if le (int .v.terminationGracePeriodSeconds) (int $need) -}}
-{{- fail (printf "%s.terminationGracePeriodSeconds (%d) must exceed preStopSleepSeconds + shutdownGrace (%d s)" .name (int .v.terminationGracePeriodSeconds) (int $need)) -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%d) must exceed preStopSleepSeconds + shutdownGrace + the wind-down after it (%d s)" .name (int .v.terminationGracePeriodSeconds) (int $need)) -}}
 {{- end -}}
 {{- end }}
 

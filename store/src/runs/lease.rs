@@ -130,11 +130,13 @@ pub enum Transition {
         since: DateTime<Utc>,
     },
     /// Handed back by a worker that cannot go on with it for a reason of
-    /// the world (the database failed mid-segment, a shutdown): no attempt
-    /// spent, no lapse counted, no event.
+    /// the world (the database failed mid-segment): no attempt spent, no
+    /// lapse counted, no event; eligible again `backoff × 2^(hand-backs in
+    /// a row)` (at most 64 times `backoff`) after `now`.
     HandBack {
         reason: String,
-        run_after: DateTime<Utc>,
+        now: DateTime<Utc>,
+        backoff: std::time::Duration,
     },
 }
 
@@ -174,8 +176,8 @@ impl Transition {
     fn assignments(&self) -> String {
         const RELEASE: &str = "lease_owner = NULL, lease_token = NULL, lease_until = NULL";
         // Every transition is the work going on: lapses before it no longer count.
-        const NEXT: &str =
-            "event_sequence = event_sequence + 1, lease_losses = 0, unplaced_since = NULL";
+        const NEXT: &str = "event_sequence = event_sequence + 1, lease_losses = 0, hand_backs = 0, \
+             unplaced_since = NULL";
         match self {
             Self::Checkpoint { layout, .. } => format!("{}, {NEXT}", layout.assignment("$5")),
             Self::Park { .. } => {
@@ -196,7 +198,9 @@ impl Transition {
                  unplaced_since = coalesce(unplaced_since, $7), {RELEASE}"
             ),
             Self::HandBack { .. } => format!(
-                "status = 'QUEUED', error = $5, run_after = $6, attempt = greatest(attempt - 1, 0), {RELEASE}"
+                "status = 'QUEUED', error = $5,
+                 run_after = $6 + least(power(2, hand_backs), 64) * $7 * interval '1 millisecond',
+                 hand_backs = hand_backs + 1, attempt = greatest(attempt - 1, 0), {RELEASE}"
             ),
         }
     }
@@ -249,7 +253,14 @@ pub async fn transition(
             run_after,
             since,
         } => query.bind(reason).bind(*run_after).bind(*since),
-        Transition::HandBack { reason, run_after } => query.bind(reason).bind(*run_after),
+        Transition::HandBack {
+            reason,
+            now,
+            backoff,
+        } => query
+            .bind(reason)
+            .bind(*now)
+            .bind(i64::try_from(backoff.as_millis()).unwrap_or(i64::MAX)),
     };
     let stamp: Option<EventStamp> = query.fetch_optional(&mut **tx).await?;
     let Some(stamp) = stamp else {
@@ -259,6 +270,41 @@ pub async fn transition(
         outbox::insert(tx, &stamp, event, now).await?;
     }
     Ok(true)
+}
+
+/// Locks the rows of `jobs` that no other session holds, in job-id order,
+/// and returns those another session holds (an operator's open `SELECT …
+/// FOR UPDATE`): the fenced writes to them are not tried in this
+/// transaction. A job without a row is not among them (its write finds no
+/// row, as a lost lease does).
+///
+/// # Errors
+/// Database errors.
+pub async fn held_elsewhere(
+    tx: &mut PgTransaction<'_>,
+    jobs: &[Uuid],
+) -> Result<std::collections::HashSet<Uuid>, sqlx::Error> {
+    let locked: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT job_id FROM workflow_run WHERE job_id = ANY($1)
+         ORDER BY job_id FOR UPDATE SKIP LOCKED",
+    )
+    .bind(jobs)
+    .fetch_all(&mut **tx)
+    .await?;
+    let skipped: Vec<Uuid> = jobs
+        .iter()
+        .filter(|j| !locked.contains(j))
+        .copied()
+        .collect();
+    if skipped.is_empty() {
+        return Ok(std::collections::HashSet::new());
+    }
+    let existing: Vec<Uuid> =
+        sqlx::query_scalar("SELECT job_id FROM workflow_run WHERE job_id = ANY($1)")
+            .bind(&skipped)
+            .fetch_all(&mut **tx)
+            .await?;
+    Ok(existing.into_iter().collect())
 }
 
 /// What sweeping one lapsed lease did.
@@ -321,6 +367,10 @@ pub struct SweepPolicy {
     pub max_lease_losses: i32,
     /// A worker whose `worker_member` row is older than this is gone.
     pub owner_stale_after: std::time::Duration,
+    /// How long a lapse waits for a word from an owner whose row is fresh
+    /// but who has not announced itself since its lease lapsed (about two
+    /// of its announcements).
+    pub owner_grace: std::time::Duration,
     /// A lapsed job waits `backoff_base × 2^(losses−1)` before it can be
     /// claimed again (at least one base), so a job that kills its workers
     /// does not take the next one down at once.
@@ -329,13 +379,19 @@ pub struct SweepPolicy {
 
 /// Settles one lapsed lease. A lapse is not a failure of the work: the job
 /// goes back to the queue with its attempt given back, after a backoff.
-/// The lapse counts against the job only when its owner is really gone
-/// (its `worker_member` row is missing or stale, or the worker started
-/// again after it last touched the job): a worker that is alive but could
-/// not renew (the database blinked, its shutdown grace ran out) says
-/// nothing about the job. The `max_lease_losses`-th counted lapse in a row
-/// sends it DEAD (with its event) instead. `None` when the job is no
-/// longer lapsed or someone else holds its row lock.
+/// Whether the lapse counts against the job depends on its owner:
+/// - alive: it announced itself (`worker_member`) after its lease lapsed,
+///   so it could not renew for a reason of the world (the database
+///   blinked): requeued, not counted;
+/// - gone: no row, a row older than `owner_stale_after`, or a worker that
+///   started again after it last touched the job: counted;
+/// - not known yet: a fresh row, but no announcement since the lapse (it
+///   died a moment ago, or it is alive and about to announce): the lease
+///   is moved `owner_grace` on and the job is looked at again then.
+///
+/// The `max_lease_losses`-th counted lapse in a row sends it DEAD (with its
+/// event) instead. `None` when the job is not settled now (no longer
+/// lapsed, someone else holds its row lock, or its owner is not known yet).
 ///
 /// # Errors
 /// Database errors; an event the contract refuses.
@@ -346,10 +402,14 @@ pub async fn sweep_one(
     policy: SweepPolicy,
 ) -> Result<Option<SweptLease>, StoreError> {
     let stale_ms = i64::try_from(policy.owner_stale_after.as_millis()).unwrap_or(i64::MAX);
-    let lapsed: Option<(i32, i32, Option<String>, bool)> = sqlx::query_as(
+    // Worker clocks agree with the database's to well within a lease
+    // (docs/architecture.md), so `lease_until` and `last_seen` compare.
+    let lapsed: Option<(i32, i32, Option<String>, String)> = sqlx::query_as(
         "SELECT r.attempt, r.lease_losses, r.lease_owner,
-                coalesce(m.last_seen > now() - $3 * interval '1 millisecond'
-                         AND m.started_at <= r.updated_at, false)
+                CASE WHEN m.worker_id IS NULL OR m.started_at > r.updated_at THEN 'gone'
+                     WHEN m.last_seen >= r.lease_until THEN 'alive'
+                     WHEN m.last_seen > now() - $3 * interval '1 millisecond' THEN 'unknown'
+                     ELSE 'gone' END
          FROM workflow_run r LEFT JOIN worker_member m ON m.worker_id = r.lease_owner
          WHERE r.job_id = $1 AND r.status = 'RUNNING' AND r.lease_until < $2
          FOR UPDATE OF r SKIP LOCKED",
@@ -359,9 +419,19 @@ pub async fn sweep_one(
     .bind(stale_ms)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some((attempt, losses, owner, owner_alive)) = lapsed else {
+    let Some((attempt, losses, owner, state)) = lapsed else {
         return Ok(None);
     };
+    if state == "unknown" {
+        let wait = chrono::Duration::from_std(policy.owner_grace).unwrap_or(chrono::Duration::MAX);
+        sqlx::query("UPDATE workflow_run SET lease_until = $2 WHERE job_id = $1")
+            .bind(job_id)
+            .bind(now + wait)
+            .execute(&mut **tx)
+            .await?;
+        return Ok(None);
+    }
+    let owner_alive = state == "alive";
     let owner = owner.as_deref().unwrap_or("?");
     let losses = if owner_alive { losses } else { losses + 1 };
     let dead = losses >= policy.max_lease_losses;
@@ -433,12 +503,20 @@ pub async fn hand_back_all(
     reason: &str,
 ) -> Result<u64, sqlx::Error> {
     let (jobs, tokens): (Vec<Uuid>, Vec<Uuid>) = leases.iter().copied().unzip();
+    // Rows are locked in job-id order, as group commit locks them, so the
+    // two never wait on each other in a cycle.
     let done = sqlx::query(
-        "UPDATE workflow_run r SET status = 'QUEUED', error = $4, run_after = $3,
+        "WITH held AS (
+             SELECT r.job_id FROM workflow_run r
+             JOIN unnest($1::uuid[], $2::uuid[]) AS h(job_id, token)
+               ON r.job_id = h.job_id AND r.lease_token = h.token
+             WHERE r.status = 'RUNNING'
+             ORDER BY r.job_id
+             FOR UPDATE OF r)
+         UPDATE workflow_run r SET status = 'QUEUED', error = $4, run_after = $3,
              attempt = greatest(attempt - 1, 0), lease_owner = NULL, lease_token = NULL,
              lease_until = NULL, updated_at = $3
-         FROM unnest($1::uuid[], $2::uuid[]) AS held(job_id, token)
-         WHERE r.job_id = held.job_id AND r.lease_token = held.token AND r.status = 'RUNNING'",
+         FROM held WHERE r.job_id = held.job_id",
     )
     .bind(&jobs)
     .bind(&tokens)

@@ -104,6 +104,8 @@ pub struct RunRow {
     pub lease_token: Option<Uuid>,
     /// Lapsed leases since the job last made progress.
     pub lease_losses: i32,
+    /// Hand-backs in a row since the job last made progress.
+    pub hand_backs: i32,
     /// Since when only workers lacking one of its targets have claimed it.
     pub unplaced_since: Option<DateTime<Utc>>,
     pub event_sequence: i64,
@@ -164,7 +166,7 @@ const COLUMNS: &str = concat!(
     input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, ",
     checkpoint_list!(),
     " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
-    lease_until, lease_token, lease_losses, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
+    lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
 );
 
 /// Reads again, in a statement of its own, the checkpoints of those `rows`

@@ -15,6 +15,7 @@ impl From<StoreError> for Problem {
             StoreError::Database(e) => Self::unavailable(&e),
             StoreError::Shared(e) => Self::unavailable(&e),
             StoreError::OutcomeUnknown(e) => Self::unavailable(&e),
+            StoreError::RowHeld => Self::unavailable(&"the row is locked by another session"),
             other => Self::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
         }
     }

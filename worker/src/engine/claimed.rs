@@ -64,7 +64,21 @@ struct Lease {
     job_id: Uuid,
     token: Uuid,
     sequence: Arc<AtomicI64>,
+    job: Arc<JobFacts>,
 }
+
+/// What the fenced writer knows of its job from the claim.
+#[derive(Debug)]
+struct JobFacts {
+    workflow_name: String,
+    created_at: DateTime<Utc>,
+    /// Hand-backs in a row before this claim.
+    hand_backs: i32,
+}
+
+/// Hand-backs in a row, with no progress between them, after which the
+/// next one sends the job DEAD instead.
+pub const MAX_HAND_BACKS: i32 = 10;
 
 impl Lease {
     async fn renew(&self) -> Result<(), SegmentStop> {
@@ -93,10 +107,18 @@ impl Lease {
                     verdict: None,
                 })
                 .await?;
+                self.finished("FAILED");
                 Err(SegmentStop::Refused(error))
             }
             other => other,
         }
+    }
+
+    /// Counts the job as finished in `state`.
+    fn finished(&self, state: &'static str) {
+        let job = &self.job;
+        self.engine
+            .job_finished(&job.workflow_name, state, job.created_at);
     }
 
     /// Every fenced write shares its commit with other jobs' writes (see
@@ -128,12 +150,36 @@ pub(super) struct Fence(Lease);
 impl Fence {
     /// Gives the job back to the queue for a reason of the world (the store
     /// failed mid-segment): fenced on the token only, so it matches whatever
-    /// an ambiguous commit left; no attempt spent, no lapse counted.
+    /// an ambiguous commit left; no attempt spent, no lapse counted, backed
+    /// off twice as long for each hand-back in a row. The
+    /// [`MAX_HAND_BACKS`]-th in a row with no progress sends the job DEAD
+    /// instead: a job whose own data keeps failing the store as an outage
+    /// would must not run its steps again forever.
     pub(super) async fn hand_back(&self, reason: &str) -> Result<(), SegmentStop> {
-        self.0
+        let lease = &self.0;
+        let reason = sanitize::error_text(reason);
+        metrics::counter!("flotilla_hand_backs_total").increment(1);
+        if lease.job.hand_backs + 1 >= MAX_HAND_BACKS {
+            let error = sanitize::error_text(&format!(
+                "handed back {MAX_HAND_BACKS} times in a row with no progress; the last: {reason}"
+            ));
+            // Fenced on the sequence: a commit of this segment whose outcome
+            // was unknown, and that did commit, was progress.
+            match lease.try_write(Transition::Dead { error }).await {
+                Err(SegmentStop::LeaseLost(_)) => {}
+                dead => {
+                    if dead.is_ok() {
+                        lease.finished("DEAD");
+                    }
+                    return dead;
+                }
+            }
+        }
+        lease
             .try_write(Transition::HandBack {
-                reason: sanitize::error_text(reason),
-                run_after: self.0.engine.now(),
+                reason,
+                now: lease.engine.now(),
+                backoff: lease.engine.settings().backoff_base,
             })
             .await
     }
@@ -145,7 +191,9 @@ impl Fence {
                 error: sanitize::error_text(error),
                 verdict: None,
             })
-            .await
+            .await?;
+        self.0.finished("FAILED");
+        Ok(())
     }
 }
 
@@ -177,6 +225,11 @@ impl ClaimedRun {
             job_id: row.job_id,
             token: row.lease_token?,
             sequence: Arc::new(AtomicI64::new(row.event_sequence)),
+            job: Arc::new(JobFacts {
+                workflow_name: row.workflow_name.clone(),
+                created_at: row.created_at,
+                hand_backs: row.hand_backs,
+            }),
         };
         Some(Self { lease, row })
     }
@@ -298,10 +351,7 @@ impl ClaimedRun {
     }
 
     fn finished(&self, state: &'static str) {
-        let row = self.row();
-        self.lease
-            .engine
-            .job_finished(&row.workflow_name, state, row.created_at);
+        self.lease.finished(state);
     }
 
     /// Fails the job for good: a verdict or a defect.

@@ -74,13 +74,14 @@ impl Finishes {
         since: DateTime<Utc>,
     ) -> Result<Vec<FinishedInMinute>, sqlx::Error> {
         let _flushing = self.flushing.lock().await;
+        let since = minute_of(since);
         let mut merged: BTreeMap<(DateTime<Utc>, String), i64> = finished::since(conn, since)
             .await?
             .into_iter()
             .map(|row| ((row.minute, row.status), row.count))
             .collect();
         for ((minute, status), count) in self.pending().iter() {
-            if *minute >= minute_of(since) {
+            if *minute >= since {
                 *merged.entry((*minute, (*status).to_owned())).or_default() += count;
             }
         }

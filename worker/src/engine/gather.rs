@@ -105,9 +105,10 @@ impl<S: Serve> Gather<S> {
     fn start_serving(&self) {
         let gather = self.clone();
         tokio::spawn(async move {
-            let steward = Steward(Some(gather.clone()));
+            let mut steward = Steward(Some(gather.clone()));
             gather.serve_queue().await;
-            std::mem::forget(steward);
+            // Served to the end: nothing for the steward to hand on.
+            steward.0 = None;
         });
     }
 

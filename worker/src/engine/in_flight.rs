@@ -23,6 +23,7 @@ impl InFlight {
         Entered {
             registry: self.clone(),
             job_id,
+            token,
         }
     }
 
@@ -40,11 +41,17 @@ impl InFlight {
 pub(super) struct Entered {
     registry: InFlight,
     job_id: Uuid,
+    token: Uuid,
 }
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        self.registry.lock().remove(&self.job_id);
+        // Only its own entry: a stale segment of a job this process claimed
+        // again under a new token must not remove the new one.
+        let mut held = self.registry.lock();
+        if held.get(&self.job_id) == Some(&self.token) {
+            held.remove(&self.job_id);
+        }
     }
 }
 
@@ -59,6 +66,21 @@ mod tests {
         let entry = in_flight.enter(job, token);
         assert_eq!(in_flight.held(), [(job, token)]);
         drop(entry);
+        assert!(in_flight.held().is_empty());
+    }
+
+    /// A stale segment of a job claimed again under a new token ends after
+    /// the new one began: the new entry stays.
+    #[test]
+    fn a_stale_segment_does_not_remove_the_jobs_new_entry() {
+        let in_flight = InFlight::default();
+        let job = Uuid::new_v4();
+        let (stale, fresh) = (Uuid::new_v4(), Uuid::new_v4());
+        let old = in_flight.enter(job, stale);
+        let new = in_flight.enter(job, fresh);
+        drop(old);
+        assert_eq!(in_flight.held(), [(job, fresh)]);
+        drop(new);
         assert!(in_flight.held().is_empty());
     }
 }

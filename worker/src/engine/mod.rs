@@ -37,7 +37,7 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 
 pub use batch::BatchOutcome;
-pub use claimed::{ClaimedRun, LeaseLost, SegmentStop};
+pub use claimed::{ClaimedRun, LeaseLost, MAX_HAND_BACKS, SegmentStop};
 pub use claims::ClaimError;
 pub use complete_step::{CompleteError, CompleteOutcome};
 pub use definitions::RegisterError;
@@ -215,8 +215,6 @@ impl Engine {
     ) -> Self {
         let reserved = reserved_pool(&pool, &settings);
         let started_at = clock.now();
-        let switches =
-            switches::InUse::new(settings.checkpoint_rows, settings.definition_by_reference);
         Self {
             inner: Arc::new(Inner {
                 // A batch's time: a third of the lease, well inside what its
@@ -238,7 +236,7 @@ impl Engine {
                 health: Health::default(),
                 in_flight: in_flight::InFlight::default(),
                 finishes: finishes::Finishes::default(),
-                switches,
+                switches: switches::InUse::default(),
                 started_at,
             }),
         }

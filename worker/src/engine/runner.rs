@@ -27,8 +27,10 @@ const CLAIM_ERROR_PAUSE: Duration = Duration::from_secs(1);
 impl Engine {
     /// Runs `worker_count` claim loops and the sweeper until `shutdown`, then
     /// lets in-flight segments finish within `grace`. Segments still running
-    /// after that are abandoned: their leases lapse and another worker resumes
-    /// them from their checkpoints.
+    /// after that are handed back in one statement (their leases lapse if
+    /// the database does not answer) and another worker resumes them from
+    /// their checkpoints; then this worker leaves the fleet. Takes at most
+    /// `grace` plus [`Engine::wind_down`] after `shutdown`.
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
         let mut tasks = JoinSet::new();
         for index in 0..self.settings().worker_count {
@@ -59,6 +61,20 @@ impl Engine {
             tasks.shutdown().await;
             self.hand_back_at_shutdown(&held).await;
         }
+        // Only now: until its jobs are handed back, a lapse of one of them
+        // must find this worker alive.
+        let left = tokio::time::timeout(self.settings().lease / 4, self.leave_fleet()).await;
+        if !matches!(left, Ok(Ok(()))) {
+            tracing::warn!("leaving the fleet failed; the row ages out");
+        }
+    }
+
+    /// How long [`Engine::run`] may take after its grace: the hand-back of
+    /// what is still running and leaving the fleet, each bounded by a
+    /// quarter of the lease.
+    #[must_use]
+    pub fn wind_down(&self) -> Duration {
+        self.settings().lease / 2 + Duration::from_secs(1)
     }
 
     /// Gives back, in one statement, the jobs whose segments the grace did
@@ -119,7 +135,7 @@ impl Engine {
     }
 
     /// Sweeps lapsed leases and announces this worker to the fleet on every
-    /// tick; leaves the fleet on shutdown.
+    /// tick (`run` leaves the fleet once its jobs are handed back).
     async fn sweeper(&self, shutdown: CancellationToken) {
         let mut ticks = tokio::time::interval(self.settings().sweep_interval);
         loop {
@@ -138,9 +154,6 @@ impl Engine {
             if let Err(e) = self.sweep().await {
                 tracing::warn!(error = %e, "sweep failed");
             }
-        }
-        if let Err(e) = self.leave_fleet().await {
-            tracing::warn!(error = %e, "leaving the fleet failed; the row ages out");
         }
     }
 
@@ -224,6 +237,7 @@ impl Engine {
             max_lease_losses: settings.max_lease_losses,
             // A live worker announces itself every sweep interval.
             owner_stale_after: settings.lease.max(settings.sweep_interval * 3),
+            owner_grace: settings.sweep_interval * 2,
             backoff_base: settings.backoff_base,
         };
         match lease::sweep_one(&mut tx, job_id, self.now(), policy).await {

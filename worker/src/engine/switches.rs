@@ -6,7 +6,8 @@
 //! cannot read its runs (an earlier release), and stays on. Set `true`, a
 //! worker refuses to start while such a worker is alive; `false`, it never
 //! writes the new layout (it still reads it). Each worker checks at start
-//! and on every sweeper tick, after announcing itself.
+//! and on every sweeper tick, after announcing itself; until it has, every
+//! switch is off.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -62,16 +63,19 @@ pub(super) struct InUse {
     definition_by_reference: AtomicBool,
 }
 
-impl InUse {
-    /// A switch set `true` is used from the start (the start-up check
-    /// refuses it when it must not be).
-    pub(super) fn new(checkpoint_rows: Switch, definition_by_reference: Switch) -> Self {
+impl Default for InUse {
+    /// Every switch off until [`Engine::settle_switches`] has looked, even
+    /// one set `true`: a worker that starts without its database must not
+    /// write a layout an older worker alive may not read.
+    fn default() -> Self {
         Self {
-            checkpoint_rows: AtomicBool::new(checkpoint_rows == Switch::True),
-            definition_by_reference: AtomicBool::new(definition_by_reference == Switch::True),
+            checkpoint_rows: AtomicBool::new(false),
+            definition_by_reference: AtomicBool::new(false),
         }
     }
+}
 
+impl InUse {
     fn flag(&self, feature: Feature) -> &AtomicBool {
         match feature {
             Feature::CheckpointRows => &self.checkpoint_rows,
@@ -145,7 +149,10 @@ impl Engine {
                     workers: older,
                 }
                 .into());
-            } else if switch == Switch::Auto {
+            } else if switch == Switch::True {
+                tracing::error!(feature = feature.name(), older = ?older, flag = flag(feature),
+                    "set true, but workers of an earlier release are alive: off until they stop");
+            } else {
                 tracing::info!(feature = feature.name(), older = ?older,
                     "waiting for workers of an earlier release to stop before turning it on");
             }

@@ -264,7 +264,10 @@ async fn a_job_that_points_at_its_stored_version_is_not_shifted_by_an_edit(pool:
     let calls = Calls::default();
     let mut settings = support::settings("w");
     settings.definition_by_reference = flotilla_worker::engine::Switch::True;
+    // Only the layout under test: checkpoints stay in the row's array.
+    settings.checkpoint_rows = flotilla_worker::engine::Switch::False;
     let engine = Engine::new(pool.clone(), echo_targets(&calls), manual_clock(), settings);
+    engine.settle_switches(true).await.unwrap();
     engine
         .register_workflow(&support::three_steps("pointed", "echo"))
         .await

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{Engine, ManualClock, Outcome};
+use flotilla_worker::engine::{Clock as _, Engine, ManualClock, Outcome};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -186,8 +186,8 @@ async fn lapses_of_a_worker_that_is_still_alive_are_not_counted(pool: PgPool) {
 /// A store that fails mid-segment (here: commits whose answer is lost, one
 /// at each step) is not the job's failure: each time the job is handed back
 /// with its attempt unspent and no lapse counted (three in a row would
-/// otherwise send it DEAD), resumes from what is durable, and runs every
-/// step once.
+/// otherwise send it DEAD), backed off twice as long each time, resumes from
+/// what is durable, and runs every step once.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_job_whose_store_fails_mid_segment_is_handed_back_each_time_and_never_dead(pool: PgPool) {
     let clock = manual_clock();
@@ -198,7 +198,8 @@ async fn a_job_whose_store_fails_mid_segment_is_handed_back_each_time_and_never_
         .await
         .unwrap();
     let job_id = submit(&engine, "blips", json!({"n": 1})).await;
-    for blip in 1..=3 {
+    let base = engine.settings().backoff_base;
+    for blip in 1..=3u32 {
         engine.commit_faults().fail_after_commit(1);
         assert_eq!(
             engine.run_once().await.unwrap(),
@@ -212,6 +213,10 @@ async fn a_job_whose_store_fails_mid_segment_is_handed_back_each_time_and_never_
             "blip {blip}"
         );
         assert!(back.error.unwrap().contains("handed back"), "blip {blip}");
+        // Each blip committed a checkpoint (progress), so each hand-back is
+        // the first in a row: one base of backoff.
+        assert_eq!(back.run_after, clock.now() + base, "blip {blip}");
+        clock.advance(base);
     }
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
     // Three checkpoints and a completion committed across the blips, each once.
@@ -239,6 +244,167 @@ async fn a_job_whose_store_fails_mid_segment_is_handed_back_each_time_and_never_
         .map(|c| c["name"].clone())
         .collect();
     assert_eq!(names, [json!("one"), json!("two"), json!("three")]);
+}
+
+/// A job handed back again and again with no progress between (a store
+/// failure its own data keeps causing, classed as an outage) is backed off
+/// twice as long each time and, at the tenth in a row, goes DEAD saying
+/// so, instead of running its steps again forever.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_handed_back_ten_times_in_a_row_with_no_progress_goes_dead(pool: PgPool) {
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    engine
+        .register_workflow(&one_attempt("stuck"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "stuck", json!({})).await;
+    let base = engine.settings().backoff_base;
+    // A foreign session holds the job's row whenever it checkpoints: the
+    // write fails as a blocked row, a failure of the world, every time.
+    sqlx::query(
+        "CREATE FUNCTION refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.event_sequence > OLD.event_sequence THEN
+             RAISE EXCEPTION 'held' USING ERRCODE = 'lock_not_available'; END IF;
+         RETURN NEW; END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_writes BEFORE UPDATE ON workflow_run
+         FOR EACH ROW EXECUTE FUNCTION refuse_writes()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    for n in 1..flotilla_worker::engine::MAX_HAND_BACKS {
+        assert_eq!(
+            engine.run_once().await.unwrap(),
+            Outcome::StoreFailed(job_id),
+            "{n}"
+        );
+        let back = row(&pool, job_id).await;
+        assert_eq!(
+            (back.status, back.hand_backs),
+            (RunStatus::Queued, n),
+            "{n}"
+        );
+        let backoff = base * 2u32.pow(u32::try_from(n - 1).unwrap()).min(64);
+        assert_eq!(
+            back.run_after,
+            clock.now() + backoff,
+            "{n}: backed off twice as long"
+        );
+        clock.advance(backoff);
+    }
+    sqlx::query("DROP TRIGGER refuse_writes ON workflow_run")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_checkpoints BEFORE UPDATE ON workflow_run
+         FOR EACH ROW WHEN (NEW.status = 'RUNNING' AND NEW.event_sequence > OLD.event_sequence)
+         EXECUTE FUNCTION refuse_writes()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    engine.run_once().await.unwrap();
+    let dead = row(&pool, job_id).await;
+    assert_eq!(dead.status, RunStatus::Dead);
+    assert!(
+        dead.error
+            .unwrap()
+            .contains("handed back 10 times in a row")
+    );
+    assert_eq!(event_types(&pool, job_id).await, [E::Accepted, E::Dead]);
+}
+
+/// A lapse whose owner's row is fresh but which has not announced itself
+/// since its lease lapsed is not judged yet: the lease is moved two sweep
+/// intervals on. If the owner announces by then it was alive (not
+/// counted); if it stays silent it is gone (counted).
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_lapse_waits_for_a_word_from_an_owner_that_was_seen_lately(pool: PgPool) {
+    let mut settings = crate::support::settings("sweeper");
+    settings.lease = Duration::from_secs(1);
+    settings.sweep_interval = Duration::from_millis(200);
+    let sweeper = flotilla_worker::engine::Engine::new(
+        pool.clone(),
+        echo_targets(&Calls::default()),
+        std::sync::Arc::new(flotilla_worker::engine::SystemClock),
+        settings,
+    );
+    let lapsed = |owner: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let job_id = uuid::Uuid::new_v4();
+            sqlx::query(
+                "INSERT INTO worker_member (worker_id, claim_loops, started_at, last_seen)
+                 VALUES ($1, 1, now() - interval '1 minute', now() - interval '300 milliseconds')",
+            )
+            .bind(owner)
+            .execute(&pool)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest,
+                     status, attempt, max_attempts, lease_owner, lease_token, lease_until, updated_at)
+                 VALUES ($1, 'w', '{}', '{}', 'd', 'RUNNING', 1, 3, $2, gen_random_uuid(),
+                     now() - interval '100 milliseconds', now() - interval '2 seconds')",
+            )
+            .bind(job_id)
+            .bind(owner)
+            .execute(&pool)
+            .await
+            .unwrap();
+            job_id
+        }
+    };
+    let alive = lapsed("alive").await;
+    let gone = lapsed("gone").await;
+    assert_eq!(sweeper.sweep().await.unwrap(), 0, "neither is judged yet");
+    for job in [alive, gone] {
+        let waiting = row(&pool, job).await;
+        assert_eq!(waiting.status, RunStatus::Running);
+        assert!(
+            waiting.lease_until.unwrap() > chrono::Utc::now(),
+            "moved on"
+        );
+    }
+    // The live owner announces itself every sweep interval, as the sweeper
+    // of a live worker does; the other has stopped.
+    let announcing = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            loop {
+                sqlx::query(
+                    "UPDATE worker_member SET last_seen = clock_timestamp() WHERE worker_id = 'alive'",
+                )
+                .execute(&pool)
+                .await
+                .unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+    crate::support::eventually(Duration::from_secs(10), "both settled", || async {
+        sweeper.sweep().await.unwrap();
+        row(&pool, alive).await.status == RunStatus::Queued
+            && row(&pool, gone).await.status == RunStatus::Queued
+    })
+    .await;
+    assert_eq!(
+        row(&pool, alive).await.lease_losses,
+        0,
+        "it announced itself: alive"
+    );
+    assert_eq!(
+        row(&pool, gone).await.lease_losses,
+        1,
+        "silent past staleness: gone"
+    );
 }
 
 /// Operator retry gives a job that died of lapses a fresh count.

@@ -126,7 +126,10 @@ pub(crate) async fn approval_engine(pool: &PgPool, calls: &Calls, checkpoint_row
     } else {
         Switch::False
     };
+    // Only the layout under test: definitions stay copied.
+    settings.definition_by_reference = Switch::False;
     let engine = Engine::new(pool.clone(), echo_targets(calls), manual_clock(), settings);
+    engine.settle_switches(true).await.unwrap();
     engine.register_workflow(&approval()).await.unwrap();
     engine
 }

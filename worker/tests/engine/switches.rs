@@ -110,6 +110,10 @@ async fn a_switch_set_true_refuses_to_start_while_an_older_worker_is_alive(pool:
     .await
     .unwrap();
     let eager = engine(&pool, "new", Switch::True);
+    assert!(
+        !eager.uses(Feature::CheckpointRows),
+        "off until the check says it may be on"
+    );
     eager.announce().await.unwrap();
     match eager.settle_switches(true).await {
         Err(SwitchError::Refused(refused)) => {
@@ -122,6 +126,9 @@ async fn a_switch_set_true_refuses_to_start_while_an_older_worker_is_alive(pool:
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
+    // On a later tick (not at start) it stays off while they are alive.
+    eager.settle_switches(false).await.unwrap();
+    assert!(!eager.uses(Feature::CheckpointRows));
     let off = engine(&pool, "careful", Switch::False);
     off.settle_switches(true).await.unwrap();
     assert!(!off.uses(Feature::CheckpointRows));
