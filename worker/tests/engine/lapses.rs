@@ -395,6 +395,7 @@ async fn a_lapse_waits_for_a_word_from_an_owner_that_was_seen_lately(pool: PgPoo
             && row(&pool, gone).await.status == RunStatus::Queued
     })
     .await;
+    announcing.abort();
     assert_eq!(
         row(&pool, alive).await.lease_losses,
         0,
