@@ -46,7 +46,7 @@ impl BrokerKind {
     }
 }
 
-/// A broker with the run's two topics on it.
+/// A broker with the run's topics on it.
 struct Broker {
     bootstrap: String,
     _mock: Option<MockCluster<'static, DefaultProducerContext>>,
@@ -143,7 +143,10 @@ impl Fleet {
             format!("bench-events-{run}"),
         );
         let group = format!("bench-workers-{run}");
-        let broker = Broker::start(kind, &[&requests, &events]).await?;
+        // The workers create no topics: the dead-letter topic is made here
+        // with the others (a worker refuses to start without it).
+        let dead_letters = flotilla_contracts::topics::dead_letter_topic(&requests);
+        let broker = Broker::start(kind, &[&requests, &dead_letters, &events]).await?;
         let database = ScratchDatabase::create("bench_e2e", 2).await?;
         let dir = std::env::temp_dir().join(format!("flotilla-bench-{run}"));
         let port = flotilla_tests::free_port();

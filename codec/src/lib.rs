@@ -60,7 +60,10 @@ pub struct Codec {
 }
 
 struct Registry {
+    /// The URL as errors show it (no user info, no query).
     url: String,
+    /// What of the configured URL must not be shown (`redact::secrets_of`).
+    secrets: Vec<String>,
     encoder: AvroEncoder,
     decoder: AvroDecoder,
     /// For asking what an id is when the decoder gives up on it.
@@ -70,6 +73,14 @@ struct Registry {
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry").field("url", &self.url).finish()
+    }
+}
+
+impl Registry {
+    /// `error` described, without the secrets of the registry's URL (the
+    /// HTTP client's errors quote the URL).
+    fn describe(&self, error: &SRCError) -> String {
+        flotilla_runtime::redact::scrub(&describe(error), &self.secrets)
     }
 }
 
@@ -119,13 +130,17 @@ impl Codec {
                     builder.set_token_authorization(token.expose_secret());
                 }
             }
-            builder
-                .build_with(client)
-                .map_err(|e| CodecError::Settings(format!("{url}: {e}")))
+            builder.build_with(client).map_err(|e| {
+                let shown = flotilla_runtime::redact::url(url);
+                let secrets = flotilla_runtime::redact::secrets_of(url);
+                let error = flotilla_runtime::redact::scrub(&e.to_string(), &secrets);
+                CodecError::Settings(format!("{shown}: {error}"))
+            })
         };
         Ok(Self {
             registry: Some(Registry {
-                url: url.to_owned(),
+                url: flotilla_runtime::redact::url(url),
+                secrets: flotilla_runtime::redact::secrets_of(url),
                 encoder: AvroEncoder::new(settings()?),
                 decoder: AvroDecoder::new(settings()?),
                 settings: settings()?,
@@ -214,14 +229,14 @@ impl Registry {
                 // Refused credentials (401, 403), a 5xx, a proxy's answer:
                 // the world's fault. Nothing is cached, so it is asked again.
                 self.encoder.remove_errors_from_cache();
-                Err(CodecError::RegistryUnavailable(describe(&e)))
+                Err(CodecError::RegistryUnavailable(self.describe(&e)))
             }
             Err(e) => {
                 // A refusal is cached by the encoder; drop it so a fixed registry is seen.
                 self.encoder.remove_errors_from_cache();
                 Err(CodecError::RegistryRefused {
                     subject,
-                    reason: e.to_string(),
+                    reason: flotilla_runtime::redact::scrub(&e.to_string(), &self.secrets),
                 })
             }
         }
@@ -250,7 +265,7 @@ impl Registry {
                 Err(CodecError::RegistryUnavailable(format!(
                     "resolving schema id {schema_id} at {}: {}",
                     self.url,
-                    describe(&e)
+                    self.describe(&e)
                 )))
             }
         }

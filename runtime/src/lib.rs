@@ -9,6 +9,7 @@ pub mod backoff;
 pub mod identity;
 pub mod kafka;
 pub mod metrics;
+pub mod redact;
 pub mod registry;
 pub mod settings;
 pub mod shutdown;

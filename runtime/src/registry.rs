@@ -10,8 +10,9 @@ use secrecy::{ExposeSecret as _, SecretString};
 use crate::kafka::security::SecurityError;
 use crate::settings::{readable_file, secret, secret_from_file};
 
-/// The registry's address and credentials.
-#[derive(Debug, Clone, Default, Args)]
+/// The registry's address and credentials. `Debug` shows the URL without
+/// its user info or query (`redact.rs`) and no secret.
+#[derive(Clone, Default, Args)]
 pub struct RegistryConfig {
     /// Confluent-compatible Schema Registry; when unset, JSON on the wire
     /// (either encoding is read).
@@ -50,6 +51,21 @@ pub struct RegistryConfig {
     /// (added to the system's roots).
     #[arg(long, env = "SCHEMA_REGISTRY_SSL_CA_LOCATION", value_parser = readable_file)]
     pub schema_registry_ssl_ca_location: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let credentials = match self.credentials() {
+            RegistryCredentials::None => "none",
+            RegistryCredentials::Basic { .. } => "basic",
+            RegistryCredentials::Bearer(_) => "bearer",
+        };
+        f.debug_struct("RegistryConfig")
+            .field("url", &self.url().map(crate::redact::url))
+            .field("credentials", &credentials)
+            .field("ca", &self.schema_registry_ssl_ca_location)
+            .finish()
+    }
 }
 
 /// How a request to the registry proves who sends it.
@@ -139,7 +155,10 @@ impl RegistryConfig {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(error(
                 "SCHEMA_REGISTRY_URL",
-                &format!("{url} is not an http:// or https:// URL"),
+                &format!(
+                    "{} is not an http:// or https:// URL",
+                    crate::redact::url(url)
+                ),
             ));
         }
         if self
@@ -191,6 +210,29 @@ mod tests {
         assert_eq!(user, "svc");
         assert_eq!(password.unwrap().expose_secret(), "pa:ss");
         assert!(!format!("{registry:?}").contains("pa:ss"));
+    }
+
+    #[test]
+    fn credentials_in_the_url_never_reach_the_logs() {
+        let registry = parse(&[
+            "--schema-registry-url",
+            "https://svc:hunter2@registry.example/?key=k",
+        ])
+        .unwrap();
+        let shown = format!("{registry:?}");
+        assert!(shown.contains("registry.example"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("key=k"),
+            "{shown}"
+        );
+        let refused = parse(&[
+            "--schema-registry-url",
+            "ftp://svc:hunter2@registry.example",
+        ])
+        .unwrap()
+        .validate()
+        .unwrap_err();
+        assert!(!refused.to_string().contains("hunter2"), "{refused}");
     }
 
     #[test]

@@ -22,29 +22,54 @@ pub struct Registered {
     pub created: bool,
 }
 
+/// Why a registration stored nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterRefused {
+    /// `name` holds `limit` versions already.
+    #[error(
+        "workflow {name:?} has {limit} versions, the most one name may hold: register it under a new name"
+    )]
+    TooManyVersions { name: String, limit: i32 },
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
 /// Stores `document` as the next version of `name`, unless it equals the
 /// newest version already (then that one is returned): registering the same
 /// files at every start-up does not pile up versions. Concurrent
-/// registrations of one name are serialised, so `created` is exact.
+/// registrations of one name are serialised, so `created` is exact. A name
+/// holds at most `max_versions` versions.
 ///
 /// # Errors
-/// Database errors.
+/// Too many versions; database errors.
 pub async fn register(
     tx: &mut PgTransaction<'_>,
     name: &str,
     document: &serde_json::Value,
-) -> Result<Registered, sqlx::Error> {
+    max_versions: i32,
+) -> Result<Registered, RegisterRefused> {
     // Serialise concurrent registrations of one name (two workers starting at once).
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('workflow_definition:' || $1))")
         .bind(name)
         .execute(&mut **tx)
         .await?;
-    if let Some(newest) = newest(tx, name).await?
+    let newest = newest(tx, name).await?;
+    if let Some(newest) = newest.as_ref()
         && newest.definition.0 == *document
     {
         return Ok(Registered {
-            definition: newest,
+            definition: newest.clone(),
             created: false,
+        });
+    }
+    // Versions are never deleted (jobs point at them): the count is the
+    // newest version number.
+    if let Some(newest) = newest
+        && newest.version >= max_versions
+    {
+        return Err(RegisterRefused::TooManyVersions {
+            name: name.to_owned(),
+            limit: max_versions,
         });
     }
     let definition = sqlx::query_as(
@@ -92,19 +117,25 @@ pub async fn list_newest(conn: &mut PgConnection) -> Result<Vec<StoredDefinition
     .await
 }
 
-/// Every version of `name`, newest first (empty when there is none).
+/// Up to `limit` versions of `name` older than `before` (all when `None`),
+/// newest first (empty when there is none).
 ///
 /// # Errors
 /// Database errors.
 pub async fn versions(
     conn: &mut PgConnection,
     name: &str,
+    before: Option<i32>,
+    limit: i64,
 ) -> Result<Vec<StoredDefinition>, sqlx::Error> {
     sqlx::query_as(
         "SELECT name, version, definition, created_at FROM workflow_definition
-         WHERE name = $1 ORDER BY version DESC",
+         WHERE name = $1 AND version < coalesce($2, 2147483647)
+         ORDER BY version DESC LIMIT $3",
     )
     .bind(name)
+    .bind(before)
+    .bind(limit)
     .fetch_all(conn)
     .await
 }

@@ -22,6 +22,9 @@ use crate::{api, consumer, engine};
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Where the API listens, unless configured.
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8080";
+/// Where the API listens without auth, unless an address is given: this
+/// machine only.
+pub const DEFAULT_NO_AUTH_HTTP_ADDR: &str = "127.0.0.1:8080";
 /// How long to wait for the broker at start-up, unless configured.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -198,19 +201,64 @@ pub struct EngineConfig {
 /// The HTTP API's settings.
 #[derive(Debug, Clone, Args)]
 pub struct HttpConfig {
-    /// API, health and metrics listener.
-    #[arg(long, env = "FLOTILLA_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
-    pub http_addr: SocketAddr,
+    /// API, health and metrics listener [default: 0.0.0.0:8080; with
+    /// --insecure-no-auth, 127.0.0.1:8080].
+    #[arg(long, env = "FLOTILLA_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
 
-    /// Comma-separated bearer tokens accepted on `/v1/*` (secrets: never printed).
+    /// Comma-separated bearer tokens accepted on `/v1/*`, each with its
+    /// scopes after its last `:` (`ci:read+submit`; scopes read, submit,
+    /// answer, operate, define; none listed: all). Secrets: never printed.
     #[arg(long, env = "FLOTILLA_API_TOKENS", hide_env_values = true, value_parser = flotilla_store::pool::parse_secret)]
     pub api_tokens: Option<SecretString>,
 
-    /// Serve `/v1/*` without auth when no tokens are configured (never in production).
+    /// Serve `/v1/*` without auth when no tokens are configured (never in
+    /// production); binds 127.0.0.1 unless FLOTILLA_HTTP_ADDR is given.
     #[arg(long, env = "FLOTILLA_INSECURE_NO_AUTH", default_value_t = false)]
     pub insecure_no_auth: bool,
+
+    /// Accept submissions with inline definitions (from tokens with the
+    /// `define` scope); `false` allows stored workflows only.
+    #[arg(long, env = "FLOTILLA_INLINE_DEFINITIONS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub inline_definitions: bool,
+
+    /// Host names `/v1` answers to besides IP addresses and `localhost`
+    /// (comma-separated); checked when set, and always without auth.
+    #[arg(long, env = "FLOTILLA_HTTP_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub http_allowed_hosts: Vec<String>,
+
+    /// How long a client may take to send a request's headers.
+    #[arg(long, env = "FLOTILLA_HTTP_HEADER_READ_TIMEOUT", default_value_t = api::server::DEFAULT_HEADER_READ_TIMEOUT.into(), value_parser = duration_between(MILLISECOND, HOUR))]
+    pub http_header_read_timeout: humantime::Duration,
+
+    /// How long one request may take, its body included (503 after).
+    #[arg(long, env = "FLOTILLA_HTTP_REQUEST_TIMEOUT", default_value_t = api::server::DEFAULT_REQUEST_TIMEOUT.into(), value_parser = duration_between(MILLISECOND, HOUR))]
+    pub http_request_timeout: humantime::Duration,
+
+    /// Connections the API holds open at once; past it, it stops accepting.
+    #[arg(long, env = "FLOTILLA_HTTP_MAX_CONNECTIONS", default_value_t = api::server::DEFAULT_MAX_CONNECTIONS, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    pub http_max_connections: usize,
 
     /// Largest request body accepted, in bytes (413 above).
     #[arg(long, env = "FLOTILLA_MAX_BODY_BYTES", default_value_t = api::DEFAULT_BODY_LIMIT, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_body_bytes: usize,
+}
+
+impl HttpConfig {
+    /// Where the API listens: the address given, or the default (this
+    /// machine only when serving without auth).
+    ///
+    /// # Panics
+    /// Never: the defaults are valid addresses.
+    #[must_use]
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.http_addr.unwrap_or_else(|| {
+            let default = if self.insecure_no_auth {
+                DEFAULT_NO_AUTH_HTTP_ADDR
+            } else {
+                DEFAULT_HTTP_ADDR
+            };
+            default.parse().expect("the default addresses are valid")
+        })
+    }
 }

@@ -35,6 +35,8 @@ pub enum StartupError {
         "no API tokens: set FLOTILLA_API_TOKENS, or pass --insecure-no-auth to serve /v1 without auth"
     )]
     NoTokens,
+    #[error("FLOTILLA_API_TOKENS: {0}")]
+    Tokens(String),
     #[error(transparent)]
     Targets(#[from] TargetsFileError),
     #[error("connecting to Postgres: {0}")]
@@ -70,6 +72,7 @@ pub struct Application {
     readiness: api::readiness::Readiness,
     listener: TcpListener,
     router: axum::Router,
+    server: api::ServerLimits,
     grace: Duration,
 }
 
@@ -151,9 +154,12 @@ impl Application {
             *config.consumer.paused_unready_after,
         );
         readiness.ping().await;
+        let hosts = api::ServedHosts::new(&config.http.http_allowed_hosts, tokens.is_empty());
         let state = api::ApiState {
             engine: engine.clone(),
             readiness: readiness.clone(),
+            tokens,
+            inline_definitions: config.http.inline_definitions,
             lag: config.consumer.consume_requests.then(|| {
                 LagReader::new(LagSource {
                     broker: config.broker.clone(),
@@ -162,8 +168,15 @@ impl Application {
                 })
             }),
         };
-        let router = api::router(state, tokens, config.http.max_body_bytes);
-        let addr = config.http.http_addr;
+        let router = api::router(
+            state,
+            api::RouterSettings {
+                body_limit: config.http.max_body_bytes,
+                request_timeout: *config.http.http_request_timeout,
+                hosts,
+            },
+        );
+        let addr = config.http.listen_addr();
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| StartupError::Bind { addr, source })?;
@@ -173,6 +186,11 @@ impl Application {
             readiness,
             listener,
             router,
+            server: api::ServerLimits {
+                header_read_timeout: *config.http.http_header_read_timeout,
+                request_timeout: *config.http.http_request_timeout,
+                max_connections: config.http.http_max_connections,
+            },
             grace: *config.shutdown_grace,
         })
     }
@@ -204,12 +222,13 @@ impl Application {
             readiness,
             listener,
             router,
+            server,
             grace,
         } = self;
         tokio::spawn(readiness.keep_fresh(shutdown.clone()));
         tracing::info!(api = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             loops = engine.settings().worker_count, "worker ready");
-        let api = tokio::spawn(api::serve(listener, router, shutdown.clone()));
+        let api = tokio::spawn(api::serve(listener, router, server, shutdown.clone()));
         let (consumer, clients) = match consumer {
             Some(consumer) => {
                 let clients = consumer.clients();
@@ -254,7 +273,8 @@ impl Application {
 /// The worker id and the API tokens, or why the settings cannot work.
 fn check_settings(config: &WorkerConfig) -> Result<(String, api::Tokens), StartupError> {
     let worker_id = identity::resolve(config.worker_id.as_deref())?;
-    let tokens = api::Tokens::parse(config.http.api_tokens.as_ref().map(|t| t.expose_secret()));
+    let tokens = api::Tokens::parse(config.http.api_tokens.as_ref().map(|t| t.expose_secret()))
+        .map_err(StartupError::Tokens)?;
     if tokens.is_empty() && !config.http.insecure_no_auth {
         return Err(StartupError::NoTokens);
     }

@@ -859,46 +859,64 @@ async fn step_retries_are_counted_by_failure_class(pool: PgPool) {
 }
 
 /// A job the sweeper sends DEAD (its worker lost once too often) counts in
-/// `flotilla_jobs_dead_total` for its workflow, as any other DEAD job.
+/// `flotilla_jobs_dead_total` for its workflow, as any other DEAD job; one
+/// of an inline definition counts under `inline`, never under the name its
+/// submitter chose (or `/metrics` would grow with every name sent).
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_job_the_sweeper_sends_dead_counts_as_dead(pool: PgPool) {
     use flotilla_worker::test_support::{TestApp, echo_targets};
 
     let flags = ["--sweep-interval", "100ms", "--max-lease-losses", "3"];
     let app = TestApp::spawn_with(pool.clone(), &flags, echo_targets()).await;
-    let workflow = format!("swept_{}", Uuid::new_v4().simple());
-    // Its worker died for the third time in a row.
-    let job = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest,
-             status, attempt, max_attempts, event_sequence, lease_owner, lease_token,
-             lease_until, lease_losses)
-         VALUES ($1, $2, '{}', '{}', 'digest', 'RUNNING', 1, 3, 1, 'a-worker-that-died',
-             gen_random_uuid(), now() - interval '1 minute', 2)",
-    )
-    .bind(job)
-    .bind(&workflow)
-    .execute(&pool)
-    .await
-    .unwrap();
-    // The worker's sweeper settles it, and counts it.
+    let stored = format!("swept_{}", Uuid::new_v4().simple());
+    let inline = format!("inline_{}", Uuid::new_v4().simple());
+    sqlx::query("INSERT INTO workflow_definition (name, version, definition) VALUES ($1, 1, '{}')")
+        .bind(&stored)
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Their worker died for the third time in a row.
+    let mut jobs = Vec::new();
+    for (workflow, version) in [(&stored, Some(1)), (&inline, None)] {
+        let job = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input,
+                 request_digest, status, attempt, max_attempts, event_sequence, lease_owner,
+                 lease_token, lease_until, lease_losses)
+             VALUES ($1, $2, $3, '{}', '{}', 'digest', 'RUNNING', 1, 3, 1, 'a-worker-that-died',
+                 gen_random_uuid(), now() - interval '1 minute', 2)",
+        )
+        .bind(job)
+        .bind(workflow)
+        .bind(version)
+        .execute(&pool)
+        .await
+        .unwrap();
+        jobs.push(job);
+    }
+    // The worker's sweeper settles them, and counts them.
     let client = flotilla_runtime::tls::http_client().build().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (text, scrape) = scrape(&client, &app.url).await;
-        let dead = sum_of(&scrape, "flotilla_jobs_dead_total", "workflow", &workflow);
-        if dead > 0.0 {
-            assert_eq!(dead, 1.0, "{text}");
+        let dead = sum_of(&scrape, "flotilla_jobs_dead_total", "workflow", &stored);
+        let dead_inline = sum_of(&scrape, "flotilla_jobs_dead_total", "workflow", "inline");
+        if dead > 0.0 && dead_inline > 0.0 {
+            assert_eq!((dead, dead_inline), (1.0, 1.0), "{text}");
+            assert!(!text.contains(&inline), "an inline name became a label: {text}");
             break;
         }
         assert!(Instant::now() < deadline, "never counted DEAD: {text}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let status: String = sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
-        .bind(job)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(status, "DEAD");
+    for job in jobs {
+        let status: String =
+            sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
+                .bind(job)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(status, "DEAD");
+    }
     app.stop().await;
 }

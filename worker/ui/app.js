@@ -13,6 +13,9 @@
   // ---------------------------------------------------------------------------
 
   const TOKEN_KEY = 'flotilla.token';
+  // The scopes of the signed-in token (GET /v1/me): the console offers only
+  // what the token may do; the API refuses the rest in any case.
+  const SCOPES_KEY = 'flotilla.scopes';
   const STATUSES = ['QUEUED', 'RUNNING', 'WAITING', 'COMPLETED', 'FAILED', 'DEAD', 'CANCELLED'];
   const FINAL = new Set(['COMPLETED', 'FAILED', 'DEAD', 'CANCELLED']);
   const RETRYABLE = new Set(['DEAD', 'FAILED', 'CANCELLED']);
@@ -208,10 +211,21 @@
 
   const getToken = () => sessionStorage.getItem(TOKEN_KEY);
 
+  /** Whether the signed-in token has `scope` (read, submit, answer, operate, define). */
+  function can(scope) {
+    try {
+      const scopes = JSON.parse(sessionStorage.getItem(SCOPES_KEY) || 'null');
+      return Array.isArray(scopes) && scopes.includes(scope);
+    } catch {
+      return false;
+    }
+  }
+
   /**
    * One request to the API. Resolves with the parsed JSON body; rejects with an
-   * ApiError whose message is the problem's `detail`. Any 401/403 drops the token
-   * and returns to the sign-in form, unless `token` was given explicitly (sign-in).
+   * ApiError whose message is the problem's `detail`. A 401, or a 403 refusing the
+   * token itself (not one naming a missing scope), drops the token and returns to
+   * the sign-in form, unless `token` was given explicitly (sign-in).
    */
   async function api(method, path, { body, token, background } = {}) {
     const tok = token ?? getToken();
@@ -249,7 +263,8 @@
       ? problem.detail
       : `${res.status} ${problem.title || res.statusText || 'error'}`;
     const err = new ApiError(res.status, problem, detail);
-    if ((res.status === 401 || res.status === 403) && token === undefined) {
+    const refusedToken = res.status === 401 || (res.status === 403 && !problem.missing_scope);
+    if (refusedToken && token === undefined) {
       signOut(detail);
       err.authFailed = true;
     }
@@ -283,6 +298,7 @@
 
   function signOut(message) {
     sessionStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(SCOPES_KEY);
     clearError();
     showSignIn(message);
   }
@@ -305,9 +321,12 @@
     }
     $('sign-in').disabled = true;
     try {
-      // Check the token before keeping it.
-      await api('GET', '/v1/workflows', { token });
+      // Check the token, and learn what it may do, before keeping it.
+      const me = await api('GET', '/v1/me', { token });
+      const scopes = isObject(me) && Array.isArray(me.scopes) ? me.scopes : [];
+      if (!scopes.includes('read')) throw new Error('This token cannot read jobs (it lacks the `read` scope), so the console has nothing to show.');
       sessionStorage.setItem(TOKEN_KEY, token);
+      sessionStorage.setItem(SCOPES_KEY, JSON.stringify(scopes));
       errEl.hidden = true;
       showApp();
       if (!location.hash || location.hash === '#' || location.hash === '#/') location.hash = '#/jobs';
@@ -746,9 +765,9 @@
       input.set(job.input);
       result.set(job.result);
       checkpoints.set(job.checkpoints);
-      retryBtn.hidden = !RETRYABLE.has(job.status);
-      cancelBtn.hidden = !CANCELLABLE.has(job.status);
-      answerLink.hidden = job.status !== 'WAITING';
+      retryBtn.hidden = !(can('operate') && RETRYABLE.has(job.status));
+      cancelBtn.hidden = !(can('operate') && CANCELLABLE.has(job.status));
+      answerLink.hidden = !(can('answer') && job.status === 'WAITING');
       liveNote.textContent = FINAL.has(job.status) ? '' : 'refreshing every 3 s';
 
       const events = (evs && evs.events) || [];
@@ -843,7 +862,7 @@
           el('td', null, dash(job.workflow_name)),
           el('td', null, dash(job.outstanding_step)),
           el('td', null, timeEl(job.updated_at)),
-          el('td', null, el('a', { class: 'answer-link button', href: `#/waiting/${seg(id)}` }, 'Answer'))));
+          el('td', null, can('answer') ? el('a', { class: 'answer-link button', href: `#/waiting/${seg(id)}` }, 'Answer') : '')));
       }
       if (jobs.length === 0) tbody.appendChild(el('tr', { class: 'empty' }, el('td', { colspan: 5 }, 'Nothing is waiting for you.')));
       note.textContent = data.next_cursor ? 'Showing the 500 newest waiting jobs.' : '';
@@ -880,6 +899,11 @@
         el('p', { class: 'notice' }, `This job is ${job.status}: no step is waiting for an answer.`)));
       return;
     }
+    if (!can('answer')) {
+      replaceContent(view, ...page('Answer', ...head,
+        el('p', { id: 'answer-not-allowed', class: 'notice' }, 'This token cannot answer steps (it lacks the `answer` scope).')));
+      return;
+    }
 
     // Find the output schema of the outstanding step in the job's stored version.
     let schema;
@@ -888,7 +912,7 @@
       schemaNote = 'The job runs an inline definition: no stored schema, enter the response as JSON.';
     } else {
       try {
-        const data = await api('GET', `/v1/workflows/${seg(job.workflow_name)}/versions`);
+        const data = await api('GET', `/v1/workflows/${seg(job.workflow_name)}/versions${query({ before: Number(job.workflow_version) + 1, limit: 1 })}`);
         const def = (data.versions || []).find((v) => v.version === job.workflow_version);
         const step = def && isObject(def.definition) && Array.isArray(def.definition.steps)
           ? def.definition.steps.find((s) => s && s.name === stepName) : undefined;
@@ -1085,9 +1109,17 @@
   }
 
   async function workflowView(ctx, view, name, params) {
-    const data = await api('GET', `/v1/workflows/${seg(name)}/versions`);
+    // The newest page of versions, and the one asked for when it is older.
+    const data = await api('GET', `/v1/workflows/${seg(name)}/versions${query({ limit: 100 })}`);
     if (!ctx.alive) return;
-    const versions = (data.versions || []).slice().sort((a, b) => b.version - a.version);
+    const versions = (data.versions || []).slice();
+    const asked = Number(params.get('version'));
+    if (Number.isInteger(asked) && asked > 0 && !versions.some((v) => v.version === asked)) {
+      const older = await api('GET', `/v1/workflows/${seg(name)}/versions${query({ before: asked + 1, limit: 1 })}`);
+      if (!ctx.alive) return;
+      versions.push(...(older.versions || []).filter((v) => v.version === asked));
+    }
+    versions.sort((a, b) => b.version - a.version);
     if (versions.length === 0) {
       replaceContent(view, ...page(name, el('h1', null, String(name)), el('p', null, 'No versions stored.')));
       return;
@@ -1383,7 +1415,15 @@
     initConfirm();
     window.addEventListener('hashchange', route);
     setInterval(refreshAges, 15000);
-    route();
+    // A session signed in before the console learnt scopes asks for them once.
+    if (getToken() && sessionStorage.getItem(SCOPES_KEY) === null) {
+      api('GET', '/v1/me')
+        .then((me) => sessionStorage.setItem(SCOPES_KEY, JSON.stringify(isObject(me) && Array.isArray(me.scopes) ? me.scopes : [])))
+        .catch(() => {}) // a refused token has signed out already
+        .finally(route);
+    } else {
+      route();
+    }
   }
 
   init();

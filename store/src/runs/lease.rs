@@ -335,6 +335,8 @@ pub struct SweptLease {
 pub struct Lapsed {
     pub job_id: Uuid,
     pub workflow_name: String,
+    /// The stored workflow's version; `None` for an inline definition.
+    pub workflow_version: Option<i32>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -350,7 +352,7 @@ pub async fn lapsed(
     limit: i64,
 ) -> Result<Vec<Lapsed>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT job_id, workflow_name, traceparent, tracestate, created_at FROM workflow_run
+        "SELECT job_id, workflow_name, workflow_version, traceparent, tracestate, created_at FROM workflow_run
          WHERE status = 'RUNNING' AND lease_until < $1
          ORDER BY lease_until LIMIT $2",
     )

@@ -9,10 +9,13 @@
 //! travels in a header only the page's script sets, never in a cookie, so a
 //! cross-site request cannot carry it. Changes to `/v1` from another site
 //! are refused by [`refuse_cross_site`] as well, which also covers a worker
-//! serving without auth.
+//! serving without auth, and so is any `/v1` request whose `Host` is not
+//! one this worker serves ([`ServedHosts`], against DNS rebinding).
+
+use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -69,11 +72,85 @@ fn page(body: &'static str, content_type: &'static str) -> Response {
     response
 }
 
+/// The `Host` names `/v1` answers to. A page on another site whose name
+/// is made to resolve to this worker (DNS rebinding) is same-origin to the
+/// browser, but its requests carry that name in `Host`. IP literals and
+/// `localhost` always pass (rebinding needs a name of the attacker's);
+/// other names only when listed (`FLOTILLA_HTTP_ALLOWED_HOSTS`). Enforced
+/// when names are listed, or when auth is off: without tokens, anything a
+/// page reaches is open to it.
+#[derive(Debug, Clone, Default)]
+pub struct ServedHosts {
+    names: Arc<Vec<String>>,
+    enforce: bool,
+}
+
+impl ServedHosts {
+    #[must_use]
+    pub fn new(names: &[String], auth_off: bool) -> Self {
+        let names: Vec<String> = names
+            .iter()
+            .map(|name| normalized(name))
+            .filter(|name| !name.is_empty())
+            .collect();
+        Self {
+            enforce: auth_off || !names.is_empty(),
+            names: Arc::new(names),
+        }
+    }
+
+    /// Whether `host` (a `Host` header: a name or address, maybe a port)
+    /// is one this worker serves.
+    fn serves(&self, host: &str) -> bool {
+        let host = host.trim();
+        let name = if let Some(rest) = host.strip_prefix('[') {
+            // `[v6]` or `[v6]:port`: an address literal.
+            return rest
+                .split_once(']')
+                .is_some_and(|(address, _)| address.parse::<std::net::Ipv6Addr>().is_ok());
+        } else {
+            match host.rsplit_once(':') {
+                Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+                _ => host,
+            }
+        };
+        let name = normalized(name);
+        name.parse::<std::net::IpAddr>().is_ok()
+            || name == "localhost"
+            || self.names.contains(&name)
+    }
+}
+
+/// A host name as compared: lower case, without a trailing dot.
+fn normalized(name: &str) -> String {
+    name.trim().trim_end_matches('.').to_ascii_lowercase()
+}
+
 /// Refuses a request that changes something when a browser says it comes
 /// from another site (`Sec-Fetch-Site: cross-site`, or an `Origin` whose
-/// host is not this one). Clients that are not browsers send neither header
-/// and pass.
-pub(super) async fn refuse_cross_site(request: Request, next: Next) -> Response {
+/// host is not this one), and any request whose `Host` this worker does
+/// not serve. Clients that are not browsers send no `Sec-Fetch-Site` or
+/// `Origin` and pass.
+pub(super) async fn refuse_cross_site(
+    State(hosts): State<ServedHosts>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if hosts.enforce
+        && let Some(host) = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+        && !hosts.serves(host)
+    {
+        return Problem::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "Host {host:?} is not one this worker serves (add it to FLOTILLA_HTTP_ALLOWED_HOSTS)"
+            ),
+        )
+        .into_response();
+    }
     let reads = [Method::GET, Method::HEAD, Method::OPTIONS];
     if !reads.contains(request.method()) && is_cross_site(request.headers()) {
         return Problem::new(
@@ -144,5 +221,30 @@ mod tests {
             ("host", "127.0.0.1:8080"),
             ("origin", "http://127.0.0.1:9999"),
         ])));
+    }
+
+    #[test]
+    fn served_hosts_are_addresses_localhost_and_the_listed_names() {
+        let hosts = ServedHosts::new(&["Flotilla.Example.".into()], false);
+        for served in [
+            "127.0.0.1:8080",
+            "10.1.2.3",
+            "[::1]:8080",
+            "localhost:8080",
+            "flotilla.example",
+            "FLOTILLA.example:443",
+        ] {
+            assert!(hosts.serves(served), "{served}");
+        }
+        for rebound in [
+            "evil.example:8080",
+            "localhost.evil.example",
+            "[evil]:80",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!hosts.serves(rebound), "{rebound}");
+        }
+        assert!(ServedHosts::new(&[], true).enforce);
+        assert!(!ServedHosts::new(&[], false).enforce);
     }
 }

@@ -96,6 +96,7 @@ impl From<RegisterError> for Problem {
                     .with(json!({ "problems": invalid.problems }))
             }
             RegisterError::Database(e) => Self::unavailable(&e),
+            RegisterError::TooManyVersions(why) => Self::new(StatusCode::CONFLICT, why),
             RegisterError::Unstorable(ref unstorable) => {
                 let extra = json!({ "field": unstorable.field });
                 Self::bad_request(e.to_string()).with(extra)

@@ -3,6 +3,7 @@
 //! [`super::errors`]. The 401, 403 and 503 answers every route shares are
 //! added to the document in [`super::openapi`].
 
+use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -13,6 +14,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::ApiState;
+use super::auth::{self, Granted, Scope};
 use super::problem::{ApiJson, ApiQuery, Problem, ProblemDoc};
 use super::views::{JobPageView, JobView, TimelineView};
 use crate::engine::{CompleteOutcome, JobQuery, RefusalMode, Submission, Submitted, WorkflowRef};
@@ -41,9 +43,24 @@ pub(super) struct SubmitBody {
 #[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn submit(
     State(state): State<ApiState>,
+    Extension(Granted(scopes)): Extension<Granted>,
     headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> Result<Response, Problem> {
+    // An inline definition is code the workers run with their credentials:
+    // it needs the scope that registers workflows, and the operator can
+    // refuse it outright.
+    if body.workflow.is_some() {
+        if !state.inline_definitions {
+            return Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "inline definitions are switched off on this fleet (FLOTILLA_INLINE_DEFINITIONS=false): register the workflow and submit it by `workflow_name`",
+            ));
+        }
+        if !scopes.has(Scope::Define) {
+            return Err(auth::lacks(Scope::Define));
+        }
+    }
     // The caller's trace context, as a Kafka producer's would be: the run
     // joins the caller's trace (a malformed one is dropped at admission).
     let header = |name: &str| {

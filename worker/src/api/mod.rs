@@ -12,6 +12,7 @@ pub mod openapi;
 mod ops;
 pub mod problem;
 pub mod readiness;
+pub mod server;
 pub mod views;
 mod workflows;
 
@@ -19,10 +20,10 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post, put};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
-pub use auth::Tokens;
+pub use auth::{ROUTE_SCOPES, Scope, Scopes, Tokens, WHO_AM_I};
+pub use console::ServedHosts;
+pub use server::{ServerLimits, serve};
 
 use crate::consumer::lag::LagReader;
 use crate::engine::Engine;
@@ -37,13 +38,28 @@ pub struct ApiState {
     /// Where the request consumers' lag is read for `/v1/fleet`; `None`
     /// when this worker consumes no requests.
     pub lag: Option<LagReader>,
+    /// The API tokens: `/readyz` shows its reasons only to a holder of one.
+    pub tokens: Tokens,
+    /// Whether submissions may carry inline definitions at all.
+    pub inline_definitions: bool,
+}
+
+/// The router's settings.
+#[derive(Debug, Clone)]
+pub struct RouterSettings {
+    /// Request bodies above this are refused with 413.
+    pub body_limit: usize,
+    /// Longer requests are answered 503.
+    pub request_timeout: std::time::Duration,
+    /// The `Host` names `/v1` answers to (DNS rebinding, `console.rs`).
+    pub hosts: ServedHosts,
 }
 
 /// Request bodies above this are refused with 413, unless configured otherwise.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 /// The whole router.
-pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
+pub fn router(state: ApiState, settings: RouterSettings) -> Router {
     // Install the recorder before any counter is touched, so none is lost.
     let _ = ops::prometheus();
     let v1 = Router::new()
@@ -60,8 +76,15 @@ pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
         .route("/workflows/{name}", put(workflows::put).get(workflows::get))
         .route("/workflows/{name}/versions", get(workflows::versions))
         .route("/fleet", get(fleet::fleet))
-        .route_layer(middleware::from_fn_with_state(tokens, auth::require_token))
-        .route_layer(middleware::from_fn(console::refuse_cross_site));
+        .route(auth::WHO_AM_I.trim_start_matches("/v1"), get(ops::who_am_i))
+        .route_layer(middleware::from_fn_with_state(
+            state.tokens.clone(),
+            auth::require_token,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            settings.hosts,
+            console::refuse_cross_site,
+        ));
     Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(ops::healthz))
@@ -70,20 +93,10 @@ pub fn router(state: ApiState, tokens: Tokens, body_limit: usize) -> Router {
         .route("/openapi.json", get(ops::openapi))
         .merge(console::routes())
         .fallback(|| async { Problem::not_found("no such route") })
-        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(DefaultBodyLimit::max(settings.body_limit))
+        .layer(middleware::from_fn_with_state(
+            settings.request_timeout,
+            server::limit_time,
+        ))
         .with_state(state)
-}
-
-/// Serves `router` on `listener` until `shutdown`.
-///
-/// # Errors
-/// The server failed.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
 }

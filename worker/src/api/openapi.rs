@@ -12,7 +12,7 @@ use super::{fleet, jobs, ops, problem, views, workflows};
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::events, jobs::complete, jobs::retry, jobs::cancel,
         workflows::put, workflows::list, workflows::get, workflows::versions, fleet::fleet,
-        ops::healthz, ops::readyz, ops::metrics, ops::openapi
+        ops::who_am_i, ops::healthz, ops::readyz, ops::metrics, ops::openapi
     ),
     components(schemas(views::JobView, views::JobPageView, views::TimelineView, fleet::FleetView, fleet::ConsumerLag, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, problem::ProblemDoc)),
     modifiers(&BearerAuth, &SharedResponses)
@@ -39,7 +39,10 @@ impl Modify for SharedResponses {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let shared = [
             ("401", "no bearer token"),
-            ("403", "the bearer token is not accepted"),
+            (
+                "403",
+                "the bearer token is not accepted, or lacks the route's scope (named in `missing_scope`)",
+            ),
             ("503", "database unavailable"),
         ];
         for (path, item) in &mut openapi.paths.paths {

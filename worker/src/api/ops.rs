@@ -1,11 +1,13 @@
 //! The open operational routes: health, readiness, metrics, the API document.
 
+use axum::Extension;
 use axum::extract::State;
-use axum::http::{HeaderName, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use serde_json::{Value, json};
 use utoipa::OpenApi as _;
 
 use super::ApiState;
+use super::auth::Granted;
 use super::problem::{Problem, ProblemDoc};
 
 /// Alive (the process answers).
@@ -17,19 +19,34 @@ pub(super) async fn healthz() -> axum::Json<Value> {
 /// Ready when the database answered a recent ping, every supervised task
 /// runs, and the request consumer is not paused past its bound: read from
 /// state kept in the background (`readiness.rs`), so a probe opens no
-/// connection of any kind.
-#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "`{status: ready}`"), (status = 503, description = "database unavailable, a task not running, or the consumer paused too long", body = ProblemDoc, content_type = "application/problem+json")))]
+/// connection of any kind. The reasons for not being ready (which name
+/// hosts and errors) only go to a caller with an API token.
+#[utoipa::path(get, path = "/readyz", responses((status = 200, description = "`{status: ready}`"), (status = 503, description = "not ready; with an API token, the reasons (database unavailable, a task not running, the consumer paused too long)", body = ProblemDoc, content_type = "application/problem+json")))]
 pub(super) async fn readyz(
     State(state): State<ApiState>,
+    headers: HeaderMap,
 ) -> Result<axum::Json<serde_json::Value>, Problem> {
     let problems = state.readiness.problems();
-    if !problems.is_empty() {
-        return Err(Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            problems.join("; "),
-        ));
+    if problems.is_empty() {
+        return Ok(axum::Json(json!({ "status": "ready" })));
     }
-    Ok(axum::Json(json!({ "status": "ready" })))
+    let detail = match state.tokens.granted(&headers) {
+        Ok(Some(_)) => problems.join("; "),
+        _ => "not ready".to_owned(),
+    };
+    Err(Problem::new(StatusCode::SERVICE_UNAVAILABLE, detail))
+}
+
+/// What the caller's token may do: the console shows only that.
+#[utoipa::path(get, path = "/v1/me", responses((status = 200, description = "`{scopes: [...], auth: bool}`: the token's scopes, and whether this worker checks tokens at all")), security(("bearer" = [])))]
+pub(super) async fn who_am_i(
+    State(state): State<ApiState>,
+    Extension(Granted(scopes)): Extension<Granted>,
+) -> axum::Json<Value> {
+    axum::Json(json!({
+        "scopes": scopes.names(),
+        "auth": !state.tokens.is_empty(),
+    }))
 }
 
 /// The process's Prometheus recorder (see `flotilla_runtime::metrics`).

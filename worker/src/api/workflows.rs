@@ -4,10 +4,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use flotilla_store::definitions::StoredDefinition;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiState;
-use super::problem::{ApiJson, Problem, ProblemDoc};
+use super::problem::{ApiJson, ApiQuery, Problem, ProblemDoc};
 
 #[utoipa::path(put, path = "/v1/workflows/{name}", params(("name" = String, Path)), request_body(content = Object, description = "the workflow definition"), responses((status = 201, description = "new version"), (status = 200, description = "same as the newest version"), (status = 400, description = "name mismatch or bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "every problem of the definition", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn put(
@@ -49,14 +50,30 @@ pub(super) async fn get(
     Ok(axum::Json(stored))
 }
 
-#[utoipa::path(get, path = "/v1/workflows/{name}/versions", params(("name" = String, Path)), responses((status = 200, description = "`{versions}`: every stored version, newest first"), (status = 404, description = "no such workflow", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+/// Which page of versions.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct VersionsQuery {
+    /// Only versions older than this one (`next_before` of the previous page).
+    before: Option<i32>,
+    /// Versions per page: 50 unless given, at most 500.
+    limit: Option<i64>,
+}
+
+#[utoipa::path(get, path = "/v1/workflows/{name}/versions", params(("name" = String, Path), VersionsQuery), responses((status = 200, description = "`{versions, next_before}`: a page of stored versions, newest first; `next_before` is where the next page starts, null on the last"), (status = 400, description = "a negative limit, or a malformed parameter", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "no such workflow (or nothing before `before`)", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn versions(
     State(state): State<ApiState>,
     Path(name): Path<String>,
+    ApiQuery(query): ApiQuery<VersionsQuery>,
 ) -> Result<axum::Json<Value>, Problem> {
-    let versions = state.engine.workflow_versions(&name).await?;
+    let (versions, next_before) = state
+        .engine
+        .workflow_versions(&name, query.before, query.limit.unwrap_or(0))
+        .await?;
     if versions.is_empty() {
         return Err(Problem::not_found(format!("no workflow named {name:?}")));
     }
-    Ok(axum::Json(json!({ "versions": versions })))
+    Ok(axum::Json(
+        json!({ "versions": versions, "next_before": next_before }),
+    ))
 }

@@ -71,6 +71,7 @@ struct Lease {
 #[derive(Debug)]
 struct JobFacts {
     workflow_name: String,
+    workflow_version: Option<i32>,
     created_at: DateTime<Utc>,
     /// Hand-backs in a row before this claim.
     hand_backs: i32,
@@ -117,8 +118,11 @@ impl Lease {
     /// Counts the job as finished in `state`.
     fn finished(&self, state: &'static str) {
         let job = &self.job;
-        self.engine
-            .job_finished(&job.workflow_name, state, job.created_at);
+        self.engine.job_finished(
+            (&job.workflow_name, job.workflow_version),
+            state,
+            job.created_at,
+        );
     }
 
     /// Every fenced write shares its commit with other jobs' writes (see
@@ -227,6 +231,7 @@ impl ClaimedRun {
             sequence: Arc::new(AtomicI64::new(row.event_sequence)),
             job: Arc::new(JobFacts {
                 workflow_name: row.workflow_name.clone(),
+                workflow_version: row.workflow_version,
                 created_at: row.created_at,
                 hand_backs: row.hand_backs,
             }),

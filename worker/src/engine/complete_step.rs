@@ -4,6 +4,8 @@
 //! again under the row lock, where the decision is final. Two concurrent
 //! calls for one step therefore give one `Completed` and one `AlreadyDone`.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -15,6 +17,7 @@ use super::Engine;
 use super::step::check_response;
 use super::storable::{self, Unstorable};
 use crate::target::StepFailure;
+use crate::workflow::CompiledWorkflow;
 use crate::workflow::expr::Scope;
 
 /// What complete-step did.
@@ -136,7 +139,15 @@ impl Engine {
             row.traceparent.as_deref(),
             row.tracestate.as_deref(),
         );
-        let violations = span.in_scope(|| self.judge(&row, step, &response))?;
+        let judging = span.in_scope(|| self.judging(&row, step))?;
+        let violations = {
+            let response = response.clone();
+            self.off_runtime(move || judging.judge(&response)).await
+        };
+        let violations = match violations {
+            Ok(violations) => violations,
+            Err(exhausted) => Some(vec![format!("{step}: {exhausted}")]),
+        };
         tracing::Instrument::instrument(self.answer(job_id, step, response, violations), span).await
     }
 
@@ -200,21 +211,20 @@ impl Engine {
         match &outcome {
             CompleteOutcome::Completed => self.wake(),
             CompleteOutcome::Rejected { .. } => {
-                self.job_finished(&row.workflow_name, "FAILED", row.created_at);
+                self.job_finished(
+                    (&row.workflow_name, row.workflow_version),
+                    "FAILED",
+                    row.created_at,
+                );
             }
             _ => {}
         }
         Ok(outcome)
     }
 
-    /// Checks an external response against the step's schema and rules;
-    /// `Some(violations)` when it is refused.
-    fn judge(
-        &self,
-        row: &RunRow,
-        step: &str,
-        response: &serde_json::Value,
-    ) -> Result<Option<Vec<String>>, CompleteError> {
+    /// What judging an answer to `step` needs: the compiled workflow and the
+    /// scope its rules see.
+    fn judging(&self, row: &RunRow, step: &str) -> Result<Judging, CompleteError> {
         let corrupt = |reason: String| {
             CompleteError::Store(StoreError::Corrupt {
                 job_id: row.job_id,
@@ -243,12 +253,28 @@ impl Engine {
         let scope = Scope::default()
             .with("input", &row.input.0)
             .with("steps", &serde_json::Value::Object(steps));
-        match check_response(&compiled.steps[index], response, &scope) {
-            Ok(()) => Ok(None),
-            Err(StepFailure::Verdict { violations, .. }) => Ok(Some(violations)),
-            Err(StepFailure::Defect(e) | StepFailure::Retryable { error: e, .. }) => {
-                Ok(Some(vec![e]))
-            }
+        Ok(Judging {
+            compiled,
+            index,
+            scope,
+        })
+    }
+}
+
+/// An answer's judge: the step's schema and rules, with their scope.
+struct Judging {
+    compiled: Arc<CompiledWorkflow>,
+    index: usize,
+    scope: Scope,
+}
+
+impl Judging {
+    /// `Some(violations)` when the answer is refused.
+    fn judge(&self, response: &serde_json::Value) -> Option<Vec<String>> {
+        match check_response(&self.compiled.steps[self.index], response, &self.scope) {
+            Ok(()) => None,
+            Err(StepFailure::Verdict { violations, .. }) => Some(violations),
+            Err(StepFailure::Defect(e) | StepFailure::Retryable { error: e, .. }) => Some(vec![e]),
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use flotilla_store::definitions::{self, Registered, StoredDefinition};
+use flotilla_store::definitions::{self, RegisterRefused, Registered, StoredDefinition};
 
 use super::Engine;
 use super::storable::{self, Unstorable};
@@ -20,8 +20,26 @@ pub enum RegisterError {
     NameMismatch { expected: String, found: String },
     #[error("reading {path}: {reason}")]
     File { path: String, reason: String },
+    /// The name holds the most versions a name may.
+    #[error("{0}")]
+    TooManyVersions(String),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
+}
+
+/// Versions one workflow name may hold: versions are never deleted (jobs
+/// point at them), so a client registering in a loop stops here.
+pub(super) const MAX_VERSIONS_PER_NAME: i32 = 1000;
+
+impl From<RegisterRefused> for RegisterError {
+    fn from(refused: RegisterRefused) -> Self {
+        match refused {
+            RegisterRefused::Database(e) => Self::Database(e),
+            too_many @ RegisterRefused::TooManyVersions { .. } => {
+                Self::TooManyVersions(too_many.to_string())
+            }
+        }
+    }
 }
 
 impl Engine {
@@ -38,8 +56,13 @@ impl Engine {
         let compiled = self.compile(document)?;
         storable::check_workflow_name(&compiled.definition.name)?;
         let mut tx = self.pool().begin().await?;
-        let registered =
-            definitions::register(&mut tx, &compiled.definition.name, document).await?;
+        let registered = definitions::register(
+            &mut tx,
+            &compiled.definition.name,
+            document,
+            MAX_VERSIONS_PER_NAME,
+        )
+        .await?;
         tx.commit().await?;
         Ok(registered)
     }

@@ -5,9 +5,11 @@
 mod batch;
 mod claimed;
 mod claims;
+mod compiled_cache;
 mod complete_step;
 mod definitions;
 mod digest;
+mod evaluate;
 mod finishes;
 mod fleet;
 mod gather;
@@ -27,7 +29,6 @@ mod submit;
 mod switches;
 mod telemetry;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -116,6 +117,8 @@ pub struct EngineSettings {
     /// Connections of their own for lease renewals and fenced writes, so
     /// that neither waits behind the API, the console or a claim.
     pub reserved_connections: u32,
+    /// What one CEL evaluation may spend (steps, bytes, time).
+    pub expression_budget: crate::workflow::Budget,
 }
 
 impl EngineSettings {
@@ -135,6 +138,7 @@ impl EngineSettings {
             definition_by_reference: Switch::Auto,
             checkpoint_rows: Switch::Auto,
             reserved_connections: DEFAULT_RESERVED_CONNECTIONS,
+            expression_budget: crate::workflow::DEFAULT_BUDGET,
         }
     }
 }
@@ -156,8 +160,8 @@ struct Inner {
     settings: EngineSettings,
     /// Wakes an idle claim loop when this process makes work claimable.
     work_available: Notify,
-    /// Compiled definition snapshots, by the snapshot's text.
-    compiled: Mutex<HashMap<String, Arc<CompiledWorkflow>>>,
+    /// Compiled definition snapshots, by the digest of the snapshot's text.
+    compiled: Mutex<compiled_cache::CompiledCache>,
     /// The supervised tasks of this process (claim loops, sweeper, consumer).
     health: Health,
     /// The fenced writes of many running jobs, committed together.
@@ -170,6 +174,8 @@ struct Inner {
     finishes: finishes::Finishes,
     /// Which one-way switches this worker uses now.
     switches: switches::InUse,
+    /// The bounded pool CEL and JSON Schema run on.
+    evaluations: evaluate::Evaluations,
     /// When this engine was made (on its clock): announced to the fleet, so
     /// a worker started again under the same id is told from the one before.
     started_at: chrono::DateTime<chrono::Utc>,
@@ -201,10 +207,6 @@ pub(super) fn reserved_pool(pool: &PgPool, settings: &EngineSettings) -> PgPool 
         .connect_lazy_with((*pool.connect_options()).clone())
 }
 
-/// Compiled snapshots kept; beyond this the cache starts over (rarely hit:
-/// it takes this many distinct live definitions).
-const COMPILED_CACHE_LIMIT: usize = 1024;
-
 impl Engine {
     #[must_use]
     pub fn new(
@@ -214,6 +216,7 @@ impl Engine {
         settings: EngineSettings,
     ) -> Self {
         let reserved = reserved_pool(&pool, &settings);
+        let evaluations = evaluate::Evaluations::new(settings.expression_budget);
         let started_at = clock.now();
         Self {
             inner: Arc::new(Inner {
@@ -232,11 +235,14 @@ impl Engine {
                 clock,
                 settings,
                 work_available: Notify::new(),
-                compiled: Mutex::new(HashMap::new()),
+                compiled: Mutex::new(compiled_cache::CompiledCache::new(
+                    compiled_cache::DEFAULT_CACHE_BYTES,
+                )),
                 health: Health::default(),
                 in_flight: in_flight::InFlight::default(),
                 finishes: finishes::Finishes::default(),
                 switches: switches::InUse::default(),
+                evaluations,
                 started_at,
             }),
         }
@@ -276,7 +282,7 @@ impl Engine {
         &self.inner.targets
     }
 
-    fn compiled_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<CompiledWorkflow>>> {
+    fn compiled_cache(&self) -> std::sync::MutexGuard<'_, compiled_cache::CompiledCache> {
         self.inner
             .compiled
             .lock()
@@ -291,11 +297,11 @@ impl Engine {
     /// process's tally of finishes.
     fn job_finished(
         &self,
-        workflow: &str,
+        (workflow, version): (&str, Option<i32>),
         state: &'static str,
         created_at: chrono::DateTime<chrono::Utc>,
     ) {
-        telemetry::job_finished(workflow, state, created_at);
+        telemetry::job_finished(&telemetry::label(workflow, version), state, created_at);
         self.inner.finishes.record(state, self.now());
     }
 
@@ -341,9 +347,10 @@ impl Engine {
         document: &serde_json::Value,
         any_target: bool,
     ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
-        let key = format!("{}{document}", if any_target { "*" } else { "" });
+        let text = format!("{}{document}", if any_target { "*" } else { "" });
+        let key = compiled_cache::CompiledCache::key(&text);
         if let Some(compiled) = self.compiled_cache().get(&key) {
-            return Ok(compiled.clone());
+            return Ok(compiled);
         }
         let mut known = self.inner.targets.names();
         if any_target {
@@ -356,11 +363,8 @@ impl Engine {
             );
         }
         let compiled = Arc::new(CompiledWorkflow::compile(document, &known)?);
-        let mut cache = self.compiled_cache();
-        if cache.len() >= COMPILED_CACHE_LIMIT {
-            cache.clear();
-        }
-        cache.insert(key, compiled.clone());
+        self.compiled_cache()
+            .insert(key, compiled.clone(), text.len());
         Ok(compiled)
     }
 }

@@ -79,7 +79,11 @@ impl Engine {
             .await?
             .ok_or(OperatorError::NotFound(job_id))?;
         tx.commit().await?;
-        self.job_finished(&row.workflow_name, "CANCELLED", row.created_at);
+        self.job_finished(
+            (&row.workflow_name, row.workflow_version),
+            "CANCELLED",
+            row.created_at,
+        );
         tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "job cancelled by an operator");
         Ok(row)
     }

@@ -116,14 +116,35 @@ impl Engine {
         Ok(definitions::newest(&mut conn, name).await?)
     }
 
-    /// Every stored version of `name`, newest first.
+    /// A page of the stored versions of `name` older than `before` (from
+    /// the newest when `None`), newest first; `limit` as for [`Self::jobs`].
+    /// The second value is where the next page starts (`before`), `None`
+    /// on the last page.
     ///
     /// # Errors
-    /// A name the store cannot hold; database errors.
-    pub async fn workflow_versions(&self, name: &str) -> Result<Vec<StoredDefinition>, ListError> {
+    /// A negative limit; a name the store cannot hold; database errors.
+    pub async fn workflow_versions(
+        &self,
+        name: &str,
+        before: Option<i32>,
+        limit: i64,
+    ) -> Result<(Vec<StoredDefinition>, Option<i32>), ListError> {
+        let limit = match limit {
+            0 => DEFAULT_PAGE,
+            n if n < 0 => return Err(ListError::NegativeLimit(n)),
+            n => n.min(MAX_PAGE),
+        };
         storable::check_workflow_name(name)?;
         let mut conn = self.pool().acquire().await?;
-        Ok(definitions::versions(&mut conn, name).await?)
+        // One more than the page says whether another follows.
+        let mut versions = definitions::versions(&mut conn, name, before, limit + 1).await?;
+        let next = if versions.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
+            versions.pop();
+            versions.last().map(|last| last.version)
+        } else {
+            None
+        };
+        Ok((versions, next))
     }
 
     /// The events of `job_id` still in the outbox, in sequence order, or

@@ -223,7 +223,11 @@ impl Engine {
             Swept::Dead => {
                 span.record("flotilla.outcome", "dead");
                 super::telemetry::lease_lost_dead();
-                self.job_finished(&job.workflow_name, "DEAD", job.created_at);
+                self.job_finished(
+                    (&job.workflow_name, job.workflow_version),
+                    "DEAD",
+                    job.created_at,
+                );
                 tracing::warn!(%job_id, attempt, lease_losses, "lease lapsed once too often; job is DEAD");
             }
         }

@@ -1,6 +1,7 @@
 //! Error texts that come from outside (a target's body, a URL, a library's
 //! message) are made safe before they are stored and published: no NUL (the
-//! store refuses it), no credentials from URLs, and a bounded length.
+//! store refuses it), no credentials or query strings from URLs (an API key
+//! rides in a query as often as in user info), and a bounded length.
 
 /// The longest error text stored, in characters.
 pub const MAX_ERROR_CHARS: usize = 4096;
@@ -18,17 +19,18 @@ pub(crate) fn error_text(text: &str) -> String {
     format!("{kept}… ({} more characters cut)", chars - MAX_ERROR_CHARS)
 }
 
-/// `scheme://user:password@host` → `scheme://***@host`, wherever it appears.
+/// `scheme://user:password@host/path?query#fragment` →
+/// `scheme://***@host/path`, wherever it appears.
 fn redact_url_credentials(text: &str) -> String {
+    // Where a URL quoted in prose ends.
+    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ')' | '>' | ',');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
         let (before, after) = rest.split_at(at + 3);
         out.push_str(before);
         let authority_end = after
-            .find(|c: char| {
-                matches!(c, '/' | '?' | '#') || c.is_whitespace() || c == '"' || c == '\''
-            })
+            .find(|c: char| matches!(c, '/' | '?' | '#') || ends(c))
             .unwrap_or(after.len());
         let authority = &after[..authority_end];
         match authority.rfind('@') {
@@ -38,7 +40,18 @@ fn redact_url_credentials(text: &str) -> String {
             }
             None => out.push_str(authority),
         }
-        rest = &after[authority_end..];
+        // The path stays; the query and fragment go.
+        let tail = &after[authority_end..];
+        let path_end = tail
+            .find(|c: char| matches!(c, '?' | '#') || ends(c))
+            .unwrap_or(tail.len());
+        out.push_str(&tail[..path_end]);
+        let tail = &tail[path_end..];
+        rest = if tail.starts_with(['?', '#']) {
+            &tail[tail.find(ends).unwrap_or(tail.len())..]
+        } else {
+            tail
+        };
     }
     out.push_str(rest);
     out
@@ -58,6 +71,17 @@ mod tests {
             error_text("see postgres://u:p@db:5432"),
             "see postgres://***@db:5432"
         );
+    }
+
+    #[test]
+    fn query_strings_and_fragments_of_urls_are_dropped() {
+        assert_eq!(
+            error_text(
+                "POST https://api.example/v1/x?code=k3y&a=b: 500 (see http://h/p#frag) done"
+            ),
+            "POST https://api.example/v1/x 500 (see http://h/p) done"
+        );
+        assert_eq!(error_text("what? no URL here?"), "what? no URL here?");
     }
 
     #[test]

@@ -153,14 +153,25 @@ impl Engine {
                 return settle(self, claimed, StepFailure::Defect(error)).await;
             }
         };
-        let mut steps = match replay(&compiled, &claimed.row().checkpoints.0) {
-            Ok(steps) => steps,
-            Err(error) => return settle(self, claimed, StepFailure::Defect(error)).await,
+        // Checking the checkpoints against their schemas runs off the
+        // runtime, as every schema validation does.
+        let replayed = {
+            let (compiled, checkpoints) = (compiled.clone(), claimed.row().checkpoints.0.clone());
+            self.off_runtime(move || replay(&compiled, &checkpoints))
+                .await
+        };
+        let mut steps = match replayed {
+            Ok(Ok(steps)) => steps,
+            Ok(Err(error)) => return settle(self, claimed, StepFailure::Defect(error)).await,
+            Err(exhausted) => {
+                return settle(self, claimed, StepFailure::Defect(exhausted.to_string())).await;
+            }
         };
         let input = claimed.row().input.0.clone();
         let deadline = Duration::from_millis(compiled.definition.deadline_ms);
 
-        for step in &compiled.steps[steps.len()..] {
+        for index in steps.len()..compiled.steps.len() {
+            let step = &compiled.steps[index];
             let name = step.definition.name.clone();
             if lease_lost.is_cancelled() {
                 return Ok(Outcome::LeaseLost(job_id));
@@ -184,7 +195,13 @@ impl Engine {
                 .with("input", &input)
                 .with("steps", &Json::Object(steps.clone()));
             let response = match self
-                .invoke(&claimed, step, &scope, (left, deadline), lease_lost)
+                .invoke(
+                    &claimed,
+                    (&compiled, index),
+                    &scope,
+                    (left, deadline),
+                    lease_lost,
+                )
                 .await
             {
                 Ok(response) => response,

@@ -1,6 +1,8 @@
 //! How a segment ends: the result and verdict after the last step, or a
 //! failure settled by its class.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value as Json};
 
 use super::Engine;
@@ -12,15 +14,50 @@ use crate::workflow::CompiledWorkflow;
 use crate::workflow::expr::Scope;
 
 /// After the last step: the output mapping gives the result, the verdict
-/// expression (or `completed N steps`) the verdict.
+/// expression (or `completed N steps`) the verdict; both are evaluated off
+/// the runtime, within the expression budget (an exhausted one is the
+/// job's verdict).
 pub(super) async fn finish(
     engine: &Engine,
     claimed: ClaimedRun,
-    compiled: &CompiledWorkflow,
+    compiled: &Arc<CompiledWorkflow>,
     input: &Json,
     steps: Map<String, Json>,
 ) -> Result<Outcome, SegmentStop> {
     let job_id = claimed.job_id();
+    let evaluated = {
+        let (compiled, input) = (compiled.clone(), input.clone());
+        engine
+            .off_runtime(move || result_and_verdict(&compiled, &input, steps))
+            .await
+    };
+    let (result, verdict) = match evaluated {
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => return settle(engine, claimed, StepFailure::Defect(e)).await,
+        Err(exhausted) => {
+            let failure = StepFailure::Verdict {
+                message: format!("the output mapping or verdict: {exhausted}"),
+                violations: vec![exhausted.to_string()],
+            };
+            return settle(engine, claimed, failure).await;
+        }
+    };
+    match fits_an_event(engine, &result, verdict) {
+        Ok(verdict) => {
+            claimed.complete(&result, &verdict).await?;
+            Ok(Outcome::Completed(job_id))
+        }
+        Err(e) => settle(engine, claimed, StepFailure::Defect(e)).await,
+    }
+}
+
+/// The result (the output mapping, or the last step's response) and the
+/// verdict (the verdict expression, or `completed N steps`).
+fn result_and_verdict(
+    compiled: &CompiledWorkflow,
+    input: &Json,
+    steps: Map<String, Json>,
+) -> Result<(Json, String), String> {
     let count = steps.len();
     let last = compiled
         .steps
@@ -31,31 +68,23 @@ pub(super) async fn finish(
         .with("input", input)
         .with("steps", &Json::Object(steps));
     let result = if compiled.output.is_empty() {
-        Ok(last.unwrap_or(Json::Null))
+        last.unwrap_or(Json::Null)
     } else {
-        build(&compiled.output, &scope).map_err(|e| format!("output mapping: {e}"))
-    };
-    let result = match result {
-        Ok(result) => result,
-        Err(e) => return settle(engine, claimed, StepFailure::Defect(e)).await,
+        build(&compiled.output, &scope).map_err(|e| format!("output mapping: {e}"))?
     };
     let verdict = match &compiled.verdict {
-        None => Ok(format!("completed {count} steps")),
+        None => format!("completed {count} steps"),
         Some(expression) => match expression.evaluate(&scope.with("result", &result)) {
-            Ok(Json::String(text)) if !text.trim().is_empty() => Ok(text),
-            Ok(other) => Err(format!(
-                "verdict expression gave {other}, not a non-empty string"
-            )),
-            Err(e) => Err(format!("verdict expression {e}")),
+            Ok(Json::String(text)) if !text.trim().is_empty() => text,
+            Ok(other) => {
+                return Err(format!(
+                    "verdict expression gave {other}, not a non-empty string"
+                ));
+            }
+            Err(e) => return Err(format!("verdict expression {e}")),
         },
     };
-    match verdict.and_then(|verdict| fits_an_event(engine, &result, verdict)) {
-        Ok(verdict) => {
-            claimed.complete(&result, &verdict).await?;
-            Ok(Outcome::Completed(job_id))
-        }
-        Err(e) => settle(engine, claimed, StepFailure::Defect(e)).await,
-    }
+    Ok((result, verdict))
 }
 
 /// Room an event needs besides its result and verdict: ids, names, type,

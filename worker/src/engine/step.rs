@@ -3,6 +3,7 @@
 //! `validate` rules.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_runtime::supervise::panic_message;
@@ -14,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::Engine;
 use super::claimed::ClaimedRun;
 use crate::target::{RetryClass, StepFailure, TargetCall};
-use crate::workflow::CompiledStep;
 use crate::workflow::compile::{Assignment, schema_violations};
 use crate::workflow::expr::Scope;
+use crate::workflow::{CompiledStep, CompiledWorkflow, Exhausted};
 
 /// Why a step gave no response.
 pub(super) enum Invocation {
@@ -28,22 +29,46 @@ impl Engine {
     pub(super) async fn invoke(
         &self,
         claimed: &ClaimedRun,
-        step: &CompiledStep,
+        (compiled, index): (&Arc<CompiledWorkflow>, usize),
         scope: &Scope,
         (left, deadline): (Duration, Duration),
         lease_lost: &CancellationToken,
     ) -> Result<Json, Invocation> {
+        let step = &compiled.steps[index];
         let name = &step.definition.name;
-        let request = build(&step.rules, scope).map_err(|e| {
-            Invocation::Failed(StepFailure::Defect(format!(
-                "step {name}: building the request: {e}"
-            )))
-        })?;
-        // One timer bounds the call: the step's timeout or what is left of
-        // the segment's deadline, whichever is shorter, reported as itself.
-        let step_limit = step.definition.timeout_ms.map(Duration::from_millis);
-        let limit = step_limit.map_or(left, |step_limit| step_limit.min(left));
+        let request = {
+            let (compiled, scope) = (compiled.clone(), scope.clone());
+            self.off_runtime(move || build(&compiled.steps[index].rules, &scope))
+                .await
+        };
+        let request = match request {
+            Ok(Ok(request)) => request,
+            Ok(Err(e)) => {
+                return Err(Invocation::Failed(StepFailure::Defect(format!(
+                    "step {name}: building the request: {e}"
+                ))));
+            }
+            Err(exhausted) => {
+                return Err(Invocation::Failed(over_budget(
+                    name,
+                    "building the request",
+                    &exhausted,
+                )));
+            }
+        };
+        // One timer bounds the call: the step's timeout, the target's (the
+        // operator's bound, which no definition raises) or what is left of
+        // the segment's deadline, whichever is shortest, reported as itself.
         let target = &step.definition.target;
+        let target_limit = self.targets().timeout(target);
+        let step_limit = match (
+            step.definition.timeout_ms.map(Duration::from_millis),
+            target_limit,
+        ) {
+            (Some(step_limit), Some(target_limit)) => Some(step_limit.min(target_limit)),
+            (step_limit, target_limit) => step_limit.or(target_limit),
+        };
+        let limit = step_limit.map_or(left, |step_limit| step_limit.min(left));
         // The call's own span: the target sees it as the caller (its
         // traceparent), not the submitter.
         let span = tracing::info_span!(
@@ -95,8 +120,9 @@ impl Engine {
             response = tokio::time::timeout(limit, guarded) => {
                 response.unwrap_or_else(|_| Err(StepFailure::retryable(RetryClass::Timeout, match step_limit {
                     Some(step_limit) if step_limit < left => format!(
-                        "target {target} did not answer within the step timeout of {} ms",
-                        step_limit.as_millis()
+                        "target {target} did not answer within {} ms (the {} timeout)",
+                        step_limit.as_millis(),
+                        if target_limit == Some(step_limit) { "target's" } else { "step's" },
                     ),
                     _ => format!(
                         "the segment deadline of {} ms passed while waiting for target {target}",
@@ -114,7 +140,7 @@ impl Engine {
         };
         span.record("flotilla.outcome", outcome);
         crate::engine::telemetry::step_finished(
-            &claimed.row().workflow_name,
+            (&claimed.row().workflow_name, claimed.row().workflow_version),
             name,
             target,
             outcome,
@@ -130,8 +156,31 @@ impl Engine {
             }
             verdict @ StepFailure::Verdict { .. } => Invocation::Failed(verdict),
         })?;
-        check_response(step, &response, scope).map_err(Invocation::Failed)?;
+        let judged = {
+            let (compiled, scope, response) = (compiled.clone(), scope.clone(), response.clone());
+            self.off_runtime(move || check_response(&compiled.steps[index], &response, &scope))
+                .await
+        };
+        match judged {
+            Ok(judged) => judged.map_err(Invocation::Failed)?,
+            Err(exhausted) => {
+                return Err(Invocation::Failed(over_budget(
+                    name,
+                    "judging the response",
+                    &exhausted,
+                )));
+            }
+        }
         Ok(response)
+    }
+}
+
+/// An expression of step `name` spent its whole budget while `doing`: the
+/// job's own verdict (its definition asked for more than a worker gives).
+pub(super) fn over_budget(name: &str, doing: &str, exhausted: &Exhausted) -> StepFailure {
+    StepFailure::Verdict {
+        message: format!("step {name}: {doing}: {exhausted}"),
+        violations: vec![format!("{name}: {exhausted}")],
     }
 }
 

@@ -186,9 +186,11 @@ impl Engine {
         if let Submitted::Created(row) = submitted {
             match row.status {
                 RunStatus::Queued => self.wake(),
-                RunStatus::Failed => {
-                    self.job_finished(&row.workflow_name, "FAILED", row.created_at)
-                }
+                RunStatus::Failed => self.job_finished(
+                    (&row.workflow_name, row.workflow_version),
+                    "FAILED",
+                    row.created_at,
+                ),
                 _ => {}
             }
         }
@@ -275,12 +277,22 @@ impl Engine {
             WorkflowRef::Stored(_) => self.compile_stored(&document)?,
             WorkflowRef::Inline(_) => self.compile(&document)?,
         };
-        compiled
-            .check_input(&submission.input)
-            .map_err(|violations| SubmitError::InvalidInput {
+        // Schema validation runs off the runtime (evaluate.rs).
+        let checked = {
+            let (compiled, input) = (compiled.clone(), submission.input.clone());
+            self.off_runtime(move || compiled.check_input(&input)).await
+        };
+        let violations = match checked {
+            Ok(Ok(())) => None,
+            Ok(Err(violations)) => Some(violations),
+            Err(exhausted) => Some(vec![exhausted.to_string()]),
+        };
+        if let Some(violations) = violations {
+            return Err(SubmitError::InvalidInput {
                 workflow: compiled.definition.name.clone(),
                 violations,
-            })?;
+            });
+        }
         // A stored workflow's row carries the key of its version, so a row
         // that points at the version instead of copying it finds it; with
         // `definition_by_reference` it keeps no copy. An inline definition
@@ -360,7 +372,7 @@ impl Prepared {
         };
         match row {
             Some(row) => {
-                super::telemetry::job_submitted(&row.workflow_name);
+                super::telemetry::job_submitted(&row.workflow_name, row.workflow_version);
                 Ok(Submitted::Created(row))
             }
             None => existing(conn, submission.job_id, &digest)

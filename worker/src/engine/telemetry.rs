@@ -7,9 +7,20 @@ use chrono::{DateTime, Utc};
 
 use crate::target::RetryClass;
 
-/// A target call finished with `outcome` (ok, retryable, verdict, defect).
+/// The label of what an inline definition names: any submitter picks those
+/// names, so they are not labels, or `/metrics` could grow without bound.
+pub(crate) const INLINE: &str = "inline";
+
+/// The `workflow` (or `step`) label of a job whose stored workflow is
+/// `version` (`None`: an inline definition).
+pub(crate) fn label(name: &str, version: Option<i32>) -> String {
+    if version.is_some() { name } else { INLINE }.to_owned()
+}
+
+/// A target call finished with `outcome` (ok, retryable, verdict, defect);
+/// `version` of the stored workflow, `None` for an inline one.
 pub(crate) fn step_finished(
-    workflow: &str,
+    (workflow, version): (&str, Option<i32>),
     step: &str,
     target: &str,
     outcome: &'static str,
@@ -17,8 +28,8 @@ pub(crate) fn step_finished(
 ) {
     metrics::histogram!(
         "flotilla_step_duration_seconds",
-        "workflow" => workflow.to_owned(),
-        "step" => step.to_owned(),
+        "workflow" => label(workflow, version),
+        "step" => label(step, version),
         "target" => target.to_owned(),
         "outcome" => outcome,
     )
@@ -26,13 +37,13 @@ pub(crate) fn step_finished(
 }
 
 /// A job was accepted (a new row).
-pub(crate) fn job_submitted(workflow: &str) {
-    metrics::counter!("flotilla_jobs_submitted_total", "workflow" => workflow.to_owned())
+pub(crate) fn job_submitted(workflow: &str, version: Option<i32>) {
+    metrics::counter!("flotilla_jobs_submitted_total", "workflow" => label(workflow, version))
         .increment(1);
 }
 
 /// A job reached a terminal `state` (COMPLETED, FAILED, DEAD, CANCELLED)
-/// `created_at` after it was submitted.
+/// `created_at` after it was submitted; `workflow` is its label.
 pub(crate) fn job_finished(workflow: &str, state: &'static str, created_at: DateTime<Utc>) {
     let name = match state {
         "COMPLETED" => "flotilla_jobs_completed_total",

@@ -1,5 +1,7 @@
 //! The targets file (`FLOTILLA_TARGETS_FILE`):
 //! `targets: {<name>: {kind: http, base_url: …, timeout_ms: …, max_concurrent: …}}`,
+//! `max_response_bytes` and `error_body_bytes` (how much of a failed
+//! answer's body error texts keep; none unless set),
 //! plus for HTTPS `ca_file`, `client_certificate` and `client_key`, and
 //! `headers` whose values are literal or come `from_env` / `from_file` (for
 //! credentials: the file itself then holds no secret).
@@ -32,6 +34,10 @@ enum TargetConfig {
         /// Largest response body accepted (a defect above it).
         #[serde(default)]
         max_response_bytes: Option<usize>,
+        /// Bytes of a failed answer's body kept in error texts (which
+        /// reach rows and events); none unless set.
+        #[serde(default)]
+        error_body_bytes: usize,
         /// Headers sent on every call (an `Authorization`, an API key).
         #[serde(default)]
         headers: BTreeMap<String, HeaderValueSource>,
@@ -136,6 +142,7 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 timeout_ms,
                 max_concurrent,
                 max_response_bytes,
+                error_body_bytes,
                 headers,
                 ca_file,
                 client_certificate,
@@ -172,7 +179,8 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 };
                 let headers = resolve_headers(&headers).map_err(refused)?;
                 let target = HttpTarget::configured(&base_url, timeout, limit, &tls, headers)
-                    .map_err(refused)?;
+                    .map_err(refused)?
+                    .keep_error_body(error_body_bytes);
                 targets.register(
                     name,
                     Arc::new(target),

@@ -11,23 +11,37 @@
 //! (403 too: this request, with credentials that were accepted, is not
 //! allowed), and so is a TLS certificate the worker refuses (retrying would
 //! not change it).
+//!
+//! Containment: the URL is built segment by segment from the base URL and
+//! a method checked to be one plain segment (`workflow/limits.rs`), so no
+//! method reaches another path, query or host. Error texts (which reach
+//! rows and events) show the URL without its user info and query, and of a
+//! failed answer's body only its length and content type unless the
+//! operator keeps a prefix (`error_body_bytes`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
+use reqwest::{StatusCode, Url};
 
 use super::{RetryClass, StepFailure, Target, TargetCall};
+use crate::workflow::limits;
 
 /// The largest response body read from a target, unless configured.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 10 * 1024 * 1024;
 
 #[derive(Debug)]
 pub struct HttpTarget {
-    base_url: String,
+    base: Url,
+    /// The base URL as error texts show it: no user info, no query.
+    shown: String,
+    /// The operator's bound on one call; a definition cannot raise it.
+    timeout: Duration,
     client: reqwest::Client,
     max_response_bytes: usize,
+    /// How much of a failed answer's body error texts keep.
+    error_body_bytes: usize,
 }
 
 /// How to reach an HTTPS target beyond the system's defaults.
@@ -77,9 +91,10 @@ impl HttpTarget {
         tls: &HttpTls,
         mut headers: HeaderMap,
     ) -> Result<Self, String> {
-        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-            return Err(format!("base_url {base_url:?} is not an http(s) URL"));
-        }
+        let base = Url::parse(base_url)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https") && !url.cannot_be_a_base())
+            .ok_or_else(|| format!("base_url {base_url:?} is not an http(s) URL"))?;
         for value in headers.values_mut() {
             value.set_sensitive(true);
         }
@@ -102,10 +117,36 @@ impl HttpTarget {
         }
         let client = client.build().map_err(|e| error_chain(&e))?;
         Ok(Self {
-            base_url: base_url.trim_end_matches('/').to_owned(),
+            shown: flotilla_runtime::redact::url(base.as_str()),
+            base,
+            timeout,
             client,
             max_response_bytes,
+            error_body_bytes: 0,
         })
+    }
+
+    /// Keeps the first `bytes` of a failed answer's body in error texts
+    /// (none by default: a body can hold what the job's readers should not
+    /// see).
+    #[must_use]
+    pub fn keep_error_body(mut self, bytes: usize) -> Self {
+        self.error_body_bytes = bytes;
+        self
+    }
+
+    /// The URL of `method`: the base URL with the method as one more path
+    /// segment, after checking it is one plain segment.
+    fn url_of(&self, method: &str) -> Result<Url, StepFailure> {
+        if let Some(problem) = limits::method_problem(method) {
+            return Err(StepFailure::Defect(format!("method {problem}")));
+        }
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| StepFailure::Defect(format!("{} cannot hold a path", self.shown)))?
+            .pop_if_empty()
+            .push(method);
+        Ok(url)
     }
 }
 
@@ -127,13 +168,19 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 #[async_trait::async_trait]
 impl Target for HttpTarget {
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.timeout)
+    }
+
     async fn call(&self, call: TargetCall) -> Result<serde_json::Value, StepFailure> {
-        let url = format!("{}/{}", self.base_url, call.method.trim_start_matches('/'));
+        let target_url = self.url_of(&call.method)?;
+        let url = format!("{}/{}", self.shown, call.method);
         let mut request = self
             .client
-            .post(&url)
-            // The engine enforces `call.timeout`; this is only a backstop.
-            .timeout(call.timeout + Duration::from_secs(1))
+            .post(target_url)
+            // The engine enforces `call.timeout`; this is only a backstop,
+            // and never longer than the operator's timeout of the target.
+            .timeout((call.timeout + Duration::from_secs(1)).min(self.timeout))
             .header("Idempotency-Key", call.idempotency_key())
             .json(&call.request);
         if let Some(traceparent) = &call.traceparent {
@@ -143,6 +190,8 @@ impl Target for HttpTarget {
             request = request.header("tracestate", tracestate);
         }
         let response = request.send().await.map_err(|e| {
+            // The error would show the full URL, user info and query too.
+            let e = e.without_url();
             if e.is_builder() {
                 // The request itself cannot be built (a header value, the
                 // URL): the same call would fail the same way.
@@ -162,8 +211,19 @@ impl Target for HttpTarget {
             }
         })?;
         let status = response.status();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
         let body = read_capped(response, self.max_response_bytes, &url).await?;
-        classify(&url, status, &body)
+        let answer = Answer {
+            status,
+            body: &body,
+            content_type: content_type.as_deref(),
+            keep: self.error_body_bytes,
+        };
+        classify(&url, &answer)
     }
 }
 
@@ -190,7 +250,10 @@ async fn read_capped(
         } else {
             RetryClass::Transport
         };
-        StepFailure::retryable(class, format!("POST {url}: reading the body: {e}"))
+        StepFailure::retryable(
+            class,
+            format!("POST {url}: reading the body: {}", e.without_url()),
+        )
     })? {
         if body.len() + chunk.len() > limit {
             return Err(too_large(format!("more than {}", body.len() + chunk.len())));
@@ -200,20 +263,44 @@ async fn read_capped(
     Ok(body)
 }
 
-fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Value, StepFailure> {
-    let text = || String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+/// A target's answer, and how much of its body an error text may show.
+struct Answer<'a> {
+    status: StatusCode,
+    body: &'a [u8],
+    content_type: Option<&'a str>,
+    /// Bytes of the body an error text keeps.
+    keep: usize,
+}
+
+impl Answer<'_> {
+    /// The body as an error text shows it: its length and content type,
+    /// and the first `keep` bytes when the operator keeps any.
+    fn excerpt(&self) -> String {
+        let kind = self.content_type.unwrap_or("no content type");
+        let mut text = format!("a {}-byte body ({kind})", self.body.len());
+        if self.keep > 0 && !self.body.is_empty() {
+            let kept = &self.body[..self.body.len().min(self.keep)];
+            text.push_str(": ");
+            text.push_str(&String::from_utf8_lossy(kept));
+        }
+        text
+    }
+}
+
+fn classify(url: &str, answer: &Answer<'_>) -> Result<serde_json::Value, StepFailure> {
+    let (status, body) = (answer.status, answer.body);
     if status.is_success() {
         return serde_json::from_slice(body).map_err(|e| {
             StepFailure::Defect(format!(
                 "POST {url}: {status} with a body that is not JSON ({e}): {}",
-                text()
+                answer.excerpt()
             ))
         });
     }
     match status.as_u16() {
         408 | 429 | 502 | 503 | 504 => Err(StepFailure::retryable(
             RetryClass::Status,
-            format!("POST {url}: {status}: {}", text()),
+            format!("POST {url}: {status}: {}", answer.excerpt()),
         )),
         // The target (or a proxy) refused the worker's credentials: every
         // job of this target would meet the same until the secret is fixed.
@@ -221,7 +308,7 @@ fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Va
             RetryClass::Status,
             format!(
                 "POST {url}: {status} (check the target's credentials): {}",
-                text()
+                answer.excerpt()
             ),
         )),
         422 => {
@@ -229,6 +316,8 @@ fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Va
                 .ok()
                 .and_then(|doc| doc.get("violations").and_then(|v| v.as_array()).cloned());
             match violations {
+                // The violations are the target's verdict, meant for the
+                // job's readers: kept whole.
                 Some(list) => {
                     let violations: Vec<String> = list
                         .iter()
@@ -241,13 +330,13 @@ fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Va
                 }
                 None => Err(StepFailure::Defect(format!(
                     "POST {url}: 422 without a violations list: {}",
-                    text()
+                    answer.excerpt()
                 ))),
             }
         }
         _ => Err(StepFailure::Defect(format!(
             "POST {url}: {status}: {}",
-            text()
+            answer.excerpt()
         ))),
     }
 }
@@ -256,12 +345,22 @@ fn classify(url: &str, status: StatusCode, body: &[u8]) -> Result<serde_json::Va
 mod tests {
     use super::*;
 
+    /// `status` with `body`, shown as by default (length and type only).
+    fn classified(status: StatusCode, body: &[u8]) -> Result<serde_json::Value, StepFailure> {
+        let answer = Answer {
+            status,
+            body,
+            content_type: Some("application/json"),
+            keep: 0,
+        };
+        classify("http://t/m", &answer)
+    }
+
     #[test]
     fn statuses_map_to_failure_classes() {
-        let url = "http://t/m";
-        assert!(classify(url, StatusCode::OK, b"{\"a\":1}").is_ok());
+        assert!(classified(StatusCode::OK, b"{\"a\":1}").is_ok());
         assert!(matches!(
-            classify(url, StatusCode::OK, b"nope"),
+            classified(StatusCode::OK, b"nope"),
             Err(StepFailure::Defect(_))
         ));
         // 401 and 407: the credentials were refused, which an operator
@@ -270,7 +369,7 @@ mod tests {
             let status = StatusCode::from_u16(code).unwrap();
             assert!(
                 matches!(
-                    classify(url, status, b""),
+                    classified(status, b""),
                     Err(StepFailure::Retryable {
                         class: RetryClass::Status,
                         ..
@@ -283,12 +382,11 @@ mod tests {
         for code in [400, 403, 404, 409, 500] {
             let status = StatusCode::from_u16(code).unwrap();
             assert!(
-                matches!(classify(url, status, b""), Err(StepFailure::Defect(_))),
+                matches!(classified(status, b""), Err(StepFailure::Defect(_))),
                 "{code}"
             );
         }
-        let verdict = classify(
-            url,
+        let verdict = classified(
             StatusCode::UNPROCESSABLE_ENTITY,
             br#"{"violations":["too young"]}"#,
         );
@@ -300,7 +398,7 @@ mod tests {
             })
         );
         assert!(matches!(
-            classify(url, StatusCode::UNPROCESSABLE_ENTITY, b"{}"),
+            classified(StatusCode::UNPROCESSABLE_ENTITY, b"{}"),
             Err(StepFailure::Defect(_))
         ));
     }
@@ -347,5 +445,55 @@ mod tests {
             "{failure:?}"
         );
         drop(silent);
+    }
+
+    #[test]
+    fn a_failed_answer_shows_only_its_length_and_type_unless_kept() {
+        let body = b"<html>session=secret-cookie</html>";
+        let mut answer = Answer {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body,
+            content_type: Some("text/html"),
+            keep: 0,
+        };
+        let Err(StepFailure::Defect(quiet)) = classify("http://t/m", &answer) else {
+            panic!("a 500 is a defect");
+        };
+        assert!(!quiet.contains("secret"), "{quiet}");
+        assert!(quiet.contains("a 34-byte body (text/html)"), "{quiet}");
+        answer.keep = 6;
+        let Err(StepFailure::Defect(kept)) = classify("http://t/m", &answer) else {
+            panic!("a 500 is a defect");
+        };
+        assert!(kept.ends_with("(text/html): <html>"), "{kept}");
+    }
+
+    #[test]
+    fn the_url_is_built_segment_by_segment_and_shown_without_secrets() {
+        let target = HttpTarget::new(
+            "https://user:pass@t.example/api/?code=secret",
+            Duration::from_secs(1),
+            1024,
+        )
+        .unwrap();
+        assert_eq!(target.shown, "https://t.example/api");
+        assert_eq!(
+            target.url_of("charge").unwrap().as_str(),
+            "https://user:pass@t.example/api/charge?code=secret"
+        );
+        for hostile in ["../admin", "%2e%2e/admin", "a/../../admin", "x?y", "x#y"] {
+            assert!(
+                matches!(target.url_of(hostile), Err(StepFailure::Defect(_))),
+                "{hostile}"
+            );
+        }
+        let bare = HttpTarget::new("http://t.example", Duration::from_secs(1), 1024).unwrap();
+        assert_eq!(bare.url_of("m").unwrap().as_str(), "http://t.example/m");
+        for refused in ["ftp://t.example", "mailto:a@b", "t.example/api"] {
+            assert!(
+                HttpTarget::new(refused, Duration::from_secs(1), 1024).is_err(),
+                "{refused}"
+            );
+        }
     }
 }

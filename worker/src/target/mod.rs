@@ -106,6 +106,12 @@ impl TargetCall {
 /// Something a step can call.
 #[async_trait::async_trait]
 pub trait Target: Send + Sync + 'static {
+    /// The operator's bound on one call, if the target has one: a step's
+    /// `timeout_ms` and a workflow's `deadline_ms` never raise it.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
     /// Performs the call and returns the JSON response.
     ///
     /// # Errors
@@ -150,6 +156,12 @@ impl Targets {
     #[must_use]
     pub fn names(&self) -> HashSet<String> {
         self.by_name.keys().cloned().collect()
+    }
+
+    /// The operator's bound on one call to `name`, if it has one.
+    #[must_use]
+    pub fn timeout(&self, name: &str) -> Option<Duration> {
+        self.by_name.get(name)?.target.timeout()
     }
 
     /// Calls `name` under its concurrency cap. The caller bounds the call in

@@ -7,6 +7,7 @@ use std::fmt;
 use serde_json::Value as Json;
 
 use super::expr::Expression;
+use super::limits::{self, MAX_RULES, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT};
 use super::model::{StepDefinition, WorkflowDefinition};
 
 /// One thing wrong with a definition, located by step and field.
@@ -87,6 +88,16 @@ impl CompiledWorkflow {
         if definition.steps.is_empty() {
             problems.top("steps", "a workflow has at least one step");
         }
+        if definition.steps.len() > MAX_STEPS {
+            problems.top(
+                "steps",
+                format!(
+                    "{} steps, over the limit of {MAX_STEPS}",
+                    definition.steps.len()
+                ),
+            );
+        }
+        problems.count(None, "output", definition.output.len());
         if definition.max_attempts < 1 {
             problems.top(
                 "max_attempts",
@@ -124,9 +135,17 @@ impl CompiledWorkflow {
                     ),
                 );
             }
+            if let Some(problem) = limits::method_problem(&step.method) {
+                problems.add(at, "method", problem);
+            }
             if step.timeout_ms == Some(0) {
                 problems.add(at, "timeout_ms", "must be above 0");
             }
+            problems.count(
+                at,
+                "rules and validate",
+                step.rules.len() + step.validate.len(),
+            );
             let rules = problems.assignments(at, "rules", &step.rules);
             let output_schema = step
                 .output_schema
@@ -193,9 +212,13 @@ impl CompiledWorkflow {
 ///
 /// # Errors
 /// The violations, when there are any.
+/// At most [`MAX_VIOLATIONS`] are listed, then a last line saying more
+/// were found.
 pub fn schema_violations(schema: &jsonschema::Validator, value: &Json) -> Result<(), Vec<String>> {
-    let violations: Vec<String> = schema
-        .iter_errors(value)
+    let mut errors = schema.iter_errors(value);
+    let mut violations: Vec<String> = errors
+        .by_ref()
+        .take(MAX_VIOLATIONS)
         .map(|e| {
             let at = e.instance_path().to_string();
             if at.is_empty() {
@@ -205,6 +228,11 @@ pub fn schema_violations(schema: &jsonschema::Validator, value: &Json) -> Result
             }
         })
         .collect();
+    if errors.next().is_some() {
+        violations.push(format!(
+            "(more violations; the first {MAX_VIOLATIONS} are listed)"
+        ));
+    }
     if violations.is_empty() {
         Ok(())
     } else {
@@ -228,13 +256,33 @@ impl Problems {
         self.add(None, field, message);
     }
 
+    /// `field` holds `count` rules: at most [`MAX_RULES`].
+    fn count(&mut self, step: Option<&str>, field: &str, count: usize) {
+        if count > MAX_RULES {
+            self.add(
+                step,
+                field,
+                format!("{count} entries, over the limit of {MAX_RULES}"),
+            );
+        }
+    }
+
     fn schema(
         &mut self,
         step: Option<&str>,
         field: &str,
         schema: &Json,
     ) -> Option<jsonschema::Validator> {
-        match jsonschema::validator_for(schema) {
+        if let Some(problem) = limits::schema_size_problem(schema) {
+            self.add(step, field, problem);
+            return None;
+        }
+        // Patterns compile with the linear-time engine (limits.rs).
+        let patterns = jsonschema::PatternOptions::regex().size_limit(PATTERN_SIZE_LIMIT);
+        match jsonschema::options()
+            .with_pattern_options(patterns)
+            .build(schema)
+        {
             Ok(validator) => Some(validator),
             Err(e) => {
                 self.add(step, field, format!("not a valid JSON Schema: {e}"));

@@ -1,5 +1,7 @@
-//! CEL expressions (through the `cel` crate): compiling, the evaluation scope,
-//! and the conversions between JSON documents and CEL values.
+//! CEL expressions (through the `cel` crate): compiling (bounded in length
+//! and depth, and instrumented for the evaluation budget, `budget.rs`), the
+//! evaluation scope, and the conversions between JSON documents and CEL
+//! values.
 //!
 //! JSON integers become CEL `int` (not `uint`) so that `input.n + 1` works as
 //! a workflow author expects; only integers beyond `i64` become `uint`.
@@ -7,14 +9,23 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use cel::{Context, Env, Program, Value as Cel};
+use cel::{Context, Env, IdedExpr, Value as Cel};
 use serde_json::Value as Json;
+
+use super::budget;
+
+/// The longest expression accepted, in characters.
+pub const MAX_EXPRESSION_CHARS: usize = 2_000;
+/// The deepest expression accepted (calls, comprehensions, literals and
+/// field selections nested in each other).
+pub const MAX_EXPRESSION_DEPTH: usize = 32;
 
 /// A compiled expression and its source, for error messages.
 #[derive(Debug)]
 pub struct Expression {
     source: String,
-    program: Program,
+    /// The program, instrumented for the evaluation budget.
+    instrumented: IdedExpr,
 }
 
 fn env() -> Arc<Env> {
@@ -28,10 +39,24 @@ impl Expression {
     /// # Errors
     /// The parser's message when `source` is not valid CEL.
     pub fn compile(source: &str) -> Result<Self, String> {
+        let chars = source.chars().count();
+        if chars > MAX_EXPRESSION_CHARS {
+            return Err(format!(
+                "{chars} characters long, over the limit of {MAX_EXPRESSION_CHARS}"
+            ));
+        }
         let program = env().compile(source).map_err(|e| e.to_string())?;
+        let depth = budget::depth(program.expression());
+        if depth > MAX_EXPRESSION_DEPTH {
+            return Err(format!(
+                "nested {depth} deep, over the limit of {MAX_EXPRESSION_DEPTH}"
+            ));
+        }
+        let mut instrumented = program.expression().clone();
+        budget::instrument(&mut instrumented);
         Ok(Self {
             source: source.to_owned(),
-            program,
+            instrumented,
         })
     }
 
@@ -46,15 +71,13 @@ impl Expression {
     /// An evaluation error, or a value with no JSON form, named with the source.
     pub fn evaluate(&self, scope: &Scope) -> Result<Json, String> {
         let mut context = Context::with_env(env());
+        budget::install(&mut context);
         for (name, value) in &scope.variables {
             context.add_variable_from_value(name.clone(), value.clone());
         }
-        let value = self
-            .program
-            .execute(&context)
+        let value = Cel::resolve(&self.instrumented, &context)
             .map_err(|e| format!("`{}` failed: {e}", self.source))?;
-        value
-            .json()
+        to_json(&value, &mut JSON_NODES.clone())
             .map_err(|e| format!("`{}` gave a value with no JSON form: {e}", self.source))
     }
 
@@ -103,4 +126,33 @@ pub fn to_cel(value: &Json) -> Cel {
             Cel::from(map)
         }
     }
+}
+
+/// The most JSON nodes one expression's result may expand to: a result
+/// whose lists share their elements (the same list repeated) is small in
+/// memory and can be huge as JSON.
+const JSON_NODES: u64 = 1_000_000;
+
+/// Converts a CEL value to JSON, at most `nodes` values in all.
+fn to_json(value: &Cel, nodes: &mut u64) -> Result<Json, String> {
+    *nodes = nodes
+        .checked_sub(1)
+        .ok_or_else(|| format!("its JSON form has more than {JSON_NODES} values"))?;
+    Ok(match value {
+        Cel::List(items) => Json::Array(
+            items
+                .iter()
+                .map(|item| to_json(item, nodes))
+                .collect::<Result<_, _>>()?,
+        ),
+        Cel::Map(map) => {
+            let mut object = serde_json::Map::new();
+            for (key, item) in map.map.iter() {
+                // Keys as the crate's own conversion writes them.
+                object.insert(key.to_string(), to_json(item, nodes)?);
+            }
+            Json::Object(object)
+        }
+        atom => atom.json().map_err(|e| e.to_string())?,
+    })
 }

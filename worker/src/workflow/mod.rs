@@ -5,9 +5,12 @@
 //! Schema is compiled once, and every problem found is reported together,
 //! each naming its step and field (see [`compile`]).
 
+pub mod budget;
 pub mod compile;
 pub mod expr;
+pub mod limits;
 mod model;
 
+pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
 pub use compile::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition};
 pub use model::{Completion, StepDefinition, WorkflowDefinition};

@@ -113,6 +113,7 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
         ("GET", "/v1/workflows/{name}"),
         ("GET", "/v1/workflows/{name}/versions"),
         ("GET", "/v1/fleet"),
+        ("GET", "/v1/me"),
         ("GET", "/healthz"),
         ("GET", "/readyz"),
         ("GET", "/metrics"),
@@ -122,6 +123,20 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
     .map(|(m, p)| (m.to_owned(), p.to_owned()))
     .collect();
     assert_eq!(documented, served);
+
+    // Every `/v1` route but the token's own description needs a scope.
+    for (method, path) in documented
+        .iter()
+        .filter(|(_, path)| path.starts_with("/v1/"))
+    {
+        let scoped = flotilla_worker::api::ROUTE_SCOPES
+            .iter()
+            .any(|(m, p, _)| m == method && p == path);
+        assert!(
+            scoped || path == flotilla_worker::api::WHO_AM_I,
+            "{method} {path} has no scope"
+        );
+    }
 
     // And every documented route is really served: no fallback 404, no 405.
     for (method, path) in &documented {

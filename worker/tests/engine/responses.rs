@@ -53,8 +53,14 @@ async fn hostile_server() -> String {
 
 async fn hostile_engine(pool: &PgPool) -> Engine {
     let mut targets = Targets::default();
-    let http = HttpTarget::new(&hostile_server().await, Duration::from_secs(5), LIMIT).unwrap();
+    let server = hostile_server().await;
+    let http = HttpTarget::new(&server, Duration::from_secs(5), LIMIT).unwrap();
     targets.register("http", Arc::new(http), 8);
+    // The operator keeps the first 200 bytes of failed answers.
+    let kept = HttpTarget::new(&server, Duration::from_secs(5), LIMIT)
+        .unwrap()
+        .keep_error_body(200);
+    targets.register("http-kept", Arc::new(kept), 8);
     targets.register(
         "nul",
         Arc::new(FnTarget(|_: TargetCall| async {
@@ -95,9 +101,18 @@ async fn a_target_answering_with_a_nul_fails_the_job_on_its_first_attempt_with_t
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn an_error_body_with_a_nul_and_credentials_is_stored_sanitised(pool: PgPool) {
+async fn an_error_body_is_kept_only_when_the_operator_asks_and_then_sanitised(pool: PgPool) {
     let engine = hostile_engine(&pool).await;
+    // By default: the body's length and type, nothing of what it says.
     let job_id = run_once_against(&engine, "http", "nul-error").await;
+    let error = row(&pool, job_id).await.error.unwrap();
+    assert!(
+        error.contains("500") && error.contains("a 45-byte body (text/plain"),
+        "{error}"
+    );
+    assert!(!error.contains("broken") && !error.contains("s3cret"), "{error}");
+    // Kept: without the NUL and the URL's credentials.
+    let job_id = run_once_against(&engine, "http-kept", "nul-error").await;
     let error = row(&pool, job_id).await.error.unwrap();
     assert!(
         error.contains("500") && error.contains("broken \u{FFFD} see https://***@db.internal/x"),

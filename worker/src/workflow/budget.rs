@@ -1,0 +1,286 @@
+//! The budget of one CEL evaluation. The `cel` crate has no cost limits,
+//! so every compiled expression is instrumented: each comprehension
+//! (`map`, `filter`, `all`, `exists`, `exists_one`) charges a step per
+//! iteration (what it evaluates once per item is wrapped in `@tick`), and
+//! each `+` charges the size of what it built (wrapped in `@grow`: strings
+//! and bytes by length, lists and maps by entries, which share their
+//! elements).
+//! Charges check the time too. The names start with `@`, which CEL source
+//! cannot write, so no expression can call or shadow them.
+//!
+//! An evaluation runs with a budget set on its thread ([`Budget::run`]);
+//! what it spends is tracked there and an exhausted budget fails the
+//! evaluation with [`Exhausted`], which the engine treats as the job's own
+//! verdict, never as an outage or a lease loss.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use cel::common::ast::{CallExpr, ComprehensionExpr, EntryExpr, Expr, operators};
+use cel::{ExecutionError, IdedExpr, Value};
+
+/// What one evaluation may spend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Comprehension iterations, nested ones included.
+    pub steps: u64,
+    /// Bytes of what `+` builds (strings, bytes), entries of lists and maps
+    /// counted as 16 bytes each.
+    pub bytes: u64,
+    /// Wall-clock time, checked at each charge.
+    pub time: Duration,
+}
+
+/// Steps, bytes and time of an evaluation, unless configured.
+pub const DEFAULT_BUDGET: Budget = Budget {
+    steps: 100_000,
+    bytes: 8 * 1024 * 1024,
+    time: Duration::from_secs(1),
+};
+
+/// An evaluation spent its whole budget.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the expression budget is exhausted: {0}")]
+pub struct Exhausted(pub String);
+
+const TICK: &str = "@tick";
+const GROW: &str = "@grow";
+
+/// What is left of the budget of the evaluation running on this thread.
+struct Left {
+    steps: u64,
+    bytes: u64,
+    deadline: Instant,
+    budget: Budget,
+    exhausted: Option<Exhausted>,
+}
+
+thread_local! {
+    static LEFT: RefCell<Option<Left>> = const { RefCell::new(None) };
+}
+
+impl Budget {
+    /// Runs `evaluate` with this budget on this thread; `Err` when the
+    /// budget ran out (whatever `evaluate` returned then).
+    ///
+    /// # Errors
+    /// [`Exhausted`], naming what ran out.
+    pub fn run<T>(self, evaluate: impl FnOnce() -> T) -> Result<T, Exhausted> {
+        LEFT.with(|left| {
+            *left.borrow_mut() = Some(Left {
+                steps: self.steps,
+                bytes: self.bytes,
+                deadline: Instant::now() + self.time,
+                budget: self,
+                exhausted: None,
+            });
+        });
+        let outcome = evaluate();
+        let left = LEFT.with(|left| left.borrow_mut().take());
+        match left.and_then(|left| left.exhausted) {
+            Some(exhausted) => Err(exhausted),
+            None => Ok(outcome),
+        }
+    }
+}
+
+/// Charges `steps` and `bytes` against the running budget (nothing when no
+/// budget runs: a test evaluating directly).
+fn charge(steps: u64, bytes: u64) -> Result<(), ExecutionError> {
+    LEFT.with(|left| {
+        let mut left = left.borrow_mut();
+        let Some(left) = left.as_mut() else {
+            return Ok(());
+        };
+        let why = if left.exhausted.is_some() {
+            None
+        } else if left.steps < steps {
+            Some(format!("more than {} iterations", left.budget.steps))
+        } else if left.bytes < bytes {
+            Some(format!("more than {} bytes built", left.budget.bytes))
+        } else if Instant::now() > left.deadline {
+            Some(format!("longer than {} ms", left.budget.time.as_millis()))
+        } else {
+            left.steps -= steps;
+            left.bytes -= bytes;
+            return Ok(());
+        };
+        if let Some(why) = why {
+            left.exhausted = Some(Exhausted(why));
+        }
+        let message = left
+            .exhausted
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        Err(ExecutionError::function_error(TICK, message))
+    })
+}
+
+/// The bytes a value built by `+` costs.
+fn size(value: &Value) -> u64 {
+    let len = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    match value {
+        Value::String(text) => len(text.len()),
+        Value::Bytes(bytes) => len(bytes.len()),
+        Value::List(items) => len(items.len()).saturating_mul(16),
+        Value::Map(map) => len(map.map.len()).saturating_mul(16),
+        _ => 16,
+    }
+}
+
+/// Adds the budget's functions to an evaluation's context.
+pub(super) fn install(context: &mut cel::Context<'_, '_>) {
+    // The names cannot clash: CEL source cannot write `@`.
+    let _ = context.add_function(TICK, |condition: Value| -> Result<Value, ExecutionError> {
+        charge(1, 0)?;
+        Ok(condition)
+    });
+    let _ = context.add_function(GROW, |built: Value| -> Result<Value, ExecutionError> {
+        charge(0, size(&built))?;
+        Ok(built)
+    });
+}
+
+/// Instruments `expr` in place: every comprehension charges a step per
+/// iteration, every `+` the size of what it built.
+pub(super) fn instrument(expr: &mut IdedExpr) {
+    let id = expr.id;
+    match &mut expr.expr {
+        Expr::Call(call) => {
+            if let Some(target) = call.target.as_mut() {
+                instrument(target);
+            }
+            for arg in &mut call.args {
+                instrument(arg);
+            }
+            if call.func_name == operators::ADD && !appends_to_accumulator(call) {
+                let added = std::mem::take(&mut expr.expr);
+                expr.expr = wrap(GROW, id, added);
+            }
+        }
+        Expr::Comprehension(comprehension) => {
+            instrument(&mut comprehension.iter_range);
+            instrument(&mut comprehension.accu_init);
+            instrument(&mut comprehension.loop_cond);
+            instrument(&mut comprehension.loop_step);
+            instrument(&mut comprehension.result);
+            tick_each_iteration(comprehension);
+        }
+        Expr::List(list) => list.elements.iter_mut().for_each(instrument),
+        Expr::Map(map) => map
+            .entries
+            .iter_mut()
+            .for_each(|entry| instrument_entry(&mut entry.expr)),
+        Expr::Struct(structure) => structure
+            .entries
+            .iter_mut()
+            .for_each(|entry| instrument_entry(&mut entry.expr)),
+        Expr::Select(select) => instrument(&mut select.operand),
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+    }
+}
+
+/// A macro's own `@result + ...`: the accumulator of a comprehension,
+/// whose items are charged as iterations (and whose name, starting with
+/// `@`, no source can write).
+fn appends_to_accumulator(call: &CallExpr) -> bool {
+    matches!(call.args.first().map(|arg| &arg.expr), Some(Expr::Ident(name)) if name.starts_with('@'))
+}
+
+/// Wraps what a comprehension evaluates once per iteration in `@tick`.
+///
+/// The crate runs `map` and `filter` in place when their loop condition is
+/// a literal and their step appends `[item]` to the accumulator; that shape
+/// is kept (the tick goes on the guard or the item), or both would turn
+/// quadratic. A loop condition that is not a literal (`all`, `exists`) is
+/// ticked itself: it runs before each step, so an exhausted budget ends
+/// the loop at once (those loops hold back errors of their steps).
+fn tick_each_iteration(comprehension: &mut ComprehensionExpr) {
+    if !matches!(comprehension.loop_cond.expr, Expr::Literal(_)) {
+        tick(&mut comprehension.loop_cond);
+        return;
+    }
+    let step = &mut comprehension.loop_step;
+    if let Expr::Call(call) = &mut step.expr {
+        if call.func_name == operators::CONDITIONAL
+            && let Some(guard) = call.args.first_mut()
+        {
+            return tick(guard);
+        }
+        if call.func_name == operators::ADD
+            && appends_to_accumulator(call)
+            && let Some(IdedExpr {
+                expr: Expr::List(items),
+                ..
+            }) = call.args.get_mut(1)
+            && !items.elements.is_empty()
+        {
+            return items.elements.iter_mut().for_each(tick);
+        }
+    }
+    tick(step);
+}
+
+fn tick(expr: &mut IdedExpr) {
+    let inner = std::mem::take(&mut expr.expr);
+    expr.expr = wrap(TICK, expr.id, inner);
+}
+
+fn instrument_entry(entry: &mut EntryExpr) {
+    match entry {
+        EntryExpr::MapEntry(entry) => {
+            instrument(&mut entry.key);
+            instrument(&mut entry.value);
+        }
+        EntryExpr::StructField(field) => instrument(&mut field.value),
+    }
+}
+
+/// `function(inner)`, the call keeping `inner`'s id.
+fn wrap(function: &str, id: u64, inner: Expr) -> Expr {
+    Expr::Call(CallExpr {
+        func_name: function.to_owned(),
+        target: None,
+        args: vec![IdedExpr { id, expr: inner }],
+    })
+}
+
+/// How deeply `expr` nests (calls, comprehensions, lists, maps, selects).
+pub(super) fn depth(expr: &IdedExpr) -> usize {
+    let children: Vec<&IdedExpr> = match &expr.expr {
+        Expr::Call(call) => call
+            .target
+            .iter()
+            .map(AsRef::as_ref)
+            .chain(&call.args)
+            .collect(),
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
+        Expr::List(list) => list.elements.iter().collect(),
+        Expr::Map(map) => map
+            .entries
+            .iter()
+            .flat_map(|entry| match &entry.expr {
+                EntryExpr::MapEntry(entry) => vec![&entry.key, &entry.value],
+                EntryExpr::StructField(field) => vec![&field.value],
+            })
+            .collect(),
+        Expr::Struct(structure) => structure
+            .entries
+            .iter()
+            .flat_map(|entry| match &entry.expr {
+                EntryExpr::MapEntry(entry) => vec![&entry.key, &entry.value],
+                EntryExpr::StructField(field) => vec![&field.value],
+            })
+            .collect(),
+        Expr::Select(select) => vec![select.operand.as_ref()],
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Vec::new(),
+    };
+    1 + children.into_iter().map(depth).max().unwrap_or(0)
+}

@@ -1,0 +1,108 @@
+//! What one definition may hold. Every token holder with the `define`
+//! scope (and, for inline definitions, every submitter with it) hands the
+//! fleet code to run with the workers' credentials, so a definition is
+//! bounded in what it holds and where its calls may go; the budget of a
+//! single evaluation is `budget.rs`.
+
+use serde_json::Value as Json;
+
+/// Steps in one workflow.
+pub const MAX_STEPS: usize = 100;
+/// Rules (request assignments) plus `validate` expressions of one step, and
+/// output assignments of a workflow.
+pub const MAX_RULES: usize = 100;
+/// The serialized size of one JSON Schema (`input_schema`, a step's
+/// `output_schema`).
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+/// The length of a step's `method`.
+pub const MAX_METHOD_CHARS: usize = 128;
+/// Violations reported for one document: a schema that fails everywhere
+/// over a large document stops here.
+pub const MAX_VIOLATIONS: usize = 20;
+/// What one compiled `pattern` (or `patternProperties` key) may take in
+/// memory. Patterns compile with the `regex` crate, whose matching time
+/// is linear in the text: no backtracking, so no catastrophic pattern;
+/// look-around and back-references are refused at registration.
+pub const PATTERN_SIZE_LIMIT: usize = 1024 * 1024;
+
+/// Why `method` cannot name a call on a target, if it cannot.
+///
+/// A method is one path segment appended to the target's `base_url`, of
+/// letters, digits and `-`, `_`, `.`, `~` (not `.` or `..`, nor starting
+/// with `.`): nothing that could climb out of the base path (`../admin`,
+/// `%2e%2e`), add a query (`?`) or a fragment (`#`), or reach another host.
+/// A deeper path belongs in the target's `base_url`, set by the operator.
+#[must_use]
+pub fn method_problem(method: &str) -> Option<String> {
+    if method.is_empty() {
+        return Some("is empty".into());
+    }
+    if method.chars().count() > MAX_METHOD_CHARS {
+        return Some(format!("is longer than {MAX_METHOD_CHARS} characters"));
+    }
+    if let Some(bad) = method
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '~')))
+    {
+        return Some(format!(
+            "{method:?} holds {bad:?}: a method is one path segment of letters, digits, '-', '_', '.' and '~' (put a deeper path in the target's base_url)"
+        ));
+    }
+    if method.starts_with('.') {
+        return Some(format!("{method:?} starts with '.'"));
+    }
+    None
+}
+
+/// Why `schema` is too large to accept, if it is.
+#[must_use]
+pub fn schema_size_problem(schema: &Json) -> Option<String> {
+    let bytes = serde_json::to_vec(schema).map_or(usize::MAX, |text| text.len());
+    (bytes > MAX_SCHEMA_BYTES)
+        .then(|| format!("is {bytes} bytes, over the limit of {MAX_SCHEMA_BYTES}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_method_is_one_plain_path_segment() {
+        for fine in ["charge", "v1.charge", "capture-2", "a_b~c", "x.y"] {
+            assert_eq!(method_problem(fine), None, "{fine}");
+        }
+        for hostile in [
+            "../admin",
+            "%2e%2e/admin",
+            "a/../../admin",
+            "x?y",
+            "x#y",
+            "..",
+            ".",
+            ".hidden",
+            "/admin",
+            "a/b",
+            "http://elsewhere",
+            "@elsewhere",
+            "a b",
+            "",
+        ] {
+            assert!(
+                method_problem(hostile).is_some(),
+                "{hostile:?} was accepted"
+            );
+        }
+        assert!(method_problem(&"m".repeat(MAX_METHOD_CHARS + 1)).is_some());
+        assert_eq!(method_problem(&"m".repeat(MAX_METHOD_CHARS)), None);
+    }
+
+    #[test]
+    fn schemas_over_the_size_limit_are_named() {
+        let big = serde_json::json!({"description": "d".repeat(MAX_SCHEMA_BYTES)});
+        assert!(schema_size_problem(&big).is_some());
+        assert_eq!(
+            schema_size_problem(&serde_json::json!({"type": "object"})),
+            None
+        );
+    }
+}
