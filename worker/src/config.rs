@@ -183,6 +183,19 @@ pub struct EngineConfig {
     #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value_t = engine::DEFAULT_IDLE_POLL_MAX.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub idle_poll_max: humantime::Duration,
 
+    /// Iterations (of `map`, `filter`, `all`, `exists`) one CEL evaluation
+    /// may run; past it the job fails with its verdict.
+    #[arg(long, env = "FLOTILLA_EXPRESSION_MAX_STEPS", default_value_t = crate::workflow::DEFAULT_BUDGET.steps, value_parser = RangedU64ValueParser::<u64>::new().range(1..))]
+    pub expression_max_steps: u64,
+
+    /// Bytes one CEL evaluation may build with `+` (strings, lists, maps).
+    #[arg(long, env = "FLOTILLA_EXPRESSION_MAX_BYTES", default_value_t = crate::workflow::DEFAULT_BUDGET.bytes, value_parser = RangedU64ValueParser::<u64>::new().range(1..))]
+    pub expression_max_bytes: u64,
+
+    /// How long one CEL evaluation may run.
+    #[arg(long, env = "FLOTILLA_EXPRESSION_TIMEOUT", default_value_t = crate::workflow::DEFAULT_BUDGET.time.into(), value_parser = duration_between(MILLISECOND, Duration::from_secs(60)))]
+    pub expression_timeout: humantime::Duration,
+
     /// A job of a stored workflow points at its version instead of copying
     /// the definition into its row. `auto`: once no worker of an earlier
     /// release (which reads only the copy) is alive, for the whole database;

@@ -310,6 +310,11 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.max_event_bytes = engine.max_event_bytes;
     settings.definition_by_reference = engine.definition_by_reference;
     settings.checkpoint_rows = engine.checkpoint_rows;
+    settings.expression_budget = crate::workflow::Budget {
+        steps: engine.expression_max_steps,
+        bytes: engine.expression_max_bytes,
+        time: *engine.expression_timeout,
+    };
     settings
 }
 

@@ -903,7 +903,10 @@ async fn a_job_the_sweeper_sends_dead_counts_as_dead(pool: PgPool) {
         let dead_inline = sum_of(&scrape, "flotilla_jobs_dead_total", "workflow", "inline");
         if dead > 0.0 && dead_inline > 0.0 {
             assert_eq!((dead, dead_inline), (1.0, 1.0), "{text}");
-            assert!(!text.contains(&inline), "an inline name became a label: {text}");
+            assert!(
+                !text.contains(&inline),
+                "an inline name became a label: {text}"
+            );
             break;
         }
         assert!(Instant::now() < deadline, "never counted DEAD: {text}");

@@ -1,36 +1,54 @@
-//! Where CEL and JSON Schema run: off the async runtime, on a bounded pool
-//! (as many at once as the machine has cores), each CEL evaluation within
-//! the budget (`workflow/budget.rs`), so an expression or a pattern that
-//! runs long or builds much fails its own job without slowing the
-//! heartbeats, the API or `/healthz`.
+//! Where CEL and JSON Schema run: off the async runtime, on a pool of as
+//! many threads as the machine has cores, each CEL evaluation within the
+//! budget (`workflow/budget.rs`), so an expression or a pattern that runs
+//! long or builds much fails its own job without slowing the heartbeats,
+//! the API or `/healthz`. The pool's threads have deep stacks: the `cel`
+//! crate evaluates by recursion, with frames large enough that an
+//! expression nested a few dozen levels overflows a default 2 MiB thread
+//! (which would abort the whole process).
 
-use std::sync::Arc;
-
-use tokio::sync::Semaphore;
+use std::panic::AssertUnwindSafe;
 
 use super::Engine;
 use crate::workflow::{Budget, Exhausted};
 
-/// The pool's permits.
-#[derive(Debug)]
+/// The stack of an evaluation thread (address space; only what is used is
+/// backed by memory).
+const EVALUATION_STACK: usize = 64 * 1024 * 1024;
+
+/// The evaluation threads and the budget of each evaluation.
 pub(super) struct Evaluations {
-    permits: Arc<Semaphore>,
+    pool: rayon::ThreadPool,
     budget: Budget,
 }
 
+impl std::fmt::Debug for Evaluations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Evaluations")
+            .field("threads", &self.pool.current_num_threads())
+            .field("budget", &self.budget)
+            .finish()
+    }
+}
+
 impl Evaluations {
+    /// # Panics
+    /// The threads cannot be started (the process is out of threads).
     pub(super) fn new(budget: Budget) -> Self {
         let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
-        Self {
-            permits: Arc::new(Semaphore::new(cores.max(2))),
-            budget,
-        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(cores.max(2))
+            .stack_size(EVALUATION_STACK)
+            .thread_name(|i| format!("flotilla-eval-{i}"))
+            .build()
+            .expect("starting the evaluation threads");
+        Self { pool, budget }
     }
 }
 
 impl Engine {
-    /// Runs `work` (CEL evaluations, schema validations) on the bounded
-    /// pool, within the expression budget.
+    /// Runs `work` (CEL evaluations, schema validations) on the evaluation
+    /// threads, within the expression budget.
     ///
     /// # Errors
     /// The budget ran out.
@@ -43,17 +61,18 @@ impl Engine {
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Exhausted> {
         let evaluations = &self.inner.evaluations;
-        let _permit = evaluations
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the evaluation pool is never closed");
         let budget = evaluations.budget;
-        match tokio::task::spawn_blocking(move || budget.run(work)).await {
-            Ok(outcome) => outcome,
-            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-            Err(join) => panic!("an evaluation was cancelled: {join}"),
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        evaluations.pool.spawn(move || {
+            // Caught here: a panic on a pool thread would abort the process.
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| budget.run(work)));
+            // The caller may be gone (its lease lost): nobody to tell.
+            let _ = answer.send(outcome);
+        });
+        match answered.await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(_) => panic!("an evaluation thread dropped its work"),
         }
     }
 }

@@ -284,3 +284,126 @@ pub(super) fn depth(expr: &IdedExpr) -> usize {
     };
     1 + children.into_iter().map(depth).max().unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::workflow::expr::{Expression, Scope};
+
+    fn evaluate(
+        source: &str,
+        input: &serde_json::Value,
+        budget: Budget,
+    ) -> Result<serde_json::Value, String> {
+        let expression = Expression::compile(source).unwrap();
+        let scope = Scope::default().with("input", input);
+        match budget.run(|| expression.evaluate(&scope)) {
+            Ok(value) => value,
+            Err(exhausted) => Err(exhausted.to_string()),
+        }
+    }
+
+    fn list(n: i64) -> serde_json::Value {
+        json!({ "l": (0..n).collect::<Vec<_>>() })
+    }
+
+    #[test]
+    fn ordinary_comprehensions_fit_the_default_budget() {
+        let input = list(1000);
+        let doubled = evaluate("input.l.map(x, x * 2)", &input, DEFAULT_BUDGET).unwrap();
+        assert_eq!(doubled.as_array().unwrap().len(), 1000);
+        let evens = evaluate(
+            "input.l.filter(x, x % 2 == 0).size()",
+            &input,
+            DEFAULT_BUDGET,
+        );
+        assert_eq!(evens, Ok(json!(500)));
+        assert_eq!(
+            evaluate("input.l.all(x, x >= 0)", &input, DEFAULT_BUDGET),
+            Ok(json!(true))
+        );
+        assert_eq!(
+            evaluate("input.l.exists_one(x, x == 7)", &input, DEFAULT_BUDGET),
+            Ok(json!(true))
+        );
+        assert_eq!(
+            evaluate("'a' + 'b'", &input, DEFAULT_BUDGET),
+            Ok(json!("ab"))
+        );
+    }
+
+    #[test]
+    fn nested_comprehensions_run_out_of_steps() {
+        // 1,000 × 1,000 iterations: a million, over the default 100,000.
+        let error = evaluate(
+            "input.l.map(a, input.l.map(b, a))",
+            &list(1000),
+            DEFAULT_BUDGET,
+        )
+        .unwrap_err();
+        assert!(error.contains("more than 100000 iterations"), "{error}");
+        // `all` holds back the errors of its steps; its loop condition is
+        // charged too, so it stops at once rather than iterating on.
+        let error = evaluate(
+            "input.l.all(a, input.l.all(b, input.l.all(c, true)))",
+            &list(1000),
+            DEFAULT_BUDGET,
+        )
+        .unwrap_err();
+        assert!(error.contains("iterations"), "{error}");
+    }
+
+    #[test]
+    fn what_addition_builds_is_charged_by_size() {
+        let budget = Budget {
+            bytes: 1024,
+            ..DEFAULT_BUDGET
+        };
+        // Each element appends the whole text so far: quadratic growth.
+        let error = evaluate(
+            "input.l.map(x, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa' + 'b')",
+            &list(100),
+            budget,
+        )
+        .unwrap_err();
+        assert!(error.contains("more than 1024 bytes built"), "{error}");
+    }
+
+    #[test]
+    fn a_long_evaluation_runs_out_of_time() {
+        let budget = Budget {
+            steps: u64::MAX,
+            time: Duration::from_millis(50),
+            ..DEFAULT_BUDGET
+        };
+        let error = evaluate(
+            "input.l.map(a, input.l.map(b, input.l.map(c, a)))",
+            &list(200),
+            budget,
+        )
+        .unwrap_err();
+        assert!(error.contains("longer than 50 ms"), "{error}");
+    }
+
+    #[test]
+    fn the_budget_functions_cannot_be_written_in_source() {
+        assert!(Expression::compile("@tick(1)").is_err());
+        assert!(Expression::compile("input.l.map(x, @grow(x))").is_err());
+    }
+
+    #[test]
+    fn expressions_too_long_or_too_deep_are_refused() {
+        let long = format!("'{}'", "a".repeat(2_000));
+        assert!(
+            Expression::compile(&long)
+                .unwrap_err()
+                .contains("characters long")
+        );
+        let deep = format!("{}1{}", "[".repeat(40), "]".repeat(40));
+        assert!(Expression::compile(&deep).unwrap_err().contains("nested"));
+    }
+}

@@ -67,9 +67,31 @@ impl CompiledWorkflow {
     /// Parses and compiles a definition document. `known_targets` are the
     /// target names this fleet member can call.
     ///
+    /// Runs on a thread of its own with a deep stack: the CEL parser
+    /// recurses with large frames for every level of nesting, and an
+    /// overflow would abort the process.
+    ///
     /// # Errors
     /// Every problem found, each naming its step and field.
+    ///
+    /// # Panics
+    /// No thread can be started; a panic of the compiler goes on here.
     pub fn compile(
+        document: &Json,
+        known_targets: &HashSet<String>,
+    ) -> Result<Self, InvalidDefinition> {
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("flotilla-compile".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(scope, || Self::compile_here(document, known_targets))
+                .expect("starting a compile thread")
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    fn compile_here(
         document: &Json,
         known_targets: &HashSet<String>,
     ) -> Result<Self, InvalidDefinition> {
@@ -239,6 +261,10 @@ pub fn schema_violations(schema: &jsonschema::Validator, value: &Json) -> Result
         Err(violations)
     }
 }
+
+/// The stack a definition compiles on (address space; only what the
+/// parser uses is backed by memory).
+const COMPILE_STACK: usize = 64 * 1024 * 1024;
 
 #[derive(Default)]
 struct Problems(Vec<DefinitionProblem>);

@@ -45,6 +45,14 @@ impl Expression {
                 "{chars} characters long, over the limit of {MAX_EXPRESSION_CHARS}"
             ));
         }
+        // Checked before the parser sees it: the parser recurses per
+        // bracket, parentheses included (which leave no trace in the tree).
+        let brackets = bracket_depth(source);
+        if brackets > MAX_EXPRESSION_DEPTH {
+            return Err(format!(
+                "brackets nested {brackets} deep, over the limit of {MAX_EXPRESSION_DEPTH}"
+            ));
+        }
         let program = env().compile(source).map_err(|e| e.to_string())?;
         let depth = budget::depth(program.expression());
         if depth > MAX_EXPRESSION_DEPTH {
@@ -128,6 +136,36 @@ pub fn to_cel(value: &Json) -> Cel {
     }
 }
 
+/// How deeply `(`, `[` and `{` nest in `source`, outside string literals
+/// (quoted with `'` or `"`, tripled or not, with `\` escapes).
+fn bracket_depth(source: &str) -> usize {
+    let bytes = source.as_bytes();
+    let (mut depth, mut deepest, mut at) = (0usize, 0usize, 0usize);
+    while at < bytes.len() {
+        match bytes[at] {
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            quote @ (b'\'' | b'"') => {
+                let tripled =
+                    bytes.get(at + 1) == Some(&quote) && bytes.get(at + 2) == Some(&quote);
+                let closing: &[u8] = if tripled { &[quote; 3] } else { &[quote] };
+                at += closing.len();
+                while at < bytes.len() && !bytes[at..].starts_with(closing) {
+                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                }
+                at += closing.len();
+                continue;
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    deepest
+}
+
 /// The most JSON nodes one expression's result may expand to: a result
 /// whose lists share their elements (the same list repeated) is small in
 /// memory and can be huge as JSON.
@@ -155,4 +193,29 @@ fn to_json(value: &Cel, nodes: &mut u64) -> Result<Json, String> {
         }
         atom => atom.json().map_err(|e| e.to_string())?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn brackets_are_counted_outside_string_literals() {
+        assert_eq!(bracket_depth("f([1, {'a': (2)}])"), 4);
+        assert_eq!(bracket_depth("'((((' + \"[[[\" + '''{{{'''"), 0);
+        assert_eq!(bracket_depth(r"'\'((' + [1]"), 1);
+        assert_eq!(bracket_depth("((("), 3);
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_the_parser_sees_it() {
+        // Deep enough to overflow a default thread's stack in the parser.
+        for source in [
+            format!("{}1{}", "(".repeat(5_000), ")".repeat(5_000)),
+            format!("{}1{}", "[".repeat(500), "]".repeat(500)),
+        ] {
+            let refused = Expression::compile(&source[..source.len().min(MAX_EXPRESSION_CHARS)]);
+            assert!(refused.unwrap_err().contains("nested"));
+        }
+    }
 }

@@ -179,6 +179,17 @@ async fn readiness_fails_while_a_supervised_task_is_dead_and_names_it(pool: PgPo
         detail.contains("request consumer died: panicked: boom"),
         "{detail}"
     );
+    // Without a token: only that it is not ready (the reasons can name
+    // hosts and errors).
+    let anonymous = api
+        .client
+        .get(format!("{}/readyz", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let problem: Value = anonymous.json().await.unwrap();
+    assert_eq!(problem["detail"], "not ready", "{problem}");
     assert_eq!(
         api.call(Method::GET, "/healthz", None).await.0,
         StatusCode::OK,

@@ -6,8 +6,10 @@ mod console;
 mod document;
 mod jobs;
 mod listing;
+mod security;
 
 use flotilla_worker::engine::Engine;
+use flotilla_worker::target::Targets;
 use flotilla_worker::test_support::{TestApp, echo_targets};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
@@ -27,7 +29,13 @@ pub struct Api {
 impl Api {
     /// A worker that runs no claim loops, accepts two tokens and bodies up to 4 KiB.
     pub async fn start(pool: &PgPool) -> Self {
-        let flags = [
+        Self::start_with(pool, &[], echo_targets()).await
+    }
+
+    /// As [`Api::start`], with more flags (a flag given again wins) and
+    /// these targets.
+    pub async fn start_with(pool: &PgPool, more: &[&str], targets: Targets) -> Self {
+        let mut flags = vec![
             "--worker-count",
             "0",
             "--api-tokens",
@@ -35,7 +43,8 @@ impl Api {
             "--max-body-bytes",
             "4096",
         ];
-        let app = TestApp::spawn_with(pool.clone(), &flags, echo_targets()).await;
+        flags.extend_from_slice(more);
+        let app = TestApp::spawn_with(pool.clone(), &flags, targets).await;
         Self {
             base: app.url.clone(),
             client: flotilla_runtime::tls::http_client().build().unwrap(),

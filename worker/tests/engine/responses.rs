@@ -110,7 +110,10 @@ async fn an_error_body_is_kept_only_when_the_operator_asks_and_then_sanitised(po
         error.contains("500") && error.contains("a 45-byte body (text/plain"),
         "{error}"
     );
-    assert!(!error.contains("broken") && !error.contains("s3cret"), "{error}");
+    assert!(
+        !error.contains("broken") && !error.contains("s3cret"),
+        "{error}"
+    );
     // Kept: without the NUL and the URL's credentials.
     let job_id = run_once_against(&engine, "http-kept", "nul-error").await;
     let error = row(&pool, job_id).await.error.unwrap();
