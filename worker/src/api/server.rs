@@ -114,3 +114,57 @@ pub(super) async fn limit_time(
         .into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::middleware;
+    use axum::routing::get;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_longer_than_the_timeout_is_answered_503_and_the_server_stops() {
+        let router = Router::new()
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    "late"
+                }),
+            )
+            .layer(middleware::from_fn_with_state(
+                Duration::from_millis(100),
+                limit_time,
+            ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            router,
+            ServerLimits::default(),
+            stop.clone(),
+        ));
+        let client = flotilla_runtime::tls::http_client().build().unwrap();
+        let response = client
+            .get(format!("http://{address}/slow"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let problem: serde_json::Value = response.json().await.unwrap();
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("longer than 0.1 s"),
+            "{problem}"
+        );
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the server stops when told")
+            .unwrap()
+            .unwrap();
+    }
+}

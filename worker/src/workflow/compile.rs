@@ -413,4 +413,89 @@ mod tests {
         assert_eq!(field_path("1a"), None);
         assert_eq!(field_path(""), None);
     }
+
+    fn definition(input_schema: &Json) -> Json {
+        serde_json::json!({
+            "name": "w",
+            "input_schema": input_schema,
+            "steps": [{"name": "s", "target": "t", "method": "m"}]
+        })
+    }
+
+    fn compile(document: &Json) -> Result<CompiledWorkflow, InvalidDefinition> {
+        CompiledWorkflow::compile(document, &["t".to_owned()].into())
+    }
+
+    /// `^(a+)+$` against `aaaa…a!` takes a backtracking engine exponential
+    /// time; the linear-time engine answers at once (the test's own
+    /// timeout is the bound).
+    #[test]
+    fn a_catastrophic_pattern_validates_in_linear_time() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "s": {"type": "string", "pattern": "^(a+)+$"},
+                "m": {"type": "object", "patternProperties": {"^(x+x+)+y$": {"type": "integer"}}}
+            }
+        });
+        let compiled = compile(&definition(&schema)).unwrap();
+        let hostile = format!("{}!", "a".repeat(100_000));
+        let key = format!("{}z", "x".repeat(10_000));
+        let input = serde_json::json!({"s": hostile, "m": {key: "not checked"}});
+        let violations = compiled.check_input(&input).unwrap_err();
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].starts_with("/s:"), "{violations:?}");
+    }
+
+    #[test]
+    fn a_pattern_that_needs_backtracking_is_refused_at_registration() {
+        for pattern in [r"^(a)\1$", "^(?=a)a$", "^(?<!b)a$"] {
+            let schema = serde_json::json!({"type": "string", "pattern": pattern});
+            let refused = compile(&definition(&schema)).unwrap_err();
+            assert_eq!(refused.problems[0].field, "input_schema", "{pattern}");
+        }
+    }
+
+    #[test]
+    fn violations_are_listed_up_to_the_cap() {
+        let schema = serde_json::json!({"type": "array", "items": {"type": "integer"}});
+        let compiled = compile(&definition(&schema)).unwrap();
+        let input = serde_json::json!(vec!["x"; 1000]);
+        let violations = compiled.check_input(&input).unwrap_err();
+        assert_eq!(violations.len(), MAX_VIOLATIONS + 1);
+        assert!(violations[MAX_VIOLATIONS].contains("more violations"));
+    }
+
+    #[test]
+    fn a_definition_over_its_limits_is_refused_naming_each() {
+        let step =
+            |i: usize| serde_json::json!({"name": format!("s{i}"), "target": "t", "method": "m"});
+        let many_steps = serde_json::json!({
+            "name": "w", "input_schema": {},
+            "steps": (0..=MAX_STEPS).map(step).collect::<Vec<_>>()
+        });
+        let refused = compile(&many_steps).unwrap_err();
+        assert!(
+            refused.problems.iter().any(|p| p.field == "steps"),
+            "{refused}"
+        );
+
+        let many_rules = serde_json::json!({
+            "name": "w", "input_schema": {},
+            "steps": [{"name": "s", "target": "t", "method": "m",
+                "rules": (0..=MAX_RULES).map(|i| format!("f{i} = 1")).collect::<Vec<_>>()}]
+        });
+        let refused = compile(&many_rules).unwrap_err();
+        assert!(
+            refused
+                .problems
+                .iter()
+                .any(|p| p.field == "rules and validate"),
+            "{refused}"
+        );
+
+        let huge_schema = serde_json::json!({"description": "d".repeat(limits::MAX_SCHEMA_BYTES)});
+        let refused = compile(&definition(&huge_schema)).unwrap_err();
+        assert_eq!(refused.problems[0].field, "input_schema", "{refused}");
+    }
 }

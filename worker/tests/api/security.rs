@@ -551,3 +551,37 @@ async fn deeply_nested_expressions_never_crash_the_worker(pool: PgPool) {
     assert_eq!(done["status"], "COMPLETED", "{done}");
     assert_eq!(done["result"]["echo"]["x"], 31, "{done}");
 }
+
+/// Versions are never deleted (jobs point at them): a client registering
+/// in a loop stops at the cap of one name.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_name_holds_at_most_its_cap_of_versions(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    sqlx::query(
+        "INSERT INTO workflow_definition (name, version, definition)
+         SELECT 'approval', v, jsonb_build_object('v', v) FROM generate_series(1, 1000) AS v",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (status, problem) = api
+        .call(Method::PUT, "/v1/workflows/approval", Some(approval()))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("1000 versions"),
+        "{problem}"
+    );
+    // Another name is still free.
+    let mut other = approval();
+    other["name"] = json!("approval2");
+    assert_eq!(
+        api.call(Method::PUT, "/v1/workflows/approval2", Some(other))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+}

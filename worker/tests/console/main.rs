@@ -36,12 +36,12 @@ fn approval() -> Value {
 }
 
 async fn worker(pool: &PgPool, claim_loops: &str) -> TestApp {
-    let app = TestApp::spawn_with(
-        pool.clone(),
-        &["--worker-count", claim_loops],
-        echo_targets(),
-    )
-    .await;
+    worker_with(pool, &["--worker-count", claim_loops]).await
+}
+
+/// A worker with `flags`, the approval workflow stored.
+async fn worker_with(pool: &PgPool, flags: &[&str]) -> TestApp {
+    let app = TestApp::spawn_with(pool.clone(), flags, echo_targets()).await;
     let client = flotilla_runtime::tls::http_client().build().unwrap();
     let stored = client
         .put(format!("{}/v1/workflows/approval", app.url))
@@ -311,6 +311,59 @@ async fn the_workflow_and_fleet_views_draw_what_is_stored(pool: PgPool) {
         browser.find("#finished-chart").await;
         browser.text_until("#outbox", |t| !t.is_empty()).await;
         browser.screenshot("fleet").await;
+        browser.close().await;
+    })
+    .await;
+}
+
+/// A token that may only read sees jobs, but the console offers it no
+/// retry, cancel or answer (the API would refuse them anyway).
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_read_only_token_is_offered_nothing_it_cannot_do(pool: PgPool) {
+    within_timeout(async {
+        let tokens = format!("{TEST_TOKEN}, viewer:read");
+        let app = worker_with(&pool, &["--worker-count", "2", "--api-tokens", &tokens]).await;
+        let job_id = submit(&app, json!({"amount": 5})).await;
+        wait_for_status(&app, job_id, "WAITING").await;
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in("viewer").await;
+        browser.open(&format!("#/jobs/{job_id}")).await;
+        browser
+            .text_until("#job-status", |t| t.contains("WAITING"))
+            .await;
+        for action in ["#cancel", "#retry", "#job-answer"] {
+            let hidden = browser
+                .client
+                .execute(
+                    "return document.querySelector(arguments[0]).hidden;",
+                    vec![json!(action)],
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                hidden,
+                json!(true),
+                "{action} is offered to a read-only token"
+            );
+        }
+        browser.screenshot("read-only-job").await;
+        browser.open("#/waiting").await;
+        let row = format!("tr.waiting-row[data-job-id='{job_id}']");
+        browser.find(&row).await;
+        assert!(
+            browser
+                .client
+                .find(Locator::Css(&format!("{row} .answer-link")))
+                .await
+                .is_err(),
+            "an answer link is offered to a read-only token"
+        );
+        browser.open(&format!("#/waiting/{job_id}")).await;
+        let refused = browser
+            .text_until("#answer-not-allowed", |t| !t.is_empty())
+            .await;
+        assert!(refused.contains("answer"), "{refused}");
+        assert_eq!(status_of(&app, job_id).await, "WAITING");
         browser.close().await;
     })
     .await;

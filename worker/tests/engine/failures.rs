@@ -237,6 +237,36 @@ async fn a_segment_past_its_deadline_is_retryable(pool: PgPool) {
     );
 }
 
+/// A definition cannot hold a target's connection longer than the operator
+/// allows: a step's `timeout_ms` (and the segment's deadline) above the
+/// target's timeout are cut to it.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_step_timeout_above_its_targets_is_cut_to_the_targets(pool: PgPool) {
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let mut targets = Targets::default();
+    let http = HttpTarget::new(&url, Duration::from_millis(200), 1024).unwrap();
+    targets.register("silent", Arc::new(http), 8);
+    let engine = engine(&pool, targets, manual_clock(), "w");
+    let mut workflow = one_step("patient", "silent", json!({"timeout_ms": 3_600_000}));
+    workflow["deadline_ms"] = json!(3_600_000);
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "patient", json!({})).await;
+    let started = std::time::Instant::now();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    let error = row(&pool, job_id).await.error.unwrap();
+    assert_eq!(
+        error,
+        "step only: target silent did not answer within 200 ms (the target's timeout)"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the hour was kept"
+    );
+    drop(silent);
+}
+
 /// Runs two jobs queued at the same instant (so in either order) and checks
 /// what became of each.
 async fn run_two(engine: &Engine, mut expected: [Outcome; 2]) {
