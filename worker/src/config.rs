@@ -219,6 +219,12 @@ pub struct HttpConfig {
     #[arg(long, env = "FLOTILLA_HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
 
+    /// A second listener for `/healthz`, `/readyz` and `/metrics` only, so
+    /// probes keep their seat when clients fill the API's connections
+    /// (unset: those routes on the API's listener only).
+    #[arg(long, env = "FLOTILLA_HEALTH_ADDR")]
+    pub health_addr: Option<SocketAddr>,
+
     /// Comma-separated bearer tokens accepted on `/v1/*`, each with its
     /// scopes after its last `:` (`ci:read+submit`; scopes read, submit,
     /// answer, operate, define; none listed: all). Secrets: never printed.

@@ -72,6 +72,8 @@ pub struct Application {
     readiness: api::readiness::Readiness,
     listener: TcpListener,
     router: axum::Router,
+    /// The probes' own listener and router, when configured.
+    health: Option<(TcpListener, axum::Router)>,
     server: api::ServerLimits,
     grace: Duration,
 }
@@ -168,6 +170,15 @@ impl Application {
                 })
             }),
         };
+        let health = match config.http.health_addr {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartupError::Bind { addr, source })?;
+                Some((listener, api::health_router(state.clone())))
+            }
+            None => None,
+        };
         let router = api::router(
             state,
             api::RouterSettings {
@@ -186,6 +197,7 @@ impl Application {
             readiness,
             listener,
             router,
+            health,
             server: api::ServerLimits {
                 header_read_timeout: *config.http.http_header_read_timeout,
                 request_timeout: *config.http.http_request_timeout,
@@ -206,6 +218,14 @@ impl Application {
             .expect("a bound listener has an address")
     }
 
+    /// Where the probes' own listener is, when one is configured.
+    #[must_use]
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health
+            .as_ref()
+            .and_then(|(listener, _)| listener.local_addr().ok())
+    }
+
     #[must_use]
     pub fn engine(&self) -> &Engine {
         &self.engine
@@ -222,6 +242,7 @@ impl Application {
             readiness,
             listener,
             router,
+            health,
             server,
             grace,
         } = self;
@@ -229,6 +250,17 @@ impl Application {
         tracing::info!(api = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             loops = engine.settings().worker_count, "worker ready");
         let api = tokio::spawn(api::serve(listener, router, server, shutdown.clone()));
+        // The probes answer until the process exits, through the grace.
+        let probes = CancellationToken::new();
+        if let Some((listener, router)) = health {
+            tokio::spawn(api::serve(
+                listener,
+                router,
+                api::server::HEALTH_LIMITS,
+                probes.clone(),
+            ));
+        }
+        let _stop_probes = probes.drop_guard();
         let (consumer, clients) = match consumer {
             Some(consumer) => {
                 let clients = consumer.clients();

@@ -38,6 +38,8 @@ pub fn echo_targets() -> Targets {
 pub struct TestApp {
     /// `http://127.0.0.1:<port>`.
     pub url: String,
+    /// The probes' own listener, with `--health-addr`.
+    pub health_url: Option<String>,
     pub engine: Engine,
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -85,11 +87,13 @@ impl TestApp {
             .await
             .expect("building the test worker");
         let url = format!("http://{}", app.api_addr());
+        let health_url = app.health_addr().map(|addr| format!("http://{addr}"));
         let engine = app.engine().clone();
         let stop = CancellationToken::new();
         let task = tokio::spawn(app.run_until_stopped(stop.clone()));
         Self {
             url,
+            health_url,
             engine,
             stop,
             task: Some(task),

@@ -136,20 +136,23 @@ pub(super) async fn refuse_cross_site(
     request: Request,
     next: Next,
 ) -> Response {
-    if hosts.enforce
-        && let Some(host) = request
+    if hosts.enforce {
+        // No `Host` (or one that is not text) is refused too: every
+        // browser sends one.
+        let host = request
             .headers()
             .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-        && !hosts.serves(host)
-    {
-        return Problem::new(
-            StatusCode::FORBIDDEN,
-            format!(
-                "Host {host:?} is not one this worker serves (add it to FLOTILLA_HTTP_ALLOWED_HOSTS)"
-            ),
-        )
-        .into_response();
+            .and_then(|v| v.to_str().ok());
+        if !host.is_some_and(|host| hosts.serves(host)) {
+            return Problem::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "Host {:?} is not one this worker serves (add it to FLOTILLA_HTTP_ALLOWED_HOSTS)",
+                    host.unwrap_or_default()
+                ),
+            )
+            .into_response();
+        }
     }
     let reads = [Method::GET, Method::HEAD, Method::OPTIONS];
     if !reads.contains(request.method()) && is_cross_site(request.headers()) {

@@ -58,6 +58,22 @@ pub struct RouterSettings {
 /// Request bodies above this are refused with 413, unless configured otherwise.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
+/// The probes' and scrapers' router, for a listener of their own
+/// (`FLOTILLA_HEALTH_ADDR`): the API's clients cannot take its seats.
+pub fn health_router(state: ApiState) -> Router {
+    let _ = ops::prometheus();
+    Router::new()
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .fallback(|| async { Problem::not_found("no such route") })
+        .layer(middleware::from_fn_with_state(
+            server::HEALTH_LIMITS.request_timeout,
+            server::limit_time,
+        ))
+        .with_state(state)
+}
+
 /// The whole router.
 pub fn router(state: ApiState, settings: RouterSettings) -> Router {
     // Install the recorder before any counter is touched, so none is lost.

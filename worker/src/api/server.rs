@@ -4,7 +4,7 @@
 //! nothing (or a byte at a time) is cut off after the header timeout; past
 //! the connection bound the server stops accepting until one closes (the
 //! kernel's backlog then holds or refuses the rest). The time a whole
-//! request may take is bounded in the router ([`limit_time`]).
+//! request may take is bounded in the router (`limit_time`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +29,13 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections held open at once, unless configured.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// The health listener's bounds: probes and scrapers, a few at a time.
+pub const HEALTH_LIMITS: ServerLimits = ServerLimits {
+    header_read_timeout: Duration::from_secs(5),
+    request_timeout: Duration::from_secs(10),
+    max_connections: 64,
+};
 
 /// The server's bounds.
 #[derive(Debug, Clone, Copy)]

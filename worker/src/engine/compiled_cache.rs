@@ -14,17 +14,25 @@ use crate::workflow::CompiledWorkflow;
 pub(super) const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// Entries kept at most, whatever they weigh.
 const MAX_ENTRIES: usize = 1024;
-/// A compiled definition weighs about this many times its text: the
-/// parsed definition, the document kept for events, the programs.
-const WEIGHT_PER_BYTE: usize = 4;
 
-/// The cache: when an entry would not fit it starts over (it refills with
-/// the definitions still in use, one compile each).
+/// One compiled definition, its weight and when it was last used.
+#[derive(Debug)]
+struct Entry {
+    compiled: Arc<CompiledWorkflow>,
+    weight: usize,
+    used: u64,
+}
+
+/// The cache: past its limit the least recently used entries go, so a
+/// flood of distinct inline definitions does not push out the stored
+/// workflows every job uses.
 #[derive(Debug)]
 pub(super) struct CompiledCache {
-    entries: HashMap<[u8; 32], (Arc<CompiledWorkflow>, usize)>,
+    entries: HashMap<[u8; 32], Entry>,
     weight: usize,
     limit: usize,
+    /// A counter standing for time, for "least recently used".
+    clock: u64,
 }
 
 impl CompiledCache {
@@ -33,6 +41,7 @@ impl CompiledCache {
             entries: HashMap::new(),
             weight: 0,
             limit,
+            clock: 0,
         }
     }
 
@@ -41,29 +50,45 @@ impl CompiledCache {
         Sha256::digest(text.as_bytes()).into()
     }
 
-    pub(super) fn get(&self, key: &[u8; 32]) -> Option<Arc<CompiledWorkflow>> {
-        self.entries.get(key).map(|(compiled, _)| compiled.clone())
+    pub(super) fn get(&mut self, key: &[u8; 32]) -> Option<Arc<CompiledWorkflow>> {
+        self.clock += 1;
+        let entry = self.entries.get_mut(key)?;
+        entry.used = self.clock;
+        Some(entry.compiled.clone())
     }
 
-    /// Keeps `compiled`, whose text is `text_len` bytes; one heavier than
-    /// the whole limit is not kept.
-    pub(super) fn insert(
-        &mut self,
-        key: [u8; 32],
-        compiled: Arc<CompiledWorkflow>,
-        text_len: usize,
-    ) {
-        let weight = text_len.saturating_mul(WEIGHT_PER_BYTE);
+    /// Keeps `compiled`, which weighs `weight` bytes (see
+    /// `CompiledWorkflow::weight`); one heavier than the whole limit is not
+    /// kept.
+    pub(super) fn insert(&mut self, key: [u8; 32], compiled: Arc<CompiledWorkflow>, weight: usize) {
         if weight > self.limit {
             return;
         }
-        if self.weight + weight > self.limit || self.entries.len() >= MAX_ENTRIES {
-            self.entries.clear();
-            self.weight = 0;
+        if let Some(replaced) = self.entries.remove(&key) {
+            self.weight -= replaced.weight;
         }
-        if let Some((_, replaced)) = self.entries.insert(key, (compiled, weight)) {
-            self.weight -= replaced;
+        while self.weight + weight > self.limit || self.entries.len() >= MAX_ENTRIES {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, entry)| entry.used)
+                .map(|(key, _)| *key)
+            else {
+                break;
+            };
+            if let Some(evicted) = self.entries.remove(&oldest) {
+                self.weight -= evicted.weight;
+            }
         }
+        self.clock += 1;
+        self.entries.insert(
+            key,
+            Entry {
+                compiled,
+                weight,
+                used: self.clock,
+            },
+        );
         self.weight += weight;
     }
 
@@ -91,20 +116,28 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_never_weighs_more_than_its_limit() {
+    fn the_cache_never_weighs_more_than_its_limit_and_keeps_what_is_used() {
         let (text, one) = compiled("one");
-        let limit = text.len() * WEIGHT_PER_BYTE * 3;
+        let weight = text.len() * 4;
+        let limit = weight * 3;
         let mut cache = CompiledCache::new(limit);
+        let used = CompiledCache::key(&text);
+        cache.insert(used, one.clone(), weight);
         for i in 0..100 {
             let (text, compiled) = compiled(&format!("w{i:03}"));
             let key = CompiledCache::key(&text);
-            cache.insert(key, compiled, text.len());
+            cache.insert(key, compiled, weight);
             assert!(cache.weight() <= limit, "{} > {limit}", cache.weight());
             assert!(cache.get(&key).is_some(), "the newest entry is kept");
+            // The definition every job uses stays while the flood passes.
+            assert!(
+                cache.get(&used).is_some(),
+                "a used entry was evicted at {i}"
+            );
         }
         // One heavier than the whole cache is compiled each time, not kept.
         let key = CompiledCache::key("huge");
-        cache.insert(key, one, limit);
+        cache.insert(key, one, limit + 1);
         assert!(cache.get(&key).is_none());
     }
 }

@@ -139,7 +139,8 @@ impl Engine {
             row.traceparent.as_deref(),
             row.tracestate.as_deref(),
         );
-        let judging = span.in_scope(|| self.judging(&row, step))?;
+        let judging =
+            tracing::Instrument::instrument(self.judging(&row, step), span.clone()).await?;
         let violations = {
             let response = response.clone();
             self.off_runtime(move || judging.judge(&response)).await
@@ -224,7 +225,7 @@ impl Engine {
 
     /// What judging an answer to `step` needs: the compiled workflow and the
     /// scope its rules see.
-    fn judging(&self, row: &RunRow, step: &str) -> Result<Judging, CompleteError> {
+    async fn judging(&self, row: &RunRow, step: &str) -> Result<Judging, CompleteError> {
         let corrupt = |reason: String| {
             CompleteError::Store(StoreError::Corrupt {
                 job_id: row.job_id,
@@ -233,6 +234,7 @@ impl Engine {
         };
         let compiled = self
             .compile(&row.definition.0)
+            .await
             .map_err(|e| corrupt(e.to_string()))?;
         let index = compiled
             .step_index(step)

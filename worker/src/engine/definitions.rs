@@ -53,7 +53,7 @@ impl Engine {
         document: &serde_json::Value,
     ) -> Result<Registered, RegisterError> {
         storable::check_json("workflow", document)?;
-        let compiled = self.compile(document)?;
+        let compiled = self.compile(document).await?;
         storable::check_workflow_name(&compiled.definition.name)?;
         let mut tx = self.pool().begin().await?;
         let registered = definitions::register(

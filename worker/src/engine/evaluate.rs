@@ -60,12 +60,23 @@ impl Engine {
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Exhausted> {
-        let evaluations = &self.inner.evaluations;
-        let budget = evaluations.budget;
+        let budget = self.inner.evaluations.budget;
+        self.on_pool(move || budget.run(work)).await
+    }
+
+    /// Runs `work` on the evaluation threads, without a budget (compiling
+    /// a definition, which evaluates nothing).
+    ///
+    /// # Panics
+    /// When `work` panics, as [`Engine::off_runtime`].
+    pub(super) async fn on_pool<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        evaluations.pool.spawn(move || {
+        self.inner.evaluations.pool.spawn(move || {
             // Caught here: a panic on a pool thread would abort the process.
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| budget.run(work)));
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(work));
             // The caller may be gone (its lease lost): nobody to tell.
             let _ = answer.send(outcome);
         });

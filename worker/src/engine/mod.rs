@@ -321,28 +321,30 @@ impl Engine {
     }
 
     /// Compiles a definition document against this worker's targets,
-    /// reusing an earlier compilation.
+    /// reusing an earlier compilation. A compilation runs on the
+    /// evaluation threads (`evaluate.rs`): it can take a while (a schema's
+    /// patterns), and the CEL parser needs their deep stacks.
     ///
     /// # Errors
     /// Every problem of the definition.
-    pub fn compile(
+    pub async fn compile(
         &self,
         document: &serde_json::Value,
     ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
-        self.compile_cached(document, false)
+        self.compile_cached(document, false).await
     }
 
     /// Compiles a stored definition for a submission: it was checked against
     /// its registrar's targets, and this worker may lack some of them during
     /// a rolling deploy (placement decides at run time, see `placement.rs`).
-    pub(super) fn compile_stored(
+    pub(super) async fn compile_stored(
         &self,
         document: &serde_json::Value,
     ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
-        self.compile_cached(document, true)
+        self.compile_cached(document, true).await
     }
 
-    fn compile_cached(
+    async fn compile_cached(
         &self,
         document: &serde_json::Value,
         any_target: bool,
@@ -362,9 +364,13 @@ impl Engine {
                     .filter_map(|step| step["target"].as_str().map(str::to_owned)),
             );
         }
-        let compiled = Arc::new(CompiledWorkflow::compile(document, &known)?);
-        self.compiled_cache()
-            .insert(key, compiled.clone(), text.len());
+        let owned = document.clone();
+        let compiled = self
+            .on_pool(move || CompiledWorkflow::compile(&owned, &known))
+            .await?;
+        let compiled = Arc::new(compiled);
+        let weight = compiled.weight(text.len());
+        self.compiled_cache().insert(key, compiled.clone(), weight);
         Ok(compiled)
     }
 }

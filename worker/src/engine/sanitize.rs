@@ -29,29 +29,21 @@ fn redact_url_credentials(text: &str) -> String {
     while let Some(at) = rest.find("://") {
         let (before, after) = rest.split_at(at + 3);
         out.push_str(before);
-        let authority_end = after
-            .find(|c: char| matches!(c, '/' | '?' | '#') || ends(c))
-            .unwrap_or(after.len());
-        let authority = &after[..authority_end];
-        match authority.rfind('@') {
+        let token_end = after.find(ends).unwrap_or(after.len());
+        let token = &after[..token_end];
+        // The query and fragment go; the user info is all before the last
+        // `@` ahead of them (a `/` in a malformed password included: a
+        // path's own `@` only costs some of the path).
+        let kept_end = token.find(['?', '#']).unwrap_or(token.len());
+        let kept = &token[..kept_end];
+        match kept.rfind('@') {
             Some(user_end) => {
                 out.push_str("***");
-                out.push_str(&authority[user_end..]);
+                out.push_str(&kept[user_end..]);
             }
-            None => out.push_str(authority),
+            None => out.push_str(kept),
         }
-        // The path stays; the query and fragment go.
-        let tail = &after[authority_end..];
-        let path_end = tail
-            .find(|c: char| matches!(c, '?' | '#') || ends(c))
-            .unwrap_or(tail.len());
-        out.push_str(&tail[..path_end]);
-        let tail = &tail[path_end..];
-        rest = if tail.starts_with(['?', '#']) {
-            &tail[tail.find(ends).unwrap_or(tail.len())..]
-        } else {
-            tail
-        };
+        rest = &after[token_end..];
     }
     out.push_str(rest);
     out
@@ -70,6 +62,14 @@ mod tests {
         assert_eq!(
             error_text("see postgres://u:p@db:5432"),
             "see postgres://***@db:5432"
+        );
+    }
+
+    #[test]
+    fn a_password_holding_a_slash_is_redacted_whole() {
+        assert_eq!(
+            error_text("see https://bob:pa/ss@api.example/x now"),
+            "see https://***@api.example/x now"
         );
     }
 

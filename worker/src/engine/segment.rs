@@ -145,7 +145,7 @@ impl Engine {
         if !missing.is_empty() {
             return self.release_for_others(claimed, &missing).await;
         }
-        let compiled = match self.compile(&claimed.row().definition.0) {
+        let compiled = match self.compile(&claimed.row().definition.0).await {
             Ok(compiled) => compiled,
             Err(invalid) => {
                 let error =

@@ -274,8 +274,8 @@ impl Engine {
             }
         };
         let compiled = match &submission.workflow {
-            WorkflowRef::Stored(_) => self.compile_stored(&document)?,
-            WorkflowRef::Inline(_) => self.compile(&document)?,
+            WorkflowRef::Stored(_) => self.compile_stored(&document).await?,
+            WorkflowRef::Inline(_) => self.compile(&document).await?,
         };
         // Schema validation runs off the runtime (evaluate.rs).
         let checked = {

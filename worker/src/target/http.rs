@@ -28,6 +28,10 @@ use reqwest::{StatusCode, Url};
 use super::{RetryClass, StepFailure, Target, TargetCall};
 use crate::workflow::limits;
 
+/// How long after the engine's own step timeout the HTTP client gives up by
+/// itself (only when the engine's timer could not fire).
+const BACKSTOP_GRACE: Duration = Duration::from_secs(1);
+
 /// The largest response body read from a target, unless configured.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 10 * 1024 * 1024;
 
@@ -178,9 +182,10 @@ impl Target for HttpTarget {
         let mut request = self
             .client
             .post(target_url)
-            // The engine enforces `call.timeout`; this is only a backstop,
-            // and never longer than the operator's timeout of the target.
-            .timeout((call.timeout + Duration::from_secs(1)).min(self.timeout))
+            // The engine enforces `call.timeout` (already cut to the
+            // target's timeout) and names it; this backstop fires a second
+            // later, so it never races the engine's clearer verdict.
+            .timeout(call.timeout.min(self.timeout) + BACKSTOP_GRACE)
             .header("Idempotency-Key", call.idempotency_key())
             .json(&call.request);
         if let Some(traceparent) = &call.traceparent {

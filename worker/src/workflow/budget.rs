@@ -117,16 +117,27 @@ fn charge(steps: u64, bytes: u64) -> Result<(), ExecutionError> {
     })
 }
 
-/// The bytes a value built by `+` costs.
+/// The bytes a value built by `+` costs (a number or a duration builds
+/// nothing that grows).
 fn size(value: &Value) -> u64 {
     let len = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     match value {
         Value::String(text) => len(text.len()),
         Value::Bytes(bytes) => len(bytes.len()),
-        Value::List(items) => len(items.len()).saturating_mul(16),
-        Value::Map(map) => len(map.map.len()).saturating_mul(16),
-        _ => 16,
+        Value::List(items) => len(items.len()).saturating_mul(ENTRY_BYTES),
+        Value::Map(map) => len(map.map.len()).saturating_mul(ENTRY_BYTES),
+        _ => 0,
     }
+}
+
+/// What one list or map entry, or one JSON value, is charged.
+const ENTRY_BYTES: u64 = 16;
+
+/// Charges one JSON value made from a result (lists whose elements are
+/// shared cost nothing to build, and much to expand): `Err` once the
+/// running budget is spent.
+pub(super) fn charge_json_value() -> Result<(), String> {
+    charge(0, ENTRY_BYTES).map_err(|e| e.to_string())
 }
 
 /// Adds the budget's functions to an evaluation's context.
@@ -387,6 +398,55 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.contains("longer than 50 ms"), "{error}");
+    }
+
+    /// The crate builds `map` and `filter` results in place; were the
+    /// instrumentation to break that shape, each iteration would copy the
+    /// list so far, and 90,000 items would take far more than the second.
+    #[test]
+    fn a_map_over_a_long_list_stays_linear() {
+        let mapped = evaluate("input.l.map(x, x).size()", &list(90_000), DEFAULT_BUDGET);
+        assert_eq!(mapped, Ok(json!(90_000)));
+        let kept = evaluate(
+            "input.l.filter(x, x >= 0).size()",
+            &list(90_000),
+            DEFAULT_BUDGET,
+        );
+        assert_eq!(kept, Ok(json!(90_000)));
+    }
+
+    /// Repeating a list costs nothing to build (the elements are shared)
+    /// and much to turn into JSON: every value made is charged, across all
+    /// the expressions of one evaluation.
+    #[test]
+    fn results_turned_into_json_share_one_budget() {
+        let budget = Budget {
+            bytes: 16 * 1_000,
+            ..DEFAULT_BUDGET
+        };
+        let input = list(600);
+        let expression = Expression::compile("[input.l]").unwrap();
+        let scope = Scope::default().with("input", &input);
+        let one = budget.run(|| expression.evaluate(&scope));
+        assert!(matches!(one, Ok(Ok(_))), "{one:?}");
+        let two = budget.run(|| {
+            let first = expression.evaluate(&scope);
+            let second = expression.evaluate(&scope);
+            (first, second)
+        });
+        let exhausted = two.unwrap_err();
+        assert!(exhausted.0.contains("bytes built"), "{exhausted}");
+    }
+
+    #[test]
+    fn numbers_build_nothing() {
+        let sum = ["1"; 5].join(" + ");
+        // Room for the result's one JSON value, none for the additions.
+        let budget = Budget {
+            bytes: ENTRY_BYTES,
+            ..DEFAULT_BUDGET
+        };
+        assert_eq!(evaluate(&sum, &json!({}), budget), Ok(json!(5)));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::fmt;
 use serde_json::Value as Json;
 
 use super::expr::Expression;
-use super::limits::{self, MAX_RULES, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT};
+use super::limits::{self, MAX_PATTERNS, MAX_RULES, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT};
 use super::model::{StepDefinition, WorkflowDefinition};
 
 /// One thing wrong with a definition, located by step and field.
@@ -61,37 +61,33 @@ pub struct CompiledWorkflow {
     pub steps: Vec<CompiledStep>,
     pub output: Vec<Assignment>,
     pub verdict: Option<Expression>,
+    /// Regular expressions its schemas compiled (`pattern`, `patternProperties`).
+    patterns: usize,
 }
 
 impl CompiledWorkflow {
+    /// What this compiled definition weighs in memory, about, given the
+    /// length of its text: the text several times over (parsed, kept for
+    /// events, as programs), and each pattern at its size limit.
+    #[must_use]
+    pub fn weight(&self, text_len: usize) -> usize {
+        text_len
+            .saturating_mul(4)
+            .saturating_add(self.patterns.saturating_mul(PATTERN_SIZE_LIMIT))
+    }
+
     /// Parses and compiles a definition document. `known_targets` are the
     /// target names this fleet member can call.
     ///
-    /// Runs on a thread of its own with a deep stack: the CEL parser
-    /// recurses with large frames for every level of nesting, and an
-    /// overflow would abort the process.
+    /// Call it on a thread with a deep stack, as the engine does
+    /// (`Engine::compile`, on its evaluation threads): the CEL parser
+    /// recurses with large frames for every level of nesting (an
+    /// expression within the limits needs several MiB in a debug build),
+    /// and an overflow aborts the process.
     ///
     /// # Errors
     /// Every problem found, each naming its step and field.
-    ///
-    /// # Panics
-    /// No thread can be started; a panic of the compiler goes on here.
     pub fn compile(
-        document: &Json,
-        known_targets: &HashSet<String>,
-    ) -> Result<Self, InvalidDefinition> {
-        std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("flotilla-compile".into())
-                .stack_size(COMPILE_STACK)
-                .spawn_scoped(scope, || Self::compile_here(document, known_targets))
-                .expect("starting a compile thread")
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })
-    }
-
-    fn compile_here(
         document: &Json,
         known_targets: &HashSet<String>,
     ) -> Result<Self, InvalidDefinition> {
@@ -120,6 +116,28 @@ impl CompiledWorkflow {
             );
         }
         problems.count(None, "output", definition.output.len());
+        let patterns = std::iter::once(&definition.input_schema)
+            .chain(
+                definition
+                    .steps
+                    .iter()
+                    .filter_map(|s| s.output_schema.as_ref()),
+            )
+            .map(limits::patterns_in)
+            .fold(0usize, usize::saturating_add);
+        if patterns > MAX_PATTERNS {
+            problems.top(
+                "schemas",
+                format!("{patterns} patterns in all, over the limit of {MAX_PATTERNS}"),
+            );
+        }
+        // Over a limit of size: nothing more is compiled (that is the work
+        // the limit bounds).
+        if !problems.0.is_empty() {
+            return Err(InvalidDefinition {
+                problems: problems.0,
+            });
+        }
         if definition.max_attempts < 1 {
             problems.top(
                 "max_attempts",
@@ -163,11 +181,13 @@ impl CompiledWorkflow {
             if step.timeout_ms == Some(0) {
                 problems.add(at, "timeout_ms", "must be above 0");
             }
-            problems.count(
+            if !problems.count(
                 at,
                 "rules and validate",
                 step.rules.len() + step.validate.len(),
-            );
+            ) {
+                continue;
+            }
             let rules = problems.assignments(at, "rules", &step.rules);
             let output_schema = step
                 .output_schema
@@ -202,6 +222,7 @@ impl CompiledWorkflow {
                 steps,
                 output,
                 verdict,
+                patterns,
             }),
             _ => Err(InvalidDefinition {
                 problems: problems.0,
@@ -262,10 +283,6 @@ pub fn schema_violations(schema: &jsonschema::Validator, value: &Json) -> Result
     }
 }
 
-/// The stack a definition compiles on (address space; only what the
-/// parser uses is backed by memory).
-const COMPILE_STACK: usize = 64 * 1024 * 1024;
-
 #[derive(Default)]
 struct Problems(Vec<DefinitionProblem>);
 
@@ -282,15 +299,18 @@ impl Problems {
         self.add(None, field, message);
     }
 
-    /// `field` holds `count` rules: at most [`MAX_RULES`].
-    fn count(&mut self, step: Option<&str>, field: &str, count: usize) {
+    /// `field` holds `count` rules: at most [`MAX_RULES`]; `false` (and a
+    /// problem) past it.
+    fn count(&mut self, step: Option<&str>, field: &str, count: usize) -> bool {
         if count > MAX_RULES {
             self.add(
                 step,
                 field,
                 format!("{count} entries, over the limit of {MAX_RULES}"),
             );
+            return false;
         }
+        true
     }
 
     fn schema(

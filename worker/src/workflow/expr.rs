@@ -136,8 +136,9 @@ pub fn to_cel(value: &Json) -> Cel {
     }
 }
 
-/// How deeply `(`, `[` and `{` nest in `source`, outside string literals
-/// (quoted with `'` or `"`, tripled or not, with `\` escapes).
+/// How deeply `(`, `[` and `{` nest in `source`, outside comments (`//`
+/// to the end of the line) and string literals (quoted with `'` or `"`,
+/// tripled or not, with `\` escapes unless raw: `r'…'`).
 fn bracket_depth(source: &str) -> usize {
     let bytes = source.as_bytes();
     let (mut depth, mut deepest, mut at) = (0usize, 0usize, 0usize);
@@ -148,13 +149,26 @@ fn bracket_depth(source: &str) -> usize {
                 deepest = deepest.max(depth);
             }
             b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            b'/' if bytes.get(at + 1) == Some(&b'/') => {
+                at = bytes[at..]
+                    .iter()
+                    .position(|b| *b == b'\n')
+                    .map_or(bytes.len(), |end| at + end);
+                continue;
+            }
             quote @ (b'\'' | b'"') => {
+                // A raw string's prefix (`r`, `R`, `br`, `rb`...) is just
+                // before its quote.
+                let prefix = &bytes[at.saturating_sub(2)..at];
+                let raw = prefix.ends_with(b"r")
+                    || prefix.ends_with(b"R")
+                    || matches!(prefix, [b'r' | b'R', b'b' | b'B']);
                 let tripled =
                     bytes.get(at + 1) == Some(&quote) && bytes.get(at + 2) == Some(&quote);
                 let closing: &[u8] = if tripled { &[quote; 3] } else { &[quote] };
                 at += closing.len();
                 while at < bytes.len() && !bytes[at..].starts_with(closing) {
-                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                    at += if bytes[at] == b'\\' && !raw { 2 } else { 1 };
                 }
                 at += closing.len();
                 continue;
@@ -171,11 +185,14 @@ fn bracket_depth(source: &str) -> usize {
 /// memory and can be huge as JSON.
 const JSON_NODES: u64 = 1_000_000;
 
-/// Converts a CEL value to JSON, at most `nodes` values in all.
+/// Converts a CEL value to JSON, at most `nodes` values in all, each
+/// charged to the running budget too (so every result of an evaluation
+/// shares it, and its time is checked as the values are made).
 fn to_json(value: &Cel, nodes: &mut u64) -> Result<Json, String> {
     *nodes = nodes
         .checked_sub(1)
         .ok_or_else(|| format!("its JSON form has more than {JSON_NODES} values"))?;
+    budget::charge_json_value()?;
     Ok(match value {
         Cel::List(items) => Json::Array(
             items
@@ -205,6 +222,11 @@ mod tests {
         assert_eq!(bracket_depth("'((((' + \"[[[\" + '''{{{'''"), 0);
         assert_eq!(bracket_depth(r"'\'((' + [1]"), 1);
         assert_eq!(bracket_depth("((("), 3);
+        // A raw string ends at its first quote, a comment at the line's end:
+        // neither hides the brackets after it.
+        assert_eq!(bracket_depth(r"r'\' + (((1))) + ''"), 3);
+        assert_eq!(bracket_depth("1 // '\n + (((1)))"), 3);
+        assert_eq!(bracket_depth("1 // ((((("), 0);
     }
 
     #[test]

@@ -23,7 +23,10 @@ pub const MAX_VIOLATIONS: usize = 20;
 /// memory. Patterns compile with the `regex` crate, whose matching time
 /// is linear in the text: no backtracking, so no catastrophic pattern;
 /// look-around and back-references are refused at registration.
-pub const PATTERN_SIZE_LIMIT: usize = 1024 * 1024;
+pub const PATTERN_SIZE_LIMIT: usize = 256 * 1024;
+/// Patterns in all the schemas of one definition: each compiles to up to
+/// [`PATTERN_SIZE_LIMIT`] (a short `\w{40}` takes hundreds of KiB).
+pub const MAX_PATTERNS: usize = 64;
 
 /// Why `method` cannot name a call on a target, if it cannot.
 ///
@@ -62,6 +65,27 @@ pub fn schema_size_problem(schema: &Json) -> Option<String> {
         .then(|| format!("is {bytes} bytes, over the limit of {MAX_SCHEMA_BYTES}"))
 }
 
+/// How many regular expressions `schema` holds: each `pattern` string and
+/// each key of a `patternProperties` object, at any depth.
+#[must_use]
+pub fn patterns_in(schema: &Json) -> usize {
+    match schema {
+        Json::Object(object) => object
+            .iter()
+            .map(|(keyword, value)| match (keyword.as_str(), value) {
+                ("pattern", Json::String(_)) => 1,
+                ("patternProperties", Json::Object(patterns)) => patterns
+                    .values()
+                    .map(patterns_in)
+                    .fold(patterns.len(), usize::saturating_add),
+                _ => patterns_in(value),
+            })
+            .fold(0, usize::saturating_add),
+        Json::Array(items) => items.iter().map(patterns_in).fold(0, usize::saturating_add),
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +118,16 @@ mod tests {
         }
         assert!(method_problem(&"m".repeat(MAX_METHOD_CHARS + 1)).is_some());
         assert_eq!(method_problem(&"m".repeat(MAX_METHOD_CHARS)), None);
+    }
+
+    #[test]
+    fn patterns_are_counted_at_any_depth() {
+        let schema = serde_json::json!({
+            "pattern": "a",
+            "properties": {"x": {"items": [{"pattern": "b"}]}},
+            "patternProperties": {"^c": {"pattern": "d"}, "^e": {}}
+        });
+        assert_eq!(patterns_in(&schema), 5);
     }
 
     #[test]

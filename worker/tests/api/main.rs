@@ -23,6 +23,8 @@ pub struct Api {
     pub base: String,
     pub client: Client,
     pub engine: Engine,
+    /// The probes' own listener, with `--health-addr`.
+    pub health: Option<String>,
     _app: TestApp,
 }
 
@@ -49,6 +51,7 @@ impl Api {
             base: app.url.clone(),
             client: flotilla_runtime::tls::http_client().build().unwrap(),
             engine: app.engine.clone(),
+            health: app.health_url.clone(),
             _app: app,
         }
     }

@@ -341,6 +341,31 @@ async fn a_cel_bomb_fails_its_own_job_within_its_budget_while_another_completes(
     app.stop().await;
 }
 
+/// With the default budget, a rule nesting two comprehensions over 1,000
+/// items runs out of iterations: the job FAILS on its first attempt with
+/// its own verdict, never a retry or a lease loss.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_exhausted_budget_is_the_jobs_own_verdict(pool: PgPool) {
+    let api = Api::start_with(&pool, &["--worker-count", "1"], echo_targets()).await;
+    let list: Vec<i64> = (0..1000).collect();
+    let job = json!({
+        "workflow": {"name": "square", "input_schema": {}, "steps": [{"name": "s",
+            "target": "echo", "method": "m",
+            "rules": ["x = input.l.map(a, input.l.map(b, a))"]}]},
+        "input": {"l": list}
+    });
+    let (status, created) = api.call(Method::POST, "/v1/jobs", Some(job)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let done = wait_final(&api, created["job_id"].as_str().unwrap()).await;
+    assert_eq!(
+        (&done["status"], &done["attempt"]),
+        (&json!("FAILED"), &json!(1)),
+        "{done}"
+    );
+    let verdict = done["verdict"].as_str().unwrap_or_default();
+    assert!(verdict.contains("more than 100000 iterations"), "{done}");
+}
+
 /// A client that never finishes its headers (slowloris) is cut off after
 /// the header timeout, and its seat is free again.
 #[sqlx::test(migrator = "MIGRATOR")]
@@ -386,10 +411,17 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off(pool: PgPool) {
 }
 
 /// Past the connection limit the server stops accepting (the kernel's
-/// backlog holds the rest) until a connection closes.
+/// backlog holds the rest) until a connection closes; the probes, on a
+/// listener of their own, answer meanwhile.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn past_the_connection_limit_the_server_waits_for_a_seat(pool: PgPool) {
-    let api = Api::start_with(&pool, &["--http-max-connections", "1"], echo_targets()).await;
+    let flags = [
+        "--http-max-connections",
+        "1",
+        "--health-addr",
+        "127.0.0.1:0",
+    ];
+    let api = Api::start_with(&pool, &flags, echo_targets()).await;
     let address = api.base.trim_start_matches("http://").to_owned();
     let seated = tokio::net::TcpStream::connect(&address).await.unwrap();
     let waiting = tokio::spawn({
@@ -401,7 +433,28 @@ async fn past_the_connection_limit_the_server_waits_for_a_seat(pool: PgPool) {
         let base = api.base.clone();
         async move { client.get(format!("{base}/healthz")).send().await }
     });
+    // Time in which a served connection would have answered.
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // The probes do not queue behind the API's clients.
+    let health = api.health.clone().expect("a health listener");
+    for route in ["/healthz", "/readyz", "/metrics"] {
+        let probe = tokio::time::timeout(
+            Duration::from_secs(5),
+            api.client.get(format!("{health}{route}")).send(),
+        )
+        .await
+        .expect("a probe waited behind the API's clients")
+        .unwrap();
+        assert_eq!(probe.status(), StatusCode::OK, "{route}");
+    }
+    let elsewhere = api
+        .client
+        .get(format!("{health}/v1/jobs"))
+        .bearer_auth(super::TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(elsewhere.status(), StatusCode::NOT_FOUND, "only the probes");
     assert!(
         !waiting.is_finished(),
         "a connection past the limit was served"
