@@ -5,6 +5,7 @@
 //! `eval "$(scripts/services env)"`). Prints a table and writes it as JSON
 //! under `bench/results/`. See `bench/README.md` for what each figure means.
 
+mod broker;
 mod ceiling;
 mod e2e;
 mod engine;
@@ -27,7 +28,7 @@ struct Args {
     /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
     #[arg(long)]
     smoke: bool,
-    /// Run only these parts (comma separated): ceiling, e2e, engine, parking, fleet, graphile, relay.
+    /// Run only these parts (comma separated): ceiling, broker, e2e, engine, parking, fleet, graphile, relay.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
@@ -36,6 +37,10 @@ struct Args {
     /// Brokers for the end-to-end runs (comma separated): mock, test.
     #[arg(long, value_delimiter = ',', default_values_t = vec!["mock".to_owned(), "test".to_owned()])]
     brokers: Vec<String>,
+    /// Internal: serve as a consumer-group member until killed (the broker
+    /// part's SIGKILL measurement): bootstrap, topic, group, instance id.
+    #[arg(long, num_args = 4, hide = true)]
+    group_member: Option<Vec<String>>,
     /// Where the JSON results go.
     #[arg(long, default_value = "bench/results")]
     out: PathBuf,
@@ -82,6 +87,9 @@ fn ratios(report: &mut report::Report) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(member) = &args.group_member {
+        return broker::serve_member(member);
+    }
     // What the in-process parts (the relay) say, filtered by RUST_LOG.
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -101,6 +109,9 @@ async fn main() -> anyhow::Result<()> {
     };
     if wanted("ceiling") {
         ceiling::run(&mut report, args.smoke).await?;
+    }
+    if wanted("broker") {
+        broker::run(&mut report, args.smoke).await?;
     }
     let jobs = args.jobs.unwrap_or(if args.smoke { 200 } else { 20_000 });
     if wanted("graphile") {

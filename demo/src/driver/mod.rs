@@ -74,6 +74,8 @@ pub async fn run(settings: DriverSettings) -> anyhow::Result<bool> {
     let api = Api::new(&settings)?;
     api.wait_ready(deadline).await?;
 
+    let (ids_sender, ids) = tokio::sync::oneshot::channel();
+    let events = tokio::spawn(read_events(settings.clone(), ids, deadline));
     let started = Utc::now();
     let clock = Instant::now();
     let jobs = produce(&settings).await?;
@@ -85,8 +87,9 @@ pub async fn run(settings: DriverSettings) -> anyhow::Result<bool> {
         produced_in.as_secs_f64()
     );
 
-    let ids: Vec<Uuid> = jobs.keys().copied().collect();
-    let events = tokio::spawn(read_events(settings.clone(), ids, deadline));
+    // The reader only ends with the run or its own error; if it is gone,
+    // awaiting it below says why.
+    let _ = ids_sender.send(jobs.keys().copied().collect());
     let mut jobs = jobs;
     let mut view = progress::Progress::new();
     loop {
@@ -165,14 +168,21 @@ async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Trac
 #[derive(Debug, Default)]
 pub struct Events {
     pub by_type: BTreeMap<String, usize>,
-    /// When each job's COMPLETED event happened.
+    /// When each job's row was committed (its ACCEPTED event's time).
+    pub accepted_at: HashMap<Uuid, DateTime<Utc>>,
+    /// When each job's COMPLETED event happened (its commit).
     pub completed_at: HashMap<Uuid, DateTime<Utc>>,
+    /// When this reader had each job's COMPLETED event.
+    pub completed_read_at: HashMap<Uuid, DateTime<Utc>>,
 }
 
-/// Reads the event topic from its start until every job has a terminal event.
+/// Reads the event topic from its start until every job has a terminal
+/// event. It starts before the requests are produced, so the time it reads
+/// an event is when the event reached a consumer; the run's job ids arrive
+/// on `ids` once every request is produced.
 async fn read_events(
     settings: DriverSettings,
-    ids: Vec<Uuid>,
+    ids: tokio::sync::oneshot::Receiver<Vec<Uuid>>,
     deadline: Instant,
 ) -> anyhow::Result<Events> {
     let consumer: StreamConsumer = settings
@@ -182,16 +192,26 @@ async fn read_events(
     consumer.subscribe(&[&settings.event_topic])?;
     // One codec for the whole read: it caches the schemas it resolves.
     let codec = Codec::from_config(&settings.broker.registry)?;
-    let mut waiting: std::collections::HashSet<Uuid> = ids.into_iter().collect();
-    let mut events = Events::default();
+    let mut ids = ids;
+    let mut run: Option<std::collections::HashSet<Uuid>> = None;
     let mut seen = std::collections::HashSet::new();
+    let mut ended = std::collections::HashSet::new();
+    let mut read: Vec<WorkflowRunEvent> = Vec::new();
+    let mut events = Events::default();
     let mut stream = consumer.stream();
-    while !waiting.is_empty() {
+    while run.as_ref().is_none_or(|run| !run.is_subset(&ended)) {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let Ok(Some(message)) = tokio::time::timeout(remaining, stream.next()).await else {
+        let message = tokio::select! {
+            message = tokio::time::timeout(remaining, stream.next()) => message,
+            produced = &mut ids, if run.is_none() => {
+                run = Some(produced?.into_iter().collect());
+                continue;
+            }
+        };
+        let Ok(Some(message)) = message else {
+            let waiting = run.as_ref().map_or(0, |run| run.difference(&ended).count());
             bail!(
-                "{} jobs had no terminal event on {} by the deadline",
-                waiting.len(),
+                "{waiting} jobs had no terminal event on {} by the deadline",
                 settings.event_topic
             );
         };
@@ -200,28 +220,37 @@ async fn read_events(
             continue;
         };
         let event: WorkflowRunEvent = codec.decode(payload).await?;
-        if !waiting.contains(&event.job_id()) || !seen.insert(event.event_id()) {
+        if !seen.insert(event.event_id()) {
             continue;
         }
-        *events
-            .by_type
-            .entry(event.event_type().as_str().to_owned())
-            .or_default() += 1;
-        let terminal = match event.event_type() {
+        match event.event_type() {
+            WorkflowRunEventType::Accepted => {
+                events
+                    .accepted_at
+                    .insert(event.job_id(), event.occurred_at());
+            }
             WorkflowRunEventType::Completed => {
                 events
                     .completed_at
                     .insert(event.job_id(), event.occurred_at());
-                true
+                events.completed_read_at.insert(event.job_id(), Utc::now());
+                ended.insert(event.job_id());
             }
             WorkflowRunEventType::Failed
             | WorkflowRunEventType::Dead
-            | WorkflowRunEventType::Cancelled => true,
-            _ => false,
-        };
-        if terminal {
-            waiting.remove(&event.job_id());
+            | WorkflowRunEventType::Cancelled => {
+                ended.insert(event.job_id());
+            }
+            _ => {}
         }
+        read.push(event);
+    }
+    let run = run.unwrap_or_default();
+    for event in read.iter().filter(|event| run.contains(&event.job_id())) {
+        *events
+            .by_type
+            .entry(event.event_type().as_str().to_owned())
+            .or_default() += 1;
     }
     drop(stream);
     std::thread::spawn(move || {

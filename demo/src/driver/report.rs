@@ -42,6 +42,8 @@ pub struct Report {
     rows: BTreeMap<Kind, Row>,
     by_state: BTreeMap<String, usize>,
     latencies_ms: Vec<i64>,
+    /// The straight-through sample's path, stage by stage.
+    straight: Stages,
     events: BTreeMap<String, usize>,
     jobs: usize,
     seconds: f64,
@@ -58,6 +60,7 @@ impl Report {
         let mut rows: BTreeMap<Kind, Row> = BTreeMap::new();
         let mut by_state = BTreeMap::new();
         let mut latencies_ms = Vec::new();
+        let mut straight = Stages::default();
         for (id, job) in jobs {
             let row = rows.entry(job.kind).or_default();
             row.jobs += 1;
@@ -73,14 +76,19 @@ impl Report {
             if let Some(done) = events.completed_at.get(id) {
                 latencies_ms.push((*done - job.produced_at).num_milliseconds());
             }
+            if job.kind == Kind::Shipping {
+                straight.add(job.produced_at, *id, events);
+            }
         }
         latencies_ms.sort_unstable();
+        straight.sort();
         #[allow(clippy::cast_precision_loss)]
         let seconds = (finished - started).num_milliseconds().max(1) as f64 / 1000.0;
         Self {
             rows,
             by_state,
             latencies_ms,
+            straight,
             events: events.by_type.clone(),
             jobs: jobs.len(),
             seconds,
@@ -97,8 +105,7 @@ impl Report {
     }
 
     fn percentile(&self, p: usize) -> Option<i64> {
-        let n = self.latencies_ms.len();
-        (n > 0).then(|| self.latencies_ms[((n * p).div_ceil(100)).saturating_sub(1).min(n - 1)])
+        percentile(&self.latencies_ms, p)
     }
 
     pub fn print(&self) {
@@ -140,6 +147,7 @@ impl Report {
             ),
             _ => println!("  submit -> COMPLETED: no completed job"),
         }
+        self.straight.print();
         let events: Vec<String> = self
             .events
             .iter()
@@ -187,6 +195,78 @@ fn calls_verdict(row: &Row, kind: Kind, steps: &[(&str, u64)]) -> String {
         })
         .collect();
     format!("target calls OFF: {}", seen.join("; "))
+}
+
+/// The `p`th percentile of sorted milliseconds.
+fn percentile(sorted_ms: &[i64], p: usize) -> Option<i64> {
+    let n = sorted_ms.len();
+    (n > 0).then(|| sorted_ms[((n * p).div_ceil(100)).saturating_sub(1).min(n - 1)])
+}
+
+/// Where a job's time went, from the times the events carry (stamped by the
+/// database at each commit) and this reader's clock: produce → row committed
+/// (the broker's delivery to a worker and ingestion), row → COMPLETED
+/// committed (the claim and every step), COMPLETED committed → read (the
+/// relay and the broker's delivery to this reader).
+#[derive(Debug, Default)]
+struct Stages {
+    whole: Vec<i64>,
+    to_row: Vec<i64>,
+    row_to_completed: Vec<i64>,
+    completed_to_read: Vec<i64>,
+}
+
+impl Stages {
+    fn add(&mut self, produced_at: DateTime<Utc>, id: Uuid, events: &Events) {
+        let accepted = events.accepted_at.get(&id);
+        let completed = events.completed_at.get(&id);
+        let read = events.completed_read_at.get(&id);
+        if let Some(completed) = completed {
+            self.whole
+                .push((*completed - produced_at).num_milliseconds());
+        }
+        if let Some(accepted) = accepted {
+            self.to_row
+                .push((*accepted - produced_at).num_milliseconds());
+        }
+        if let (Some(accepted), Some(completed)) = (accepted, completed) {
+            self.row_to_completed
+                .push((*completed - *accepted).num_milliseconds());
+        }
+        if let (Some(completed), Some(read)) = (completed, read) {
+            self.completed_to_read
+                .push((*read - *completed).num_milliseconds());
+        }
+    }
+
+    fn sort(&mut self) {
+        for stage in [
+            &mut self.whole,
+            &mut self.to_row,
+            &mut self.row_to_completed,
+            &mut self.completed_to_read,
+        ] {
+            stage.sort_unstable();
+        }
+    }
+
+    fn print(&self) {
+        let line =
+            |name: &str, sorted: &[i64]| match (percentile(sorted, 50), percentile(sorted, 99)) {
+                (Some(p50), Some(p99)) => {
+                    println!("    {name:<34} p50 {p50:>6} ms, p99 {p99:>6} ms")
+                }
+                _ => println!("    {name:<34} no job measured"),
+            };
+        println!(
+            "  the straight-through sample ({} jobs), by stage:",
+            self.whole.len()
+        );
+        line("submit -> COMPLETED committed", &self.whole);
+        line("submit -> row committed", &self.to_row);
+        line("row -> COMPLETED committed", &self.row_to_completed);
+        line("COMPLETED committed -> read", &self.completed_to_read);
+    }
 }
 
 #[cfg(test)]

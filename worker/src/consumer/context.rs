@@ -48,6 +48,12 @@ impl ClientContext for RequestConsumerContext {
 
 impl ConsumerContext for RequestConsumerContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        // What this worker holds after any kind of rebalance (eager or
+        // incremental): a worker holding nothing is idle by assignment.
+        if let Ok(assignment) = consumer.assignment() {
+            #[allow(clippy::cast_precision_loss)]
+            metrics::gauge!("flotilla_consumer_assigned_partitions").set(assignment.count() as f64);
+        }
         if let (Rebalance::Assign(partitions), true) =
             (rebalance, self.outage.load(Ordering::SeqCst))
         {
