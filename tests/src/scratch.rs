@@ -50,13 +50,14 @@ impl ScratchDatabase {
         &self.url
     }
 
-    /// Closes the pool and drops the database.
+    /// Closes the pool and drops the database, with any connection other
+    /// pools still hold on it (an engine keeps a reserved pool of its own).
     ///
     /// # Errors
     /// The database cannot be dropped.
     pub async fn drop_now(self) -> anyhow::Result<()> {
         self.pool.close().await;
-        sqlx::query(&format!("DROP DATABASE {}", self.name))
+        sqlx::query(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
             .execute(&self.admin)
             .await?;
         Ok(())

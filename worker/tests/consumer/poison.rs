@@ -278,3 +278,88 @@ async fn a_dead_letter_producer_in_a_fatal_state_is_replaced(pool: PgPool) {
     })
     .await;
 }
+
+/// A broker that refuses a dead letter as too large, and then refuses it
+/// again without its value (its own headers are too large), gets the
+/// minimal letter: the reason headers and the value's size, nothing of the
+/// original record. The partition moves on.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_dead_letter_too_large_even_without_its_value_falls_back_to_a_minimal_one(pool: PgPool) {
+    use rdkafka::Message as _;
+    use rdkafka::consumer::{Consumer as _, StreamConsumer};
+    use rdkafka::message::{Header, Headers as _, OwnedHeaders};
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    within_deadline(async {
+        let mock = support::MockTopics::new("minimal-dlq");
+        let broker = mock.broker();
+        let producer: rdkafka::producer::FutureProducer = broker.client().create().unwrap();
+        let poison = b"\x07 poison".to_vec();
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "bulky",
+            value: Some(&vec![b'h'; 4096]),
+        });
+        producer
+            .send(
+                rdkafka::producer::FutureRecord::to(&mock.requests)
+                    .key("poison")
+                    .payload(&poison)
+                    .headers(headers),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        // The whole letter and the letter without its value are refused.
+        let too_large = RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE;
+        mock.cluster
+            .request_errors(RDKafkaApiKey::Produce, &[too_large, too_large]);
+        let engine = support::engine(&pool);
+        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
+            engine,
+            support::codec(),
+            mock.settings(),
+        )
+        .unwrap();
+        let (stop, handle) = spawn(consumer);
+        let reader: StreamConsumer = broker
+            .manual_commit_consumer(&flotilla_tests::unique("dlq-reader"))
+            .create()
+            .unwrap();
+        reader.subscribe(&[&mock.dead_letters]).unwrap();
+        let letter = tokio::time::timeout(Duration::from_secs(60), reader.recv())
+            .await
+            .expect("the dead letter never landed")
+            .unwrap()
+            .detach();
+        stop.cancel();
+        handle.await.unwrap();
+        let headers: std::collections::HashMap<String, String> = letter
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|h| {
+                        let value = h.value.map(|v| String::from_utf8_lossy(v).into_owned());
+                        (h.key.to_owned(), value.unwrap_or_default())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(headers[CODE], "unknown_magic_byte");
+        assert!(!headers[REASON].is_empty());
+        assert_eq!(headers[VALUE_DROPPED], poison.len().to_string());
+        assert_eq!(headers[SOURCE_TOPIC], mock.requests);
+        assert!(
+            !headers.contains_key("bulky"),
+            "the original headers are left out"
+        );
+        assert!(
+            letter.payload().is_none_or(<[u8]>::is_empty),
+            "the value is left out"
+        );
+        std::thread::spawn(move || drop(reader));
+        std::thread::spawn(move || drop(producer));
+        drop(mock);
+    })
+    .await;
+}

@@ -367,3 +367,48 @@ async fn store_failure_while_checkpointing_requeues_and_never_settles(pool: PgPo
     );
     assert_eq!(calls.of(job_id), ["two", "three"]);
 }
+
+/// Renewals and fenced writes have connections of their own: with every
+/// connection of the shared pool taken (the console, the API, a slow read),
+/// a claimed job still renews its lease, checkpoints and completes, each
+/// within a second.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPool) {
+    let shared = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let calls = Calls::default();
+    let engine = engine(&shared, echo_targets(&calls), manual_clock(), "w");
+    engine
+        .register_workflow(&three_steps("crowded", "echo"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "crowded", json!({"n": 1})).await;
+    let claimed = engine.claim().await.unwrap().expect("claimable");
+    let taken = (
+        shared.acquire().await.unwrap(),
+        shared.acquire().await.unwrap(),
+    );
+    let within = Duration::from_secs(1);
+    tokio::time::timeout(within, claimed.renew())
+        .await
+        .expect("the renewal waited for the shared pool")
+        .unwrap();
+    let checkpoint = Checkpoint {
+        name: "one".into(),
+        skipped: false,
+        response: json!({}),
+    };
+    tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
+        .await
+        .expect("the checkpoint waited for the shared pool")
+        .unwrap();
+    tokio::time::timeout(within, claimed.complete(&json!({}), "done"))
+        .await
+        .expect("the completion waited for the shared pool")
+        .unwrap();
+    drop(taken);
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Completed);
+}
