@@ -117,15 +117,37 @@ fn is_terminal(status: &str) -> bool {
     matches!(status, "COMPLETED" | "FAILED" | "DEAD" | "CANCELLED")
 }
 
+/// Says when the idempotent producer holds its producer id, from
+/// librdkafka's statistics.
+struct ProducerReady(tokio::sync::watch::Sender<bool>);
+
+impl rdkafka::ClientContext for ProducerReady {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        if statistics
+            .eos
+            .is_some_and(|eos| eos.idemp_state == "Assigned")
+        {
+            self.0.send_replace(true);
+        }
+    }
+}
+
 /// Produces one request per planned sample; returns them by job id.
 async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Tracked>> {
     let codec = Codec::from_config(&settings.broker.registry)?;
-    let producer: FutureProducer = settings
+    let (ready, mut is_ready) = tokio::sync::watch::channel(false);
+    let producer: FutureProducer<ProducerReady> = settings
         .broker
         .idempotent_producer()
         .set("queue.buffering.max.ms", "5")
-        .create()
+        .set("statistics.interval.ms", "50")
+        .create_with_context(ProducerReady(ready))
         .context("creating the producer")?;
+    // A client's producer is up long before it sends; the demo's is new.
+    // Its first records would wait for its producer id (librdkafka retries
+    // that on a 500 ms timer when no broker is up yet), which is not the
+    // fleet's latency: wait for the id first, briefly.
+    let _ = tokio::time::timeout(Duration::from_secs(5), is_ready.wait_for(|ready| *ready)).await;
     let mut jobs = HashMap::new();
     let mut deliveries = Vec::new();
     let mut counts: BTreeMap<Kind, usize> = BTreeMap::new();
