@@ -104,6 +104,8 @@ struct Completion {
     read: Instant,
     read_wall: chrono::DateTime<chrono::Utc>,
     committed: chrono::DateTime<chrono::Utc>,
+    /// When its row was committed (its ACCEPTED event's `occurred_at`).
+    accepted: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// When a request was handed to the producer.
@@ -272,6 +274,8 @@ impl Fleet {
         Ok(tokio::spawn(async move {
             let stop = Instant::now() + deadline;
             let mut done = HashMap::with_capacity(jobs.len());
+            // A job's events share a partition, so ACCEPTED comes first.
+            let mut accepted = HashMap::with_capacity(jobs.len());
             while done.len() < jobs.len() {
                 let left = stop.saturating_duration_since(Instant::now());
                 let message =
@@ -288,6 +292,9 @@ impl Fleet {
                     continue;
                 };
                 let event = flotilla_contracts::json::decode::<WorkflowRunEvent>(payload)?;
+                if event.event_type() == WorkflowRunEventType::Accepted {
+                    accepted.insert(event.job_id(), event.occurred_at());
+                }
                 if event.event_type() == WorkflowRunEventType::Completed
                     && jobs.contains(&event.job_id())
                 {
@@ -295,6 +302,7 @@ impl Fleet {
                         read: Instant::now(),
                         read_wall: chrono::Utc::now(),
                         committed: event.occurred_at(),
+                        accepted: accepted.get(&event.job_id()).copied(),
                     });
                 }
             }
@@ -446,16 +454,26 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[index].as_secs_f64() * 1000.0
 }
 
+/// The latency figures, in the order [`latency`] returns them.
+const LATENCY_PARTS: [&str; 5] = [
+    "submit → COMPLETED read",
+    "submit → COMPLETED committed",
+    "committed → read",
+    "submit → row committed",
+    "row → COMPLETED committed",
+];
+
 /// Latencies with requests paced at `rate` jobs/s, p50/p95/p99 in ms:
 /// submit → COMPLETED read back, and its two parts: submit → COMPLETED
 /// committed (ingestion and the engine), committed → read (the relay and
-/// the broker).
+/// the broker); the first of those split again at the row's commit (the
+/// broker's delivery to a worker and ingestion; the claim and the steps).
 async fn latency(
     fleet: &Fleet,
     workflow: &str,
     rate: f64,
     jobs: usize,
-) -> anyhow::Result<[[f64; 3]; 3]> {
+) -> anyhow::Result<[[f64; 3]; 5]> {
     let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
     let reader = fleet.read_completed(ids.iter().copied().collect(), Duration::from_secs(600))?;
     let pace = Duration::from_secs_f64(1.0 / rate.max(1.0));
@@ -464,12 +482,16 @@ async fn latency(
     let wall = |from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>| {
         (to - from).to_std().unwrap_or_default()
     };
-    let mut parts: [Vec<Duration>; 3] = Default::default();
+    let mut parts: [Vec<Duration>; 5] = Default::default();
     for (job, sent) in &sent {
         if let Some(done) = done.get(job) {
             parts[0].push(done.read.duration_since(sent.at));
             parts[1].push(wall(sent.wall, done.committed));
             parts[2].push(wall(done.committed, done.read_wall));
+            if let Some(accepted) = done.accepted {
+                parts[3].push(wall(sent.wall, accepted));
+                parts[4].push(wall(accepted, done.committed));
+            }
         }
     }
     Ok(parts.map(|mut part| {
@@ -517,12 +539,7 @@ pub(crate) async fn run(report: &mut Report, kind: BrokerKind, jobs: usize) -> a
                 );
                 let paced = (jobs / 4).max(50);
                 let parts = latency(&fleet, workflow, rate / 2.0, paced).await?;
-                let names = [
-                    "submit → COMPLETED read",
-                    "submit → COMPLETED committed",
-                    "committed → read",
-                ];
-                for (part, values) in names.iter().zip(parts) {
+                for (part, values) in LATENCY_PARTS.iter().zip(parts) {
                     for (p, value) in ["p50", "p95", "p99"].iter().zip(values) {
                         report.add(
                             "latency",
