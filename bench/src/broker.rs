@@ -60,9 +60,10 @@ impl Broker {
         let started = Instant::now();
         match self {
             Self::Test(bootstrap) => {
-                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-                    .set("bootstrap.servers", bootstrap)
-                    .create()?;
+                let admin: AdminClient<DefaultClientContext> =
+                    flotilla_runtime::BrokerConfig::new(bootstrap)
+                        .client()
+                        .create()?;
                 let topic = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
                 for result in admin.create_topics([&topic], &AdminOptions::new()).await? {
                     result.map_err(|(topic, code)| anyhow::anyhow!("creating {topic}: {code}"))?;
@@ -162,8 +163,8 @@ async fn group_figures(report: &mut Report, broker: &Broker) {
 /// Records with two headers each, produced as fast as the broker takes them.
 async fn fill(broker: &Broker, records: usize) -> anyhow::Result<String> {
     let (topic, _) = broker.topic("bench-broker-fill", FETCH_PARTITIONS).await?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap())
+    let producer: FutureProducer = flotilla_runtime::BrokerConfig::new(&broker.bootstrap())
+        .client()
         .set("linger.ms", "5")
         .create()?;
     let payload = "x".repeat(200);
@@ -219,21 +220,16 @@ impl Latencies {
     }
 }
 
+/// A consumer in a group of its own, set up as Flotilla's own consumers
+/// are (manual commits, from the earliest offset, read committed).
 fn consumer_config(bootstrap: &str, group: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest");
-    config
+    flotilla_runtime::BrokerConfig::new(bootstrap).manual_commit_consumer(group)
 }
 
+/// Flotilla's idempotent producer, sending at once.
 fn producer(bootstrap: &str, compression: &str) -> anyhow::Result<FutureProducer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
+    Ok(flotilla_runtime::BrokerConfig::new(bootstrap)
+        .idempotent_producer()
         .set("linger.ms", "0")
         .set("compression.type", compression)
         .create()?)
