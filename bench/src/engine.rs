@@ -154,6 +154,16 @@ async fn wal_position(pool: &PgPool) -> anyhow::Result<String> {
         .await?)
 }
 
+async fn wal_between(pool: &PgPool, from: &str, to: &str) -> anyhow::Result<f64> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::float8")
+            .bind(from)
+            .bind(to)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 async fn wal_since(pool: &PgPool, from: &str) -> anyhow::Result<f64> {
     Ok(
         sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
@@ -174,6 +184,8 @@ struct Run {
     /// The claim and its commit.
     committed_claim_p50_ms: f64,
     wal_bytes_per_job: f64,
+    /// Where that WAL went, when `pg_waldump` can run here.
+    wal_breakdown: Option<crate::wal::Breakdown>,
     /// Share of `workflow_run` updates that were HOT (no index touched).
     hot_share: f64,
 }
@@ -230,6 +242,7 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     // land on is written whole to the WAL (a random job id's page of the
     // primary key, one of many when the history is large): that part
     // follows the disk and the checkpoint, not the claim's plan.
+    let claims_measured_from = wal_position(&pool).await?;
     let measured = jobs.min(200);
     let mut claims = Vec::with_capacity(measured);
     let mut committed = Vec::with_capacity(measured);
@@ -255,6 +268,9 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     )
     .execute(&pool)
     .await?;
+    // The run's WAL leaves out those claims and their undoing: a job is
+    // claimed once.
+    let claims_measured_to = wal_position(&pool).await?;
 
     // Histograms recorded before the run are not its own.
     drop(crate::metrics::histogram(CLAIM_TO_SEGMENT));
@@ -284,7 +300,21 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
         .unwrap_or_else(|_| started.elapsed());
     stop.cancel();
     runner.await?;
-    let wal_bytes = wal_since(&pool, &wal).await?;
+    let wal_end = wal_position(&pool).await?;
+    let wal_bytes = wal_since(&pool, &wal).await?
+        - wal_between(&pool, &claims_measured_from, &claims_measured_to).await?;
+    let mut wal_breakdown = crate::wal::breakdown(&pool, &wal, &claims_measured_from).await?;
+    if let (Some(before), Some(after)) = (
+        wal_breakdown.as_mut(),
+        crate::wal::breakdown(&pool, &claims_measured_to, &wal_end).await?,
+    ) {
+        for (key, share) in after {
+            let sum = before.entry(key).or_default();
+            sum.records += share.records;
+            sum.bytes += share.bytes;
+            sum.page_images += share.page_images;
+        }
+    }
     let (updated, hot) = updates(&pool).await?;
     database.drop_now().await?;
     let claim_to_segment = crate::metrics::histogram(CLAIM_TO_SEGMENT);
@@ -295,6 +325,7 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
         claim_p50_ms: claims[claims.len() / 2].as_secs_f64() * 1000.0,
         committed_claim_p50_ms: committed[committed.len() / 2].as_secs_f64() * 1000.0,
         wal_bytes_per_job: wal_bytes / jobs as f64,
+        wal_breakdown,
         hot_share: (hot - hot_before) as f64 / (updated - updated_before).max(1) as f64,
     })
 }
@@ -386,6 +417,18 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
         claims.wal_bytes_per_job,
         "bytes",
     );
+    if let Some(shares) = &claims.wal_breakdown {
+        crate::wal::print("of a 1-step no-op job", shares, jobs);
+        for (relation, bytes) in crate::wal::by_relation(shares) {
+            #[allow(clippy::cast_precision_loss)]
+            report.add(
+                "components",
+                format!("WAL per 1-step no-op job in {relation}"),
+                bytes as f64 / jobs as f64,
+                "bytes",
+            );
+        }
+    }
     for loops in [1, 2, 4, 8, 16] {
         let run = run(histories[0], loops, jobs, Shape::small(3)).await?;
         report.add(

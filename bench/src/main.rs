@@ -14,6 +14,7 @@ mod graphile;
 mod metrics;
 mod relay;
 mod report;
+mod wal;
 
 use std::path::PathBuf;
 
