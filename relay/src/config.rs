@@ -86,6 +86,11 @@ pub struct RelayArgs {
     /// Longest an idle relay waits before looking again.
     #[arg(long, env = "FLOTILLA_RELAY_IDLE_POLL_MAX", default_value_t = DEFAULT_IDLE_POLL_MAX.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub idle_poll_max: humantime::Duration,
+    /// Listen for the workers' wake-ups (`LISTEN flotilla_outbox`, one
+    /// connection of its own), so an idle relay publishes a commit's events
+    /// at once; off behind a pooler in transaction mode.
+    #[arg(long, env = "FLOTILLA_RELAY_LISTEN_FOR_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub listen_for_events: bool,
     /// How long a bucket lease lasts without renewal.
     #[arg(long, env = "FLOTILLA_RELAY_LEASE", default_value_t = DEFAULT_LEASE.into(), value_parser = duration_between(SECOND, HOUR))]
     pub lease: humantime::Duration,
@@ -120,6 +125,10 @@ pub struct RelaySettings {
     pub relay_id: String,
     pub batch_size: i64,
     pub idle_poll_max: Duration,
+    /// First wait of an idle relay, doubling up to `idle_poll_max`.
+    pub idle_poll_min: Duration,
+    /// Whether to listen for the workers' wake-ups (`flotilla_store::wake`).
+    pub listen_for_events: bool,
     pub lease: Duration,
     pub backoff_base: Duration,
     /// The producer's delivery timeout; `None`: a third of the lease.
@@ -141,6 +150,8 @@ impl RelaySettings {
             relay_id: relay_id.to_owned(),
             batch_size: DEFAULT_BATCH_SIZE,
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
+            idle_poll_min: crate::DEFAULT_IDLE_POLL_MIN,
+            listen_for_events: true,
             lease: DEFAULT_LEASE,
             backoff_base: DEFAULT_BACKOFF_BASE,
             delivery_timeout: None,
@@ -188,6 +199,7 @@ impl From<RelayArgs> for RelaySettings {
         let mut settings = Self::new(args.broker, &args.event_topic, &relay_id);
         settings.batch_size = args.batch_size.max(1);
         settings.idle_poll_max = *args.idle_poll_max;
+        settings.listen_for_events = args.listen_for_events;
         settings.lease = *args.lease;
         settings.backoff_base = *args.backoff_base;
         settings.delivery_timeout = args.delivery_timeout.map(Into::into);

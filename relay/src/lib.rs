@@ -16,15 +16,18 @@ mod stream;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use flotilla_codec::CodecError;
 use flotilla_store::Clock;
 use flotilla_store::outbox::relay as outbox;
+use flotilla_store::wake::{self, Channel};
 use futures_util::FutureExt as _;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
 use sqlx::PgPool;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use config::RelaySettings;
@@ -50,6 +53,10 @@ pub struct Relay {
     /// Stops publishing when the event topic's partition count changes.
     partitions: partitions::PartitionGuard,
     settings: RelaySettings,
+    /// Woken by the workers' `NOTIFY` after commits that wrote events.
+    events_committed: Arc<Notify>,
+    /// Reads of pending rows answered (rows or not).
+    reads: Arc<AtomicU64>,
 }
 
 /// Bounds the relay's transaction on `conn` by its bucket `lease`: a relay
@@ -77,7 +84,8 @@ pub(crate) async fn bound_transaction(
 /// How often a relay checks whether the outbox's statistics lag.
 const STATISTICS_INTERVAL: Duration = Duration::from_secs(5);
 
-pub(crate) const IDLE_POLL_MIN: Duration = Duration::from_millis(5);
+/// First wait of an idle relay, unless set; it doubles up to the maximum.
+pub const DEFAULT_IDLE_POLL_MIN: Duration = Duration::from_millis(5);
 
 impl Relay {
     /// Builds the relay and its producer (acknowledged per record, see
@@ -128,6 +136,8 @@ impl Relay {
             publisher,
             partitions,
             settings,
+            events_committed: Arc::new(Notify::new()),
+            reads: Arc::default(),
         })
     }
 
@@ -252,6 +262,22 @@ impl Relay {
         }
     }
 
+    /// Reads of pending rows answered so far: for tests that must know the
+    /// relay has looked once and is idle, and for diagnostics.
+    #[must_use]
+    pub fn reads_answered(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    /// Wakes the idle stream when a worker says it committed events.
+    async fn listen_for_events(&self, shutdown: CancellationToken) {
+        if !self.settings.listen_for_events {
+            return;
+        }
+        let wake = || self.events_committed.notify_one();
+        wake::listen(self.pool.clone(), Channel::Outbox, wake, shutdown).await;
+    }
+
     /// Retention on its own schedule, whatever the load of the rounds.
     async fn retention_loop(&self, shutdown: CancellationToken) {
         let mut ticks = tokio::time::interval(self.settings.retention_interval);
@@ -295,7 +321,8 @@ impl Relay {
                 tokio::join!(
                     relay.retention_loop(stop.clone()),
                     relay.statistics_loop(stop.clone()),
-                    relay.partitions_loop(stop)
+                    relay.partitions_loop(stop.clone()),
+                    relay.listen_for_events(stop)
                 );
             })
         };

@@ -27,9 +27,9 @@ use futures_util::stream::FuturesUnordered;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::Relay;
 use crate::health::Readiness;
 use crate::publisher::{Class, Delivery, DrainReport, Marks, Reason};
-use crate::{IDLE_POLL_MIN, Relay};
 
 /// How long acknowledgements gather before they are marked together.
 const MARK_GATHER: Duration = Duration::from_millis(2);
@@ -88,7 +88,7 @@ impl<'a> Stream<'a> {
             gathering_since: None,
             next_read: now,
             next_rebalance: now,
-            idle: Doubling::new(IDLE_POLL_MIN, relay.settings.idle_poll_max),
+            idle: Doubling::new(relay.settings.idle_poll_min, relay.settings.idle_poll_max),
             outage: Doubling::new(Duration::from_millis(200), OUTAGE_PAUSE_MAX),
             rotation: 0,
         }
@@ -153,6 +153,11 @@ impl<'a> Stream<'a> {
                     }
                 }
                 () = tokio::time::sleep_until(wake) => {}
+                // A worker committed events: read now, not at the next poll.
+                () = self.relay.events_committed.notified(), if stop_by.is_none() => {
+                    self.idle.reset();
+                    self.next_read = self.next_read.min(Instant::now());
+                }
                 () = shutdown.cancelled(), if stop_by.is_none() => {
                     stop_by = Some(Instant::now() + grace);
                 }
@@ -231,7 +236,11 @@ impl<'a> Stream<'a> {
         };
         metrics::counter!("flotilla_relay_rounds_total").increment(1);
         let started = Instant::now();
-        let heads = match read.await {
+        let read = read.await;
+        relay
+            .reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let heads = match read {
             Ok(heads) => heads,
             Err(e) => {
                 tracing::warn!(error = %e, "reading pending rows failed");

@@ -18,6 +18,7 @@ pub mod pool;
 pub mod runs;
 mod status;
 pub mod topics;
+pub mod wake;
 pub mod workers;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -164,7 +164,7 @@ async fn measure(pool: &PgPool, jobs: usize, loops: usize) -> anyhow::Result<()>
     // Wake-up: idle loops, one job at a time, submitted in this process and from another.
     for (label, same_process) in [
         ("same process (in-process signal)", true),
-        ("other process (polling)", false),
+        ("other process (its NOTIFY after the commit)", false),
     ] {
         let (called, mut calls) = mpsc::unbounded_channel();
         let runner_engine = build_engine(pool, loops, no_op_targets(Some(called)), "runner");

@@ -183,6 +183,13 @@ pub struct EngineConfig {
     #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value_t = engine::DEFAULT_IDLE_POLL_MAX.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub idle_poll_max: humantime::Duration,
 
+    /// Listen for other processes' wake-ups (one connection of its own,
+    /// `LISTEN`): an idle claim loop starts on work submitted elsewhere at
+    /// once instead of at its next poll. Off behind a pooler in
+    /// transaction mode, which does not pass notifications on.
+    #[arg(long, env = "FLOTILLA_LISTEN_FOR_WORK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub listen_for_work: bool,
+
     /// Iterations (of `map`, `filter`, `all`, `exists`) one CEL evaluation
     /// may run; past it the job fails with its verdict.
     #[arg(long, env = "FLOTILLA_EXPRESSION_MAX_STEPS", default_value_t = crate::workflow::DEFAULT_BUDGET.steps, value_parser = RangedU64ValueParser::<u64>::new().range(1..))]

@@ -339,6 +339,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.backoff_base = *engine.backoff_base;
     settings.sweep_interval = *engine.sweep_interval;
     settings.idle_poll_max = *engine.idle_poll_max;
+    settings.listen_for_work = engine.listen_for_work;
     settings.max_event_bytes = engine.max_event_bytes;
     settings.definition_by_reference = engine.definition_by_reference;
     settings.checkpoint_rows = engine.checkpoint_rows;

@@ -41,7 +41,7 @@ pub(super) struct Claimer {
     clock: Arc<dyn Clock>,
     worker_id: String,
     lease: std::time::Duration,
-    /// Claim statements run, for tests.
+    /// Claim statements answered (rows or not), for tests.
     statements: Arc<AtomicU64>,
 }
 
@@ -70,6 +70,12 @@ impl Claims {
         }))
     }
 
+    /// Claim statements answered so far.
+    #[cfg(any(test, feature = "test-support"))]
+    pub(super) fn statements(&self) -> u64 {
+        self.0.server_ref().statements.load(Ordering::Relaxed)
+    }
+
     /// Claims the oldest eligible job for one loop, in a statement it may
     /// share with other loops' claims.
     ///
@@ -90,9 +96,10 @@ impl Serve for Claimer {
     const MAX_BATCH: usize = 64;
 
     async fn serve(&self, batch: Vec<()>) -> Vec<Self::Answer> {
-        self.statements.fetch_add(1, Ordering::Relaxed);
         let waiting = batch.len();
-        match self.claim(waiting).await {
+        let claimed = self.claim(waiting).await;
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        match claimed {
             Ok(rows) => {
                 let mut answers: Vec<_> = rows.into_iter().map(|row| Ok(Some(row))).collect();
                 answers.resize_with(waiting, || Ok(None));

@@ -33,6 +33,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
 use flotilla_store::runs::lease::{self, Fence, Transition};
+use flotilla_store::wake::{Channel, Doorbell};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -58,6 +59,9 @@ pub(super) struct Committer {
     pool: PgPool,
     /// Longest one batch (all its attempts) may take.
     bound: Duration,
+    /// Rung after every commit: every write of a batch is a commit point
+    /// or, for a requeue, work for the claim loops.
+    doorbell: Doorbell,
     /// Batches committed (or tried), for tests.
     batches: Arc<AtomicU64>,
     #[cfg(any(test, feature = "test-support"))]
@@ -87,10 +91,11 @@ impl CommitFaults {
 
 impl GroupCommit {
     /// Writes on `pool`; one batch may take up to `bound`.
-    pub(super) fn new(pool: PgPool, bound: Duration) -> Self {
+    pub(super) fn new(pool: PgPool, bound: Duration, doorbell: Doorbell) -> Self {
         Self(Gather::new(Committer {
             pool,
             bound,
+            doorbell,
             batches: Arc::default(),
             #[cfg(any(test, feature = "test-support"))]
             faults: CommitFaults::default(),
@@ -164,6 +169,9 @@ impl Serve for Committer {
             let writes: Vec<&Write> = pending.iter().map(|&i| &batch[i]).collect();
             match self.attempt(&writes, deadline, skip_held).await {
                 Ok(outcomes) => {
+                    if outcomes.contains(&Some(true)) {
+                        self.doorbell.ring(Channel::Outbox);
+                    }
                     for (&i, written) in pending.iter().zip(outcomes) {
                         answers[i] = Some(written.ok_or(StoreError::RowHeld));
                     }
@@ -291,7 +299,11 @@ mod tests {
     use flotilla_store::runs::{Checkpoint, CheckpointLayout};
 
     fn committer(pool: &PgPool) -> GroupCommit {
-        GroupCommit::new(pool.clone(), Duration::from_secs(5))
+        GroupCommit::new(
+            pool.clone(),
+            Duration::from_secs(5),
+            Doorbell::new(pool.clone()),
+        )
     }
 
     /// The fence of a row as [`running`] made it.
@@ -493,7 +505,7 @@ mod tests {
         let mut settings = crate::engine::EngineSettings::new("w");
         settings.lease = Duration::from_secs(2);
         let reserved = crate::engine::reserved_pool(&pool, &settings);
-        let group = GroupCommit::new(reserved, settings.lease / 3);
+        let group = GroupCommit::new(reserved, settings.lease / 3, Doorbell::new(pool.clone()));
         let token = Uuid::new_v4();
         let mut jobs = Vec::new();
         for _ in 0..8 {
@@ -550,7 +562,11 @@ mod tests {
             .acquire_timeout(Duration::from_millis(300))
             .connect_lazy("postgres://postgres@127.0.0.1:1/none")
             .unwrap();
-        let group = GroupCommit::new(unreachable, Duration::from_secs(5));
+        let group = GroupCommit::new(
+            unreachable.clone(),
+            Duration::from_secs(5),
+            Doorbell::new(unreachable),
+        );
         let token = Uuid::new_v4();
         let started = std::time::Instant::now();
         let writes = (0..20).map(|_| {

@@ -34,6 +34,7 @@ use std::time::Duration;
 
 use flotilla_runtime::supervise::Health;
 use flotilla_store::runs::CheckpointLayout;
+use flotilla_store::wake::{Channel, Doorbell};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
@@ -76,6 +77,8 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_SWEEP_BATCH: i64 = 100;
 /// Longest an idle claim loop waits before polling again, unless configured.
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(500);
+/// First wait of an idle claim loop; it doubles up to the maximum.
+pub const DEFAULT_IDLE_POLL_MIN: Duration = Duration::from_millis(10);
 /// Connections reserved for lease renewals and fenced writes, unless
 /// configured: one carries the group commit, the rest the heartbeats.
 pub const DEFAULT_RESERVED_CONNECTIONS: u32 = 4;
@@ -102,6 +105,11 @@ pub struct EngineSettings {
     pub sweep_batch: i64,
     /// Longest an idle claim loop waits before polling again.
     pub idle_poll_max: Duration,
+    /// First wait of an idle claim loop, doubling up to `idle_poll_max`.
+    pub idle_poll_min: Duration,
+    /// Whether the claim loops listen for other processes' wake-ups
+    /// (`flotilla_store::wake`); off, work from elsewhere is found by polls.
+    pub listen_for_work: bool,
     /// The largest event the relay can publish: a result whose COMPLETED
     /// event would be larger fails the job instead.
     pub max_event_bytes: usize,
@@ -134,6 +142,8 @@ impl EngineSettings {
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             sweep_batch: DEFAULT_SWEEP_BATCH,
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
+            idle_poll_min: DEFAULT_IDLE_POLL_MIN,
+            listen_for_work: true,
             max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
             definition_by_reference: Switch::Auto,
             checkpoint_rows: Switch::Auto,
@@ -160,6 +170,8 @@ struct Inner {
     settings: EngineSettings,
     /// Wakes an idle claim loop when this process makes work claimable.
     work_available: Notify,
+    /// Tells other processes' claim loops and the relays what this one committed.
+    doorbell: Doorbell,
     /// Compiled definition snapshots, by the digest of the snapshot's text.
     compiled: Mutex<compiled_cache::CompiledCache>,
     /// The supervised tasks of this process (claim loops, sweeper, consumer).
@@ -216,13 +228,19 @@ impl Engine {
         settings: EngineSettings,
     ) -> Self {
         let reserved = reserved_pool(&pool, &settings);
+        let doorbell = Doorbell::new(pool.clone());
         let evaluations = evaluate::Evaluations::new(settings.expression_budget);
         let started_at = clock.now();
         Self {
             inner: Arc::new(Inner {
                 // A batch's time: a third of the lease, well inside what its
                 // heartbeat-renewed writers' leases allow.
-                group_commit: group_commit::GroupCommit::new(reserved.clone(), settings.lease / 3),
+                group_commit: group_commit::GroupCommit::new(
+                    reserved.clone(),
+                    settings.lease / 3,
+                    doorbell.clone(),
+                ),
+                doorbell,
                 reserved,
                 claims: claims::Claims::new(
                     pool.clone(),
@@ -258,6 +276,14 @@ impl Engine {
     #[must_use]
     pub fn commit_faults(&self) -> &CommitFaults {
         self.inner.group_commit.faults()
+    }
+
+    /// Claim statements this engine's loops have had answered, for tests
+    /// that must know an idle loop has looked once and is waiting.
+    #[cfg(feature = "test-support")]
+    #[must_use]
+    pub fn claim_statements(&self) -> u64 {
+        self.inner.claims.statements()
     }
 
     /// Closes both pools: the shared one and the reserved one.
@@ -315,9 +341,13 @@ impl Engine {
         }
     }
 
-    /// Tells an idle claim loop of this process that a job became claimable.
+    /// Tells an idle claim loop of this process, and those of other
+    /// processes, that a job became claimable; and the relays that its
+    /// events wait (every path that makes a job claimable wrote one).
     fn wake(&self) {
         self.inner.work_available.notify_one();
+        self.inner.doorbell.ring(Channel::Runs);
+        self.inner.doorbell.ring(Channel::Outbox);
     }
 
     /// Compiles a definition document against this worker's targets,

@@ -1,10 +1,11 @@
 //! The claim loops and the sweeper of one process.
 //!
 //! Wake-ups: a claim loop that found nothing waits for an in-process signal
-//! (a submission, a completed step, a retry in this process) or a poll timer
-//! that doubles from 10 ms up to `idle_poll_max`. Work submitted through
-//! another process is therefore seen within `idle_poll_max`. LISTEN/NOTIFY
-//! was left out: NOTIFY takes a global lock at commit, on the hot path.
+//! (a submission, a completed step, a retry in this process), a wake-up
+//! from another process (`flotilla_store::wake`: a `NOTIFY` sent after that
+//! process's commit, never inside it), or a poll timer that doubles from
+//! `idle_poll_min` up to `idle_poll_max`, which finds the work when a
+//! wake-up is lost.
 
 use std::time::Duration;
 
@@ -13,12 +14,12 @@ use flotilla_runtime::backoff::Doubling;
 use flotilla_runtime::supervise::restart_on_panic;
 use flotilla_store::StoreError;
 use flotilla_store::runs::lease::{self, Lapsed, SweepPolicy, Swept, SweptLease};
+use flotilla_store::wake::{self, Channel};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{Engine, Outcome};
 
-const IDLE_POLL_MIN: Duration = Duration::from_millis(10);
 /// How far back a lapsed lease the sweeper cannot settle is put.
 const SWEEP_DEFER: Duration = Duration::from_secs(60);
 /// Pause after a failed claim (the database is unreachable).
@@ -44,6 +45,13 @@ impl Engine {
                     async move { engine.claim_loop(index, shutdown).await }
                 },
             ));
+        }
+        if self.settings().listen_for_work {
+            let (engine, stop) = (self.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                let wake = || engine.inner.work_available.notify_one();
+                wake::listen(engine.pool().clone(), Channel::Runs, wake, stop).await;
+            });
         }
         let (engine, shutdown_sweeper) = (self.clone(), shutdown.clone());
         let health = self.health().clone();
@@ -112,7 +120,8 @@ impl Engine {
     }
 
     async fn claim_loop(&self, index: usize, shutdown: CancellationToken) {
-        let mut idle = Doubling::new(IDLE_POLL_MIN, self.settings().idle_poll_max);
+        let settings = self.settings();
+        let mut idle = Doubling::new(settings.idle_poll_min, settings.idle_poll_max);
         while !shutdown.is_cancelled() {
             let pause = match self.run_once().await {
                 Ok(Outcome::Idle) => idle.next_pause(),

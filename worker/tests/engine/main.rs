@@ -15,3 +15,4 @@ mod responses;
 mod submission;
 mod support;
 mod switches;
+mod wake_ups;
