@@ -4,6 +4,7 @@
 //! or cancel), reads the lifecycle events back from the event topic, and
 //! checks that every job ended where its kind says.
 
+pub mod paced;
 pub mod progress;
 pub mod report;
 pub mod samples;
@@ -110,7 +111,15 @@ pub async fn run(settings: DriverSettings) -> anyhow::Result<bool> {
     let events = events.await.context("the event reader stopped")??;
     let report = report::Report::new(&jobs, &events, started, finished);
     report.print();
-    Ok(report.all_as_expected())
+    let one_at_a_time = paced::run(&settings, deadline).await;
+    match &one_at_a_time {
+        Ok(stages) => stages.print(&format!(
+            "one at a time ({} straight-through jobs, each produced once the one before it was read)",
+            paced::JOBS
+        )),
+        Err(e) => eprintln!("demo: the one-at-a-time sample failed: {e:#}"),
+    }
+    Ok(report.all_as_expected() && one_at_a_time.is_ok())
 }
 
 fn is_terminal(status: &str) -> bool {
@@ -132,9 +141,14 @@ impl rdkafka::ClientContext for ProducerReady {
     }
 }
 
-/// Produces one request per planned sample; returns them by job id.
-async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Tracked>> {
-    let codec = Codec::from_config(&settings.broker.registry)?;
+/// An idempotent producer that already holds its producer id. A client's
+/// producer is up long before it sends; the demo's is new. Its first
+/// records would wait for its id (librdkafka retries that on a 500 ms timer
+/// when no broker is up yet), which is not the fleet's latency: wait for
+/// the id first, briefly.
+async fn ready_producer(
+    settings: &DriverSettings,
+) -> anyhow::Result<FutureProducer<ProducerReady>> {
     let (ready, mut is_ready) = tokio::sync::watch::channel(false);
     let producer: FutureProducer<ProducerReady> = settings
         .broker
@@ -143,11 +157,14 @@ async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Trac
         .set("statistics.interval.ms", "50")
         .create_with_context(ProducerReady(ready))
         .context("creating the producer")?;
-    // A client's producer is up long before it sends; the demo's is new.
-    // Its first records would wait for its producer id (librdkafka retries
-    // that on a 500 ms timer when no broker is up yet), which is not the
-    // fleet's latency: wait for the id first, briefly.
     let _ = tokio::time::timeout(Duration::from_secs(5), is_ready.wait_for(|ready| *ready)).await;
+    Ok(producer)
+}
+
+/// Produces one request per planned sample; returns them by job id.
+async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Tracked>> {
+    let codec = Codec::from_config(&settings.broker.registry)?;
+    let producer = ready_producer(settings).await?;
     let mut jobs = HashMap::new();
     let mut deliveries = Vec::new();
     let mut counts: BTreeMap<Kind, usize> = BTreeMap::new();

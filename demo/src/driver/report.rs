@@ -147,7 +147,10 @@ impl Report {
             ),
             _ => println!("  submit -> COMPLETED: no completed job"),
         }
-        self.straight.print();
+        self.straight.print(&format!(
+            "the straight-through sample of the burst ({} jobs, queued behind the others)",
+            self.straight.whole.len()
+        ));
         let events: Vec<String> = self
             .events
             .iter()
@@ -209,7 +212,9 @@ fn percentile(sorted_ms: &[i64], p: usize) -> Option<i64> {
 /// committed (the claim and every step), COMPLETED committed → read (the
 /// relay and the broker's delivery to this reader).
 #[derive(Debug, Default)]
-struct Stages {
+pub struct Stages {
+    /// Submit → COMPLETED read, as the person who submitted sees it.
+    read: Vec<i64>,
     whole: Vec<i64>,
     to_row: Vec<i64>,
     row_to_completed: Vec<i64>,
@@ -217,7 +222,7 @@ struct Stages {
 }
 
 impl Stages {
-    fn add(&mut self, produced_at: DateTime<Utc>, id: Uuid, events: &Events) {
+    pub(super) fn add(&mut self, produced_at: DateTime<Utc>, id: Uuid, events: &Events) {
         let accepted = events.accepted_at.get(&id);
         let completed = events.completed_at.get(&id);
         let read = events.completed_read_at.get(&id);
@@ -233,14 +238,18 @@ impl Stages {
             self.row_to_completed
                 .push((*completed - *accepted).num_milliseconds());
         }
+        if let Some(read) = read {
+            self.read.push((*read - produced_at).num_milliseconds());
+        }
         if let (Some(completed), Some(read)) = (completed, read) {
             self.completed_to_read
                 .push((*read - *completed).num_milliseconds());
         }
     }
 
-    fn sort(&mut self) {
+    pub(super) fn sort(&mut self) {
         for stage in [
+            &mut self.read,
             &mut self.whole,
             &mut self.to_row,
             &mut self.row_to_completed,
@@ -250,7 +259,8 @@ impl Stages {
         }
     }
 
-    fn print(&self) {
+    /// Prints the stages under `title`.
+    pub fn print(&self, title: &str) {
         let line =
             |name: &str, sorted: &[i64]| match (percentile(sorted, 50), percentile(sorted, 99)) {
                 (Some(p50), Some(p99)) => {
@@ -258,10 +268,8 @@ impl Stages {
                 }
                 _ => println!("    {name:<34} no job measured"),
             };
-        println!(
-            "  the straight-through sample ({} jobs), by stage:",
-            self.whole.len()
-        );
+        println!("  {title}, by stage:");
+        line("submit -> COMPLETED read", &self.read);
         line("submit -> COMPLETED committed", &self.whole);
         line("submit -> row committed", &self.to_row);
         line("row -> COMPLETED committed", &self.row_to_completed);
