@@ -31,7 +31,7 @@ pub async fn resume_waiting(
          WHERE job_id = $1 AND status = 'WAITING'",
         layout.assignment("$2")
     );
-    let stamp: Option<EventStamp> = sqlx::query_as(&checkpoint_write(&update, "$2"))
+    let stamp: Option<EventStamp> = sqlx::query_as(&checkpoint_write(&update, "$2", 0))
         .bind(job_id)
         .bind(Json(checkpoint))
         .bind(now)

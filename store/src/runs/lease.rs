@@ -109,6 +109,15 @@ pub enum Transition {
         result: serde_json::Value,
         verdict: String,
     },
+    /// The last step's checkpoint and the completion in one write (events:
+    /// STEP_CHECKPOINT, then COMPLETED): one commit, one row version and
+    /// one lock of the row fewer than the two written apart.
+    CheckpointAndComplete {
+        checkpoint: Checkpoint,
+        layout: CheckpointLayout,
+        result: serde_json::Value,
+        verdict: String,
+    },
     /// Fails for good (event: FAILED).
     Fail {
         error: String,
@@ -148,7 +157,10 @@ impl Transition {
                 step: checkpoint.name.clone(),
             },
             Self::Park { step } => EventKind::Waiting { step: step.clone() },
-            Self::Complete { result, verdict } => EventKind::Completed {
+            Self::Complete { result, verdict }
+            | Self::CheckpointAndComplete {
+                result, verdict, ..
+            } => EventKind::Completed {
                 verdict: verdict.clone(),
                 result: result.clone(),
             },
@@ -166,10 +178,17 @@ impl Transition {
     /// Whether this transition commits an event.
     #[must_use]
     pub fn is_commit_point(&self) -> bool {
-        !matches!(
-            self,
-            Self::Requeue { .. } | Self::Release { .. } | Self::HandBack { .. }
-        )
+        self.events_written() > 0
+    }
+
+    /// How many events (and so event sequences) this transition writes.
+    #[must_use]
+    pub fn events_written(&self) -> i64 {
+        match self {
+            Self::Requeue { .. } | Self::Release { .. } | Self::HandBack { .. } => 0,
+            Self::CheckpointAndComplete { .. } => 2,
+            _ => 1,
+        }
     }
 
     /// The SET clause; parameters from `$5` on are bound by [`transition`].
@@ -185,6 +204,12 @@ impl Transition {
             }
             Self::Complete { .. } => format!(
                 "status = 'COMPLETED', result = $5, verdict = $6, error = NULL, {RELEASE}, {NEXT}"
+            ),
+            Self::CheckpointAndComplete { layout, .. } => format!(
+                "{}, status = 'COMPLETED', result = $6, verdict = $7, error = NULL, {RELEASE}, \
+                 event_sequence = event_sequence + 2, lease_losses = 0, hand_backs = 0, \
+                 unplaced_since = NULL",
+                layout.assignment("$5")
             ),
             Self::Fail { .. } => {
                 format!("status = 'FAILED', error = $5, verdict = $6, {RELEASE}, {NEXT}")
@@ -233,7 +258,10 @@ pub async fn transition(
         change.assignments()
     );
     let sql = match change {
-        Transition::Checkpoint { .. } => checkpoint_write(&update, "$5"),
+        Transition::Checkpoint { .. } => checkpoint_write(&update, "$5", 0),
+        // The checkpoint row takes the STEP_CHECKPOINT event's sequence,
+        // the one before the COMPLETED event's.
+        Transition::CheckpointAndComplete { .. } => checkpoint_write(&update, "$5", 1),
         _ => format!("{update} RETURNING {STAMP}"),
     };
     let query = sqlx::query_as(&sql)
@@ -245,6 +273,15 @@ pub async fn transition(
         Transition::Checkpoint { checkpoint, .. } => query.bind(Json(checkpoint)),
         Transition::Park { step } => query.bind(step),
         Transition::Complete { result, verdict } => query.bind(Json(result)).bind(verdict),
+        Transition::CheckpointAndComplete {
+            checkpoint,
+            result,
+            verdict,
+            ..
+        } => query
+            .bind(Json(checkpoint))
+            .bind(Json(result))
+            .bind(verdict),
         Transition::Fail { error, verdict } => query.bind(error).bind(verdict),
         Transition::Dead { error } => query.bind(error),
         Transition::Requeue { error, run_after } => query.bind(error).bind(*run_after),
@@ -266,6 +303,14 @@ pub async fn transition(
     let Some(stamp) = stamp else {
         return Ok(false);
     };
+    if let Transition::CheckpointAndComplete { checkpoint, .. } = change {
+        let checkpointed = EventStamp {
+            event_sequence: stamp.event_sequence - 1,
+            ..stamp.clone()
+        };
+        let step = checkpoint.name.clone();
+        outbox::insert(tx, &checkpointed, EventKind::StepCheckpoint { step }, now).await?;
+    }
     if let Some(event) = change.event() {
         outbox::insert(tx, &stamp, event, now).await?;
     }

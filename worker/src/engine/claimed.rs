@@ -134,11 +134,9 @@ impl Lease {
             token: self.token,
             sequence: self.sequence.load(Ordering::SeqCst),
         };
-        let commit_point = change.is_commit_point();
+        let events = change.events_written();
         if group.write(self.job_id, fence, now, change).await? {
-            if commit_point {
-                self.sequence.fetch_add(1, Ordering::SeqCst);
-            }
+            self.sequence.fetch_add(events, Ordering::SeqCst);
             Ok(())
         } else {
             Err(LeaseLost.into())
@@ -351,6 +349,28 @@ impl ClaimedRun {
                 verdict: verdict.to_owned(),
             })
             .await?;
+        self.finished("COMPLETED");
+        Ok(())
+    }
+
+    /// The last step's checkpoint and the completion, written together.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed (then neither was written).
+    pub async fn checkpoint_and_complete(
+        self,
+        checkpoint: &Checkpoint,
+        result: &serde_json::Value,
+        verdict: &str,
+    ) -> Result<(), SegmentStop> {
+        let span = tracing::info_span!("checkpoint", job_id = %self.job_id());
+        let change = Transition::CheckpointAndComplete {
+            checkpoint: checkpoint.clone(),
+            layout: self.lease.engine.checkpoint_layout(),
+            result: result.clone(),
+            verdict: verdict.to_owned(),
+        };
+        tracing::Instrument::instrument(self.lease.write(change), span).await?;
         self.finished("COMPLETED");
         Ok(())
     }

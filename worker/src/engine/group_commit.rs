@@ -494,6 +494,84 @@ mod tests {
         }
     }
 
+    /// The last step's checkpoint and the completion share one write: the
+    /// STEP_CHECKPOINT and COMPLETED events take the next two sequences, a
+    /// checkpoint row (when the run keeps them as rows) the first of them;
+    /// the same write again at the old sequence writes nothing.
+    #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+    async fn the_last_checkpoint_and_the_completion_are_one_write(pool: PgPool) {
+        let group = committer(&pool);
+        for layout in [CheckpointLayout::Array, CheckpointLayout::Rows] {
+            let token = Uuid::new_v4();
+            let job = running(&pool, token).await;
+            let change = || Transition::CheckpointAndComplete {
+                checkpoint: Checkpoint {
+                    name: "last".into(),
+                    skipped: false,
+                    response: serde_json::json!({"n": 3}),
+                },
+                layout,
+                result: serde_json::json!({"total": 3}),
+                verdict: "done".into(),
+            };
+            assert!(
+                group
+                    .write(job, fence(token), Utc::now(), change())
+                    .await
+                    .unwrap()
+            );
+            let (status, sequence): (String, i64) =
+                sqlx::query_as("SELECT status, event_sequence FROM workflow_run WHERE job_id = $1")
+                    .bind(job)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!((status.as_str(), sequence), ("COMPLETED", 2), "{layout:?}");
+            let events: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT sequence, event_type FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
+            )
+            .bind(job)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            assert_eq!(
+                events,
+                [(1, "STEP_CHECKPOINT".into()), (2, "COMPLETED".into())],
+                "{layout:?}"
+            );
+            let read = {
+                let mut conn = pool.acquire().await.unwrap();
+                flotilla_store::runs::get(&mut conn, job)
+                    .await
+                    .unwrap()
+                    .unwrap()
+            };
+            assert_eq!(
+                read.checkpoints.0,
+                serde_json::json!([{"name": "last", "skipped": false, "response": {"n": 3}}]),
+                "{layout:?}"
+            );
+            if layout == CheckpointLayout::Rows {
+                let kept: i64 = sqlx::query_scalar(
+                    "SELECT event_sequence FROM workflow_run_checkpoint WHERE job_id = $1",
+                )
+                .bind(job)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                assert_eq!(kept, 1);
+            }
+            assert!(
+                !group
+                    .write(job, fence(token), Utc::now(), change())
+                    .await
+                    .unwrap(),
+                "a repeat at the old sequence writes nothing"
+            );
+            assert_eq!(count(&pool, "workflow_run_outbox", job).await, 2);
+        }
+    }
+
     /// Rows locked by a foreign session (an operator's open `SELECT … FOR
     /// UPDATE` over several of them) fail their own writes: the first after
     /// the reserved connections' lock timeout (a tenth of the lease), the

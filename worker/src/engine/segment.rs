@@ -208,16 +208,19 @@ impl Engine {
                 Err(Invocation::LeaseLost) => return Ok(Outcome::LeaseLost(job_id)),
                 Err(Invocation::Failed(failure)) => return settle(self, claimed, failure).await,
             };
-            claimed
-                .checkpoint(&Checkpoint {
-                    name: name.clone(),
-                    skipped: false,
-                    response: response.clone(),
-                })
-                .await?;
+            let checkpoint = Checkpoint {
+                name: name.clone(),
+                skipped: false,
+                response: response.clone(),
+            };
             steps.insert(name, response);
+            if index + 1 == compiled.steps.len() {
+                // The last step's checkpoint goes with the completion.
+                return finish(self, claimed, &compiled, &input, steps, Some(checkpoint)).await;
+            }
+            claimed.checkpoint(&checkpoint).await?;
         }
-        finish(self, claimed, &compiled, &input, steps).await
+        finish(self, claimed, &compiled, &input, steps, None).await
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use flotilla_store::runs::Checkpoint;
 use serde_json::{Map, Value as Json};
 
 use super::Engine;
@@ -16,13 +17,17 @@ use crate::workflow::expr::Scope;
 /// After the last step: the output mapping gives the result, the verdict
 /// expression (or `completed N steps`) the verdict; both are evaluated off
 /// the runtime, within the expression budget (an exhausted one is the
-/// job's verdict).
+/// job's verdict). `last`, the last step's checkpoint when this segment ran
+/// that step, is written with the completion in one write; when the job
+/// fails here instead, it is written first, on its own, as any other
+/// step's checkpoint.
 pub(super) async fn finish(
     engine: &Engine,
     claimed: ClaimedRun,
     compiled: &Arc<CompiledWorkflow>,
     input: &Json,
     steps: Map<String, Json>,
+    last: Option<Checkpoint>,
 ) -> Result<Outcome, SegmentStop> {
     let job_id = claimed.job_id();
     let evaluated = {
@@ -31,23 +36,33 @@ pub(super) async fn finish(
             .off_runtime(move || result_and_verdict(&compiled, &input, steps))
             .await
     };
-    let (result, verdict) = match evaluated {
-        Ok(Ok(done)) => done,
-        Ok(Err(e)) => return settle(engine, claimed, StepFailure::Defect(e)).await,
-        Err(exhausted) => {
-            let failure = StepFailure::Verdict {
-                message: format!("the output mapping or verdict: {exhausted}"),
-                violations: vec![exhausted.to_string()],
-            };
-            return settle(engine, claimed, failure).await;
-        }
+    let done = match evaluated {
+        Ok(Ok((result, verdict))) => fits_an_event(engine, &result, verdict)
+            .map(|verdict| (result, verdict))
+            .map_err(StepFailure::Defect),
+        Ok(Err(e)) => Err(StepFailure::Defect(e)),
+        Err(exhausted) => Err(StepFailure::Verdict {
+            message: format!("the output mapping or verdict: {exhausted}"),
+            violations: vec![exhausted.to_string()],
+        }),
     };
-    match fits_an_event(engine, &result, verdict) {
-        Ok(verdict) => {
+    match (done, last) {
+        (Ok((result, verdict)), Some(last)) => {
+            claimed
+                .checkpoint_and_complete(&last, &result, &verdict)
+                .await?;
+            Ok(Outcome::Completed(job_id))
+        }
+        (Ok((result, verdict)), None) => {
             claimed.complete(&result, &verdict).await?;
             Ok(Outcome::Completed(job_id))
         }
-        Err(e) => settle(engine, claimed, StepFailure::Defect(e)).await,
+        (Err(failure), last) => {
+            if let Some(last) = last {
+                claimed.checkpoint(&last).await?;
+            }
+            settle(engine, claimed, failure).await
+        }
     }
 }
 
