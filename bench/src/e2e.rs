@@ -172,12 +172,15 @@ impl Fleet {
         for n in 0..workers {
             let mut worker = Command::new(workspace_binary("flotilla-worker"));
             common(&mut worker);
-            if kind == BrokerKind::Mock {
-                // As for the reader: the mock cluster holds an empty fetch
-                // for the whole wait, where a real broker answers as soon as
-                // a record arrives.
-                worker.args(["--kafka-property", "fetch.wait.max.ms=10"]);
-            }
+            // As for the reader: the mock cluster and the test broker hold
+            // an empty fetch for the whole wait, where a real broker answers
+            // as soon as a record arrives (the test broker at 100 ms, as the
+            // demo runs it: docs/operations.md, "The test broker").
+            let wait = match kind {
+                BrokerKind::Mock => "fetch.wait.max.ms=10",
+                BrokerKind::Test => "fetch.wait.max.ms=100",
+            };
+            worker.args(["--kafka-property", wait]);
             worker
                 .env("FLOTILLA_WORKER_ID", format!("bench-worker-{n}"))
                 .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
