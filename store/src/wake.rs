@@ -7,8 +7,11 @@
 //! The ring is a statement of its own after the commit, never part of the
 //! committing transaction: a transaction that notifies takes a lock of the
 //! whole database at its commit, which would put every commit of the fleet
-//! in one line. Rings that come while one is on its way fold into the next,
-//! so a busy process sends at most one `NOTIFY` per round trip.
+//! in one line. Rings that come while one is on its way, or within
+//! [`RING_INTERVAL`] of it, fold into the next: a busy process, whose loops
+//! need no waking, sends at most one `NOTIFY` per interval and channel
+//! instead of one per round trip (thousands a second on a local server,
+//! which cost the database and the process as much as the work did).
 //!
 //! A wake-up is a hint, never the only way work is found: a lost one (a
 //! listener reconnecting, a pooler in transaction mode, which does not pass
@@ -104,7 +107,12 @@ impl Doorbell {
     }
 }
 
-/// Sends one `NOTIFY` per ring, rings that came meanwhile folded into one.
+/// Shortest time between two `NOTIFY`s of one channel from one process:
+/// what a wake-up may wait at most behind the one before it.
+pub const RING_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Sends one `NOTIFY` per ring, rings that came meanwhile (or within
+/// [`RING_INTERVAL`] after) folded into one.
 async fn ringer(pool: PgPool, channel: Channel, rung: Arc<Notify>, stop: CancellationToken) {
     let mut failing = false;
     loop {
@@ -132,6 +140,10 @@ async fn ringer(pool: PgPool, channel: Channel, rung: Arc<Notify>, stop: Cancell
                     "a wake-up could not be sent; other processes find the work at their next poll");
             }
             Err(_) => {}
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(RING_INTERVAL) => {}
         }
     }
 }
