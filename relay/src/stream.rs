@@ -19,6 +19,7 @@
 //! leases are rebalanced every third of their term.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use flotilla_runtime::backoff::Doubling;
@@ -237,9 +238,7 @@ impl<'a> Stream<'a> {
         metrics::counter!("flotilla_relay_rounds_total").increment(1);
         let started = Instant::now();
         let read = read.await;
-        relay
-            .reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        relay.reads.fetch_add(1, Ordering::Relaxed);
         let heads = match read {
             Ok(heads) => heads,
             Err(e) => {

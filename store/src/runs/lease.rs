@@ -303,16 +303,27 @@ pub async fn transition(
     let Some(stamp) = stamp else {
         return Ok(false);
     };
-    if let Transition::CheckpointAndComplete { checkpoint, .. } = change {
-        let checkpointed = EventStamp {
-            event_sequence: stamp.event_sequence - 1,
-            ..stamp.clone()
-        };
-        let step = checkpoint.name.clone();
-        outbox::insert(tx, &checkpointed, EventKind::StepCheckpoint { step }, now).await?;
+    // The pair's checkpoint takes the sequence before the completion's;
+    // both rows go in one statement.
+    let checkpointed = match change {
+        Transition::CheckpointAndComplete { checkpoint, .. } => Some((
+            EventStamp {
+                event_sequence: stamp.event_sequence - 1,
+                ..stamp.clone()
+            },
+            checkpoint.name.clone(),
+        )),
+        _ => None,
+    };
+    let mut events = Vec::with_capacity(2);
+    if let Some((before, step)) = &checkpointed {
+        events.push((before, EventKind::StepCheckpoint { step: step.clone() }));
     }
-    if let Some(event) = change.event() {
-        outbox::insert(tx, &stamp, event, now).await?;
+    if let Some(kind) = change.event() {
+        events.push((&stamp, kind));
+    }
+    if !events.is_empty() {
+        outbox::insert_many(tx, events, now).await?;
     }
     Ok(true)
 }

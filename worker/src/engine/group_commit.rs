@@ -59,8 +59,9 @@ pub(super) struct Committer {
     pool: PgPool,
     /// Longest one batch (all its attempts) may take.
     bound: Duration,
-    /// Rung after every commit: every write of a batch is a commit point
-    /// or, for a requeue, work for the claim loops.
+    /// Rings the relays after every commit that wrote something: a batch's
+    /// writes are commit points with their events (a requeue's run waits
+    /// out its backoff, so no claim loop needs waking for it).
     doorbell: Doorbell,
     /// Batches committed (or tried), for tests.
     batches: Arc<AtomicU64>,
