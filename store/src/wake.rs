@@ -116,9 +116,11 @@ pub const RING_INTERVAL: Duration = Duration::from_millis(10);
 async fn ringer(pool: PgPool, channel: Channel, rung: Arc<Notify>, stop: CancellationToken) {
     let mut failing = false;
     loop {
+        // A ring made before the last doorbell was dropped still goes out.
         tokio::select! {
-            () = stop.cancelled() => return,
+            biased;
             () = rung.notified() => {}
+            () = stop.cancelled() => return,
         }
         if pool.is_closed() {
             return;

@@ -43,9 +43,11 @@ async fn an_idle_relay_publishes_at_once_when_a_worker_rings(pool: PgPool) {
 
         let job = Uuid::new_v4();
         insert_events(&pool, &[job], 1, json!({})).await;
-        Doorbell::new(pool.clone()).ring(Channel::Outbox);
+        let doorbell = Doorbell::new(pool.clone());
+        doorbell.ring(Channel::Outbox);
         let events = read_events(&bootstrap_servers(), &topic, 1).await;
         assert_eq!(events[0].2.job_id(), job);
+        drop(doorbell);
         stop.cancel();
         running.await.unwrap();
     })
