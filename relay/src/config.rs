@@ -228,4 +228,22 @@ mod tests {
         settings.lease = Duration::from_secs(3);
         assert_eq!(settings.send_window(), Duration::from_secs(1));
     }
+
+    /// The wake-up switch takes `true` or `false`, is on when unset, and
+    /// a word that is neither is refused naming the flag, never read as
+    /// one of them.
+    #[test]
+    fn listening_for_events_is_a_strict_switch_on_by_default() {
+        let parse = |args: &[&str]| {
+            let base = ["flotilla-relay", "--database-url", "postgres://unused"];
+            Cli::try_parse_from(base.iter().chain(args)).map(|cli| cli.relay.listen_for_events)
+        };
+        assert!(parse(&[]).unwrap());
+        assert!(!parse(&["--listen-for-events", "false"]).unwrap());
+        assert!(parse(&["--listen-for-events", "true"]).unwrap());
+        let refused = parse(&["--listen-for-events", "maybe"])
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("--listen-for-events"), "{refused}");
+    }
 }

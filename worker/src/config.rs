@@ -288,3 +288,26 @@ impl HttpConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wake-up switch takes `true` or `false`, is on when unset, and
+    /// a word that is neither is refused naming the flag.
+    #[test]
+    fn listening_for_work_is_a_strict_switch_on_by_default() {
+        let parse = |args: &[&str]| {
+            let base = ["flotilla-worker", "--database-url", "postgres://unused"];
+            Cli::try_parse_from(base.iter().chain(args))
+                .map(|cli| cli.worker.engine.listen_for_work)
+        };
+        assert!(parse(&[]).unwrap());
+        assert!(!parse(&["--listen-for-work", "false"]).unwrap());
+        assert!(parse(&["--listen-for-work", "true"]).unwrap());
+        let refused = parse(&["--listen-for-work", "maybe"])
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("--listen-for-work"), "{refused}");
+    }
+}
