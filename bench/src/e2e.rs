@@ -106,6 +106,9 @@ struct Completion {
     committed: chrono::DateTime<chrono::Utc>,
     /// When its row was committed (its ACCEPTED event's `occurred_at`).
     accepted: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the relay handed the COMPLETED event to its producer (the
+    /// record's create time, which the producer stamps).
+    sent: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// When a request was handed to the producer.
@@ -306,6 +309,10 @@ impl Fleet {
                         read_wall: chrono::Utc::now(),
                         committed: event.occurred_at(),
                         accepted: accepted.get(&event.job_id()).copied(),
+                        sent: message
+                            .timestamp()
+                            .to_millis()
+                            .and_then(chrono::DateTime::from_timestamp_millis),
                     });
                 }
             }
@@ -458,25 +465,29 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 /// The latency figures, in the order [`latency`] returns them.
-const LATENCY_PARTS: [&str; 5] = [
+const LATENCY_PARTS: [&str; 7] = [
     "submit → COMPLETED read",
     "submit → COMPLETED committed",
     "committed → read",
     "submit → row committed",
     "row → COMPLETED committed",
+    "committed → sent",
+    "sent → read",
 ];
 
 /// Latencies with requests paced at `rate` jobs/s, p50/p95/p99 in ms:
 /// submit → COMPLETED read back, and its two parts: submit → COMPLETED
 /// committed (ingestion and the engine), committed → read (the relay and
 /// the broker); the first of those split again at the row's commit (the
-/// broker's delivery to a worker and ingestion; the claim and the steps).
+/// broker's delivery to a worker and ingestion; the claim and the steps),
+/// the second at the record's create time (the relay's read and send; the
+/// broker's delivery to the reader). Create times are in milliseconds.
 async fn latency(
     fleet: &Fleet,
     workflow: &str,
     rate: f64,
     jobs: usize,
-) -> anyhow::Result<[[f64; 3]; 5]> {
+) -> anyhow::Result<[[f64; 3]; 7]> {
     let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
     let reader = fleet.read_completed(ids.iter().copied().collect(), Duration::from_secs(600))?;
     let pace = Duration::from_secs_f64(1.0 / rate.max(1.0));
@@ -485,7 +496,7 @@ async fn latency(
     let wall = |from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>| {
         (to - from).to_std().unwrap_or_default()
     };
-    let mut parts: [Vec<Duration>; 5] = Default::default();
+    let mut parts: [Vec<Duration>; 7] = Default::default();
     for (job, sent) in &sent {
         if let Some(done) = done.get(job) {
             parts[0].push(done.read.duration_since(sent.at));
@@ -494,6 +505,10 @@ async fn latency(
             if let Some(accepted) = done.accepted {
                 parts[3].push(wall(sent.wall, accepted));
                 parts[4].push(wall(accepted, done.committed));
+            }
+            if let Some(relayed) = done.sent {
+                parts[5].push(wall(done.committed, relayed));
+                parts[6].push(wall(relayed, done.read_wall));
             }
         }
     }
