@@ -13,6 +13,9 @@ use crate::{Message, RuleViolation};
 
 pub use crate::event_type::WorkflowRunEventType;
 
+/// The verdict of a STEP_CHECKPOINT event whose step was skipped.
+pub const SKIPPED: &str = "skipped";
+
 /// The fields every event carries, whatever its type.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventHeader {
@@ -121,6 +124,23 @@ impl WorkflowRunEvent {
     ) -> Result<Self, RuleViolation> {
         let body = Body {
             step_name: Some(step_name.into()),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::StepCheckpoint, body)
+    }
+
+    /// The step `step_name` was skipped (its `when` was false): a
+    /// checkpoint whose verdict is `skipped`.
+    ///
+    /// # Errors
+    /// A contract rule the values break.
+    pub fn step_skipped(
+        header: EventHeader,
+        step_name: impl Into<String>,
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            step_name: Some(step_name.into()),
+            verdict: Some(SKIPPED.to_owned()),
             ..Body::default()
         };
         Self::build(header, WorkflowRunEventType::StepCheckpoint, body)

@@ -348,6 +348,7 @@ async fn insert_at(pool: &PgPool, events: &[(Uuid, i64)]) {
         } else {
             EventKind::StepCheckpoint {
                 step: format!("step{sequence}"),
+                skipped: false,
             }
         };
         outbox::insert(&mut tx, &stamp, kind, Utc::now())

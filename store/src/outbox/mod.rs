@@ -23,6 +23,8 @@ pub enum EventKind {
     Accepted,
     StepCheckpoint {
         step: String,
+        /// Skipped (its `when` was false), not answered.
+        skipped: bool,
     },
     Waiting {
         step: String,
@@ -121,7 +123,14 @@ fn build(
     };
     Ok(match kind {
         EventKind::Accepted => WorkflowRunEvent::accepted(header),
-        EventKind::StepCheckpoint { step } => WorkflowRunEvent::step_checkpoint(header, step),
+        EventKind::StepCheckpoint {
+            step,
+            skipped: false,
+        } => WorkflowRunEvent::step_checkpoint(header, step),
+        EventKind::StepCheckpoint {
+            step,
+            skipped: true,
+        } => WorkflowRunEvent::step_skipped(header, step),
         EventKind::Waiting { step } => WorkflowRunEvent::waiting(header, step),
         EventKind::Completed { verdict, result } => {
             WorkflowRunEvent::completed(header, verdict, result)

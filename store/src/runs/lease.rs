@@ -155,6 +155,7 @@ impl Transition {
         Some(match self {
             Self::Checkpoint { checkpoint, .. } => EventKind::StepCheckpoint {
                 step: checkpoint.name.clone(),
+                skipped: checkpoint.skipped,
             },
             Self::Park { step } => EventKind::Waiting { step: step.clone() },
             Self::Complete { result, verdict }
@@ -311,13 +312,16 @@ pub async fn transition(
                 event_sequence: stamp.event_sequence - 1,
                 ..stamp.clone()
             },
-            checkpoint.name.clone(),
+            EventKind::StepCheckpoint {
+                step: checkpoint.name.clone(),
+                skipped: checkpoint.skipped,
+            },
         )),
         _ => None,
     };
     let mut events = Vec::with_capacity(2);
-    if let Some((before, step)) = &checkpointed {
-        events.push((before, EventKind::StepCheckpoint { step: step.clone() }));
+    if let Some((before, kind)) = &checkpointed {
+        events.push((before, kind.clone()));
     }
     if let Some(kind) = change.event() {
         events.push((&stamp, kind));

@@ -20,11 +20,15 @@ use crate::outbox::{self, EventKind, EventStamp};
 use crate::status::RunStatus;
 
 /// The newest run layout this release reads: 1, runs whose checkpoints are
-/// rows of their own or whose definition is their stored version's. A run
+/// rows of their own or whose definition is their stored version's; 2,
+/// runs whose definition is a graph (`needs`, `when`, `parallelism`),
+/// which a release before graphs would refuse as a broken definition. A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 1;
+pub const READER_LEVEL: i16 = 2;
+/// The level of a run whose definition is a graph.
+pub const GRAPH_READER_LEVEL: i16 = 2;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -228,6 +232,9 @@ pub struct NewRun<'a> {
     pub input: &'a serde_json::Value,
     pub request_digest: &'a str,
     pub max_attempts: i32,
+    /// The layout a worker must read to run it (at least 1 when
+    /// `definition` is `None`).
+    pub reader_level: i16,
     /// `None`: QUEUED with an ACCEPTED event; `Some`: FAILED with a FAILED event.
     pub refusal: Option<Refusal<'a>>,
     pub traceparent: Option<&'a str>,
@@ -272,12 +279,12 @@ pub async fn insert_many<'a>(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at)
          SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
-             status, max_attempts, $13, error, verdict, 1, CASE WHEN definition IS NULL THEN 1 ELSE 0 END,
+             status, max_attempts, $13, error, verdict, 1, greatest(CASE WHEN definition IS NULL THEN 1 ELSE 0 END, level),
              traceparent, tracestate, $13, $13
          FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::jsonb[], $5::jsonb[], $6::text[],
-                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[])
+                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[])
              WITH ORDINALITY AS r(job_id, workflow_name, workflow_version, definition, input, request_digest,
-                                  status, max_attempts, error, verdict, traceparent, tracestate, position)
+                                  status, max_attempts, error, verdict, traceparent, tracestate, level, position)
          ORDER BY position
          ON CONFLICT (job_id) DO NOTHING
          RETURNING {COLUMNS}"
@@ -299,6 +306,7 @@ pub async fn insert_many<'a>(
     .bind(text(|run| run.traceparent))
     .bind(text(|run| run.tracestate))
     .bind(now)
+    .bind(runs.iter().map(|run| run.reader_level).collect::<Vec<_>>())
     .fetch_all(&mut **tx)
     .await?;
     let mut by_job: std::collections::HashMap<Uuid, RunRow> =

@@ -245,6 +245,7 @@ impl Engine {
             .as_array()
             .into_iter()
             .flatten()
+            .filter(|c| c.get("skipped") != Some(&serde_json::Value::Bool(true)))
             .filter_map(|c| {
                 Some((
                     c.get("name")?.as_str()?.to_owned(),
@@ -252,6 +253,8 @@ impl Engine {
                 ))
             })
             .collect();
+        // The answer is judged on what the step reads: the steps it needs.
+        let steps = compiled.steps_in_scope(index, &steps);
         let scope = Scope::default()
             .with("input", &row.input.0)
             .with("steps", &serde_json::Value::Object(steps));

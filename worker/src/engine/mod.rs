@@ -20,6 +20,7 @@ mod placement;
 mod reads;
 mod runner;
 mod sanitize;
+mod schedule;
 pub use sanitize::MAX_ERROR_CHARS;
 mod segment;
 mod settle;

@@ -2,11 +2,16 @@
 //! until it completes, parks, fails, or must be retried. How a step is
 //! called is [`super::step`]; how a segment ends is [`super::settle`].
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla_runtime::supervise::panic_message;
-use futures_util::FutureExt as _;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt as _, StreamExt as _};
+use tokio_util::sync::CancellationToken;
 
 use flotilla_store::runs::Checkpoint;
 use serde_json::{Map, Value as Json};
@@ -15,6 +20,7 @@ use uuid::Uuid;
 use super::Engine;
 use super::claimed::{ClaimedRun, SegmentStop};
 use super::claims::ClaimError;
+use super::schedule::Schedule;
 use super::settle::{finish, settle};
 use super::step::Invocation;
 use crate::target::{RetryClass, StepFailure};
@@ -160,67 +166,237 @@ impl Engine {
             self.off_runtime(move || replay(&compiled, &checkpoints))
                 .await
         };
-        let mut steps = match replayed {
-            Ok(Ok(steps)) => steps,
+        let (steps, ended) = match replayed {
+            Ok(Ok(replayed)) => replayed,
             Ok(Err(error)) => return settle(self, claimed, StepFailure::Defect(error)).await,
             Err(exhausted) => {
                 return settle(self, claimed, StepFailure::Defect(exhausted.to_string())).await;
             }
         };
-        let input = claimed.row().input.0.clone();
-        let deadline = Duration::from_millis(compiled.definition.deadline_ms);
-
-        for index in steps.len()..compiled.steps.len() {
-            let step = &compiled.steps[index];
-            let name = step.definition.name.clone();
-            if lease_lost.is_cancelled() {
-                return Ok(Outcome::LeaseLost(job_id));
+        let schedule = Schedule::new(&compiled.graph, ended);
+        let nodes = Nodes {
+            engine: self,
+            claimed: &claimed,
+            compiled: &compiled,
+            input: claimed.row().input.0.clone(),
+            started,
+            lease_lost,
+        };
+        let stop = nodes.run(schedule, steps).await?;
+        let input = nodes.input;
+        match stop {
+            Stop::LeaseLost => Ok(Outcome::LeaseLost(job_id)),
+            Stop::Failed(failure) => settle(self, claimed, failure).await,
+            Stop::Park(step) => {
+                claimed.park(&step).await?;
+                Ok(Outcome::Parked(job_id))
             }
-            if step.definition.is_external() {
-                claimed.park(&name).await?;
-                return Ok(Outcome::Parked(job_id));
+            Stop::Finished { steps, last } => {
+                finish(self, claimed, &compiled, &input, steps, last).await
             }
-            let Some(left) = deadline
-                .checked_sub(started.elapsed())
-                .filter(|d| !d.is_zero())
-            else {
-                let error = format!(
-                    "segment exceeded its deadline of {} ms before step {name}",
-                    deadline.as_millis()
-                );
-                let failure = StepFailure::retryable(RetryClass::Deadline, error);
-                return settle(self, claimed, failure).await;
-            };
-            let scope = Scope::default()
-                .with("input", &input)
-                .with("steps", &Json::Object(steps.clone()));
-            let response = match self
-                .invoke(
-                    &claimed,
-                    (&compiled, index),
-                    &scope,
-                    (left, deadline),
-                    lease_lost,
-                )
-                .await
-            {
-                Ok(response) => response,
-                Err(Invocation::LeaseLost) => return Ok(Outcome::LeaseLost(job_id)),
-                Err(Invocation::Failed(failure)) => return settle(self, claimed, failure).await,
-            };
-            let checkpoint = Checkpoint {
-                name: name.clone(),
-                skipped: false,
-                response: response.clone(),
-            };
-            steps.insert(name, response);
-            if index + 1 == compiled.steps.len() {
-                // The last step's checkpoint goes with the completion.
-                return finish(self, claimed, &compiled, &input, steps, Some(checkpoint)).await;
-            }
-            claimed.checkpoint(&checkpoint).await?;
         }
-        finish(self, claimed, &compiled, &input, steps, None).await
+    }
+}
+
+/// How the steps of a segment stopped.
+enum Stop {
+    LeaseLost,
+    /// A step failed (the first to); the others ran to their checkpoints.
+    Failed(StepFailure),
+    /// Nothing else could run and this external step waits for its answer.
+    Park(String),
+    /// Every step ended; `last` is the checkpoint not yet written, which
+    /// goes with the completion.
+    Finished {
+        steps: Map<String, Json>,
+        last: Option<Checkpoint>,
+    },
+}
+
+/// A checkpoint's fenced write.
+type Write<'a> = BoxFuture<'a, Result<(), SegmentStop>>;
+
+/// A step's call, or its `when` saying no (`None`).
+type Called<'a> = BoxFuture<'a, (usize, Result<Option<Json>, Invocation>)>;
+
+/// The steps of one segment: ready steps are called side by side (up to
+/// the definition's `parallelism`), and their checkpoints are written one
+/// at a time, in the order their answers came, each before any step that
+/// needs it starts (`schedule.rs`).
+struct Nodes<'a> {
+    engine: &'a Engine,
+    claimed: &'a ClaimedRun,
+    compiled: &'a Arc<CompiledWorkflow>,
+    input: Json,
+    started: Instant,
+    lease_lost: &'a CancellationToken,
+}
+
+impl<'a> Nodes<'a> {
+    async fn run(
+        &self,
+        mut schedule: Schedule<'_>,
+        mut steps: Map<String, Json>,
+    ) -> Result<Stop, SegmentStop> {
+        let parallelism = self.compiled.definition.parallelism();
+        let deadline = Duration::from_millis(self.compiled.definition.deadline_ms);
+        let mut calls: FuturesUnordered<Called<'_>> = FuturesUnordered::new();
+        let mut answered: VecDeque<(usize, Checkpoint)> = VecDeque::new();
+        let mut writing: Option<(usize, Checkpoint, Write<'a>)> = None;
+        let mut failure: Option<StepFailure> = None;
+        let mut park_on: Option<String> = None;
+        loop {
+            if self.lease_lost.is_cancelled() {
+                return Ok(Stop::LeaseLost);
+            }
+            while failure.is_none() && calls.len() < parallelism {
+                let Some(index) = schedule.start_next() else {
+                    break;
+                };
+                let step = &self.compiled.steps[index];
+                if step.definition.is_external() {
+                    // Parked on once nothing else can run; another
+                    // external step ready meanwhile waits for a later
+                    // segment.
+                    park_on.get_or_insert_with(|| step.definition.name.clone());
+                    continue;
+                }
+                let Some(left) = deadline
+                    .checked_sub(self.started.elapsed())
+                    .filter(|d| !d.is_zero())
+                else {
+                    let error = format!(
+                        "segment exceeded its deadline of {} ms before step {}",
+                        deadline.as_millis(),
+                        step.definition.name
+                    );
+                    failure = Some(StepFailure::retryable(RetryClass::Deadline, error));
+                    break;
+                };
+                let scope = Scope::default().with("input", &self.input).with(
+                    "steps",
+                    &Json::Object(self.compiled.steps_in_scope(index, &steps)),
+                );
+                calls.push(Box::pin(self.call(index, scope, (left, deadline))));
+            }
+            if calls.is_empty() && writing.is_none() {
+                let unwritten = answered.len();
+                if unwritten == 0 {
+                    return Ok(if let Some(failure) = failure {
+                        Stop::Failed(failure)
+                    } else if let Some(step) = park_on {
+                        Stop::Park(step)
+                    } else if schedule.all_ended() {
+                        Stop::Finished { steps, last: None }
+                    } else {
+                        Stop::Failed(StepFailure::Defect(
+                            "no step of the workflow can start (a step's needs never end)".into(),
+                        ))
+                    });
+                }
+                if unwritten == 1
+                    && failure.is_none()
+                    && park_on.is_none()
+                    && schedule.is_last(answered[0].0)
+                {
+                    // The last checkpoint goes with the completion.
+                    let (_, last) = answered.pop_front().expect("one answer waits");
+                    if !last.skipped {
+                        steps.insert(last.name.clone(), last.response.clone());
+                    }
+                    return Ok(Stop::Finished {
+                        steps,
+                        last: Some(last),
+                    });
+                }
+            }
+            if writing.is_none()
+                && let Some((index, checkpoint)) = answered.pop_front()
+            {
+                let claimed = self.claimed;
+                let write = checkpoint.clone();
+                writing = Some((
+                    index,
+                    checkpoint,
+                    Box::pin(async move { claimed.checkpoint(&write).await }),
+                ));
+            }
+            tokio::select! {
+                Some((index, called)) = calls.next(), if !calls.is_empty() => match called {
+                    Ok(response) => {
+                        let checkpoint = Checkpoint {
+                            name: self.compiled.steps[index].definition.name.clone(),
+                            skipped: response.is_none(),
+                            response: response.unwrap_or(Json::Null),
+                        };
+                        answered.push_back((index, checkpoint));
+                    }
+                    Err(Invocation::LeaseLost) => return Ok(Stop::LeaseLost),
+                    // The steps still running go on to their checkpoints;
+                    // nothing new starts.
+                    Err(Invocation::Failed(failed)) => {
+                        failure.get_or_insert(failed);
+                    }
+                },
+                written = async { (&mut writing.as_mut().expect("polled only while writing").2).await },
+                    if writing.is_some() =>
+                {
+                    let (index, checkpoint, _) = writing.take().expect("a write was under way");
+                    written?;
+                    if !checkpoint.skipped {
+                        steps.insert(checkpoint.name, checkpoint.response);
+                    }
+                    schedule.end(index);
+                }
+            }
+        }
+    }
+
+    /// Step `index`: its `when`, then its target.
+    async fn call(
+        &self,
+        index: usize,
+        scope: Scope,
+        (left, deadline): (Duration, Duration),
+    ) -> (usize, Result<Option<Json>, Invocation>) {
+        let engine = self.engine;
+        let step = &self.compiled.steps[index];
+        if step.when.is_some() {
+            let holds = {
+                let (compiled, scope) = (self.compiled.clone(), scope.clone());
+                engine
+                    .off_runtime(move || {
+                        compiled.steps[index]
+                            .when
+                            .as_ref()
+                            .map_or(Ok(true), |when| when.evaluate_bool(&scope))
+                    })
+                    .await
+            };
+            let name = &step.definition.name;
+            match holds {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => return (index, Ok(None)),
+                Ok(Err(e)) => {
+                    let failure = StepFailure::Defect(format!("step {name}: when: {e}"));
+                    return (index, Err(Invocation::Failed(failure)));
+                }
+                Err(exhausted) => {
+                    let failure = super::step::over_budget(name, "evaluating when", &exhausted);
+                    return (index, Err(Invocation::Failed(failure)));
+                }
+            }
+        }
+        let called = engine
+            .invoke(
+                self.claimed,
+                (self.compiled, index),
+                &scope,
+                (left, deadline),
+                self.lease_lost,
+            )
+            .await;
+        (index, called.map(Some))
     }
 }
 
@@ -243,9 +419,14 @@ impl Engine {
     }
 }
 
-/// Checks the stored checkpoints strictly against the definition: entry i
-/// names step i and its response fits that step's output schema.
-fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Map<String, Json>, String> {
+/// Checks the stored checkpoints strictly against the definition: each
+/// names a step of it, once, after the checkpoints of every step it needs,
+/// and a response fits its step's output schema. Gives the responses by
+/// name (a skipped step has none) and the steps that ended.
+fn replay(
+    compiled: &CompiledWorkflow,
+    checkpoints: &Json,
+) -> Result<(Map<String, Json>, Vec<usize>), String> {
     let entries = checkpoints
         .as_array()
         .ok_or("the checkpoints are not a JSON array")?;
@@ -257,25 +438,43 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Map<String,
         ));
     }
     let mut steps = Map::new();
-    for (i, (entry, step)) in entries.iter().zip(&compiled.steps).enumerate() {
+    let mut ended = vec![false; compiled.steps.len()];
+    let mut order = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.iter().enumerate() {
         let checkpoint: Checkpoint = serde_json::from_value(entry.clone())
             .map_err(|e| format!("checkpoint {i} is malformed: {e}"))?;
-        let expected = &step.definition.name;
-        if checkpoint.name != *expected {
+        let name = &checkpoint.name;
+        let index = compiled.step_index(name).ok_or_else(|| {
+            format!("checkpoint {i} names step {name:?}, which the workflow does not have")
+        })?;
+        if ended[index] {
+            return Err(format!("checkpoint {i} repeats step {name:?}"));
+        }
+        if let Some(&need) = compiled
+            .graph
+            .needs(index)
+            .iter()
+            .find(|&&need| !ended[need])
+        {
             return Err(format!(
-                "checkpoint {i} names step {:?}, but step {i} is {expected:?}",
-                checkpoint.name
+                "checkpoint {i} ({name}) comes before one of step {:?}, which it needs",
+                compiled.steps[need].definition.name
             ));
         }
+        let step = &compiled.steps[index];
         if let (false, Some(schema)) = (checkpoint.skipped, &step.output_schema) {
             schema_violations(schema, &checkpoint.response).map_err(|violations| {
                 format!(
-                    "checkpoint {i} ({expected}) no longer fits the step's output schema: {}",
+                    "checkpoint {i} ({name}) no longer fits the step's output schema: {}",
                     violations.join("; ")
                 )
             })?;
         }
-        steps.insert(checkpoint.name, checkpoint.response);
+        ended[index] = true;
+        order.push(index);
+        if !checkpoint.skipped {
+            steps.insert(checkpoint.name, checkpoint.response);
+        }
     }
-    Ok(steps)
+    Ok((steps, order))
 }

@@ -148,6 +148,8 @@ pub(super) struct Resolved {
     /// version instead (the definition-by-reference switch).
     copy: Option<Json>,
     max_attempts: i32,
+    /// The run layout a worker must read to run it (`runs::READER_LEVEL`).
+    reader_level: i16,
 }
 
 impl Engine {
@@ -232,6 +234,7 @@ impl Engine {
                     workflow_version: None,
                     copy: Some(Json::Null),
                     max_attempts: 1,
+                    reader_level: 0,
                 };
                 (resolved, Some(refused.to_string()))
             }
@@ -309,6 +312,11 @@ impl Engine {
             workflow_version,
             copy,
             max_attempts: compiled.definition.max_attempts,
+            reader_level: if compiled.uses_graph_fields() {
+                flotilla_store::runs::GRAPH_READER_LEVEL
+            } else {
+                0
+            },
         })
     }
 }
@@ -348,6 +356,7 @@ impl Prepared {
             input: &submission.input,
             request_digest: digest,
             max_attempts: resolved.max_attempts,
+            reader_level: resolved.reader_level,
             refusal: refusal.as_deref().map(|error| Refusal {
                 error,
                 verdict: REFUSED_VERDICT,

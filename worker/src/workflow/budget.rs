@@ -259,7 +259,12 @@ fn wrap(function: &str, id: u64, inner: Expr) -> Expr {
 
 /// How deeply `expr` nests (calls, comprehensions, lists, maps, selects).
 pub(super) fn depth(expr: &IdedExpr) -> usize {
-    let children: Vec<&IdedExpr> = match &expr.expr {
+    1 + children(expr).into_iter().map(depth).max().unwrap_or(0)
+}
+
+/// The expressions directly inside `expr`.
+pub(super) fn children(expr: &IdedExpr) -> Vec<&IdedExpr> {
+    match &expr.expr {
         Expr::Call(call) => call
             .target
             .iter()
@@ -292,8 +297,7 @@ pub(super) fn depth(expr: &IdedExpr) -> usize {
             .collect(),
         Expr::Select(select) => vec![select.operand.as_ref()],
         Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Vec::new(),
-    };
-    1 + children.into_iter().map(depth).max().unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

@@ -4,11 +4,12 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use serde_json::Value as Json;
+use serde_json::{Map, Value as Json};
 
 use super::expr::Expression;
+use super::graph::Graph;
 use super::limits::{self, MAX_PATTERNS, MAX_RULES, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT};
-use super::model::{StepDefinition, WorkflowDefinition};
+use super::model::{MAX_PARALLELISM, StepDefinition, WorkflowDefinition};
 
 /// One thing wrong with a definition, located by step and field.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -50,6 +51,8 @@ pub struct CompiledStep {
     pub rules: Vec<Assignment>,
     pub output_schema: Option<jsonschema::Validator>,
     pub validate: Vec<Expression>,
+    /// False: the step is skipped.
+    pub when: Option<Expression>,
 }
 
 /// A definition ready to run: every expression and schema compiled.
@@ -59,6 +62,10 @@ pub struct CompiledWorkflow {
     pub document: Json,
     pub input_schema: jsonschema::Validator,
     pub steps: Vec<CompiledStep>,
+    /// Which steps each step needs.
+    pub graph: Graph,
+    /// Step indexes by name.
+    by_name: std::collections::HashMap<String, usize>,
     pub output: Vec<Assignment>,
     pub verdict: Option<Expression>,
     /// Regular expressions its schemas compiled (`pattern`, `patternProperties`).
@@ -147,6 +154,21 @@ impl CompiledWorkflow {
         if definition.deadline_ms == 0 {
             problems.top("deadline_ms", "must be above 0");
         }
+        if let Some(parallelism) = definition.parallelism
+            && !(1..=MAX_PARALLELISM).contains(&parallelism)
+        {
+            problems.top(
+                "parallelism",
+                format!("must be 1 to {MAX_PARALLELISM}, got {parallelism}"),
+            );
+        }
+        let graph = Graph::resolve(&definition.steps)
+            .map_err(|found| {
+                for problem in found {
+                    problems.add(problem.step.as_deref(), "needs", problem.message);
+                }
+            })
+            .ok();
         let input_schema = problems.schema(None, "input_schema", &definition.input_schema);
 
         let mut seen = HashSet::new();
@@ -155,6 +177,16 @@ impl CompiledWorkflow {
             let at = Some(step.name.as_str());
             if step.name.trim().is_empty() {
                 problems.add(at, "name", "is blank");
+            } else if step.name.len() > limits::MAX_STEP_NAME_BYTES {
+                problems.add(
+                    at,
+                    "name",
+                    format!(
+                        "{} bytes long, over the limit of {}",
+                        step.name.len(),
+                        limits::MAX_STEP_NAME_BYTES
+                    ),
+                );
             } else if !seen.insert(step.name.clone()) {
                 problems.add(
                     at,
@@ -193,7 +225,7 @@ impl CompiledWorkflow {
                 .output_schema
                 .as_ref()
                 .and_then(|schema| problems.schema(at, "output_schema", schema));
-            let validate = step
+            let validate: Vec<Expression> = step
                 .validate
                 .iter()
                 .enumerate()
@@ -201,11 +233,19 @@ impl CompiledWorkflow {
                     problems.expression(at, &format!("validate[{i}]"), source)
                 })
                 .collect();
+            let when = step.when.as_deref().and_then(|source| {
+                let when = problems.expression(at, "when", source)?;
+                if let Some(kind) = when.surely_not_boolean() {
+                    problems.add(at, "when", format!("is {kind}, not a boolean"));
+                }
+                Some(when)
+            });
             steps.push(CompiledStep {
                 definition: step.clone(),
                 rules,
                 output_schema,
                 validate,
+                when,
             });
         }
         let output = problems.assignments(None, "output", &definition.output);
@@ -214,12 +254,26 @@ impl CompiledWorkflow {
             .as_deref()
             .and_then(|source| problems.expression(None, "verdict", source));
 
-        match (problems.0.is_empty(), input_schema) {
-            (true, Some(input_schema)) => Ok(Self {
+        if let Some(graph) = graph
+            .as_ref()
+            .filter(|_| steps.len() == definition.steps.len())
+        {
+            problems.reads_outside_needs(&definition.steps, graph, &steps);
+        }
+        let by_name = definition
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, step)| (step.name.clone(), i))
+            .collect();
+        match (problems.0.is_empty(), input_schema, graph) {
+            (true, Some(input_schema), Some(graph)) => Ok(Self {
                 definition,
                 document: document.clone(),
                 input_schema,
+                by_name,
                 steps,
+                graph,
                 output,
                 verdict,
                 patterns,
@@ -239,7 +293,34 @@ impl CompiledWorkflow {
     /// The index of the step called `name`.
     #[must_use]
     pub fn step_index(&self, name: &str) -> Option<usize> {
-        self.steps.iter().position(|s| s.definition.name == name)
+        self.by_name.get(name).copied()
+    }
+
+    /// Whether the definition says anything a chain of steps cannot
+    /// (`needs`, `when`, `parallelism`): such a run waits for a worker
+    /// that reads graphs.
+    #[must_use]
+    pub fn uses_graph_fields(&self) -> bool {
+        self.definition.parallelism.is_some()
+            || self
+                .definition
+                .steps
+                .iter()
+                .any(|step| step.needs.is_some() || step.when.is_some())
+    }
+
+    /// What step `index` reads as `steps`: the responses of its ancestors
+    /// among `ended` (a skipped step has none).
+    #[must_use]
+    pub fn steps_in_scope(&self, index: usize, ended: &Map<String, Json>) -> Map<String, Json> {
+        ended
+            .iter()
+            .filter(|(name, _)| {
+                self.step_index(name)
+                    .is_some_and(|j| self.graph.is_ancestor(j, index))
+            })
+            .map(|(name, response)| (name.clone(), response.clone()))
+            .collect()
     }
 
     /// Checks `input` against the input schema.
@@ -297,6 +378,51 @@ impl Problems {
 
     fn top(&mut self, field: &str, message: impl Into<String>) {
         self.add(None, field, message);
+    }
+
+    /// An expression of a step may name only the steps that end before it
+    /// starts (its ancestors): any other is not there when it runs.
+    fn reads_outside_needs(
+        &mut self,
+        definitions: &[StepDefinition],
+        graph: &Graph,
+        compiled: &[CompiledStep],
+    ) {
+        let index: std::collections::HashMap<&str, usize> = definitions
+            .iter()
+            .enumerate()
+            .map(|(i, step)| (step.name.as_str(), i))
+            .collect();
+        for (i, step) in compiled.iter().enumerate() {
+            let at = Some(step.definition.name.as_str());
+            let fields = step
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(n, rule)| (format!("rules[{n}]"), &rule.expression))
+                .chain(
+                    step.validate
+                        .iter()
+                        .enumerate()
+                        .map(|(n, rule)| (format!("validate[{n}]"), rule)),
+                )
+                .chain(step.when.iter().map(|when| ("when".to_owned(), when)));
+            for (field, expression) in fields {
+                for name in expression.steps_named() {
+                    match index.get(name.as_str()) {
+                        None => self.add(at, &field, format!("reads steps.{name}, which is no step")),
+                        Some(&j) if !graph.is_ancestor(j, i) => self.add(
+                            at,
+                            &field,
+                            format!(
+                                "reads steps.{name}, which it does not need (a step reads only the steps that end before it: add it to needs)"
+                            ),
+                        ),
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
     }
 
     /// `field` holds `count` rules: at most [`MAX_RULES`]; `false` (and a
@@ -517,5 +643,94 @@ mod tests {
         let huge_schema = serde_json::json!({"description": "d".repeat(limits::MAX_SCHEMA_BYTES)});
         let refused = compile(&definition(&huge_schema)).unwrap_err();
         assert_eq!(refused.problems[0].field, "input_schema", "{refused}");
+    }
+
+    fn graph(steps: &serde_json::Value) -> serde_json::Value {
+        serde_json::json!({"name": "w", "input_schema": {}, "steps": steps})
+    }
+
+    fn problems(refused: &InvalidDefinition) -> Vec<(String, String, String)> {
+        refused
+            .problems
+            .iter()
+            .map(|p| {
+                (
+                    p.step.clone().unwrap_or_default(),
+                    p.field.clone(),
+                    p.message.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// A list written before graphs keeps its meaning: each step reads
+    /// every earlier one, as a chain.
+    #[test]
+    fn a_list_reads_every_earlier_step() {
+        let compiled = compile(&graph(&serde_json::json!([
+            {"name": "a", "target": "t", "method": "m"},
+            {"name": "b", "target": "t", "method": "m"},
+            {"name": "c", "target": "t", "method": "m",
+             "rules": ["x = steps.a.n + steps['b'].n"], "when": "has(steps.a)"},
+        ])))
+        .unwrap();
+        assert!(compiled.graph.is_chain());
+    }
+
+    #[test]
+    fn an_expression_naming_a_step_it_does_not_need_is_refused_naming_both() {
+        let refused = compile(&graph(&serde_json::json!([
+            {"name": "a", "target": "t", "method": "m", "needs": []},
+            {"name": "b", "target": "t", "method": "m", "needs": []},
+            {"name": "c", "target": "t", "method": "m", "needs": ["a"],
+             "rules": ["x = steps.a.n", "y = steps.b.n"], "validate": ["steps.ghost.ok"],
+             "when": "steps.c.n > 1"},
+        ])))
+        .unwrap_err();
+        assert_eq!(
+            problems(&refused),
+            [
+                ("c".into(), "rules[1]".into(), "reads steps.b, which it does not need (a step reads only the steps that end before it: add it to needs)".into()),
+                ("c".into(), "validate[0]".into(), "reads steps.ghost, which is no step".into()),
+                ("c".into(), "when".into(), "reads steps.c, which it does not need (a step reads only the steps that end before it: add it to needs)".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn cycles_bad_needs_a_when_that_is_no_boolean_and_parallelism_out_of_range_are_refused() {
+        let mut definition = graph(&serde_json::json!([
+            {"name": "a", "target": "t", "method": "m", "needs": ["b"]},
+            {"name": "b", "target": "t", "method": "m", "needs": ["a"]},
+            {"name": "c", "target": "t", "method": "m", "needs": ["nowhere"], "when": "input.n + 1"},
+            {"name": "d", "target": "t", "method": "m", "needs": [], "when": "input.n >"},
+            {"name": "e".repeat(129), "target": "t", "method": "m", "needs": []},
+        ]));
+        definition["parallelism"] = serde_json::json!(0);
+        let refused = compile(&definition).unwrap_err();
+        let found = problems(&refused);
+        for expected in [
+            ("", "parallelism", "must be 1 to 64, got 0"),
+            ("a", "needs", "is on a cycle of needs"),
+            ("b", "needs", "is on a cycle of needs"),
+            ("c", "needs", "needs \"nowhere\", which is no step"),
+            ("c", "when", "is arithmetic, not a boolean"),
+            (
+                &"e".repeat(129),
+                "name",
+                "129 bytes long, over the limit of 128",
+            ),
+        ] {
+            assert!(
+                found.contains(&(expected.0.into(), expected.1.into(), expected.2.into())),
+                "{expected:?} not in {found:?}"
+            );
+        }
+        assert!(
+            found.iter().any(|(step, field, message)| step == "d"
+                && field == "when"
+                && message.starts_with("CEL does not compile")),
+            "{found:?}"
+        );
     }
 }

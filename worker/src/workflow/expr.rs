@@ -26,6 +26,39 @@ pub struct Expression {
     source: String,
     /// The program, instrumented for the evaluation budget.
     instrumented: IdedExpr,
+    /// The steps it reads by name (`reads.rs`).
+    steps_named: std::collections::BTreeSet<String>,
+    /// What it is when its outermost form cannot give a boolean.
+    surely_not_boolean: Option<&'static str>,
+}
+
+/// What an expression is when its outermost form is a literal, a
+/// collection or arithmetic, none of which gives a boolean.
+fn outermost_not_boolean(expr: &IdedExpr) -> Option<&'static str> {
+    use cel::common::ast::{Expr, LiteralValue, operators};
+    match &expr.expr {
+        Expr::Literal(LiteralValue::Boolean(_)) => None,
+        Expr::Literal(LiteralValue::String(_)) => Some("a string"),
+        Expr::Literal(LiteralValue::Null) => Some("null"),
+        Expr::Literal(LiteralValue::Bytes(_)) => Some("bytes"),
+        Expr::Literal(_) => Some("a number"),
+        Expr::List(_) => Some("a list"),
+        Expr::Map(_) | Expr::Struct(_) => Some("a map"),
+        Expr::Call(call)
+            if [
+                operators::ADD,
+                operators::SUBSTRACT,
+                operators::MULTIPLY,
+                operators::DIVIDE,
+                operators::MODULO,
+                operators::NEGATE,
+            ]
+            .contains(&call.func_name.as_str()) =>
+        {
+            Some("arithmetic")
+        }
+        _ => None,
+    }
 }
 
 fn env() -> Arc<Env> {
@@ -60,17 +93,35 @@ impl Expression {
                 "nested {depth} deep, over the limit of {MAX_EXPRESSION_DEPTH}"
             ));
         }
+        let steps_named = super::reads::steps_named(program.expression());
+        let surely_not_boolean = outermost_not_boolean(program.expression());
         let mut instrumented = program.expression().clone();
         budget::instrument(&mut instrumented);
         Ok(Self {
             source: source.to_owned(),
             instrumented,
+            steps_named,
+            surely_not_boolean,
         })
     }
 
     #[must_use]
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// What it is (`a number`, `a list`, …) when its outermost form can
+    /// never be a boolean; `None` when it may be one. CEL here is not
+    /// type-checked: this catches what registration can see.
+    #[must_use]
+    pub fn surely_not_boolean(&self) -> Option<&'static str> {
+        self.surely_not_boolean
+    }
+
+    /// The steps it reads by name: `steps.<name>`, `steps["<name>"]`.
+    #[must_use]
+    pub fn steps_named(&self) -> &std::collections::BTreeSet<String> {
+        &self.steps_named
     }
 
     /// Evaluates against the variables of `scope`, as JSON.

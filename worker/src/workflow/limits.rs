@@ -7,7 +7,9 @@
 use serde_json::Value as Json;
 
 /// Steps in one workflow.
-pub const MAX_STEPS: usize = 100;
+pub const MAX_STEPS: usize = 999;
+/// Bytes of one step's name (names key checkpoints, events and graphs).
+pub const MAX_STEP_NAME_BYTES: usize = 128;
 /// Rules (request assignments) plus `validate` expressions of one step, and
 /// output assignments of a workflow.
 pub const MAX_RULES: usize = 100;

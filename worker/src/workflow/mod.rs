@@ -8,9 +8,14 @@
 pub mod budget;
 pub mod compile;
 pub mod expr;
+pub mod graph;
 pub mod limits;
 mod model;
+mod reads;
 
 pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
 pub use compile::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition};
-pub use model::{Completion, StepDefinition, WorkflowDefinition};
+pub use graph::Graph;
+pub use model::{
+    Completion, DEFAULT_PARALLELISM, MAX_PARALLELISM, StepDefinition, WorkflowDefinition,
+};

@@ -10,7 +10,13 @@ fn default_max_attempts() -> i32 {
     3
 }
 
-/// A workflow: an ordered list of steps over a validated input.
+/// The most steps of one job running at once, unless its definition says.
+pub const DEFAULT_PARALLELISM: u32 = 8;
+/// The most a definition may ask for.
+pub const MAX_PARALLELISM: u32 = 64;
+
+/// A workflow: steps over a validated input, each needing the one before
+/// it unless it names its `needs` (a graph: `graph.rs`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowDefinition {
@@ -31,6 +37,17 @@ pub struct WorkflowDefinition {
     pub deadline_ms: u64,
     #[serde(default = "default_max_attempts")]
     pub max_attempts: i32,
+    /// The most steps of one job called at once (default
+    /// [`DEFAULT_PARALLELISM`]); the targets' caps bound them too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<u32>,
+}
+
+impl WorkflowDefinition {
+    #[must_use]
+    pub fn parallelism(&self) -> usize {
+        self.parallelism.unwrap_or(DEFAULT_PARALLELISM) as usize
+    }
 }
 
 /// How a step completes.
@@ -46,9 +63,17 @@ pub enum Completion {
 #[serde(deny_unknown_fields)]
 pub struct StepDefinition {
     pub name: String,
+    /// The steps that end before this one starts, and the only ones its
+    /// expressions read; unset: the step before it (none for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs: Option<Vec<String>>,
+    /// CEL boolean over `input` and the steps it needs: false skips the
+    /// step (checkpointed as skipped, its target never called).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
     pub target: String,
     pub method: String,
-    /// Assignments `field.path = <CEL>` over `input` and `steps.<earlier step>`.
+    /// Assignments `field.path = <CEL>` over `input` and `steps.<a step it needs>`.
     #[serde(default)]
     pub rules: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

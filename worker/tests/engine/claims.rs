@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::support::{
-    self, Calls, echo_targets, engine, eventually, manual_clock, row, submit, three_steps,
+    self, Calls, checkpoint_names, echo_targets, engine, eventually, manual_clock, row, submit,
+    three_steps,
 };
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
@@ -187,15 +188,8 @@ async fn checkpoint_survives_worker_crash(pool: PgPool) {
     );
     let done = row(&pool, job_id).await;
     assert_eq!(done.attempt, 1, "the lapsed lease gave its attempt back");
-    assert_eq!(done.result.unwrap().0, json!({"total": 3}));
-    let names: Vec<String> = done
-        .checkpoints
-        .0
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap().to_owned())
-        .collect();
+    assert_eq!(done.result.as_ref().unwrap().0, json!({"total": 3}));
+    let names = checkpoint_names(&done);
     assert_eq!(names, ["one", "two", "three"]);
 }
 

@@ -487,7 +487,16 @@ async fn a_stored_checkpoint_that_no_longer_matches_its_step_fails_the_job_loudl
     for (bad, expected) in [
         (
             json!([{"name": "two", "skipped": false, "response": {}}]),
-            "checkpoint 0 names step \"two\", but step 0 is \"one\"",
+            "checkpoint 0 (two) comes before one of step \"one\", which it needs",
+        ),
+        (
+            json!([{"name": "gone", "skipped": false, "response": {}}]),
+            "checkpoint 0 names step \"gone\", which the workflow does not have",
+        ),
+        (
+            json!([{"name": "one", "skipped": false, "response": {"step": 1}},
+                   {"name": "one", "skipped": false, "response": {"step": 1}}]),
+            "checkpoint 1 repeats step \"one\"",
         ),
         (
             json!([{"name": "one", "skipped": false, "response": {"nope": 1}}]),

@@ -5,6 +5,7 @@ mod backlog;
 mod checkpoint_rows;
 mod claims;
 mod failures;
+mod graphs;
 mod hostile;
 mod lapses;
 mod namesakes;

@@ -175,6 +175,17 @@ pub(crate) async fn row(pool: &PgPool, job_id: Uuid) -> runs::RunRow {
     runs::get(&mut conn, job_id).await.unwrap().unwrap()
 }
 
+/// The step names of a run's checkpoint array, in order.
+pub(crate) fn checkpoint_names(run: &runs::RunRow) -> Vec<String> {
+    run.checkpoints
+        .0
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 pub(crate) async fn events(pool: &PgPool, job_id: Uuid) -> Vec<WorkflowRunEvent> {
     let mut conn = pool.acquire().await.unwrap();
     outbox::events_of(&mut conn, job_id).await.unwrap()

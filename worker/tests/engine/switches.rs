@@ -4,6 +4,7 @@
 //! written in a layout newer than it reads.
 
 use flotilla_store::RunStatus;
+use flotilla_store::runs::READER_LEVEL;
 use flotilla_worker::engine::{CompleteError, Engine, Feature, Outcome, Switch, SwitchError};
 use serde_json::json;
 use sqlx::PgPool;
@@ -142,8 +143,9 @@ async fn a_run_written_in_a_newer_layout_is_left_for_a_worker_that_reads_it(pool
         .await
         .unwrap();
     let newer = submit(&engine, "approval", json!({})).await;
-    sqlx::query("UPDATE workflow_run SET reader_level = 2 WHERE job_id = $1")
+    sqlx::query("UPDATE workflow_run SET reader_level = $2 WHERE job_id = $1")
         .bind(newer)
+        .bind(READER_LEVEL + 1)
         .execute(&pool)
         .await
         .unwrap();
@@ -164,10 +166,10 @@ async fn a_run_written_in_a_newer_layout_is_left_for_a_worker_that_reads_it(pool
         matches!(
             refused,
             CompleteError::TooNew {
-                needs: 2,
-                reads: 1,
+                needs,
+                reads: READER_LEVEL,
                 ..
-            }
+            } if needs == READER_LEVEL + 1
         ),
         "{refused}"
     );

@@ -1,0 +1,372 @@
+//! Workflows as graphs: steps that name their `needs` run side by side,
+//! a join waits for every branch, `when` skips a step, and a resumed or
+//! retried job calls exactly the steps without a checkpoint.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flotilla_contracts::WorkflowRunEventType;
+use flotilla_store::RunStatus;
+use flotilla_worker::engine::Outcome;
+use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+use crate::support::{
+    Calls, checkpoint_names, echo_targets, engine, events, manual_clock, row, submit,
+};
+
+/// One call a target saw: its step, and when it started and ended.
+#[derive(Debug, Clone)]
+struct Timed {
+    step: String,
+    request: Value,
+    started: Instant,
+    ended: Instant,
+}
+
+/// A target `slow` that answers after `request.ms` milliseconds (default
+/// 0), recording each call's times and the most calls at once.
+#[derive(Default, Clone)]
+struct Clocked {
+    calls: Arc<Mutex<Vec<Timed>>>,
+    now: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Clocked {
+    fn targets(&self, cap: usize) -> Targets {
+        let me = self.clone();
+        let mut targets = Targets::default();
+        targets.register(
+            "slow",
+            Arc::new(FnTarget(move |call: TargetCall| {
+                let me = me.clone();
+                async move {
+                    let at_once = me.now.fetch_add(1, Ordering::SeqCst) + 1;
+                    me.most.fetch_max(at_once, Ordering::SeqCst);
+                    let started = Instant::now();
+                    let ms = call.request["ms"].as_u64().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    me.now.fetch_sub(1, Ordering::SeqCst);
+                    me.calls.lock().unwrap().push(Timed {
+                        step: call.step_name.clone(),
+                        request: call.request.clone(),
+                        started,
+                        ended: Instant::now(),
+                    });
+                    Ok::<_, StepFailure>(json!({"step": call.step_name, "request": call.request}))
+                }
+            })),
+            cap,
+        );
+        targets
+    }
+
+    fn of(&self, step_prefix: &str) -> Vec<Timed> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.step.starts_with(step_prefix))
+            .cloned()
+            .collect()
+    }
+}
+
+fn step(name: &str, needs: &[&str]) -> Value {
+    json!({"name": name, "target": "slow", "method": "go", "needs": needs})
+}
+
+/// `start` → ten branches `b0`..`b9` (each `ms` long) → `join`.
+fn fan_out(ms: u64, parallelism: Option<u32>) -> Value {
+    let branches: Vec<String> = (0..10).map(|i| format!("b{i}")).collect();
+    let names: Vec<&str> = branches.iter().map(String::as_str).collect();
+    let mut steps = vec![step("start", &[])];
+    for (i, name) in names.iter().enumerate() {
+        let mut branch = step(name, &["start"]);
+        branch["rules"] = json!([format!("ms = {ms}"), format!("i = {i}")]);
+        steps.push(branch);
+    }
+    let mut join = step("join", &names);
+    join["rules"] = json!([format!(
+        "sum = {}",
+        names
+            .iter()
+            .map(|b| format!("steps.{b}.request.i"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    )]);
+    steps.push(join);
+    let mut workflow = json!({"name": "fan", "input_schema": {}, "steps": steps});
+    if let Some(parallelism) = parallelism {
+        workflow["parallelism"] = json!(parallelism);
+    }
+    workflow
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn ten_branches_run_at_once_and_the_join_starts_after_all_ten(pool: PgPool) {
+    let clocked = Clocked::default();
+    let engine = engine(&pool, clocked.targets(16), manual_clock(), "w");
+    engine
+        .register_workflow(&fan_out(300, Some(10)))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "fan", json!({})).await;
+
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+
+    let branches = clocked.of("b");
+    assert_eq!(branches.len(), 10);
+    let last_start = branches.iter().map(|c| c.started).max().unwrap();
+    let first_end = branches.iter().map(|c| c.ended).min().unwrap();
+    assert!(
+        last_start < first_end,
+        "every branch started before any ended (they ran at once)"
+    );
+    let last_end = branches.iter().map(|c| c.ended).max().unwrap();
+    let join = clocked.of("join");
+    assert_eq!(join.len(), 1);
+    assert!(
+        join[0].started >= last_end,
+        "the join waited for every branch"
+    );
+    assert_eq!(join[0].request["sum"], json!(45), "the join read all ten");
+    assert_eq!(clocked.most.load(Ordering::SeqCst), 10);
+
+    // One checkpoint per step, each its own event, in commit order, gap-free.
+    let done = row(&pool, job_id).await;
+    assert_eq!(done.status, RunStatus::Completed);
+    let names = checkpoint_names(&done);
+    assert_eq!(names.len(), 12);
+    assert_eq!((names[0].as_str(), names[11].as_str()), ("start", "join"));
+    let events = events(&pool, job_id).await;
+    let sequences: Vec<i64> = events.iter().map(|e| e.sequence()).collect();
+    assert_eq!(sequences, (1..=14).collect::<Vec<i64>>());
+    let checkpointed: Vec<String> = events
+        .iter()
+        .filter(|e| e.event_type() == WorkflowRunEventType::StepCheckpoint)
+        .map(|e| e.step_name().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        checkpointed, names,
+        "events in the order of the checkpoints"
+    );
+    assert_eq!(
+        events.last().unwrap().event_type(),
+        WorkflowRunEventType::Completed
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn parallelism_bounds_the_steps_of_one_job_called_at_once(pool: PgPool) {
+    let clocked = Clocked::default();
+    let engine = engine(&pool, clocked.targets(16), manual_clock(), "w");
+    engine
+        .register_workflow(&fan_out(50, Some(3)))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "fan", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(clocked.of("b").len(), 10);
+    assert_eq!(clocked.most.load(Ordering::SeqCst), 3);
+}
+
+/// `check` → `fraud` (only over 100) → `ship`, which reads whether the
+/// fraud check ran.
+fn conditional() -> Value {
+    json!({
+        "name": "conditional", "input_schema": {},
+        "steps": [
+            {"name": "check", "target": "echo", "method": "check"},
+            {"name": "fraud", "target": "echo", "method": "fraud", "when": "input.amount > 100"},
+            {"name": "ship", "target": "echo", "method": "ship",
+             "rules": ["screened = has(steps.fraud)"]}
+        ]
+    })
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_false_when_skips_the_step_with_its_checkpoint_and_its_dependant_still_runs(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    engine.register_workflow(&conditional()).await.unwrap();
+
+    let small = submit(&engine, "conditional", json!({"amount": 50})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(small));
+    assert_eq!(
+        calls.of(small),
+        ["check", "ship"],
+        "fraud's target never called"
+    );
+    let done = row(&pool, small).await;
+    assert_eq!(
+        done.checkpoints.0[1],
+        json!({"name": "fraud", "skipped": true, "response": null})
+    );
+    assert_eq!(
+        done.checkpoints.0[2]["response"]["request"],
+        json!({"screened": false}),
+        "a skipped step is not in its dependants' steps"
+    );
+    let steps: Vec<(Option<String>, Option<String>)> = events(&pool, small)
+        .await
+        .iter()
+        .filter(|e| e.event_type() == WorkflowRunEventType::StepCheckpoint)
+        .map(|e| {
+            (
+                e.step_name().map(str::to_owned),
+                e.verdict().map(str::to_owned),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (Some("check".into()), None),
+            (
+                Some("fraud".into()),
+                Some(flotilla_contracts::SKIPPED.into())
+            ),
+            (Some("ship".into()), None)
+        ],
+        "the skip has its event, saying so"
+    );
+
+    let large = submit(&engine, "conditional", json!({"amount": 500})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(large));
+    assert_eq!(calls.of(large), ["check", "fraud", "ship"]);
+    assert_eq!(
+        row(&pool, large).await.checkpoints.0[2]["response"]["request"],
+        json!({"screened": true})
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_when_that_cannot_be_evaluated_fails_the_job_naming_the_step(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    let mut workflow = conditional();
+    workflow["steps"][1]["when"] = json!("input.amount");
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "conditional", json!({"amount": 5})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    let failed = row(&pool, job_id).await;
+    let error = failed.error.unwrap_or_default();
+    assert!(error.contains("step fraud: when:"), "{error}");
+    assert!(error.contains("not a boolean"), "{error}");
+    assert_eq!(calls.of(job_id), ["check"]);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_resumed_graph_calls_only_the_steps_without_a_checkpoint(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    let workflow = json!({
+        "name": "diamond", "input_schema": {},
+        "steps": [
+            {"name": "left", "target": "echo", "method": "m", "needs": []},
+            {"name": "right", "target": "echo", "method": "m", "needs": []},
+            {"name": "join", "target": "echo", "method": "m", "needs": ["left", "right"],
+             "rules": ["from = steps.right.step"]}
+        ]
+    });
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "diamond", json!({})).await;
+    // As a crash would leave it: the second root answered and was
+    // checkpointed first.
+    sqlx::query("UPDATE workflow_run SET checkpoints = $2 WHERE job_id = $1")
+        .bind(job_id)
+        .bind(json!([{"name": "right", "skipped": false, "response": {"step": "right"}}]))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(calls.of(job_id), ["left", "join"]);
+    assert_eq!(
+        row(&pool, job_id).await.checkpoints.0[2]["response"]["request"],
+        json!({"from": "right"})
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_failing_branch_lets_the_running_one_reach_its_checkpoint_and_the_retry_calls_only_the_rest(
+    pool: PgPool,
+) {
+    let clock = manual_clock();
+    let clocked = Clocked::default();
+    let mut targets = clocked.targets(8);
+    let tries = Arc::new(AtomicUsize::new(0));
+    let counted = tries.clone();
+    targets.register(
+        "flaky",
+        Arc::new(FnTarget(move |_call: TargetCall| {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    Err(StepFailure::retryable(RetryClass::Status, "503 once"))
+                } else {
+                    Ok(json!({"ok": true}))
+                }
+            }
+        })),
+        8,
+    );
+    let engine = engine(&pool, targets, clock.clone(), "w");
+    let workflow = json!({
+        "name": "branches", "input_schema": {},
+        "steps": [
+            {"name": "steady", "target": "slow", "method": "m", "needs": [], "rules": ["ms = 200"]},
+            {"name": "flaky", "target": "flaky", "method": "m", "needs": []},
+            {"name": "after", "target": "slow", "method": "m", "needs": ["steady", "flaky"]}
+        ]
+    });
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "branches", json!({})).await;
+
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    let first = row(&pool, job_id).await;
+    assert_eq!(
+        first.checkpoints.0.as_array().unwrap().len(),
+        1,
+        "the branch still running when the other failed was checkpointed"
+    );
+    assert_eq!(first.checkpoints.0[0]["name"], json!("steady"));
+
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(clocked.of("steady").len(), 1, "steady kept its checkpoint");
+    assert_eq!(clocked.of("after").len(), 1);
+    assert_eq!(tries.load(Ordering::SeqCst), 2);
+}
+
+/// A release before graphs claims runs up to level 1 and would fail a
+/// graph's definition as broken: graph runs are written at the graph
+/// level, so such a worker leaves them for one that reads them, while a
+/// list of steps stays readable by every release.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_graph_run_is_written_for_workers_that_read_graphs_and_a_list_for_every_worker(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    engine.register_workflow(&conditional()).await.unwrap();
+    engine
+        .register_workflow(&crate::support::three_steps("list", "echo"))
+        .await
+        .unwrap();
+    let graph = submit(&engine, "conditional", json!({"amount": 1})).await;
+    let list = submit(&engine, "list", json!({"n": 1})).await;
+    assert_eq!(
+        row(&pool, graph).await.reader_level,
+        flotilla_store::runs::GRAPH_READER_LEVEL
+    );
+    const { assert!(flotilla_store::runs::GRAPH_READER_LEVEL > 1) };
+    assert_eq!(row(&pool, list).await.reader_level, 0);
+}
