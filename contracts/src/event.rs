@@ -146,6 +146,27 @@ impl WorkflowRunEvent {
         Self::build(header, WorkflowRunEventType::StepCheckpoint, body)
     }
 
+    /// The job waits on the timer step `step_name` until `until`: a
+    /// WAITING event whose verdict is `sleeping until <RFC 3339 instant>`.
+    ///
+    /// # Errors
+    /// A contract rule the values break.
+    pub fn sleeping(
+        header: EventHeader,
+        step_name: impl Into<String>,
+        until: DateTime<Utc>,
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            step_name: Some(step_name.into()),
+            verdict: Some(format!(
+                "sleeping until {}",
+                until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            )),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::Waiting, body)
+    }
+
     /// The job is parked on the external step `step_name`.
     ///
     /// # Errors

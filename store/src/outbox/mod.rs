@@ -29,6 +29,11 @@ pub enum EventKind {
     Waiting {
         step: String,
     },
+    /// Waiting on a timer: WAITING, its verdict saying until when.
+    Sleeping {
+        step: String,
+        until: chrono::DateTime<chrono::Utc>,
+    },
     Completed {
         verdict: String,
         result: serde_json::Value,
@@ -132,6 +137,7 @@ fn build(
             skipped: true,
         } => WorkflowRunEvent::step_skipped(header, step),
         EventKind::Waiting { step } => WorkflowRunEvent::waiting(header, step),
+        EventKind::Sleeping { step, until } => WorkflowRunEvent::sleeping(header, step, until),
         EventKind::Completed { verdict, result } => {
             WorkflowRunEvent::completed(header, verdict, result)
         }

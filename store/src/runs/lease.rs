@@ -104,6 +104,14 @@ pub enum Transition {
     },
     /// Parks on an external step (event: WAITING).
     Park { step: String },
+    /// Back to the queue until the first of the run's timers wakes (event:
+    /// WAITING on `step`, saying until when), attempt given back, no lease
+    /// held; `timers` (step → instant) are added to the row's.
+    Sleep {
+        step: String,
+        timers: serde_json::Value,
+        wakes_at: DateTime<Utc>,
+    },
     /// Finishes (event: COMPLETED).
     Complete {
         result: serde_json::Value,
@@ -158,6 +166,10 @@ impl Transition {
                 skipped: checkpoint.skipped,
             },
             Self::Park { step } => EventKind::Waiting { step: step.clone() },
+            Self::Sleep { step, wakes_at, .. } => EventKind::Sleeping {
+                step: step.clone(),
+                until: *wakes_at,
+            },
             Self::Complete { result, verdict }
             | Self::CheckpointAndComplete {
                 result, verdict, ..
@@ -203,6 +215,10 @@ impl Transition {
             Self::Park { .. } => {
                 format!("status = 'WAITING', outstanding_step = $5, {RELEASE}, {NEXT}")
             }
+            Self::Sleep { .. } => format!(
+                "status = 'QUEUED', timers = coalesce(timers, '{{}}'::jsonb) || $5, run_after = $6, \
+                 attempt = greatest(attempt - 1, 0), error = NULL, {RELEASE}, {NEXT}"
+            ),
             Self::Complete { .. } => format!(
                 "status = 'COMPLETED', result = $5, verdict = $6, error = NULL, {RELEASE}, {NEXT}"
             ),
@@ -273,6 +289,9 @@ pub async fn transition(
     let query = match change {
         Transition::Checkpoint { checkpoint, .. } => query.bind(Json(checkpoint)),
         Transition::Park { step } => query.bind(step),
+        Transition::Sleep {
+            timers, wakes_at, ..
+        } => query.bind(Json(timers)).bind(*wakes_at),
         Transition::Complete { result, verdict } => query.bind(Json(result)).bind(verdict),
         Transition::CheckpointAndComplete {
             checkpoint,

@@ -334,6 +334,26 @@ impl ClaimedRun {
         .await
     }
 
+    /// Back to the queue until the first timer wakes, with the timers
+    /// first reached in this segment (`timers`: step → instant) stored.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    pub async fn sleep(
+        self,
+        step: &str,
+        timers: serde_json::Value,
+        wakes_at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), SegmentStop> {
+        let span = tracing::info_span!("sleep", job_id = %self.job_id(), flotilla.step = %step);
+        let change = Transition::Sleep {
+            step: step.to_owned(),
+            timers,
+            wakes_at,
+        };
+        tracing::Instrument::instrument(self.lease.write(change), span).await
+    }
+
     /// Completes the job with its result and verdict.
     ///
     /// # Errors

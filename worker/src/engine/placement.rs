@@ -25,7 +25,8 @@ impl Engine {
             .into_iter()
             .flatten()
             .filter_map(|step| step["target"].as_str())
-            .filter(|target| !known.contains(*target))
+            // A timer calls no target.
+            .filter(|target| !target.is_empty() && !known.contains(*target))
             .map(str::to_owned)
             .collect();
         missing.sort();

@@ -7,6 +7,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
+
 use flotilla_runtime::supervise::panic_message;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -24,9 +26,9 @@ use super::schedule::Schedule;
 use super::settle::{finish, settle};
 use super::step::Invocation;
 use crate::target::{RetryClass, StepFailure};
-use crate::workflow::CompiledWorkflow;
 use crate::workflow::compile::schema_violations;
 use crate::workflow::expr::Scope;
+use crate::workflow::{CompiledWorkflow, Timer};
 
 /// What one call of [`Engine::run_once`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +37,8 @@ pub enum Outcome {
     Idle,
     Completed(Uuid),
     Parked(Uuid),
+    /// QUEUED until a timer of the job wakes.
+    Sleeping(Uuid),
     /// FAILED: a verdict or a defect.
     Failed(Uuid),
     /// DEAD: attempts exhausted.
@@ -191,6 +195,12 @@ impl Engine {
                 claimed.park(&step).await?;
                 Ok(Outcome::Parked(job_id))
             }
+            Stop::Sleep(sleeping) => {
+                let (step, wakes_at) = sleeping.first();
+                let (step, set) = (step.to_owned(), sleeping.newly_set());
+                claimed.sleep(&step, set, wakes_at).await?;
+                Ok(Outcome::Sleeping(job_id))
+            }
             Stop::Finished { steps, last } => {
                 finish(self, claimed, &compiled, &input, steps, last).await
             }
@@ -205,12 +215,46 @@ enum Stop {
     Failed(StepFailure),
     /// Nothing else could run and this external step waits for its answer.
     Park(String),
+    /// Nothing else could run and these timers have not woken.
+    Sleep(Sleeping),
     /// Every step ended; `last` is the checkpoint not yet written, which
     /// goes with the completion.
     Finished {
         steps: Map<String, Json>,
         last: Option<Checkpoint>,
     },
+}
+
+/// The timers of a segment that have not woken: step, instant, and
+/// whether this segment set it (else it was stored already).
+#[derive(Default)]
+struct Sleeping(Vec<(String, DateTime<Utc>, bool)>);
+
+impl Sleeping {
+    /// The timer that wakes first.
+    fn first(&self) -> (&str, DateTime<Utc>) {
+        self.0
+            .iter()
+            .min_by_key(|(_, at, _)| *at)
+            .map(|(step, at, _)| (step.as_str(), *at))
+            .expect("a sleep has a timer")
+    }
+
+    /// The timers this segment set, as the row stores them.
+    fn newly_set(&self) -> Json {
+        Json::Object(
+            self.0
+                .iter()
+                .filter(|(_, _, new)| *new)
+                .map(|(step, at, _)| (step.clone(), Json::String(instant(*at))))
+                .collect(),
+        )
+    }
+}
+
+/// An instant as the row and the timer's checkpoint write it.
+fn instant(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// A checkpoint's fenced write.
@@ -245,6 +289,7 @@ impl<'a> Nodes<'a> {
         let mut writing: Option<(usize, Checkpoint, Write<'a>)> = None;
         let mut failure: Option<StepFailure> = None;
         let mut park_on: Option<String> = None;
+        let mut sleeping = Sleeping::default();
         loop {
             if self.lease_lost.is_cancelled() {
                 return Ok(Stop::LeaseLost);
@@ -277,6 +322,26 @@ impl<'a> Nodes<'a> {
                     "steps",
                     &Json::Object(self.compiled.steps_in_scope(index, &steps)),
                 );
+                if let Some(timer) = &step.timer {
+                    // A timer calls nothing: woken, it is checkpointed
+                    // like an answer; not yet, the job sleeps once
+                    // nothing else can run.
+                    let name = step.definition.name.clone();
+                    match self.wakes_at(index, timer, &scope).await {
+                        Ok((at, _)) if at <= self.engine.now() => {
+                            let response = serde_json::json!({ "woke_at": instant(at) });
+                            let checkpoint = Checkpoint {
+                                name,
+                                skipped: false,
+                                response,
+                            };
+                            answered.push_back((index, checkpoint));
+                        }
+                        Ok((at, new)) => sleeping.0.push((name, at, new)),
+                        Err(failed) => failure = Some(failed),
+                    }
+                    continue;
+                }
                 calls.push(Box::pin(self.call(index, scope, (left, deadline))));
             }
             if calls.is_empty() && writing.is_none() {
@@ -286,6 +351,8 @@ impl<'a> Nodes<'a> {
                         Stop::Failed(failure)
                     } else if let Some(step) = park_on {
                         Stop::Park(step)
+                    } else if !sleeping.0.is_empty() {
+                        Stop::Sleep(sleeping)
                     } else if schedule.all_ended() {
                         Stop::Finished { steps, last: None }
                     } else {
@@ -350,6 +417,77 @@ impl<'a> Nodes<'a> {
                 }
             }
         }
+    }
+
+    /// When the timer of step `index` wakes, and whether this segment set
+    /// it: the instant the row stores, or (first reached) `sleep` from now
+    /// or the instant `until` gives.
+    async fn wakes_at(
+        &self,
+        index: usize,
+        timer: &Timer,
+        scope: &Scope,
+    ) -> Result<(DateTime<Utc>, bool), StepFailure> {
+        let name = &self.compiled.steps[index].definition.name;
+        let stored = self
+            .claimed
+            .row()
+            .timers
+            .as_ref()
+            .and_then(|timers| timers.0.get(name.as_str()).cloned());
+        if let Some(stored) = stored {
+            let at = stored
+                .as_str()
+                .and_then(|text| DateTime::parse_from_rfc3339(text).ok())
+                .ok_or_else(|| {
+                    StepFailure::Defect(format!(
+                        "step {name}: the stored timer {stored} is no instant"
+                    ))
+                })?;
+            return Ok((at.with_timezone(&Utc), false));
+        }
+        let at = match timer {
+            Timer::Sleep(duration) => {
+                let duration = chrono::Duration::from_std(*duration)
+                    .map_err(|e| StepFailure::Defect(format!("step {name}: sleep: {e}")))?;
+                self.engine.now() + duration
+            }
+            Timer::Until(_) => {
+                let given = {
+                    let (compiled, scope) = (self.compiled.clone(), scope.clone());
+                    self.engine
+                        .off_runtime(move || match &compiled.steps[index].timer {
+                            Some(Timer::Until(until)) => until.evaluate(&scope),
+                            _ => Err("not an until timer".to_owned()),
+                        })
+                        .await
+                };
+                let given = match given {
+                    Ok(Ok(value)) => value,
+                    Ok(Err(e)) => {
+                        return Err(StepFailure::Defect(format!("step {name}: until: {e}")));
+                    }
+                    Err(exhausted) => {
+                        return Err(super::step::over_budget(
+                            name,
+                            "evaluating until",
+                            &exhausted,
+                        ));
+                    }
+                };
+                given
+                    .as_str()
+                    .and_then(|text| DateTime::parse_from_rfc3339(text).ok())
+                    .map(|at| at.with_timezone(&Utc))
+                    .ok_or_else(|| StepFailure::Verdict {
+                        message: format!(
+                            "step {name}: until gave {given}, not an RFC 3339 instant"
+                        ),
+                        violations: vec![format!("{name}: until gave {given}")],
+                    })?
+            }
+        };
+        Ok((at, true))
     }
 
     /// Step `index`: its `when`, then its target.

@@ -53,7 +53,21 @@ pub struct CompiledStep {
     pub validate: Vec<Expression>,
     /// False: the step is skipped.
     pub when: Option<Expression>,
+    /// What a timer waits for; `None` for a step that calls a target.
+    pub timer: Option<Timer>,
 }
+
+/// What a timer step waits for.
+#[derive(Debug)]
+pub enum Timer {
+    /// This long after its last need ended.
+    Sleep(std::time::Duration),
+    /// The instant this expression gives (an RFC 3339 timestamp).
+    Until(Expression),
+}
+
+/// The longest a `sleep` may be.
+pub const MAX_SLEEP: std::time::Duration = std::time::Duration::from_secs(366 * 24 * 3600);
 
 /// A definition ready to run: every expression and schema compiled.
 #[derive(Debug)]
@@ -194,21 +208,25 @@ impl CompiledWorkflow {
                     "is used by an earlier step; step names are unique",
                 );
             }
-            if !known_targets.contains(&step.target) {
-                let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
-                known.sort_unstable();
-                problems.add(
-                    at,
-                    "target",
-                    format!(
-                        "unknown target {:?} (known: {})",
-                        step.target,
-                        known.join(", ")
-                    ),
-                );
-            }
-            if let Some(problem) = limits::method_problem(&step.method) {
-                problems.add(at, "method", problem);
+            if step.is_timer() {
+                problems.timer_shape(at, step);
+            } else {
+                if !known_targets.contains(&step.target) {
+                    let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
+                    known.sort_unstable();
+                    problems.add(
+                        at,
+                        "target",
+                        format!(
+                            "unknown target {:?} (known: {})",
+                            step.target,
+                            known.join(", ")
+                        ),
+                    );
+                }
+                if let Some(problem) = limits::method_problem(&step.method) {
+                    problems.add(at, "method", problem);
+                }
             }
             if step.timeout_ms == Some(0) {
                 problems.add(at, "timeout_ms", "must be above 0");
@@ -240,12 +258,21 @@ impl CompiledWorkflow {
                 }
                 Some(when)
             });
+            let timer = if let Some(sleep) = &step.sleep {
+                problems.sleep(at, sleep).map(Timer::Sleep)
+            } else {
+                step.until
+                    .as_deref()
+                    .and_then(|source| problems.expression(at, "until", source))
+                    .map(Timer::Until)
+            };
             steps.push(CompiledStep {
                 definition: step.clone(),
                 rules,
                 output_schema,
                 validate,
                 when,
+                timer,
             });
         }
         let output = problems.assignments(None, "output", &definition.output);
@@ -306,7 +333,7 @@ impl CompiledWorkflow {
                 .definition
                 .steps
                 .iter()
-                .any(|step| step.needs.is_some() || step.when.is_some())
+                .any(|step| step.needs.is_some() || step.when.is_some() || step.is_timer())
     }
 
     /// What step `index` reads as `steps`: the responses of its ancestors
@@ -380,6 +407,56 @@ impl Problems {
         self.add(None, field, message);
     }
 
+    /// A timer has `sleep` or `until` and nothing a call has.
+    fn timer_shape(&mut self, at: Option<&str>, step: &StepDefinition) {
+        let field = if step.sleep.is_some() {
+            "sleep"
+        } else {
+            "until"
+        };
+        if step.sleep.is_some() && step.until.is_some() {
+            self.add(at, field, "a timer has sleep or until, not both");
+        }
+        let called = [
+            ("target", !step.target.is_empty()),
+            ("method", !step.method.is_empty()),
+            ("rules", !step.rules.is_empty()),
+            ("validate", !step.validate.is_empty()),
+            ("output_schema", step.output_schema.is_some()),
+            ("completion", step.completion.is_some()),
+            ("timeout_ms", step.timeout_ms.is_some()),
+            ("when", step.when.is_some()),
+        ];
+        for (name, present) in called {
+            if present {
+                self.add(at, name, "a timer calls no target: it has no target, method, rules, validate, output_schema, completion, timeout_ms or when");
+            }
+        }
+    }
+
+    /// A `sleep`: a duration (`30m`, `2s`) above zero and at most a year.
+    fn sleep(&mut self, at: Option<&str>, text: &str) -> Option<std::time::Duration> {
+        match humantime::parse_duration(text) {
+            Ok(duration) if duration.is_zero() => {
+                self.add(at, "sleep", "must be above 0");
+                None
+            }
+            Ok(duration) if duration > MAX_SLEEP => {
+                self.add(at, "sleep", "over the limit of 366 days");
+                None
+            }
+            Ok(duration) => Some(duration),
+            Err(e) => {
+                self.add(
+                    at,
+                    "sleep",
+                    format!("not a duration such as 30m or 2s: {e}"),
+                );
+                None
+            }
+        }
+    }
+
     /// An expression of a step may name only the steps that end before it
     /// starts (its ancestors): any other is not there when it runs.
     fn reads_outside_needs(
@@ -406,7 +483,11 @@ impl Problems {
                         .enumerate()
                         .map(|(n, rule)| (format!("validate[{n}]"), rule)),
                 )
-                .chain(step.when.iter().map(|when| ("when".to_owned(), when)));
+                .chain(step.when.iter().map(|when| ("when".to_owned(), when)))
+                .chain(step.timer.iter().filter_map(|timer| match timer {
+                    Timer::Until(until) => Some(("until".to_owned(), until)),
+                    Timer::Sleep(_) => None,
+                }));
             for (field, expression) in fields {
                 for name in expression.steps_named() {
                     match index.get(name.as_str()) {
@@ -705,6 +786,8 @@ mod tests {
             {"name": "c", "target": "t", "method": "m", "needs": ["nowhere"], "when": "input.n + 1"},
             {"name": "d", "target": "t", "method": "m", "needs": [], "when": "input.n >"},
             {"name": "e".repeat(129), "target": "t", "method": "m", "needs": []},
+            {"name": "nap", "sleep": "soon", "needs": []},
+            {"name": "wait", "until": "input.at", "sleep": "0s", "target": "t", "needs": []},
         ]));
         definition["parallelism"] = serde_json::json!(0);
         let refused = compile(&definition).unwrap_err();
@@ -726,11 +809,16 @@ mod tests {
                 "{expected:?} not in {found:?}"
             );
         }
-        assert!(
-            found.iter().any(|(step, field, message)| step == "d"
-                && field == "when"
-                && message.starts_with("CEL does not compile")),
-            "{found:?}"
-        );
+        for (at, field, starts) in [
+            ("d", "when", "CEL does not compile"),
+            ("nap", "sleep", "not a duration such as 30m or 2s"),
+        ] {
+            assert!(
+                found.iter().any(|(step, f, message)| step == at
+                    && f == field
+                    && message.starts_with(starts)),
+                "{at} {field} {starts}: {found:?}"
+            );
+        }
     }
 }

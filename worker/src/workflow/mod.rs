@@ -14,7 +14,7 @@ mod model;
 mod reads;
 
 pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
-pub use compile::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition};
+pub use compile::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition, Timer};
 pub use graph::Graph;
 pub use model::{
     Completion, DEFAULT_PARALLELISM, MAX_PARALLELISM, StepDefinition, WorkflowDefinition,

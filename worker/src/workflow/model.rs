@@ -71,7 +71,17 @@ pub struct StepDefinition {
     /// step (checkpointed as skipped, its target never called).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when: Option<String>,
+    /// A timer: waits this long (`30m`, `2s`) after its last need ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep: Option<String>,
+    /// A timer: waits until this instant, a CEL expression over `input`
+    /// and the steps it needs giving an RFC 3339 timestamp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// The target called; empty for a timer.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub method: String,
     /// Assignments `field.path = <CEL>` over `input` and `steps.<a step it needs>`.
     #[serde(default)]
@@ -88,6 +98,12 @@ pub struct StepDefinition {
 }
 
 impl StepDefinition {
+    /// Whether this step is a timer (`sleep` or `until`), calling nothing.
+    #[must_use]
+    pub fn is_timer(&self) -> bool {
+        self.sleep.is_some() || self.until.is_some()
+    }
+
     #[must_use]
     pub fn is_external(&self) -> bool {
         self.completion == Some(Completion::External)

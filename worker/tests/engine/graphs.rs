@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_contracts::WorkflowRunEventType;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::Outcome;
+use flotilla_worker::engine::{Clock as _, Outcome};
 use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -369,4 +369,155 @@ async fn a_graph_run_is_written_for_workers_that_read_graphs_and_a_list_for_ever
     );
     const { assert!(flotilla_store::runs::GRAPH_READER_LEVEL > 1) };
     assert_eq!(row(&pool, list).await.reader_level, 0);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_operator_retry_of_a_failed_graph_calls_the_failed_step_and_its_dependants_only(
+    pool: PgPool,
+) {
+    let clocked = Clocked::default();
+    let mut targets = clocked.targets(8);
+    let tries = Arc::new(AtomicUsize::new(0));
+    let counted = tries.clone();
+    targets.register(
+        "strict",
+        Arc::new(FnTarget(move |_call: TargetCall| {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    Err(StepFailure::Verdict {
+                        message: "refused once".into(),
+                        violations: vec!["refused once".into()],
+                    })
+                } else {
+                    Ok(json!({"ok": true}))
+                }
+            }
+        })),
+        8,
+    );
+    let engine = engine(&pool, targets, manual_clock(), "w");
+    let workflow = json!({
+        "name": "retried", "input_schema": {},
+        "steps": [
+            {"name": "other", "target": "slow", "method": "m", "needs": []},
+            {"name": "other_next", "target": "slow", "method": "m", "needs": ["other"]},
+            {"name": "judged", "target": "strict", "method": "m", "needs": []},
+            {"name": "judged_next", "target": "slow", "method": "m", "needs": ["judged"]}
+        ]
+    });
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "retried", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    let failed = row(&pool, job_id).await;
+    let kept = checkpoint_names(&failed);
+    assert!(kept.contains(&"other".to_owned()), "{kept:?}");
+    assert!(!kept.contains(&"judged".to_owned()), "{kept:?}");
+
+    engine.retry(job_id).await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    for (step, calls) in [("other", 1), ("other_next", 1), ("judged_next", 1)] {
+        let seen = clocked.of(step).iter().filter(|c| c.step == step).count();
+        assert_eq!(seen, calls, "{step} called {seen} times");
+    }
+    assert_eq!(tries.load(Ordering::SeqCst), 2, "the failed step ran again");
+}
+
+/// `before` → `nap` (a timer) → `after`.
+fn napping(timer: Value) -> Value {
+    let mut nap = json!({"name": "nap"});
+    nap.as_object_mut()
+        .unwrap()
+        .extend(timer.as_object().unwrap().clone());
+    json!({
+        "name": "napping", "input_schema": {},
+        "steps": [
+            {"name": "before", "target": "echo", "method": "m"},
+            nap,
+            {"name": "after", "target": "echo", "method": "m"}
+        ]
+    })
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_sleep_parks_the_job_without_a_lease_and_wakes_it_once_on_time_on_any_worker(
+    pool: PgPool,
+) {
+    let clock = manual_clock();
+    let calls = Calls::default();
+    let first = engine(&pool, echo_targets(&calls), clock.clone(), "first");
+    first
+        .register_workflow(&napping(json!({"sleep": "2s"})))
+        .await
+        .unwrap();
+    let job_id = submit(&first, "napping", json!({})).await;
+    let reached = clock.now();
+
+    assert_eq!(first.run_once().await.unwrap(), Outcome::Sleeping(job_id));
+    let asleep = row(&pool, job_id).await;
+    let wakes = reached + Duration::from_secs(2);
+    assert_eq!(asleep.status, RunStatus::Queued);
+    assert_eq!(asleep.run_after, wakes);
+    assert_eq!(asleep.lease_owner, None, "no lease held while it sleeps");
+    assert_eq!(
+        asleep.timers.as_ref().unwrap().0,
+        json!({"nap": "2026-01-01T00:00:02.000Z"})
+    );
+    let waiting = events(&pool, job_id).await.pop().unwrap();
+    assert_eq!(waiting.event_type(), WorkflowRunEventType::Waiting);
+    assert_eq!(waiting.step_name(), Some("nap"));
+    assert_eq!(
+        waiting.verdict(),
+        Some("sleeping until 2026-01-01T00:00:02.000Z")
+    );
+
+    clock.advance(Duration::from_millis(1_999));
+    assert_eq!(first.run_once().await.unwrap(), Outcome::Idle);
+    drop(first);
+    // Another worker (the first is gone) wakes it at the instant stored.
+    clock.advance(Duration::from_millis(1));
+    let second = engine(&pool, echo_targets(&calls), clock.clone(), "second");
+    assert_eq!(second.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(calls.of(job_id), ["before", "after"], "each called once");
+    let done = row(&pool, job_id).await;
+    assert_eq!(checkpoint_names(&done), ["before", "nap", "after"]);
+    assert_eq!(
+        done.checkpoints.0[1]["response"],
+        json!({"woke_at": "2026-01-01T00:00:02.000Z"})
+    );
+    assert_eq!(done.attempt, 1, "sleeping spent no attempt");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn until_waits_for_the_instant_it_gives_and_not_at_all_for_one_past(pool: PgPool) {
+    let clock = manual_clock();
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), clock.clone(), "w");
+    engine
+        .register_workflow(&napping(json!({"until": "input.at"})))
+        .await
+        .unwrap();
+
+    let past = submit(&engine, "napping", json!({"at": "2025-12-31T23:00:00Z"})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(past));
+
+    // 01:30 at +01:00 is half past midnight UTC, half an hour ahead.
+    let future = submit(
+        &engine,
+        "napping",
+        json!({"at": "2026-01-01T01:30:00+01:00"}),
+    )
+    .await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Sleeping(future));
+    assert_eq!(
+        row(&pool, future).await.run_after,
+        clock.now() + Duration::from_secs(1800)
+    );
+    clock.advance(Duration::from_secs(1800));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(future));
+
+    let nonsense = submit(&engine, "napping", json!({"at": "soon"})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(nonsense));
+    let error = row(&pool, nonsense).await.error.unwrap_or_default();
+    assert!(error.contains("until gave \"soon\""), "{error}");
 }
