@@ -146,6 +146,24 @@ impl WorkflowRunEvent {
         Self::build(header, WorkflowRunEventType::StepCheckpoint, body)
     }
 
+    /// Item `item` of the `for_each` step `step_name` answered: a
+    /// STEP_CHECKPOINT event whose verdict is `item <index>`.
+    ///
+    /// # Errors
+    /// A contract rule the values break.
+    pub fn step_item(
+        header: EventHeader,
+        step_name: impl Into<String>,
+        item: u32,
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            step_name: Some(step_name.into()),
+            verdict: Some(format!("item {item}")),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::StepCheckpoint, body)
+    }
+
     /// The job waits on the timer step `step_name` until `until`: a
     /// WAITING event whose verdict is `sleeping until <RFC 3339 instant>`.
     ///

@@ -349,6 +349,7 @@ async fn insert_at(pool: &PgPool, events: &[(Uuid, i64)]) {
             EventKind::StepCheckpoint {
                 step: format!("step{sequence}"),
                 skipped: false,
+                item: None,
             }
         };
         outbox::insert(&mut tx, &stamp, kind, Utc::now())

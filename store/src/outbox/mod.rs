@@ -25,6 +25,8 @@ pub enum EventKind {
         step: String,
         /// Skipped (its `when` was false), not answered.
         skipped: bool,
+        /// One item of a `for_each` step.
+        item: Option<u32>,
     },
     Waiting {
         step: String,
@@ -130,11 +132,18 @@ fn build(
         EventKind::Accepted => WorkflowRunEvent::accepted(header),
         EventKind::StepCheckpoint {
             step,
+            item: Some(item),
+            ..
+        } => WorkflowRunEvent::step_item(header, step, item),
+        EventKind::StepCheckpoint {
+            step,
             skipped: false,
+            item: None,
         } => WorkflowRunEvent::step_checkpoint(header, step),
         EventKind::StepCheckpoint {
             step,
             skipped: true,
+            item: None,
         } => WorkflowRunEvent::step_skipped(header, step),
         EventKind::Waiting { step } => WorkflowRunEvent::waiting(header, step),
         EventKind::Sleeping { step, until } => WorkflowRunEvent::sleeping(header, step, until),

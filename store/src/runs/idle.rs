@@ -41,6 +41,7 @@ pub async fn resume_waiting(
     let event = EventKind::StepCheckpoint {
         step: checkpoint.name.clone(),
         skipped: checkpoint.skipped,
+        item: checkpoint.item,
     };
     outbox::insert(tx, &stamp, event, now).await?;
     Ok(true)

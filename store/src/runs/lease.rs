@@ -164,6 +164,7 @@ impl Transition {
             Self::Checkpoint { checkpoint, .. } => EventKind::StepCheckpoint {
                 step: checkpoint.name.clone(),
                 skipped: checkpoint.skipped,
+                item: checkpoint.item,
             },
             Self::Park { step } => EventKind::Waiting { step: step.clone() },
             Self::Sleep { step, wakes_at, .. } => EventKind::Sleeping {
@@ -334,6 +335,7 @@ pub async fn transition(
             EventKind::StepCheckpoint {
                 step: checkpoint.name.clone(),
                 skipped: checkpoint.skipped,
+                item: checkpoint.item,
             },
         )),
         _ => None,

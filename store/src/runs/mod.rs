@@ -37,6 +37,10 @@ pub struct Checkpoint {
     pub name: String,
     pub skipped: bool,
     pub response: serde_json::Value,
+    /// For one item of a `for_each` step: its index (the step's own
+    /// checkpoint, the list of answers, comes after every item's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<u32>,
 }
 
 /// Where a run's checkpoints start. Appending to the row's array rewrites

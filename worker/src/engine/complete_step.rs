@@ -177,6 +177,7 @@ impl Engine {
                 let checkpoint = Checkpoint {
                     name: step.to_owned(),
                     skipped: false,
+                    item: None,
                     response,
                 };
                 if !idle::resume_waiting(

@@ -333,6 +333,7 @@ mod tests {
             checkpoint: Checkpoint {
                 name: "one".into(),
                 skipped: false,
+                item: None,
                 response,
             },
             layout,
@@ -509,6 +510,7 @@ mod tests {
                 checkpoint: Checkpoint {
                     name: "last".into(),
                     skipped: false,
+                    item: None,
                     response: serde_json::json!({"n": 3}),
                 },
                 layout,

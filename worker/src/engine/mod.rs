@@ -15,6 +15,8 @@ mod fleet;
 mod gather;
 mod group_commit;
 mod in_flight;
+mod items;
+mod nodes;
 mod operator;
 mod placement;
 mod reads;
@@ -29,6 +31,7 @@ mod storable;
 mod submit;
 mod switches;
 mod telemetry;
+mod timers;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -9,7 +9,7 @@ use serde_json::{Map, Value as Json};
 use super::expr::Expression;
 use super::graph::Graph;
 use super::limits::{self, MAX_PATTERNS, MAX_RULES, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT};
-use super::model::{MAX_PARALLELISM, StepDefinition, WorkflowDefinition};
+use super::model::{MAX_ITEMS, MAX_PARALLELISM, StepDefinition, WorkflowDefinition};
 
 /// One thing wrong with a definition, located by step and field.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -55,6 +55,8 @@ pub struct CompiledStep {
     pub when: Option<Expression>,
     /// What a timer waits for; `None` for a step that calls a target.
     pub timer: Option<Timer>,
+    /// The list a `for_each` step calls its target once per item of.
+    pub for_each: Option<Expression>,
 }
 
 /// What a timer step waits for.
@@ -266,6 +268,29 @@ impl CompiledWorkflow {
                     .and_then(|source| problems.expression(at, "until", source))
                     .map(Timer::Until)
             };
+            let for_each = step.for_each.as_deref().and_then(|source| {
+                let list = problems.expression(at, "for_each", source)?;
+                if let Some(kind) = list.surely_not_list() {
+                    problems.add(at, "for_each", format!("is {kind}, not a list"));
+                }
+                Some(list)
+            });
+            if let Some(max) = step.max_items
+                && !(1..=MAX_ITEMS).contains(&max)
+            {
+                problems.add(
+                    at,
+                    "max_items",
+                    format!("must be 1 to {MAX_ITEMS}, got {max}"),
+                );
+            }
+            if step.for_each.is_some() && (step.is_timer() || step.is_external()) {
+                problems.add(
+                    at,
+                    "for_each",
+                    "a timer or an external step is not called per item",
+                );
+            }
             steps.push(CompiledStep {
                 definition: step.clone(),
                 rules,
@@ -273,6 +298,7 @@ impl CompiledWorkflow {
                 validate,
                 when,
                 timer,
+                for_each,
             });
         }
         let output = problems.assignments(None, "output", &definition.output);
@@ -329,11 +355,12 @@ impl CompiledWorkflow {
     #[must_use]
     pub fn uses_graph_fields(&self) -> bool {
         self.definition.parallelism.is_some()
-            || self
-                .definition
-                .steps
-                .iter()
-                .any(|step| step.needs.is_some() || step.when.is_some() || step.is_timer())
+            || self.definition.steps.iter().any(|step| {
+                step.needs.is_some()
+                    || step.when.is_some()
+                    || step.is_timer()
+                    || step.for_each.is_some()
+            })
     }
 
     /// What step `index` reads as `steps`: the responses of its ancestors
@@ -484,6 +511,11 @@ impl Problems {
                         .map(|(n, rule)| (format!("validate[{n}]"), rule)),
                 )
                 .chain(step.when.iter().map(|when| ("when".to_owned(), when)))
+                .chain(
+                    step.for_each
+                        .iter()
+                        .map(|list| ("for_each".to_owned(), list)),
+                )
                 .chain(step.timer.iter().filter_map(|timer| match timer {
                     Timer::Until(until) => Some(("until".to_owned(), until)),
                     Timer::Sleep(_) => None,
@@ -787,6 +819,7 @@ mod tests {
             {"name": "d", "target": "t", "method": "m", "needs": [], "when": "input.n >"},
             {"name": "e".repeat(129), "target": "t", "method": "m", "needs": []},
             {"name": "nap", "sleep": "soon", "needs": []},
+            {"name": "each", "target": "t", "method": "m", "needs": [], "for_each": "input.n > 1", "max_items": 0},
             {"name": "wait", "until": "input.at", "sleep": "0s", "target": "t", "needs": []},
         ]));
         definition["parallelism"] = serde_json::json!(0);

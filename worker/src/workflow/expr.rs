@@ -30,6 +30,9 @@ pub struct Expression {
     steps_named: std::collections::BTreeSet<String>,
     /// What it is when its outermost form cannot give a boolean.
     surely_not_boolean: Option<&'static str>,
+    /// Whether its outermost form is a comparison, `!`, `&&`, `||` or a
+    /// boolean literal.
+    outermost_boolean: bool,
 }
 
 /// What an expression is when its outermost form is a literal, a
@@ -58,6 +61,28 @@ fn outermost_not_boolean(expr: &IdedExpr) -> Option<&'static str> {
             Some("arithmetic")
         }
         _ => None,
+    }
+}
+
+/// Whether an expression's outermost form surely gives a boolean.
+fn outermost_is_boolean(expr: &IdedExpr) -> bool {
+    use cel::common::ast::{Expr, LiteralValue, operators};
+    match &expr.expr {
+        Expr::Literal(LiteralValue::Boolean(_)) => true,
+        Expr::Call(call) => [
+            operators::LOGICAL_AND,
+            operators::LOGICAL_OR,
+            operators::LOGICAL_NOT,
+            operators::EQUALS,
+            operators::NOT_EQUALS,
+            operators::LESS,
+            operators::LESS_EQUALS,
+            operators::GREATER,
+            operators::GREATER_EQUALS,
+            operators::IN,
+        ]
+        .contains(&call.func_name.as_str()),
+        _ => false,
     }
 }
 
@@ -95,6 +120,7 @@ impl Expression {
         }
         let steps_named = super::reads::steps_named(program.expression());
         let surely_not_boolean = outermost_not_boolean(program.expression());
+        let outermost_boolean = outermost_is_boolean(program.expression());
         let mut instrumented = program.expression().clone();
         budget::instrument(&mut instrumented);
         Ok(Self {
@@ -102,6 +128,7 @@ impl Expression {
             instrumented,
             steps_named,
             surely_not_boolean,
+            outermost_boolean,
         })
     }
 
@@ -116,6 +143,18 @@ impl Expression {
     #[must_use]
     pub fn surely_not_boolean(&self) -> Option<&'static str> {
         self.surely_not_boolean
+    }
+
+    /// What it is when its outermost form can never be a list: a
+    /// literal, a map, a comparison or a boolean operator.
+    #[must_use]
+    pub fn surely_not_list(&self) -> Option<&'static str> {
+        match self.surely_not_boolean {
+            Some("a list") => None,
+            Some(kind) => Some(kind),
+            None if self.outermost_boolean => Some("a boolean"),
+            None => None,
+        }
     }
 
     /// The steps it reads by name: `steps.<name>`, `steps["<name>"]`.

@@ -14,6 +14,10 @@ fn default_max_attempts() -> i32 {
 pub const DEFAULT_PARALLELISM: u32 = 8;
 /// The most a definition may ask for.
 pub const MAX_PARALLELISM: u32 = 64;
+/// The most items of one `for_each`, unless its step says.
+pub const DEFAULT_MAX_ITEMS: u32 = 1_000;
+/// The most a step may ask for.
+pub const MAX_ITEMS: u32 = 10_000;
 
 /// A workflow: steps over a validated input, each needing the one before
 /// it unless it names its `needs` (a graph: `graph.rs`).
@@ -78,6 +82,15 @@ pub struct StepDefinition {
     /// and the steps it needs giving an RFC 3339 timestamp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<String>,
+    /// CEL list over `input` and the steps it needs: the target is called
+    /// once per item (`item`, `index` in its rules and `validate`), and
+    /// the step's response is the list of answers in item order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<String>,
+    /// The most items a `for_each` may give (default
+    /// [`DEFAULT_MAX_ITEMS`]); more is the job's verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_items: Option<u32>,
     /// The target called; empty for a timer.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target: String,
@@ -102,6 +115,12 @@ impl StepDefinition {
     #[must_use]
     pub fn is_timer(&self) -> bool {
         self.sleep.is_some() || self.until.is_some()
+    }
+
+    /// The most items its `for_each` may give.
+    #[must_use]
+    pub fn max_items(&self) -> usize {
+        self.max_items.unwrap_or(DEFAULT_MAX_ITEMS) as usize
     }
 
     #[must_use]

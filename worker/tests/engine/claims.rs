@@ -217,6 +217,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
         name: "one".into(),
         skipped: false,
         response: json!({"stale": true}),
+        item: None,
     };
     assert!(matches!(
         old.checkpoint(&checkpoint).await,
@@ -394,6 +395,7 @@ async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPo
         name: "one".into(),
         skipped: false,
         response: json!({}),
+        item: None,
     };
     tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
         .await

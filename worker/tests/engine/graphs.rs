@@ -521,3 +521,117 @@ async fn until_waits_for_the_instant_it_gives_and_not_at_all_for_one_past(pool: 
     let error = row(&pool, nonsense).await.error.unwrap_or_default();
     assert!(error.contains("until gave \"soon\""), "{error}");
 }
+
+/// `score` calls its target once per number of `input.items`, then `sum`
+/// reads the answers.
+fn scoring(max_items: Option<u32>) -> Value {
+    let mut score = json!({"name": "score", "target": "echo", "method": "score",
+        "for_each": "input.items", "rules": ["doubled = item * 2", "at = index"]});
+    if let Some(max) = max_items {
+        score["max_items"] = json!(max);
+    }
+    json!({
+        "name": "scoring", "input_schema": {}, "parallelism": 16,
+        "steps": [
+            score,
+            {"name": "sum", "target": "echo", "method": "sum",
+             "rules": ["count = size(steps.score)", "last = steps.score[size(steps.score) - 1].request.doubled"]}
+        ]
+    })
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn for_each_calls_once_per_item_and_gives_the_answers_in_item_order(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    engine.register_workflow(&scoring(None)).await.unwrap();
+    let items: Vec<u32> = (0..200).collect();
+    let job_id = submit(&engine, "scoring", json!({"items": items})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+
+    assert_eq!(
+        calls.of(job_id).iter().filter(|s| *s == "score").count(),
+        200
+    );
+    let done = row(&pool, job_id).await;
+    let names = checkpoint_names(&done);
+    assert_eq!(names.len(), 202, "200 items, the step, the sum");
+    let list = &done.checkpoints.0[200]["response"];
+    let doubled: Vec<u64> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|answer| answer["request"]["doubled"].as_u64().unwrap())
+        .collect();
+    assert_eq!(doubled, (0..200).map(|n| n * 2).collect::<Vec<u64>>());
+    assert_eq!(
+        done.checkpoints.0[201]["response"]["request"],
+        json!({"count": 200, "last": 398})
+    );
+    let item_events = events(&pool, job_id)
+        .await
+        .iter()
+        .filter(|e| e.verdict().is_some_and(|v| v.starts_with("item ")))
+        .count();
+    assert_eq!(item_events, 200, "each item's answer is its own event");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_for_each_cut_short_resumes_calling_only_the_items_without_an_answer(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    engine.register_workflow(&scoring(None)).await.unwrap();
+    let items: Vec<u32> = (0..200).collect();
+    let job_id = submit(&engine, "scoring", json!({"items": items})).await;
+    // As a killed worker leaves it: 120 items answered, in no order.
+    let answered: Vec<Value> = (0..120u32)
+        .rev()
+        .map(|i| {
+            json!({"name": "score", "skipped": false, "item": i,
+            "response": {"step": "score", "request": {"doubled": i * 2, "at": i}}})
+        })
+        .collect();
+    sqlx::query("UPDATE workflow_run SET checkpoints = $2 WHERE job_id = $1")
+        .bind(job_id)
+        .bind(json!(answered))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        calls.of(job_id).iter().filter(|s| *s == "score").count(),
+        80,
+        "only the 80 items without an answer were called"
+    );
+    assert_eq!(
+        row(&pool, job_id).await.checkpoints.0[200]["response"][119]["request"]["doubled"],
+        json!(238)
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_for_each_past_its_max_items_or_over_no_list_fails_the_job_naming_the_step(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    engine.register_workflow(&scoring(Some(3))).await.unwrap();
+    let many = submit(&engine, "scoring", json!({"items": [1, 2, 3, 4]})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(many));
+    let failed = row(&pool, many).await;
+    assert_eq!(
+        failed.error.as_deref(),
+        Some("step score: for_each gave 4 items, over its max_items of 3")
+    );
+    assert!(failed.verdict.is_some(), "a verdict, not a defect");
+
+    let not_a_list = submit(&engine, "scoring", json!({"items": "abc"})).await;
+    assert_eq!(
+        engine.run_once().await.unwrap(),
+        Outcome::Failed(not_a_list)
+    );
+    let error = row(&pool, not_a_list).await.error.unwrap_or_default();
+    assert!(
+        error.contains("for_each gave a string, not a list"),
+        "{error}"
+    );
+    assert!(calls.of(many).is_empty() && calls.of(not_a_list).is_empty());
+}

@@ -102,6 +102,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
             name: "one".into(),
             skipped: false,
             response: json!({"step": "one", "request": {"n": 1}}),
+            item: None,
         })
         .await
         .unwrap();

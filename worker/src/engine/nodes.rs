@@ -1,0 +1,373 @@
+//! The steps of one segment, run as a graph: ready steps (and the items
+//! of `for_each` steps) are called side by side up to the definition's
+//! `parallelism`; their checkpoints are fenced writes made one at a time,
+//! in the order the answers came; a step's dependants start only once its
+//! checkpoint has committed (`schedule.rs`). What the segment does with
+//! the way they stopped is `segment.rs`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla_store::runs::Checkpoint;
+use futures_util::StreamExt as _;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use serde_json::{Map, Value as Json};
+use tokio_util::sync::CancellationToken;
+
+use super::Engine;
+use super::claimed::{ClaimedRun, SegmentStop};
+use super::items::Items;
+use super::schedule::Schedule;
+use super::step::{Invocation, over_budget};
+use super::timers::{self, Sleeping};
+use crate::target::{RetryClass, StepFailure};
+use crate::workflow::CompiledWorkflow;
+use crate::workflow::expr::Scope;
+
+/// How the steps of a segment stopped.
+pub(super) enum Stop {
+    LeaseLost,
+    /// A step failed (the first to); the others ran to their checkpoints.
+    Failed(StepFailure),
+    /// Nothing else could run and this external step waits for its answer.
+    Park(String),
+    /// Nothing else could run and these timers have not woken.
+    Sleep(Sleeping),
+    /// Every step ended; `last` is the checkpoint not yet written, which
+    /// goes with the completion.
+    Finished {
+        steps: Map<String, Json>,
+        last: Option<Checkpoint>,
+    },
+}
+
+/// What a segment starts from: the answers of the steps that ended, the
+/// steps in the order they ended, and the answers of `for_each` items
+/// whose step has not ended (step → item → answer).
+pub(super) struct Replayed {
+    pub(super) steps: Map<String, Json>,
+    pub(super) ended: Vec<usize>,
+    pub(super) items: HashMap<usize, BTreeMap<u32, Json>>,
+}
+
+/// A step, or one item of a `for_each` step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Node {
+    step: usize,
+    item: Option<usize>,
+}
+
+/// A checkpoint's fenced write.
+type Write<'a> = BoxFuture<'a, Result<(), SegmentStop>>;
+
+/// A call's answer, or its step's `when` saying no (`None`).
+type Called<'a> = BoxFuture<'a, (Node, Result<Option<Json>, Invocation>)>;
+
+pub(super) struct Nodes<'a> {
+    pub(super) engine: &'a Engine,
+    pub(super) claimed: &'a ClaimedRun,
+    pub(super) compiled: &'a Arc<CompiledWorkflow>,
+    pub(super) input: Json,
+    pub(super) started: Instant,
+    pub(super) lease_lost: &'a CancellationToken,
+}
+
+impl<'a> Nodes<'a> {
+    pub(super) async fn run(&self, replayed: Replayed) -> Result<Stop, SegmentStop> {
+        let Replayed {
+            mut steps,
+            ended,
+            items: mut earlier_items,
+        } = replayed;
+        let mut schedule = Schedule::new(&self.compiled.graph, ended);
+        let parallelism = self.compiled.definition.parallelism();
+        let deadline = Duration::from_millis(self.compiled.definition.deadline_ms);
+        let mut calls: FuturesUnordered<Called<'_>> = FuturesUnordered::new();
+        let mut answered: VecDeque<(Node, Checkpoint)> = VecDeque::new();
+        let mut writing: Option<(Node, Checkpoint, Write<'a>)> = None;
+        let mut items = Items::default();
+        let mut failure: Option<StepFailure> = None;
+        let mut park_on: Option<String> = None;
+        let mut sleeping = Sleeping::default();
+        loop {
+            if self.lease_lost.is_cancelled() {
+                return Ok(Stop::LeaseLost);
+            }
+            while failure.is_none() && calls.len() < parallelism {
+                let Some(left) = deadline
+                    .checked_sub(self.started.elapsed())
+                    .filter(|d| !d.is_zero())
+                else {
+                    let error = format!(
+                        "segment exceeded its deadline of {} ms before its next step",
+                        deadline.as_millis()
+                    );
+                    failure = Some(StepFailure::retryable(RetryClass::Deadline, error));
+                    break;
+                };
+                // Items of a step under way go before new steps.
+                if let Some((step, item, scope)) = items.next_call() {
+                    let node = Node {
+                        step,
+                        item: Some(item),
+                    };
+                    calls.push(Box::pin(self.call(node, scope, (left, deadline))));
+                    continue;
+                }
+                let Some(index) = schedule.start_next() else {
+                    break;
+                };
+                let step = &self.compiled.steps[index];
+                let name = step.definition.name.clone();
+                let node = Node {
+                    step: index,
+                    item: None,
+                };
+                if step.definition.is_external() {
+                    // Parked on once nothing else can run; another
+                    // external step ready meanwhile waits for a later
+                    // segment.
+                    park_on.get_or_insert(name);
+                    continue;
+                }
+                let scope = Scope::default().with("input", &self.input).with(
+                    "steps",
+                    &Json::Object(self.compiled.steps_in_scope(index, &steps)),
+                );
+                if step.timer.is_some() {
+                    // A timer calls nothing: woken, it is checkpointed like
+                    // an answer; not yet, the job sleeps once nothing else
+                    // can run.
+                    match timers::wakes_at(
+                        self.engine,
+                        self.claimed,
+                        (self.compiled, index),
+                        &scope,
+                    )
+                    .await
+                    {
+                        Ok((at, _)) if at <= self.engine.now() => {
+                            let response = serde_json::json!({ "woke_at": timers::instant(at) });
+                            answered.push_back((node, checkpoint(name, None, Some(response))));
+                        }
+                        Ok((at, new)) => sleeping.add(name, at, new),
+                        Err(failed) => failure = Some(failed),
+                    }
+                    continue;
+                }
+                if step.for_each.is_some() {
+                    match self.list(index, &scope).await {
+                        Ok(None) => answered.push_back((node, checkpoint(name, None, None))),
+                        Ok(Some(list)) => {
+                            let before = earlier_items.remove(&index);
+                            if let Some(all) = items.start(index, scope, list, before) {
+                                answered.push_back((node, checkpoint(name, None, Some(all))));
+                            }
+                        }
+                        Err(failed) => failure = Some(failed),
+                    }
+                    continue;
+                }
+                calls.push(Box::pin(self.call(node, scope, (left, deadline))));
+            }
+            if calls.is_empty() && writing.is_none() {
+                let unwritten = answered.len();
+                if unwritten == 0 {
+                    return Ok(if let Some(failure) = failure {
+                        Stop::Failed(failure)
+                    } else if let Some(step) = park_on {
+                        Stop::Park(step)
+                    } else if !sleeping.is_empty() {
+                        Stop::Sleep(sleeping)
+                    } else if schedule.all_ended() {
+                        Stop::Finished { steps, last: None }
+                    } else {
+                        Stop::Failed(StepFailure::Defect(
+                            "no step of the workflow can start (a step's needs never end)".into(),
+                        ))
+                    });
+                }
+                let (node, _) = &answered[0];
+                if unwritten == 1
+                    && failure.is_none()
+                    && park_on.is_none()
+                    && node.item.is_none()
+                    && schedule.is_last(node.step)
+                {
+                    // The last checkpoint goes with the completion.
+                    let (_, last) = answered.pop_front().expect("one answer waits");
+                    if !last.skipped {
+                        steps.insert(last.name.clone(), last.response.clone());
+                    }
+                    return Ok(Stop::Finished {
+                        steps,
+                        last: Some(last),
+                    });
+                }
+            }
+            if writing.is_none()
+                && let Some((node, checkpoint)) = answered.pop_front()
+            {
+                let claimed = self.claimed;
+                let write = checkpoint.clone();
+                writing = Some((
+                    node,
+                    checkpoint,
+                    Box::pin(async move { claimed.checkpoint(&write).await }),
+                ));
+            }
+            tokio::select! {
+                Some((node, called)) = calls.next(), if !calls.is_empty() => match called {
+                    Ok(response) => {
+                        let name = self.compiled.steps[node.step].definition.name.clone();
+                        answered.push_back((node, checkpoint(name, node.item, response)));
+                    }
+                    Err(Invocation::LeaseLost) => return Ok(Stop::LeaseLost),
+                    // The calls still running go on to their checkpoints;
+                    // nothing new starts.
+                    Err(Invocation::Failed(failed)) => {
+                        failure.get_or_insert(failed);
+                    }
+                },
+                written = async { (&mut writing.as_mut().expect("polled only while writing").2).await },
+                    if writing.is_some() =>
+                {
+                    let (node, checkpoint, _) = writing.take().expect("a write was under way");
+                    written?;
+                    if let Some(item) = node.item {
+                        if let Some(all) = items.answered(node.step, item, checkpoint.response) {
+                            let step = Node { step: node.step, item: None };
+                            answered.push_back((step, self::checkpoint(checkpoint.name, None, Some(all))));
+                        }
+                        continue;
+                    }
+                    if !checkpoint.skipped {
+                        steps.insert(checkpoint.name, checkpoint.response);
+                    }
+                    schedule.end(node.step);
+                }
+            }
+        }
+    }
+
+    /// Whether step `index` runs: its `when` over `scope` (true without one).
+    async fn holds(&self, index: usize, scope: &Scope) -> Result<bool, StepFailure> {
+        let step = &self.compiled.steps[index];
+        if step.when.is_none() {
+            return Ok(true);
+        }
+        let holds = {
+            let (compiled, scope) = (self.compiled.clone(), scope.clone());
+            self.engine
+                .off_runtime(move || {
+                    compiled.steps[index]
+                        .when
+                        .as_ref()
+                        .map_or(Ok(true), |when| when.evaluate_bool(&scope))
+                })
+                .await
+        };
+        let name = &step.definition.name;
+        match holds {
+            Ok(Ok(holds)) => Ok(holds),
+            Ok(Err(e)) => Err(StepFailure::Defect(format!("step {name}: when: {e}"))),
+            Err(exhausted) => Err(over_budget(name, "evaluating when", &exhausted)),
+        }
+    }
+
+    /// The items of `for_each` step `index`, or `None` when its `when`
+    /// skips it. More items than the step allows is the job's verdict.
+    async fn list(&self, index: usize, scope: &Scope) -> Result<Option<Vec<Json>>, StepFailure> {
+        if !self.holds(index, scope).await? {
+            return Ok(None);
+        }
+        let step = &self.compiled.steps[index];
+        let name = &step.definition.name;
+        let listed = {
+            let (compiled, scope) = (self.compiled.clone(), scope.clone());
+            self.engine
+                .off_runtime(move || {
+                    compiled.steps[index]
+                        .for_each
+                        .as_ref()
+                        .map_or(Ok(Json::Array(Vec::new())), |list| list.evaluate(&scope))
+                })
+                .await
+        };
+        let listed = match listed {
+            Ok(Ok(listed)) => listed,
+            Ok(Err(e)) => return Err(StepFailure::Defect(format!("step {name}: for_each: {e}"))),
+            Err(exhausted) => return Err(over_budget(name, "evaluating for_each", &exhausted)),
+        };
+        let Json::Array(list) = listed else {
+            return Err(StepFailure::Defect(format!(
+                "step {name}: for_each gave {}, not a list",
+                kind(&listed)
+            )));
+        };
+        let most = step.definition.max_items();
+        if list.len() > most {
+            let message = format!(
+                "step {name}: for_each gave {} items, over its max_items of {most}",
+                list.len()
+            );
+            return Err(StepFailure::Verdict {
+                violations: vec![message.clone()],
+                message,
+            });
+        }
+        Ok(Some(list))
+    }
+
+    /// A step's call (its `when` first), or one item's.
+    async fn call(
+        &self,
+        node: Node,
+        scope: Scope,
+        (left, deadline): (Duration, Duration),
+    ) -> (Node, Result<Option<Json>, Invocation>) {
+        if node.item.is_none() {
+            match self.holds(node.step, &scope).await {
+                Ok(true) => {}
+                Ok(false) => return (node, Ok(None)),
+                Err(failed) => return (node, Err(Invocation::Failed(failed))),
+            }
+        }
+        let called = self
+            .engine
+            .invoke(
+                self.claimed,
+                (self.compiled, node.step),
+                &scope,
+                (left, deadline),
+                self.lease_lost,
+            )
+            .await;
+        (node, called.map(Some))
+    }
+}
+
+/// The checkpoint of a step (or of one of its items): its answer, or a
+/// skip when there is none.
+fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Checkpoint {
+    Checkpoint {
+        name,
+        skipped: response.is_none(),
+        response: response.unwrap_or(Json::Null),
+        item: item.and_then(|i| u32::try_from(i).ok()),
+    }
+}
+
+/// A JSON value's kind, for error messages.
+fn kind(value: &Json) -> &'static str {
+    match value {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "a map",
+    }
+}
