@@ -146,19 +146,21 @@ impl WorkflowRunEvent {
         Self::build(header, WorkflowRunEventType::StepCheckpoint, body)
     }
 
-    /// Item `item` of the `for_each` step `step_name` answered: a
-    /// STEP_CHECKPOINT event whose verdict is `item <index>`.
+    /// Part `number` of the step `step_name` answered (an `item` of a
+    /// `for_each` step, a `page` of a paged one): a STEP_CHECKPOINT event
+    /// whose verdict is `<part> <number>`.
     ///
     /// # Errors
     /// A contract rule the values break.
-    pub fn step_item(
+    pub fn step_part(
         header: EventHeader,
         step_name: impl Into<String>,
-        item: u32,
+        part: &str,
+        number: u32,
     ) -> Result<Self, RuleViolation> {
         let body = Body {
             step_name: Some(step_name.into()),
-            verdict: Some(format!("item {item}")),
+            verdict: Some(format!("{part} {number}")),
             ..Body::default()
         };
         Self::build(header, WorkflowRunEventType::StepCheckpoint, body)

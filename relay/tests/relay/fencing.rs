@@ -350,6 +350,7 @@ async fn insert_at(pool: &PgPool, events: &[(Uuid, i64)]) {
                 step: format!("step{sequence}"),
                 skipped: false,
                 item: None,
+                page: None,
             }
         };
         outbox::insert(&mut tx, &stamp, kind, Utc::now())

@@ -55,6 +55,7 @@ async fn insert_events(pool: &PgPool, jobs: &[Uuid], count: i64, result: serde_j
                     step: format!("step{n}"),
                     skipped: false,
                     item: None,
+                    page: None,
                 },
             };
             outbox::insert(&mut conn, &stamp, kind, Utc::now())

@@ -27,6 +27,8 @@ pub enum EventKind {
         skipped: bool,
         /// One item of a `for_each` step.
         item: Option<u32>,
+        /// One page of a paged step.
+        page: Option<u32>,
     },
     Waiting {
         step: String,
@@ -134,17 +136,18 @@ fn build(
             step,
             item: Some(item),
             ..
-        } => WorkflowRunEvent::step_item(header, step, item),
+        } => WorkflowRunEvent::step_part(header, step, "item", item),
         EventKind::StepCheckpoint {
             step,
-            skipped: false,
-            item: None,
-        } => WorkflowRunEvent::step_checkpoint(header, step),
+            page: Some(page),
+            ..
+        } => WorkflowRunEvent::step_part(header, step, "page", page),
         EventKind::StepCheckpoint {
             step,
             skipped: true,
-            item: None,
+            ..
         } => WorkflowRunEvent::step_skipped(header, step),
+        EventKind::StepCheckpoint { step, .. } => WorkflowRunEvent::step_checkpoint(header, step),
         EventKind::Waiting { step } => WorkflowRunEvent::waiting(header, step),
         EventKind::Sleeping { step, until } => WorkflowRunEvent::sleeping(header, step, until),
         EventKind::Completed { verdict, result } => {

@@ -42,6 +42,7 @@ pub async fn resume_waiting(
         step: checkpoint.name.clone(),
         skipped: checkpoint.skipped,
         item: checkpoint.item,
+        page: checkpoint.page,
     };
     outbox::insert(tx, &stamp, event, now).await?;
     Ok(true)

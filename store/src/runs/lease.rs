@@ -165,6 +165,7 @@ impl Transition {
                 step: checkpoint.name.clone(),
                 skipped: checkpoint.skipped,
                 item: checkpoint.item,
+                page: checkpoint.page,
             },
             Self::Park { step } => EventKind::Waiting { step: step.clone() },
             Self::Sleep { step, wakes_at, .. } => EventKind::Sleeping {
@@ -336,6 +337,7 @@ pub async fn transition(
                 step: checkpoint.name.clone(),
                 skipped: checkpoint.skipped,
                 item: checkpoint.item,
+                page: checkpoint.page,
             },
         )),
         _ => None,

@@ -41,6 +41,10 @@ pub struct Checkpoint {
     /// checkpoint, the list of answers, comes after every item's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item: Option<u32>,
+    /// For one page of a paged step: its number (from 0), the response
+    /// holding only the `cursor` the next page starts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<u32>,
 }
 
 /// Where a run's checkpoints start. Appending to the row's array rewrites

@@ -178,6 +178,7 @@ impl Engine {
                     name: step.to_owned(),
                     skipped: false,
                     item: None,
+                    page: None,
                     response,
                 };
                 if !idle::resume_waiting(

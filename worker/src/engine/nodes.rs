@@ -44,19 +44,37 @@ pub(super) enum Stop {
 }
 
 /// What a segment starts from: the answers of the steps that ended, the
-/// steps in the order they ended, and the answers of `for_each` items
-/// whose step has not ended (step → item → answer).
+/// steps in the order they ended, the answers of `for_each` items whose
+/// step has not ended (step → item → answer), and the pages of paged
+/// steps that have not ended (step → pages stored, the last cursor).
 pub(super) struct Replayed {
     pub(super) steps: Map<String, Json>,
     pub(super) ended: Vec<usize>,
     pub(super) items: HashMap<usize, BTreeMap<u32, Json>>,
+    pub(super) pages: HashMap<usize, (u32, Json)>,
 }
 
-/// A step, or one item of a `for_each` step.
+/// A step, one item of a `for_each` step, or one page of a paged step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Node {
     step: usize,
     item: Option<usize>,
+    page: Option<u32>,
+}
+
+impl Node {
+    fn step(step: usize) -> Self {
+        Self {
+            step,
+            item: None,
+            page: None,
+        }
+    }
+
+    /// Whether this call is the step's first (its `when` decides).
+    fn is_first(self) -> bool {
+        self.item.is_none() && self.page.unwrap_or(0) == 0
+    }
 }
 
 /// A checkpoint's fenced write.
@@ -80,6 +98,7 @@ impl<'a> Nodes<'a> {
             mut steps,
             ended,
             items: mut earlier_items,
+            pages: mut earlier_pages,
         } = replayed;
         let mut schedule = Schedule::new(&self.compiled.graph, ended);
         let parallelism = self.compiled.definition.parallelism();
@@ -88,6 +107,8 @@ impl<'a> Nodes<'a> {
         let mut answered: VecDeque<(Node, Checkpoint)> = VecDeque::new();
         let mut writing: Option<(Node, Checkpoint, Write<'a>)> = None;
         let mut items = Items::default();
+        // Paged steps whose next page is due: (step, page, cursor).
+        let mut next_pages: VecDeque<(usize, u32, Json)> = VecDeque::new();
         let mut failure: Option<StepFailure> = None;
         let mut park_on: Option<String> = None;
         let mut sleeping = Sleeping::default();
@@ -107,11 +128,20 @@ impl<'a> Nodes<'a> {
                     failure = Some(StepFailure::retryable(RetryClass::Deadline, error));
                     break;
                 };
-                // Items of a step under way go before new steps.
+                // Pages and items of a step under way go before new steps.
+                if let Some((step, page, cursor)) = next_pages.pop_front() {
+                    let node = Node {
+                        page: Some(page),
+                        ..Node::step(step)
+                    };
+                    let scope = self.scope(step, &steps).with("cursor", &cursor);
+                    calls.push(Box::pin(self.call(node, scope, (left, deadline))));
+                    continue;
+                }
                 if let Some((step, item, scope)) = items.next_call() {
                     let node = Node {
-                        step,
                         item: Some(item),
+                        ..Node::step(step)
                     };
                     calls.push(Box::pin(self.call(node, scope, (left, deadline))));
                     continue;
@@ -121,10 +151,7 @@ impl<'a> Nodes<'a> {
                 };
                 let step = &self.compiled.steps[index];
                 let name = step.definition.name.clone();
-                let node = Node {
-                    step: index,
-                    item: None,
-                };
+                let node = Node::step(index);
                 if step.definition.is_external() {
                     // Parked on once nothing else can run; another
                     // external step ready meanwhile waits for a later
@@ -132,10 +159,7 @@ impl<'a> Nodes<'a> {
                     park_on.get_or_insert(name);
                     continue;
                 }
-                let scope = Scope::default().with("input", &self.input).with(
-                    "steps",
-                    &Json::Object(self.compiled.steps_in_scope(index, &steps)),
-                );
+                let scope = self.scope(index, &steps);
                 if step.timer.is_some() {
                     // A timer calls nothing: woken, it is checkpointed like
                     // an answer; not yet, the job sleeps once nothing else
@@ -170,6 +194,17 @@ impl<'a> Nodes<'a> {
                     }
                     continue;
                 }
+                if step.definition.paged {
+                    // From the first page, or the one after the last cursor stored.
+                    let (page, cursor) = earlier_pages.remove(&index).unwrap_or((0, Json::Null));
+                    let node = Node {
+                        page: Some(page),
+                        ..node
+                    };
+                    let scope = scope.with("cursor", &cursor);
+                    calls.push(Box::pin(self.call(node, scope, (left, deadline))));
+                    continue;
+                }
                 calls.push(Box::pin(self.call(node, scope, (left, deadline))));
             }
             if calls.is_empty() && writing.is_none() {
@@ -189,11 +224,12 @@ impl<'a> Nodes<'a> {
                         ))
                     });
                 }
-                let (node, _) = &answered[0];
+                let (node, next) = &answered[0];
                 if unwritten == 1
                     && failure.is_none()
                     && park_on.is_none()
-                    && node.item.is_none()
+                    && next.item.is_none()
+                    && next.page.is_none()
                     && schedule.is_last(node.step)
                 {
                     // The last checkpoint goes with the completion.
@@ -222,7 +258,25 @@ impl<'a> Nodes<'a> {
                 Some((node, called)) = calls.next(), if !calls.is_empty() => match called {
                     Ok(response) => {
                         let name = self.compiled.steps[node.step].definition.name.clone();
-                        answered.push_back((node, checkpoint(name, node.item, response)));
+                        match (node.page, response) {
+                            (Some(page), Some(answer)) if answer.get("more") == Some(&Json::Bool(true)) => {
+                                match answer.get("cursor") {
+                                    Some(cursor) => {
+                                        let mut kept = checkpoint(name, None, Some(serde_json::json!({ "cursor": cursor })));
+                                        kept.page = Some(page);
+                                        answered.push_back((node, kept));
+                                    }
+                                    None => {
+                                        failure.get_or_insert(StepFailure::Defect(format!(
+                                            "step {name}: page {page} says more: true without a cursor"
+                                        )));
+                                    }
+                                }
+                            }
+                            (_, response) => {
+                                answered.push_back((Node { page: None, ..node }, checkpoint(name, node.item, response)));
+                            }
+                        }
                     }
                     Err(Invocation::LeaseLost) => return Ok(Stop::LeaseLost),
                     // The calls still running go on to their checkpoints;
@@ -238,9 +292,14 @@ impl<'a> Nodes<'a> {
                     written?;
                     if let Some(item) = node.item {
                         if let Some(all) = items.answered(node.step, item, checkpoint.response) {
-                            let step = Node { step: node.step, item: None };
-                            answered.push_back((step, self::checkpoint(checkpoint.name, None, Some(all))));
+                            answered.push_back((Node::step(node.step), self::checkpoint(checkpoint.name, None, Some(all))));
                         }
+                        continue;
+                    }
+                    if let Some(page) = checkpoint.page {
+                        // The cursor is durable: the next page may be fetched.
+                        let cursor = checkpoint.response.get("cursor").cloned().unwrap_or(Json::Null);
+                        next_pages.push_back((node.step, page + 1, cursor));
                         continue;
                     }
                     if !checkpoint.skipped {
@@ -250,6 +309,14 @@ impl<'a> Nodes<'a> {
                 }
             }
         }
+    }
+
+    /// What step `index` sees: `input` and the answers of its ancestors.
+    fn scope(&self, index: usize, steps: &Map<String, Json>) -> Scope {
+        Scope::default().with("input", &self.input).with(
+            "steps",
+            &Json::Object(self.compiled.steps_in_scope(index, steps)),
+        )
     }
 
     /// Whether step `index` runs: its `when` over `scope` (true without one).
@@ -328,7 +395,7 @@ impl<'a> Nodes<'a> {
         scope: Scope,
         (left, deadline): (Duration, Duration),
     ) -> (Node, Result<Option<Json>, Invocation>) {
-        if node.item.is_none() {
+        if node.is_first() {
             match self.holds(node.step, &scope).await {
                 Ok(true) => {}
                 Ok(false) => return (node, Ok(None)),
@@ -357,6 +424,7 @@ fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Chec
         skipped: response.is_none(),
         response: response.unwrap_or(Json::Null),
         item: item.and_then(|i| u32::try_from(i).ok()),
+        page: None,
     }
 }
 

@@ -234,6 +234,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         steps: Map::new(),
         ended: Vec::with_capacity(entries.len()),
         items: HashMap::new(),
+        pages: HashMap::new(),
     };
     let mut ended = vec![false; compiled.steps.len()];
     for (i, entry) in entries.iter().enumerate() {
@@ -258,6 +259,32 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
             ));
         }
         let step = &compiled.steps[index];
+        if let Some(page) = checkpoint.page {
+            // A page keeps only the cursor the next one starts from.
+            let stored = replayed.pages.get(&index).map_or(0, |(pages, _)| *pages);
+            let cursor = checkpoint.response.get("cursor");
+            match (step.definition.paged, cursor) {
+                (false, _) => {
+                    return Err(format!(
+                        "checkpoint {i} is a page of step {name:?}, which is not paged"
+                    ));
+                }
+                (true, None) => {
+                    return Err(format!(
+                        "checkpoint {i} ({name}) is a page without a cursor"
+                    ));
+                }
+                (true, Some(_)) if page != stored => {
+                    return Err(format!(
+                        "checkpoint {i} is page {page} of step {name:?}, after {stored} pages"
+                    ));
+                }
+                (true, Some(cursor)) => {
+                    replayed.pages.insert(index, (page + 1, cursor.clone()));
+                }
+            }
+            continue;
+        }
         let answers: Vec<&Json> = match (&checkpoint.item, &step.for_each, checkpoint.skipped) {
             (_, _, true) => Vec::new(),
             (Some(_), None, _) => {
@@ -295,6 +322,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         ended[index] = true;
         replayed.ended.push(index);
         replayed.items.remove(&index);
+        replayed.pages.remove(&index);
         if !checkpoint.skipped {
             replayed.steps.insert(checkpoint.name, checkpoint.response);
         }

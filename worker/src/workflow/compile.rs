@@ -284,6 +284,13 @@ impl CompiledWorkflow {
                     format!("must be 1 to {MAX_ITEMS}, got {max}"),
                 );
             }
+            if step.paged && (step.is_timer() || step.is_external() || step.for_each.is_some()) {
+                problems.add(
+                    at,
+                    "paged",
+                    "a timer, an external or a for_each step is not paged",
+                );
+            }
             if step.for_each.is_some() && (step.is_timer() || step.is_external()) {
                 problems.add(
                     at,

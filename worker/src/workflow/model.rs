@@ -91,6 +91,11 @@ pub struct StepDefinition {
     /// [`DEFAULT_MAX_ITEMS`]); more is the job's verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_items: Option<u32>,
+    /// Called again while its answer says `more: true`, given the `cursor`
+    /// that answer held (`cursor` is null on the first call); its
+    /// response is the last page's answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paged: bool,
     /// The target called; empty for a timer.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target: String,

@@ -218,6 +218,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
         skipped: false,
         response: json!({"stale": true}),
         item: None,
+        page: None,
     };
     assert!(matches!(
         old.checkpoint(&checkpoint).await,
@@ -396,6 +397,7 @@ async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPo
         skipped: false,
         response: json!({}),
         item: None,
+        page: None,
     };
     tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
         .await

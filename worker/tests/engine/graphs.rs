@@ -597,7 +597,9 @@ async fn a_for_each_cut_short_resumes_calling_only_the_items_without_an_answer(p
         .execute(&pool)
         .await
         .unwrap();
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    let outcome = engine.run_once().await.unwrap();
+    let error = row(&pool, job_id).await.error;
+    assert_eq!(outcome, Outcome::Completed(job_id), "{error:?}");
     assert_eq!(
         calls.of(job_id).iter().filter(|s| *s == "score").count(),
         80,
@@ -634,4 +636,123 @@ async fn a_for_each_past_its_max_items_or_over_no_list_fails_the_job_naming_the_
         "{error}"
     );
     assert!(calls.of(many).is_empty() && calls.of(not_a_list).is_empty());
+}
+
+/// A target `pager` with three pages: it answers cursor null, 1, 2 with
+/// `more: true` and the next cursor, and cursor 3 with the last page.
+/// Records the cursors it was called with. With a `thief`, called for
+/// the second page it first gives the job's lease to another worker.
+fn pager(seen: Arc<Mutex<Vec<Value>>>, thief: Option<PgPool>) -> Targets {
+    let mut targets = Targets::default();
+    targets.register(
+        "pager",
+        Arc::new(FnTarget(move |call: TargetCall| {
+            let cursor = call.request["cursor"].clone();
+            seen.lock().unwrap().push(cursor.clone());
+            let thief = thief.clone().filter(|_| cursor == json!(1));
+            async move {
+                if let Some(thief) = thief {
+                    sqlx::query(
+                        "UPDATE workflow_run SET lease_token = gen_random_uuid(), lease_owner = 'thief'",
+                    )
+                    .execute(&thief)
+                    .await
+                    .unwrap();
+                }
+                let at = cursor.as_u64().unwrap_or(0);
+                Ok::<_, StepFailure>(if at < 3 {
+                    json!({"more": true, "cursor": at + 1, "rows": 100})
+                } else {
+                    json!({"more": false, "rows": 40, "total": 340})
+                })
+            }
+        })),
+        8,
+    );
+    targets
+}
+
+fn export() -> Value {
+    json!({
+        "name": "export", "input_schema": {},
+        "steps": [
+            {"name": "pages", "target": "pager", "method": "page", "paged": true,
+             "rules": ["cursor = cursor"]}
+        ]
+    })
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_paged_step_is_called_with_each_cursor_until_its_answer_says_no_more(pool: PgPool) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let engine = engine(&pool, pager(seen.clone(), None), manual_clock(), "w");
+    engine.register_workflow(&export()).await.unwrap();
+    let job_id = submit(&engine, "export", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [json!(null), json!(1), json!(2), json!(3)]
+    );
+    let done = row(&pool, job_id).await;
+    assert_eq!(
+        done.checkpoints.0,
+        json!([
+            {"name": "pages", "skipped": false, "page": 0, "response": {"cursor": 1}},
+            {"name": "pages", "skipped": false, "page": 1, "response": {"cursor": 2}},
+            {"name": "pages", "skipped": false, "page": 2, "response": {"cursor": 3}},
+            {"name": "pages", "skipped": false, "response": {"more": false, "rows": 40, "total": 340}}
+        ]),
+        "each cursor kept as it came, the step's answer the last page's"
+    );
+    let verdicts: Vec<Option<String>> = events(&pool, job_id)
+        .await
+        .iter()
+        .filter(|e| e.event_type() == WorkflowRunEventType::StepCheckpoint)
+        .map(|e| e.verdict().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            Some("page 0".into()),
+            Some("page 1".into()),
+            Some("page 2".into()),
+            None
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_that_lost_its_lease_cannot_move_the_cursor_and_the_next_attempt_resumes_from_the_last_stored(
+    pool: PgPool,
+) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let first = engine(
+        &pool,
+        pager(seen.clone(), Some(pool.clone())),
+        manual_clock(),
+        "w",
+    );
+    first.register_workflow(&export()).await.unwrap();
+    let job_id = submit(&first, "export", json!({})).await;
+    assert_eq!(first.run_once().await.unwrap(), Outcome::LeaseLost(job_id));
+    let held = row(&pool, job_id).await;
+    assert_eq!(
+        held.checkpoints.0,
+        json!([{"name": "pages", "skipped": false, "page": 0, "response": {"cursor": 1}}]),
+        "the cursor of the page fetched after the lease was gone was not written"
+    );
+
+    // The thief's lease lapses and the job is claimable again.
+    sqlx::query("UPDATE workflow_run SET status = 'QUEUED', lease_token = NULL, lease_owner = NULL, lease_until = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    seen.lock().unwrap().clear();
+    let honest = engine(&pool, pager(seen.clone(), None), manual_clock(), "w2");
+    assert_eq!(honest.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [json!(1), json!(2), json!(3)],
+        "resumed from the last cursor stored"
+    );
 }

@@ -103,6 +103,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
             skipped: false,
             response: json!({"step": "one", "request": {"n": 1}}),
             item: None,
+            page: None,
         })
         .await
         .unwrap();
