@@ -31,6 +31,12 @@ pub(crate) enum Command {
         api: client::ApiArgs,
         job_id: String,
     },
+    /// Show a job's steps as a graph: each with its state and its needs.
+    Graph {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        job_id: String,
+    },
     /// List jobs, newest first.
     List {
         #[command(flatten)]
@@ -84,6 +90,7 @@ impl Command {
             Command::Produce(args) => produce::run(args).await,
             Command::Submit { api, args } => jobs::submit(&api, args).await,
             Command::Get { api, job_id } => jobs::get(&api, &job_id).await,
+            Command::Graph { api, job_id } => jobs::graph(&api, &job_id).await,
             Command::List { api, args } => jobs::list(&api, args).await,
             Command::Complete {
                 api,

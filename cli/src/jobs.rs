@@ -135,6 +135,48 @@ pub(crate) async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+pub(crate) async fn graph(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
+    let graph = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}/graph"), None)
+        .await?;
+    show(api, &graph, |graph| {
+        println!(
+            "{}  {}",
+            graph["job_id"].as_str().unwrap_or(""),
+            graph["status"].as_str().unwrap_or("")
+        );
+        println!(
+            "{:<24}  {:<10}  {:<9}  {:<30}  NOTE",
+            "STEP", "STATE", "KIND", "NEEDS"
+        );
+        for node in graph["nodes"].as_array().into_iter().flatten() {
+            let needs: Vec<&str> = node["needs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let note = if let Some(at) = node["wakes_at"].as_str() {
+                format!("wakes at {at}")
+            } else if let Some(done) = node["items_done"].as_u64() {
+                format!("{done} items done")
+            } else if let Some(pages) = node["pages"].as_u64() {
+                format!("{pages} pages, cursor {}", node["cursor"])
+            } else {
+                String::new()
+            };
+            println!(
+                "{:<24}  {:<10}  {:<9}  {:<30}  {note}",
+                node["name"].as_str().unwrap_or(""),
+                node["state"].as_str().unwrap_or(""),
+                node["kind"].as_str().unwrap_or(""),
+                needs.join(", "),
+            );
+        }
+    });
+    Ok(())
+}
+
 pub(crate) async fn list(api: &ApiArgs, args: ListArgs) -> Result<(), Failure> {
     let mut query = vec![format!("limit={}", args.limit)];
     for (key, value) in [

@@ -99,6 +99,11 @@ async fn the_cli_drives_a_job_from_submit_to_its_completed_event(pool: PgPool) {
         let (code, out) = flotilla(env.clone(), vec![s("list"), s("--workflow"), s("approval")]).await;
         assert_eq!(code, Some(0));
         assert!(out.iter().any(|l| l.starts_with(&job_id) && l.contains("COMPLETED")), "{out:?}");
+        let (code, out) = flotilla(env.clone(), vec![s("graph"), job_id.clone()]).await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let approve = out.iter().find(|l| l.starts_with("approve")).unwrap_or_else(|| panic!("{out:?}"));
+        let columns: Vec<&str> = approve.split_whitespace().collect();
+        assert_eq!(columns, ["approve", "completed", "external", "check"], "{out:?}");
         stop.cancel();
         app.stop().await;
     })

@@ -17,6 +17,7 @@ use super::ApiState;
 use super::auth::{self, Granted, Scope};
 use super::problem::{ApiJson, ApiQuery, Problem, ProblemDoc};
 use super::views::{JobPageView, JobView, TimelineView};
+use crate::engine::graph_view::GraphView;
 use crate::engine::{CompleteOutcome, JobQuery, RefusalMode, Submission, Submitted, WorkflowRef};
 
 fn job_id(raw: &str) -> Result<Uuid, Problem> {
@@ -128,6 +129,22 @@ pub(super) async fn get(
         .await?
         .ok_or_else(|| Problem::not_found(format!("job {id} not found")))?;
     Ok(axum::Json(row.into()))
+}
+
+#[utoipa::path(get, path = "/v1/jobs/{job_id}/graph", params(("job_id" = Uuid, Path, description = "the job id")), responses((status = 200, description = "every step of the job with its state, its needs and dependants, items done, the last cursor and the instant a timer wakes", body = GraphView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "the job's definition cannot be drawn (written by another version)", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+pub(super) async fn graph(
+    State(state): State<ApiState>,
+    Path(raw): Path<String>,
+) -> Result<axum::Json<GraphView>, Problem> {
+    let id = job_id(&raw)?;
+    let row = state
+        .engine
+        .job(id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format!("job {id} not found")))?;
+    crate::engine::graph_view::of(&row)
+        .map(axum::Json)
+        .map_err(|e| Problem::new(StatusCode::UNPROCESSABLE_ENTITY, e))
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{job_id}/events", params(("job_id" = Uuid, Path, description = "the job id")), responses((status = 200, description = "the job's events still in the outbox, by sequence (retention may have deleted the oldest)", body = TimelineView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]

@@ -13,6 +13,7 @@ mod evaluate;
 mod finishes;
 mod fleet;
 mod gather;
+pub mod graph_view;
 mod group_commit;
 mod in_flight;
 mod items;

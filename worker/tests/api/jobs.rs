@@ -321,3 +321,72 @@ async fn names_the_store_cannot_hold_are_400_naming_the_field_in_registration_an
         .unwrap();
     assert_eq!(stored, 0, "nothing was registered");
 }
+
+/// A job's graph names every step with its state, its edges both ways
+/// and its kind: here a skipped check, a step parked for its answer, and
+/// what waits behind it.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_jobs_graph_shows_each_step_with_its_state_and_its_edges(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    let workflow = json!({
+        "name": "drawn", "input_schema": {},
+        "steps": [
+            {"name": "fetch", "target": "echo", "method": "m", "needs": []},
+            {"name": "check", "target": "echo", "method": "m", "needs": ["fetch"], "when": "false"},
+            {"name": "approve", "target": "echo", "method": "m", "needs": ["fetch"], "completion": "external"},
+            {"name": "ship", "target": "echo", "method": "m", "needs": ["check", "approve"]}
+        ]
+    });
+    let (status, _) = api
+        .call(Method::PUT, "/v1/workflows/drawn", Some(workflow))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (_, job) = api
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "drawn", "input": {}})),
+        )
+        .await;
+    let job_id = job["job_id"].as_str().unwrap().to_owned();
+    api.engine.run_once().await.unwrap();
+
+    let (status, graph) = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}/graph"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{graph}");
+    assert_eq!(graph["status"], "WAITING");
+    let states: Vec<(String, String, String)> = graph["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap().to_owned(),
+                n["state"].as_str().unwrap().to_owned(),
+                n["kind"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("fetch", "completed", "call"),
+        ("check", "skipped", "call"),
+        ("approve", "waiting", "external"),
+        ("ship", "pending", "call"),
+    ];
+    assert_eq!(
+        states,
+        expected.map(|(a, b, c)| (a.to_owned(), b.to_owned(), c.to_owned()))
+    );
+    assert_eq!(graph["nodes"][0]["dependants"], json!(["check", "approve"]));
+    assert_eq!(graph["nodes"][3]["needs"], json!(["check", "approve"]));
+
+    let (status, _) = api
+        .call(
+            Method::GET,
+            &format!("/v1/jobs/{}/graph", Uuid::new_v4()),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
