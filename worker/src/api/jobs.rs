@@ -122,13 +122,17 @@ pub(super) async fn get(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
 ) -> Result<axum::Json<JobView>, Problem> {
-    let id = job_id(&raw)?;
-    let row = state
+    Ok(axum::Json(row_of(&state, &raw).await?.into()))
+}
+
+/// The row of the job `raw` names: 400 for a malformed id, 404 unknown.
+async fn row_of(state: &ApiState, raw: &str) -> Result<flotilla_store::runs::RunRow, Problem> {
+    let id = job_id(raw)?;
+    state
         .engine
         .job(id)
         .await?
-        .ok_or_else(|| Problem::not_found(format!("job {id} not found")))?;
-    Ok(axum::Json(row.into()))
+        .ok_or_else(|| Problem::not_found(format!("job {id} not found")))
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{job_id}/graph", params(("job_id" = Uuid, Path, description = "the job id")), responses((status = 200, description = "every step of the job with its state, its needs and dependants, items done, the last cursor and the instant a timer wakes", body = GraphView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "the job's definition cannot be drawn (written by another version)", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
@@ -136,12 +140,7 @@ pub(super) async fn graph(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
 ) -> Result<axum::Json<GraphView>, Problem> {
-    let id = job_id(&raw)?;
-    let row = state
-        .engine
-        .job(id)
-        .await?
-        .ok_or_else(|| Problem::not_found(format!("job {id} not found")))?;
+    let row = row_of(&state, &raw).await?;
     crate::engine::graph_view::of(&row)
         .map(axum::Json)
         .map_err(|e| Problem::new(StatusCode::UNPROCESSABLE_ENTITY, e))
