@@ -185,6 +185,7 @@ fn call(method: &str) -> TargetCall {
         timeout: Duration::from_secs(5),
         traceparent: None,
         tracestate: None,
+        part: None,
     }
 }
 

@@ -71,6 +71,15 @@ impl Node {
         }
     }
 
+    /// The part of its step this call is, as its idempotency key says it.
+    fn part(self) -> Option<String> {
+        match (self.item, self.page) {
+            (Some(item), _) => Some(format!("item-{item}")),
+            (None, Some(page)) => Some(format!("page-{page}")),
+            (None, None) => None,
+        }
+    }
+
     /// Whether this call is the step's first (its `when` decides).
     fn is_first(self) -> bool {
         self.item.is_none() && self.page.unwrap_or(0) == 0
@@ -406,7 +415,7 @@ impl<'a> Nodes<'a> {
             .engine
             .invoke(
                 self.claimed,
-                (self.compiled, node.step),
+                (self.compiled, node.step, node.part()),
                 &scope,
                 (left, deadline),
                 self.lease_lost,

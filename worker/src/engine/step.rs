@@ -29,7 +29,7 @@ impl Engine {
     pub(super) async fn invoke(
         &self,
         claimed: &ClaimedRun,
-        (compiled, index): (&Arc<CompiledWorkflow>, usize),
+        (compiled, index, part): (&Arc<CompiledWorkflow>, usize, Option<String>),
         scope: &Scope,
         (left, deadline): (Duration, Duration),
         lease_lost: &CancellationToken,
@@ -100,6 +100,7 @@ impl Engine {
             timeout: limit,
             traceparent,
             tracestate,
+            part,
         };
         let started = std::time::Instant::now();
         // A target that panics fails this job as a defect; the loop goes on.

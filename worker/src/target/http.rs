@@ -418,6 +418,7 @@ mod tests {
             timeout,
             traceparent: None,
             tracestate: None,
+            part: None,
         };
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let refused = format!("http://{}", closed.local_addr().unwrap());

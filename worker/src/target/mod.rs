@@ -92,14 +92,22 @@ pub struct TargetCall {
     /// The caller's trace context (W3C), sent as headers.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// Which part of the step this call is: an item of a `for_each`
+    /// (`item-3`) or a page of a paged step (`page-2`); `None` for a whole
+    /// step.
+    pub part: Option<String>,
 }
 
 impl TargetCall {
-    /// `<job_id>:<step_name>`: the same for every retry of this step, so the
-    /// target can deduplicate side effects.
+    /// `<job_id>:<step_name>`, and `:<part>` for an item or a page: the
+    /// same for every retry of this call and different from every other
+    /// call, so the target can deduplicate side effects.
     #[must_use]
     pub fn idempotency_key(&self) -> String {
-        format!("{}:{}", self.job_id, self.step_name)
+        match &self.part {
+            Some(part) => format!("{}:{}:{part}", self.job_id, self.step_name),
+            None => format!("{}:{}", self.job_id, self.step_name),
+        }
     }
 }
 
@@ -207,5 +215,41 @@ where
 {
     async fn call(&self, call: TargetCall) -> Result<serde_json::Value, StepFailure> {
         (self.0)(call).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every retry of a call keeps its key; two items, two pages or an
+    /// item and its step never share one (a target deduplicating by key
+    /// would answer the second with the first's answer).
+    #[test]
+    fn each_item_and_page_has_an_idempotency_key_of_its_own() {
+        let call = |part: Option<&str>| TargetCall {
+            job_id: Uuid::nil(),
+            step_name: "score".into(),
+            method: "m".into(),
+            request: serde_json::Value::Null,
+            timeout: Duration::from_secs(1),
+            traceparent: None,
+            tracestate: None,
+            part: part.map(str::to_owned),
+        };
+        let nil = Uuid::nil();
+        assert_eq!(call(None).idempotency_key(), format!("{nil}:score"));
+        assert_eq!(
+            call(Some("item-3")).idempotency_key(),
+            format!("{nil}:score:item-3")
+        );
+        assert_ne!(
+            call(Some("item-3")).idempotency_key(),
+            call(Some("item-4")).idempotency_key()
+        );
+        assert_eq!(
+            call(Some("page-0")).idempotency_key(),
+            format!("{nil}:score:page-0")
+        );
     }
 }
