@@ -58,8 +58,10 @@ struct Shared {
     calls: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// The methods whose calls are counted per job and step (the payment's).
-const COUNTED: [&str; 2] = ["authorize", "capture"];
+/// The methods whose calls are counted per job and step (the payment's,
+/// and the fulfilment graph's: a `for_each` item counts under
+/// `<step>:item-<n>`, its idempotency key's tail).
+const COUNTED: [&str; 5] = ["authorize", "capture", "stock", "price", "dispatch"];
 
 impl Shared {
     /// Counts a call with this idempotency key (`<job_id>:<step>`); returns
@@ -148,6 +150,9 @@ async fn call(
         }
         "label" => ok(json!({"label": format!("PARCEL-{}", &key[..key.len().min(8)])})),
         "authorize" => ok(json!({"authorization": "ok"})),
+        "stock" => ok(json!({"available": request["skus"].as_array().map_or(0, Vec::len)})),
+        "price" => ok(json!({"sku": request["sku"].clone(), "price": 5})),
+        "dispatch" => ok(json!({"dispatched": true, "calls": shared.calls_of_job(&key)})),
         "capture" if nth == Some(1) => busy("the payment provider is busy; try again"),
         "capture" => ok(json!({
             "captured": request["amount"].clone(),

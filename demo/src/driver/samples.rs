@@ -20,17 +20,21 @@ pub enum Kind {
     Dead,
     /// Parked for a human, cancelled through the API instead.
     Cancelled,
+    /// A graph: three roots side by side, a `for_each` over the order's
+    /// lines, a check skipped for small orders, a 1 s timer, a fan-in.
+    Graph,
 }
 
 impl Kind {
     /// Every kind, and its share of the requests (in twentieths).
-    pub const ALL: [(Kind, usize); 6] = [
-        (Kind::Shipping, 7),
+    pub const ALL: [(Kind, usize); 7] = [
+        (Kind::Shipping, 5),
         (Kind::Retried, 3),
         (Kind::Approved, 3),
         (Kind::Refused, 2),
         (Kind::Dead, 2),
         (Kind::Cancelled, 3),
+        (Kind::Graph, 2),
     ];
 
     #[must_use]
@@ -41,6 +45,7 @@ impl Kind {
             Kind::Approved | Kind::Cancelled => "onboarding",
             Kind::Refused => "kyc",
             Kind::Dead => "archive",
+            Kind::Graph => "fulfilment",
         }
     }
 
@@ -48,7 +53,7 @@ impl Kind {
     #[must_use]
     pub fn expected(self) -> &'static str {
         match self {
-            Kind::Shipping | Kind::Retried | Kind::Approved => "COMPLETED",
+            Kind::Shipping | Kind::Retried | Kind::Approved | Kind::Graph => "COMPLETED",
             Kind::Refused => "FAILED",
             Kind::Dead => "DEAD",
             Kind::Cancelled => "CANCELLED",
@@ -64,6 +69,7 @@ impl Kind {
             Kind::Refused => "verdict: the target refuses (422)",
             Kind::Dead => "503 on every attempt",
             Kind::Cancelled => "parked for a human, cancelled",
+            Kind::Graph => "graph: fan-out, for_each, when, timer",
         }
     }
 
@@ -73,6 +79,12 @@ impl Kind {
     pub fn expected_calls(self) -> Option<&'static [(&'static str, u64)]> {
         match self {
             Kind::Retried => Some(&[("authorize", 1), ("capture", 2)]),
+            Kind::Graph => Some(&[
+                ("stock", 1),
+                ("price:item-0", 1),
+                ("price:item-2", 1),
+                ("dispatch", 1),
+            ]),
             _ => None,
         }
     }
@@ -86,6 +98,12 @@ impl Kind {
             Kind::Retried => json!({"amount": 100 + n}),
             Kind::Refused => json!({"name": name, "age": 15}),
             Kind::Dead => json!({}),
+            // Odd orders have five lines (reviewed), even ones three.
+            Kind::Graph => {
+                let lines = if n % 2 == 1 { 5 } else { 3 };
+                let items: Vec<String> = (0..lines).map(|i| format!("sku-{i}")).collect();
+                json!({"name": name, "items": items})
+            }
         }
     }
 }
@@ -104,13 +122,13 @@ pub fn reported_calls(checkpoints: &Value, steps: &[(&str, u64)]) -> Option<Vec<
     )
 }
 
-/// `jobs` kinds (at least one of each once `jobs` >= 6), by their shares,
+/// `jobs` kinds (at least one of each once `jobs` >= 7), by their shares,
 /// interleaved so every kind is under way from the start.
 #[must_use]
 pub fn plan(jobs: usize) -> Vec<Kind> {
     let mut remaining: Vec<(Kind, usize)> = Kind::ALL
         .iter()
-        .map(|(kind, share)| (*kind, (jobs * share / 20).max(usize::from(jobs >= 6))))
+        .map(|(kind, share)| (*kind, (jobs * share / 20).max(usize::from(jobs >= 7))))
         .collect();
     // What the rounding left out goes to the kinds in order.
     let mut i = 0;
@@ -147,9 +165,9 @@ mod tests {
             let n = run.iter().filter(|k| **k == kind).count();
             assert_eq!(n, 300 * share / 20, "{kind:?}");
         }
-        let small = plan(6);
+        let small = plan(7);
         for (kind, _) in Kind::ALL {
-            assert!(small.contains(&kind), "{kind:?} missing from a run of 6");
+            assert!(small.contains(&kind), "{kind:?} missing from a run of 7");
         }
     }
 
