@@ -28,6 +28,9 @@ struct Shape {
     /// Whether the last step is external: each job parks (WAITING) there
     /// instead of completing.
     parks: bool,
+    /// A graph instead of a chain: a root, this many branches needing it,
+    /// and a join needing every branch (`steps` is then ignored).
+    fan_out: Option<usize>,
 }
 
 impl Shape {
@@ -39,7 +42,14 @@ impl Shape {
             response_bytes: 0,
             checkpoint_rows: checkpoint_rows(),
             parks: false,
+            fan_out: None,
         }
+    }
+
+    /// Steps each job runs.
+    fn nodes(&self) -> usize {
+        self.fan_out
+            .map_or(self.steps + usize::from(self.parks), |n| n + 2)
     }
 }
 
@@ -225,6 +235,18 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     let mut steps: Vec<_> = (1..=shape.steps)
         .map(|n| step(&format!("step{n}")))
         .collect();
+    if let Some(branches) = shape.fan_out {
+        let names: Vec<String> = (0..branches).map(|b| format!("branch{b}")).collect();
+        steps = vec![step("root")];
+        for name in &names {
+            let mut branch = step(name);
+            branch["needs"] = json!(["root"]);
+            steps.push(branch);
+        }
+        let mut join = step("join");
+        join["needs"] = json!(names);
+        steps.push(join);
+    }
     if shape.parks {
         steps.push(json!({"name": "approve", "target": "noop", "method": "approve", "completion": "external"}));
     }
@@ -392,6 +414,27 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
             "ratio",
         );
     }
+    // A graph beside the chain: every branch a checkpoint of its own, the
+    // branches called side by side.
+    let branches = 10;
+    let graph = Shape {
+        fan_out: Some(branches),
+        ..Shape::small(0)
+    };
+    let graphs = run(histories[0], loops, jobs, graph).await?;
+    report.add(
+        "engine",
+        format!("graph jobs/s (fan-out {branches}, fan-in), {loops} loops"),
+        graphs.jobs_per_second,
+        "jobs/s",
+    );
+    #[allow(clippy::cast_precision_loss)]
+    report.add(
+        "engine",
+        format!("graph steps/s (fan-out {branches}, fan-in), {loops} loops"),
+        graphs.jobs_per_second * graph.nodes() as f64,
+        "steps/s",
+    );
     // A claim and a completion per job: the claim path with the least
     // around it (a workflow has at least one step).
     let claims = run(histories[0], loops, jobs, Shape::small(1)).await?;
@@ -478,7 +521,7 @@ async fn checkpoint_layouts(
             steps: STEPS,
             response_bytes: RESPONSE_BYTES,
             checkpoint_rows,
-            parks: false,
+            ..Shape::small(STEPS)
         };
         let run = run(finished, loops, jobs, shape).await?;
         report.add(

@@ -923,3 +923,73 @@ async fn a_job_the_sweeper_sends_dead_counts_as_dead(pool: PgPool) {
     }
     app.stop().await;
 }
+
+/// A job asleep on a timer shows in `flotilla_timers_pending` (read from
+/// the database at the scrape), none overdue; a `for_each` item answered
+/// counts in `flotilla_items_done_total`.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn sleeping_jobs_and_answered_items_show_in_the_metrics(pool: PgPool) {
+    use flotilla_worker::test_support::{TEST_TOKEN, TestApp};
+
+    let app = TestApp::spawn(pool.clone()).await;
+    let client = flotilla_runtime::tls::http_client().build().unwrap();
+    let definition = json!({"name": "napper", "input_schema": {},
+    "steps": [
+        {"name": "each", "target": "echo", "method": "m", "for_each": "[1, 2]"},
+        {"name": "nap", "sleep": "1h"}
+    ]});
+    client
+        .put(format!("{}/v1/workflows/napper", app.url))
+        .bearer_auth(TEST_TOKEN)
+        .json(&definition)
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    let (_, before) = scrape(&client, &app.url).await;
+    let items_before = sum_of_all(&before, "flotilla_items_done_total");
+    client
+        .post(format!("{}/v1/jobs", app.url))
+        .bearer_auth(TEST_TOKEN)
+        .json(&json!({"workflow_name": "napper", "input": {}}))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let asleep = loop {
+        let (_, scrape) = scrape(&client, &app.url).await;
+        if sum_of_all(&scrape, "flotilla_timers_pending") >= 1.0 {
+            break scrape;
+        }
+        assert!(Instant::now() < deadline, "the job never went to sleep");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(sum_of_all(&asleep, "flotilla_timers_pending"), 1.0);
+    assert_eq!(
+        sum_of_all(&asleep, "flotilla_timer_oldest_overdue_seconds"),
+        0.0
+    );
+    assert!(
+        sum_of_all(&asleep, "flotilla_items_done_total") >= items_before + 2.0,
+        "both items counted"
+    );
+    app.stop().await;
+}
+
+/// The sum of every counter and gauge sample of `metric`.
+fn sum_of_all(scrape: &prometheus_parse::Scrape, metric: &str) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}

@@ -357,6 +357,27 @@ impl NewRun<'_> {
     }
 }
 
+/// Jobs waiting on timers: how many sleep past `now`, and since when the
+/// oldest whose instant has come is still waiting to be claimed.
+///
+/// Counts the QUEUED jobs that have reached a timer (a timer-ful job
+/// queued for a retry counts too).
+///
+/// # Errors
+/// Database errors.
+pub async fn timer_backlog(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE run_after > $1), min(run_after) FILTER (WHERE run_after <= $1)
+         FROM workflow_run WHERE status = 'QUEUED' AND timers IS NOT NULL",
+    )
+    .bind(now)
+    .fetch_one(conn)
+    .await
+}
+
 /// The row of `job_id`.
 ///
 /// # Errors

@@ -70,6 +70,17 @@ pub(super) async fn metrics(
             .set(f64::from(pool.size()) - idle as f64);
         metrics::gauge!("flotilla_tasks_dead").set(state.engine.health().problems().len() as f64);
     }
+    // Timers: a query on a partial index of the sleeping jobs only. A
+    // database that does not answer leaves the gauges as they were.
+    match state.engine.timer_backlog().await {
+        Ok((sleeping, overdue)) => {
+            #[allow(clippy::cast_precision_loss)]
+            metrics::gauge!("flotilla_timers_pending").set(sleeping as f64);
+            metrics::gauge!("flotilla_timer_oldest_overdue_seconds")
+                .set(overdue.map_or(0.0, |d| d.as_secs_f64()));
+        }
+        Err(e) => tracing::warn!(error = %e, "reading the timer backlog for the metrics failed"),
+    }
     let handle = prometheus().ok_or_else(|| {
         Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,

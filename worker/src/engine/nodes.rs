@@ -300,6 +300,7 @@ impl<'a> Nodes<'a> {
                     let (node, checkpoint, _) = writing.take().expect("a write was under way");
                     written?;
                     if let Some(item) = node.item {
+                        metrics::counter!("flotilla_items_done_total").increment(1);
                         if let Some(all) = items.answered(node.step, item, checkpoint.response) {
                             answered.push_back((Node::step(node.step), self::checkpoint(checkpoint.name, None, Some(all))));
                         }
@@ -404,6 +405,7 @@ impl<'a> Nodes<'a> {
         scope: Scope,
         (left, deadline): (Duration, Duration),
     ) -> (Node, Result<Option<Json>, Invocation>) {
+        let _running = Running::new();
         if node.is_first() {
             match self.holds(node.step, &scope).await {
                 Ok(true) => {}
@@ -422,6 +424,23 @@ impl<'a> Nodes<'a> {
             )
             .await;
         (node, called.map(Some))
+    }
+}
+
+/// A call under way, counted in `flotilla_steps_running` until it ends or
+/// is dropped (a lost lease drops every call of the segment).
+struct Running;
+
+impl Running {
+    fn new() -> Self {
+        metrics::gauge!("flotilla_steps_running").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        metrics::gauge!("flotilla_steps_running").decrement(1.0);
     }
 }
 

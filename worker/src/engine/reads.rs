@@ -69,6 +69,21 @@ impl Engine {
         Ok(runs::get(&mut conn, job_id).await?)
     }
 
+    /// Jobs asleep on a timer, and how long the oldest whose instant has
+    /// come has waited past it.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn timer_backlog(&self) -> Result<(i64, Option<std::time::Duration>), StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        let now = self.now();
+        let (sleeping, oldest_due) = runs::timer_backlog(&mut conn, now).await?;
+        Ok((
+            sleeping,
+            oldest_due.map(|due| (now - due).to_std().unwrap_or_default()),
+        ))
+    }
+
     /// A page of jobs, newest first.
     ///
     /// # Errors
