@@ -32,7 +32,7 @@ fn template() -> anyhow::Result<serde_json::Value> {
         occurred_at: Utc::now(),
     };
     Ok(serde_json::to_value(WorkflowRunEvent::step_checkpoint(
-        header, "step",
+        header, "step", None,
     )?)?)
 }
 

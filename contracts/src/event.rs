@@ -15,6 +15,8 @@ pub use crate::event_type::WorkflowRunEventType;
 
 /// The verdict of a STEP_CHECKPOINT event whose step was skipped.
 pub const SKIPPED: &str = "skipped";
+/// The verdict of a STEP_CHECKPOINT event of a compensation step.
+pub const COMPENSATION: &str = "compensation";
 
 /// The fields every event carries, whatever its type.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,53 +116,20 @@ impl WorkflowRunEvent {
         Self::build(header, WorkflowRunEventType::Accepted, Body::default())
     }
 
-    /// `step_name` finished and its response is checkpointed.
+    /// The step `step_name` has a checkpoint; `note` says what kind when it
+    /// is not the step's answer (`skipped`, `item <n>`, `page <n>`,
+    /// `compensation`) and becomes the event's verdict.
     ///
     /// # Errors
-    /// A blank step name or a header that breaks a rule.
+    /// A contract rule the values break.
     pub fn step_checkpoint(
         header: EventHeader,
         step_name: impl Into<String>,
+        note: Option<String>,
     ) -> Result<Self, RuleViolation> {
         let body = Body {
             step_name: Some(step_name.into()),
-            ..Body::default()
-        };
-        Self::build(header, WorkflowRunEventType::StepCheckpoint, body)
-    }
-
-    /// The step `step_name` was skipped (its `when` was false): a
-    /// checkpoint whose verdict is `skipped`.
-    ///
-    /// # Errors
-    /// A contract rule the values break.
-    pub fn step_skipped(
-        header: EventHeader,
-        step_name: impl Into<String>,
-    ) -> Result<Self, RuleViolation> {
-        let body = Body {
-            step_name: Some(step_name.into()),
-            verdict: Some(SKIPPED.to_owned()),
-            ..Body::default()
-        };
-        Self::build(header, WorkflowRunEventType::StepCheckpoint, body)
-    }
-
-    /// Part `number` of the step `step_name` answered (an `item` of a
-    /// `for_each` step, a `page` of a paged one): a STEP_CHECKPOINT event
-    /// whose verdict is `<part> <number>`.
-    ///
-    /// # Errors
-    /// A contract rule the values break.
-    pub fn step_part(
-        header: EventHeader,
-        step_name: impl Into<String>,
-        part: &str,
-        number: u32,
-    ) -> Result<Self, RuleViolation> {
-        let body = Body {
-            step_name: Some(step_name.into()),
-            verdict: Some(format!("{part} {number}")),
+            verdict: note,
             ..Body::default()
         };
         Self::build(header, WorkflowRunEventType::StepCheckpoint, body)

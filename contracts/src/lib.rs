@@ -17,7 +17,7 @@ mod rules;
 pub mod topics;
 
 pub use error::DecodeError;
-pub use event::{EventHeader, SKIPPED, WorkflowRunEvent, WorkflowRunEventType};
+pub use event::{COMPENSATION, EventHeader, SKIPPED, WorkflowRunEvent, WorkflowRunEventType};
 pub use request::WorkflowRunRequest;
 pub use rules::RuleViolation;
 

@@ -131,7 +131,7 @@ fn stored_event() -> serde_json::Value {
         attempt: 1,
         occurred_at: chrono::Utc::now(),
     };
-    serde_json::to_value(WorkflowRunEvent::step_checkpoint(header, "step").unwrap()).unwrap()
+    serde_json::to_value(WorkflowRunEvent::step_checkpoint(header, "step", None).unwrap()).unwrap()
 }
 
 #[test]

@@ -64,7 +64,7 @@ fn event() -> impl Strategy<Value = WorkflowRunEvent> {
         .prop_map(|(header, kind, word, maybe, doc)| {
             match kind {
                 0 => WorkflowRunEvent::accepted(header),
-                1 => WorkflowRunEvent::step_checkpoint(header, word),
+                1 => WorkflowRunEvent::step_checkpoint(header, word, None),
                 2 => WorkflowRunEvent::waiting(header, word),
                 3 => WorkflowRunEvent::completed(header, word, doc),
                 4 => WorkflowRunEvent::failed(header, word, maybe),

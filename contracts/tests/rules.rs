@@ -39,7 +39,7 @@ fn failed_dead_and_cancelled_need_the_error() {
 #[test]
 fn checkpoint_and_waiting_events_name_their_step() {
     assert_eq!(
-        WorkflowRunEvent::step_checkpoint(header(1), "").unwrap_err(),
+        WorkflowRunEvent::step_checkpoint(header(1), "", None).unwrap_err(),
         RuleViolation::StepEventWithoutStep {
             event_type: "STEP_CHECKPOINT"
         }

@@ -348,9 +348,7 @@ async fn insert_at(pool: &PgPool, events: &[(Uuid, i64)]) {
         } else {
             EventKind::StepCheckpoint {
                 step: format!("step{sequence}"),
-                skipped: false,
-                item: None,
-                page: None,
+                note: None,
             }
         };
         outbox::insert(&mut tx, &stamp, kind, Utc::now())

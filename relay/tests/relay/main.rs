@@ -53,9 +53,7 @@ async fn insert_events(pool: &PgPool, jobs: &[Uuid], count: i64, result: serde_j
                 },
                 n => EventKind::StepCheckpoint {
                     step: format!("step{n}"),
-                    skipped: false,
-                    item: None,
-                    page: None,
+                    note: None,
                 },
             };
             outbox::insert(&mut conn, &stamp, kind, Utc::now())

@@ -23,12 +23,9 @@ pub enum EventKind {
     Accepted,
     StepCheckpoint {
         step: String,
-        /// Skipped (its `when` was false), not answered.
-        skipped: bool,
-        /// One item of a `for_each` step.
-        item: Option<u32>,
-        /// One page of a paged step.
-        page: Option<u32>,
+        /// What kind of checkpoint, when not a step's answer: `skipped`,
+        /// `item <n>`, `page <n>`, `compensation` (the event's verdict).
+        note: Option<String>,
     },
     Waiting {
         step: String,
@@ -132,22 +129,9 @@ fn build(
     };
     Ok(match kind {
         EventKind::Accepted => WorkflowRunEvent::accepted(header),
-        EventKind::StepCheckpoint {
-            step,
-            item: Some(item),
-            ..
-        } => WorkflowRunEvent::step_part(header, step, "item", item),
-        EventKind::StepCheckpoint {
-            step,
-            page: Some(page),
-            ..
-        } => WorkflowRunEvent::step_part(header, step, "page", page),
-        EventKind::StepCheckpoint {
-            step,
-            skipped: true,
-            ..
-        } => WorkflowRunEvent::step_skipped(header, step),
-        EventKind::StepCheckpoint { step, .. } => WorkflowRunEvent::step_checkpoint(header, step),
+        EventKind::StepCheckpoint { step, note } => {
+            WorkflowRunEvent::step_checkpoint(header, step, note)
+        }
         EventKind::Waiting { step } => WorkflowRunEvent::waiting(header, step),
         EventKind::Sleeping { step, until } => WorkflowRunEvent::sleeping(header, step, until),
         EventKind::Completed { verdict, result } => {

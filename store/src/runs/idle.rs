@@ -40,9 +40,7 @@ pub async fn resume_waiting(
     let Some(stamp) = stamp else { return Ok(false) };
     let event = EventKind::StepCheckpoint {
         step: checkpoint.name.clone(),
-        skipped: checkpoint.skipped,
-        item: checkpoint.item,
-        page: checkpoint.page,
+        note: checkpoint.note(),
     };
     outbox::insert(tx, &stamp, event, now).await?;
     Ok(true)

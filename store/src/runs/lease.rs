@@ -163,9 +163,7 @@ impl Transition {
         Some(match self {
             Self::Checkpoint { checkpoint, .. } => EventKind::StepCheckpoint {
                 step: checkpoint.name.clone(),
-                skipped: checkpoint.skipped,
-                item: checkpoint.item,
-                page: checkpoint.page,
+                note: checkpoint.note(),
             },
             Self::Park { step } => EventKind::Waiting { step: step.clone() },
             Self::Sleep { step, wakes_at, .. } => EventKind::Sleeping {
@@ -335,9 +333,7 @@ pub async fn transition(
             },
             EventKind::StepCheckpoint {
                 step: checkpoint.name.clone(),
-                skipped: checkpoint.skipped,
-                item: checkpoint.item,
-                page: checkpoint.page,
+                note: checkpoint.note(),
             },
         )),
         _ => None,

@@ -47,6 +47,19 @@ pub struct Checkpoint {
     pub page: Option<u32>,
 }
 
+impl Checkpoint {
+    /// What its event's verdict says of it when it is not a step's answer.
+    #[must_use]
+    pub fn note(&self) -> Option<String> {
+        match (self.item, self.page, self.skipped) {
+            (Some(item), _, _) => Some(format!("item {item}")),
+            (None, Some(page), _) => Some(format!("page {page}")),
+            (None, None, true) => Some(flotilla_contracts::SKIPPED.to_owned()),
+            (None, None, false) => None,
+        }
+    }
+}
+
 /// Where a run's checkpoints start. Appending to the row's array rewrites
 /// every earlier response at each step; a row of its own in
 /// `workflow_run_checkpoint` is written once. A run that has checkpoint rows
