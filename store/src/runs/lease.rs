@@ -112,6 +112,12 @@ pub enum Transition {
         timers: serde_json::Value,
         wakes_at: DateTime<Utc>,
     },
+    /// Starts compensating: the job is headed to end with `failure`
+    /// (`{step, error, verdict, ends}`); no event.
+    BeginCompensation { failure: serde_json::Value },
+    /// A compensation step answered (event: STEP_CHECKPOINT noted
+    /// `compensation`).
+    Compensated { checkpoint: Checkpoint },
     /// Finishes (event: COMPLETED).
     Complete {
         result: serde_json::Value,
@@ -166,6 +172,10 @@ impl Transition {
                 note: checkpoint.note(),
             },
             Self::Park { step } => EventKind::Waiting { step: step.clone() },
+            Self::Compensated { checkpoint } => EventKind::StepCheckpoint {
+                step: checkpoint.name.clone(),
+                note: Some(flotilla_contracts::COMPENSATION.to_owned()),
+            },
             Self::Sleep { step, wakes_at, .. } => EventKind::Sleeping {
                 step: step.clone(),
                 until: *wakes_at,
@@ -184,7 +194,10 @@ impl Transition {
             Self::Dead { error } => EventKind::Dead {
                 error: error.clone(),
             },
-            Self::Requeue { .. } | Self::Release { .. } | Self::HandBack { .. } => return None,
+            Self::Requeue { .. }
+            | Self::Release { .. }
+            | Self::HandBack { .. }
+            | Self::BeginCompensation { .. } => return None,
         })
     }
 
@@ -198,7 +211,10 @@ impl Transition {
     #[must_use]
     pub fn events_written(&self) -> i64 {
         match self {
-            Self::Requeue { .. } | Self::Release { .. } | Self::HandBack { .. } => 0,
+            Self::Requeue { .. }
+            | Self::Release { .. }
+            | Self::HandBack { .. }
+            | Self::BeginCompensation { .. } => 0,
             Self::CheckpointAndComplete { .. } => 2,
             _ => 1,
         }
@@ -218,6 +234,15 @@ impl Transition {
             Self::Sleep { .. } => format!(
                 "status = 'QUEUED', timers = coalesce(timers, '{{}}'::jsonb) || $5, run_after = $6, \
                  attempt = greatest(attempt - 1, 0), error = NULL, {RELEASE}, {NEXT}"
+            ),
+            Self::BeginCompensation { .. } => {
+                "compensation = jsonb_build_object('failure', $5::jsonb, 'done', '[]'::jsonb), \
+                 lease_losses = 0, hand_backs = 0"
+                    .to_owned()
+            }
+            Self::Compensated { .. } => format!(
+                "compensation = jsonb_set(compensation, '{{done}}', \
+                     (compensation -> 'done') || jsonb_build_array($5::jsonb)), {NEXT}"
             ),
             Self::Complete { .. } => format!(
                 "status = 'COMPLETED', result = $5, verdict = $6, error = NULL, {RELEASE}, {NEXT}"
@@ -289,6 +314,8 @@ pub async fn transition(
     let query = match change {
         Transition::Checkpoint { checkpoint, .. } => query.bind(Json(checkpoint)),
         Transition::Park { step } => query.bind(step),
+        Transition::BeginCompensation { failure } => query.bind(Json(failure)),
+        Transition::Compensated { checkpoint } => query.bind(Json(checkpoint)),
         Transition::Sleep {
             timers, wakes_at, ..
         } => query.bind(Json(timers)).bind(*wakes_at),

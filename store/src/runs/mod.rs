@@ -120,6 +120,9 @@ pub struct RunRow {
     pub outstanding_step: Option<String>,
     /// Timers set: step name → the instant it wakes at (RFC 3339).
     pub timers: Option<Json<serde_json::Value>>,
+    /// Compensation under way: `{failure, done}` (the failure the job ends
+    /// with, the `on_failure` steps answered).
+    pub compensation: Option<Json<serde_json::Value>>,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -192,7 +195,7 @@ const COLUMNS: &str = concat!(
     "job_id, workflow_name, workflow_version, \
     coalesce(definition, (SELECT d.definition FROM workflow_definition d \
         WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, ",
+    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, ",
     checkpoint_list!(),
     " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
     lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

@@ -414,6 +414,28 @@ impl ClaimedRun {
         Ok(())
     }
 
+    /// Starts compensating, the job headed to end with `failure`.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    pub async fn begin_compensation(&self, failure: serde_json::Value) -> Result<(), SegmentStop> {
+        self.lease
+            .write(Transition::BeginCompensation { failure })
+            .await
+    }
+
+    /// A compensation step answered.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    pub async fn compensated(&self, checkpoint: &Checkpoint) -> Result<(), SegmentStop> {
+        self.lease
+            .write(Transition::Compensated {
+                checkpoint: checkpoint.clone(),
+            })
+            .await
+    }
+
     /// Attempts exhausted: DEAD with the last error verbatim.
     ///
     /// # Errors

@@ -5,6 +5,7 @@
 mod batch;
 mod claimed;
 mod claims;
+mod compensate;
 mod compiled_cache;
 mod complete_step;
 mod definitions;

@@ -29,8 +29,13 @@ use crate::workflow::expr::Scope;
 /// How the steps of a segment stopped.
 pub(super) enum Stop {
     LeaseLost,
-    /// A step failed (the first to); the others ran to their checkpoints.
-    Failed(StepFailure),
+    /// A step failed (the first to, `step` when a step did); the others
+    /// ran to their checkpoints; `steps` are the answers so far.
+    Failed {
+        failure: StepFailure,
+        step: Option<String>,
+        steps: Map<String, Json>,
+    },
     /// Nothing else could run and this external step waits for its answer.
     Park(String),
     /// Nothing else could run and these timers have not woken.
@@ -118,7 +123,8 @@ impl<'a> Nodes<'a> {
         let mut items = Items::default();
         // Paged steps whose next page is due: (step, page, cursor).
         let mut next_pages: VecDeque<(usize, u32, Json)> = VecDeque::new();
-        let mut failure: Option<StepFailure> = None;
+        // The first failure, and the step it came from.
+        let mut failure: Option<(StepFailure, Option<String>)> = None;
         let mut park_on: Option<String> = None;
         let mut sleeping = Sleeping::default();
         loop {
@@ -134,7 +140,7 @@ impl<'a> Nodes<'a> {
                         "segment exceeded its deadline of {} ms before its next step",
                         deadline.as_millis()
                     );
-                    failure = Some(StepFailure::retryable(RetryClass::Deadline, error));
+                    failure = Some((StepFailure::retryable(RetryClass::Deadline, error), None));
                     break;
                 };
                 // Pages and items of a step under way go before new steps.
@@ -186,7 +192,7 @@ impl<'a> Nodes<'a> {
                             answered.push_back((node, checkpoint(name, None, Some(response))));
                         }
                         Ok((at, new)) => sleeping.add(name, at, new),
-                        Err(failed) => failure = Some(failed),
+                        Err(failed) => failure = Some((failed, Some(name))),
                     }
                     continue;
                 }
@@ -199,7 +205,7 @@ impl<'a> Nodes<'a> {
                                 answered.push_back((node, checkpoint(name, None, Some(all))));
                             }
                         }
-                        Err(failed) => failure = Some(failed),
+                        Err(failed) => failure = Some((failed, Some(step.definition.name.clone()))),
                     }
                     continue;
                 }
@@ -219,8 +225,12 @@ impl<'a> Nodes<'a> {
             if calls.is_empty() && writing.is_none() {
                 let unwritten = answered.len();
                 if unwritten == 0 {
-                    return Ok(if let Some(failure) = failure {
-                        Stop::Failed(failure)
+                    return Ok(if let Some((failure, step)) = failure {
+                        Stop::Failed {
+                            failure,
+                            step,
+                            steps,
+                        }
                     } else if let Some(step) = park_on {
                         Stop::Park(step)
                     } else if !sleeping.is_empty() {
@@ -228,9 +238,14 @@ impl<'a> Nodes<'a> {
                     } else if schedule.all_ended() {
                         Stop::Finished { steps, last: None }
                     } else {
-                        Stop::Failed(StepFailure::Defect(
-                            "no step of the workflow can start (a step's needs never end)".into(),
-                        ))
+                        Stop::Failed {
+                            failure: StepFailure::Defect(
+                                "no step of the workflow can start (a step's needs never end)"
+                                    .into(),
+                            ),
+                            step: None,
+                            steps,
+                        }
                     });
                 }
                 let (node, next) = &answered[0];
@@ -276,9 +291,10 @@ impl<'a> Nodes<'a> {
                                         answered.push_back((node, kept));
                                     }
                                     None => {
-                                        failure.get_or_insert(StepFailure::Defect(format!(
+                                        let failed = StepFailure::Defect(format!(
                                             "step {name}: page {page} says more: true without a cursor"
-                                        )));
+                                        ));
+                                        failure.get_or_insert((failed, Some(name)));
                                     }
                                 }
                             }
@@ -291,7 +307,8 @@ impl<'a> Nodes<'a> {
                     // The calls still running go on to their checkpoints;
                     // nothing new starts.
                     Err(Invocation::Failed(failed)) => {
-                        failure.get_or_insert(failed);
+                        let name = self.compiled.steps[node.step].definition.name.clone();
+                        failure.get_or_insert((failed, Some(name)));
                     }
                 },
                 written = async { (&mut writing.as_mut().expect("polled only while writing").2).await },

@@ -20,9 +20,9 @@ impl Engine {
     /// The targets the definition snapshot names that this worker lacks.
     pub(super) fn missing_targets(&self, definition: &Json) -> Vec<String> {
         let known = self.targets().names();
-        let mut missing: Vec<String> = definition["steps"]
-            .as_array()
-            .into_iter()
+        let mut missing: Vec<String> = ["steps", "on_failure"]
+            .iter()
+            .filter_map(|list| definition[*list].as_array())
             .flatten()
             .filter_map(|step| step["target"].as_str())
             // A timer calls no target.

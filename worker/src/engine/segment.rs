@@ -17,6 +17,7 @@ use uuid::Uuid;
 use super::Engine;
 use super::claimed::{ClaimedRun, SegmentStop};
 use super::claims::ClaimError;
+use super::compensate::{self, Headed};
 use super::nodes::{Nodes, Replayed, Stop};
 use super::settle::{finish, settle};
 use crate::target::StepFailure;
@@ -170,6 +171,25 @@ impl Engine {
                 return settle(self, claimed, StepFailure::Defect(exhausted.to_string())).await;
             }
         };
+        // A job headed to end that was compensating goes on compensating.
+        if let Some(stored) = claimed.row().compensation.as_ref().map(|c| c.0.clone()) {
+            let input = claimed.row().input.0.clone();
+            return match compensate::under_way(&stored) {
+                Ok((headed, done)) => {
+                    let context = (&input, &replayed.steps);
+                    compensate::compensate(
+                        self,
+                        claimed,
+                        &compiled,
+                        context,
+                        (headed, done, true),
+                        lease_lost,
+                    )
+                    .await
+                }
+                Err(error) => settle(self, claimed, StepFailure::Defect(error)).await,
+            };
+        }
         let nodes = Nodes {
             engine: self,
             claimed: &claimed,
@@ -182,7 +202,28 @@ impl Engine {
         let input = nodes.input;
         match stop {
             Stop::LeaseLost => Ok(Outcome::LeaseLost(job_id)),
-            Stop::Failed(failure) => settle(self, claimed, failure).await,
+            Stop::Failed {
+                failure,
+                step,
+                steps,
+            } => {
+                let attempts = (claimed.row().attempt, claimed.row().max_attempts);
+                match Headed::of(&failure, step, attempts) {
+                    Some(headed) if !compiled.on_failure.is_empty() => {
+                        let started = (headed, Map::new(), false);
+                        compensate::compensate(
+                            self,
+                            claimed,
+                            &compiled,
+                            (&input, &steps),
+                            started,
+                            lease_lost,
+                        )
+                        .await
+                    }
+                    _ => settle(self, claimed, failure).await,
+                }
+            }
             Stop::Park(step) => {
                 claimed.park(&step).await?;
                 Ok(Outcome::Parked(job_id))

@@ -34,11 +34,11 @@ impl Engine {
         (left, deadline): (Duration, Duration),
         lease_lost: &CancellationToken,
     ) -> Result<Json, Invocation> {
-        let step = &compiled.steps[index];
+        let step = compiled.step_at(index);
         let name = &step.definition.name;
         let request = {
             let (compiled, scope) = (compiled.clone(), scope.clone());
-            self.off_runtime(move || build(&compiled.steps[index].rules, &scope))
+            self.off_runtime(move || build(&compiled.step_at(index).rules, &scope))
                 .await
         };
         let request = match request {
@@ -159,7 +159,7 @@ impl Engine {
         })?;
         let judged = {
             let (compiled, scope, response) = (compiled.clone(), scope.clone(), response.clone());
-            self.off_runtime(move || check_response(&compiled.steps[index], &response, &scope))
+            self.off_runtime(move || check_response(compiled.step_at(index), &response, &scope))
                 .await
         };
         match judged {

@@ -43,6 +43,15 @@ impl StepFailure {
             class,
         }
     }
+
+    /// What went wrong, in words.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Retryable { error, .. } | Self::Defect(error) => error,
+            Self::Verdict { message, .. } => message,
+        }
+    }
 }
 
 /// The kind of a transient failure: the `class` label of

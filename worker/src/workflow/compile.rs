@@ -78,6 +78,9 @@ pub struct CompiledWorkflow {
     pub document: Json,
     pub input_schema: jsonschema::Validator,
     pub steps: Vec<CompiledStep>,
+    /// The compensation steps, run in order when the job is headed to end
+    /// FAILED or DEAD (`on_failure`).
+    pub on_failure: Vec<CompiledStep>,
     /// Which steps each step needs.
     pub graph: Graph,
     /// Step indexes by name.
@@ -129,13 +132,11 @@ impl CompiledWorkflow {
         if definition.steps.is_empty() {
             problems.top("steps", "a workflow has at least one step");
         }
-        if definition.steps.len() > MAX_STEPS {
+        let step_count = definition.steps.len() + definition.on_failure.len();
+        if step_count > MAX_STEPS {
             problems.top(
                 "steps",
-                format!(
-                    "{} steps, over the limit of {MAX_STEPS}",
-                    definition.steps.len()
-                ),
+                format!("{step_count} steps (on_failure included), over the limit of {MAX_STEPS}"),
             );
         }
         problems.count(None, "output", definition.output.len());
@@ -190,123 +191,16 @@ impl CompiledWorkflow {
         let mut seen = HashSet::new();
         let mut steps = Vec::with_capacity(definition.steps.len());
         for step in &definition.steps {
-            let at = Some(step.name.as_str());
-            if step.name.trim().is_empty() {
-                problems.add(at, "name", "is blank");
-            } else if step.name.len() > limits::MAX_STEP_NAME_BYTES {
-                problems.add(
-                    at,
-                    "name",
-                    format!(
-                        "{} bytes long, over the limit of {}",
-                        step.name.len(),
-                        limits::MAX_STEP_NAME_BYTES
-                    ),
-                );
-            } else if !seen.insert(step.name.clone()) {
-                problems.add(
-                    at,
-                    "name",
-                    "is used by an earlier step; step names are unique",
-                );
+            if let Some(compiled) = problems.step(step, known_targets, &mut seen) {
+                steps.push(compiled);
             }
-            if step.is_timer() {
-                problems.timer_shape(at, step);
-            } else {
-                if !known_targets.contains(&step.target) {
-                    let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
-                    known.sort_unstable();
-                    problems.add(
-                        at,
-                        "target",
-                        format!(
-                            "unknown target {:?} (known: {})",
-                            step.target,
-                            known.join(", ")
-                        ),
-                    );
-                }
-                if let Some(problem) = limits::method_problem(&step.method) {
-                    problems.add(at, "method", problem);
-                }
+        }
+        let mut on_failure = Vec::with_capacity(definition.on_failure.len());
+        for step in &definition.on_failure {
+            problems.compensation_shape(step);
+            if let Some(compiled) = problems.step(step, known_targets, &mut seen) {
+                on_failure.push(compiled);
             }
-            if step.timeout_ms == Some(0) {
-                problems.add(at, "timeout_ms", "must be above 0");
-            }
-            if !problems.count(
-                at,
-                "rules and validate",
-                step.rules.len() + step.validate.len(),
-            ) {
-                continue;
-            }
-            let rules = problems.assignments(at, "rules", &step.rules);
-            let output_schema = step
-                .output_schema
-                .as_ref()
-                .and_then(|schema| problems.schema(at, "output_schema", schema));
-            let validate: Vec<Expression> = step
-                .validate
-                .iter()
-                .enumerate()
-                .filter_map(|(i, source)| {
-                    problems.expression(at, &format!("validate[{i}]"), source)
-                })
-                .collect();
-            let when = step.when.as_deref().and_then(|source| {
-                let when = problems.expression(at, "when", source)?;
-                if let Some(kind) = when.surely_not_boolean() {
-                    problems.add(at, "when", format!("is {kind}, not a boolean"));
-                }
-                Some(when)
-            });
-            let timer = if let Some(sleep) = &step.sleep {
-                problems.sleep(at, sleep).map(Timer::Sleep)
-            } else {
-                step.until
-                    .as_deref()
-                    .and_then(|source| problems.expression(at, "until", source))
-                    .map(Timer::Until)
-            };
-            let for_each = step.for_each.as_deref().and_then(|source| {
-                let list = problems.expression(at, "for_each", source)?;
-                if let Some(kind) = list.surely_not_list() {
-                    problems.add(at, "for_each", format!("is {kind}, not a list"));
-                }
-                Some(list)
-            });
-            if let Some(max) = step.max_items
-                && !(1..=MAX_ITEMS).contains(&max)
-            {
-                problems.add(
-                    at,
-                    "max_items",
-                    format!("must be 1 to {MAX_ITEMS}, got {max}"),
-                );
-            }
-            if step.paged && (step.is_timer() || step.is_external() || step.for_each.is_some()) {
-                problems.add(
-                    at,
-                    "paged",
-                    "a timer, an external or a for_each step is not paged",
-                );
-            }
-            if step.for_each.is_some() && (step.is_timer() || step.is_external()) {
-                problems.add(
-                    at,
-                    "for_each",
-                    "a timer or an external step is not called per item",
-                );
-            }
-            steps.push(CompiledStep {
-                definition: step.clone(),
-                rules,
-                output_schema,
-                validate,
-                when,
-                timer,
-                for_each,
-            });
         }
         let output = problems.assignments(None, "output", &definition.output);
         let verdict = definition
@@ -333,6 +227,7 @@ impl CompiledWorkflow {
                 input_schema,
                 by_name,
                 steps,
+                on_failure,
                 graph,
                 output,
                 verdict,
@@ -348,6 +243,18 @@ impl CompiledWorkflow {
     #[must_use]
     pub fn step(&self, index: usize) -> Option<&CompiledStep> {
         self.steps.get(index)
+    }
+
+    /// The step at `index` counting the steps, then the `on_failure`
+    /// steps after them (the index a compensation step is called by).
+    ///
+    /// # Panics
+    /// `index` is past both lists.
+    #[must_use]
+    pub fn step_at(&self, index: usize) -> &CompiledStep {
+        self.steps
+            .get(index)
+            .unwrap_or_else(|| &self.on_failure[index - self.steps.len()])
     }
 
     /// The index of the step called `name`.
@@ -439,6 +346,155 @@ impl Problems {
 
     fn top(&mut self, field: &str, message: impl Into<String>) {
         self.add(None, field, message);
+    }
+
+    /// Compiles one step, adding what is wrong with it; `seen` holds the
+    /// names taken so far.
+    fn step(
+        &mut self,
+        step: &StepDefinition,
+        known_targets: &HashSet<String>,
+        seen: &mut HashSet<String>,
+    ) -> Option<CompiledStep> {
+        let at = Some(step.name.as_str());
+        if step.name.trim().is_empty() {
+            self.add(at, "name", "is blank");
+        } else if step.name.len() > limits::MAX_STEP_NAME_BYTES {
+            self.add(
+                at,
+                "name",
+                format!(
+                    "{} bytes long, over the limit of {}",
+                    step.name.len(),
+                    limits::MAX_STEP_NAME_BYTES
+                ),
+            );
+        } else if !seen.insert(step.name.clone()) {
+            self.add(
+                at,
+                "name",
+                "is used by an earlier step; step names are unique",
+            );
+        }
+        if step.is_timer() {
+            self.timer_shape(at, step);
+        } else {
+            if !known_targets.contains(&step.target) {
+                let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
+                known.sort_unstable();
+                self.add(
+                    at,
+                    "target",
+                    format!(
+                        "unknown target {:?} (known: {})",
+                        step.target,
+                        known.join(", ")
+                    ),
+                );
+            }
+            if let Some(problem) = limits::method_problem(&step.method) {
+                self.add(at, "method", problem);
+            }
+        }
+        if step.timeout_ms == Some(0) {
+            self.add(at, "timeout_ms", "must be above 0");
+        }
+        if !self.count(
+            at,
+            "rules and validate",
+            step.rules.len() + step.validate.len(),
+        ) {
+            return None;
+        }
+        let rules = self.assignments(at, "rules", &step.rules);
+        let output_schema = step
+            .output_schema
+            .as_ref()
+            .and_then(|schema| self.schema(at, "output_schema", schema));
+        let validate: Vec<Expression> = step
+            .validate
+            .iter()
+            .enumerate()
+            .filter_map(|(i, source)| self.expression(at, &format!("validate[{i}]"), source))
+            .collect();
+        let when = step.when.as_deref().and_then(|source| {
+            let when = self.expression(at, "when", source)?;
+            if let Some(kind) = when.surely_not_boolean() {
+                self.add(at, "when", format!("is {kind}, not a boolean"));
+            }
+            Some(when)
+        });
+        let timer = if let Some(sleep) = &step.sleep {
+            self.sleep(at, sleep).map(Timer::Sleep)
+        } else {
+            step.until
+                .as_deref()
+                .and_then(|source| self.expression(at, "until", source))
+                .map(Timer::Until)
+        };
+        let for_each = step.for_each.as_deref().and_then(|source| {
+            let list = self.expression(at, "for_each", source)?;
+            if let Some(kind) = list.surely_not_list() {
+                self.add(at, "for_each", format!("is {kind}, not a list"));
+            }
+            Some(list)
+        });
+        if let Some(max) = step.max_items
+            && !(1..=MAX_ITEMS).contains(&max)
+        {
+            self.add(
+                at,
+                "max_items",
+                format!("must be 1 to {MAX_ITEMS}, got {max}"),
+            );
+        }
+        if step.paged && (step.is_timer() || step.is_external() || step.for_each.is_some()) {
+            self.add(
+                at,
+                "paged",
+                "a timer, an external or a for_each step is not paged",
+            );
+        }
+        if step.for_each.is_some() && (step.is_timer() || step.is_external()) {
+            self.add(
+                at,
+                "for_each",
+                "a timer or an external step is not called per item",
+            );
+        }
+        Some(CompiledStep {
+            definition: step.clone(),
+            rules,
+            output_schema,
+            validate,
+            when,
+            timer,
+            for_each,
+        })
+    }
+
+    /// A compensation (`on_failure`) step is a plain call, run in list
+    /// order once the job is headed to end FAILED or DEAD.
+    fn compensation_shape(&mut self, step: &StepDefinition) {
+        let at = Some(step.name.as_str());
+        let graph_fields = [
+            ("needs", step.needs.is_some()),
+            ("when", step.when.is_some()),
+            ("sleep", step.sleep.is_some()),
+            ("until", step.until.is_some()),
+            ("for_each", step.for_each.is_some()),
+            ("paged", step.paged),
+            ("completion", step.completion.is_some()),
+        ];
+        for (field, present) in graph_fields {
+            if present {
+                self.add(
+                    at,
+                    field,
+                    "an on_failure step is a plain call, run in list order",
+                );
+            }
+        }
     }
 
     /// A timer has `sleep` or `until` and nothing a call has.

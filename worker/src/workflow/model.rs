@@ -45,6 +45,10 @@ pub struct WorkflowDefinition {
     /// [`DEFAULT_PARALLELISM`]); the targets' caps bound them too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallelism: Option<u32>,
+    /// Compensation: plain steps run in order when the job is about to
+    /// end FAILED or DEAD, with `failure` (`step`, `error`) in scope.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_failure: Vec<StepDefinition>,
 }
 
 impl WorkflowDefinition {

@@ -176,6 +176,24 @@ async fn parallelism_bounds_the_steps_of_one_job_called_at_once(pool: PgPool) {
     assert_eq!(clocked.most.load(Ordering::SeqCst), 3);
 }
 
+/// The job's STEP_CHECKPOINT events: (step, note).
+async fn checkpoint_notes(
+    pool: &PgPool,
+    job_id: uuid::Uuid,
+) -> Vec<(Option<String>, Option<String>)> {
+    events(pool, job_id)
+        .await
+        .iter()
+        .filter(|e| e.event_type() == WorkflowRunEventType::StepCheckpoint)
+        .map(|e| {
+            (
+                e.step_name().map(str::to_owned),
+                e.verdict().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
 /// `check` → `fraud` (only over 100) → `ship`, which reads whether the
 /// fraud check ran.
 fn conditional() -> Value {
@@ -215,17 +233,7 @@ async fn a_false_when_skips_the_step_with_its_checkpoint_and_its_dependant_still
         json!({"screened": false}),
         "a skipped step is not in its dependants' steps"
     );
-    let steps: Vec<(Option<String>, Option<String>)> = events(&pool, small)
-        .await
-        .iter()
-        .filter(|e| e.event_type() == WorkflowRunEventType::StepCheckpoint)
-        .map(|e| {
-            (
-                e.step_name().map(str::to_owned),
-                e.verdict().map(str::to_owned),
-            )
-        })
-        .collect();
+    let steps = checkpoint_notes(&pool, small).await;
     assert_eq!(
         steps,
         [
@@ -755,4 +763,170 @@ async fn a_worker_that_lost_its_lease_cannot_move_the_cursor_and_the_next_attemp
         [json!(1), json!(2), json!(3)],
         "resumed from the last cursor stored"
     );
+}
+
+/// `charge` → `ship` (refused by the `strict` target on its first
+/// `refusals` calls), and on failure `refund` then `notify`, both told the
+/// failure.
+fn compensated(max_attempts: i32, ship_fails: &str) -> Value {
+    json!({
+        "name": "compensated", "input_schema": {}, "max_attempts": max_attempts,
+        "steps": [
+            {"name": "charge", "target": "echo", "method": "charge"},
+            {"name": "ship", "target": ship_fails, "method": "ship"}
+        ],
+        "on_failure": [
+            {"name": "refund", "target": "echo", "method": "refund",
+             "rules": ["charged = has(steps.charge)", "failed = failure.step", "why = failure.error"]},
+            {"name": "notify", "target": "echo", "method": "notify"}
+        ]
+    })
+}
+
+/// Targets `echo` (recording calls in `calls`), `refuses` (a verdict
+/// every time), `busy` (retryable every time) and `broken_refund`.
+fn compensation_targets(calls: &Calls) -> Targets {
+    let mut targets = echo_targets(calls);
+    targets.register(
+        "refuses",
+        Arc::new(FnTarget(|_call: TargetCall| async {
+            Err::<Value, _>(StepFailure::Verdict {
+                message: "no courier for that address".into(),
+                violations: vec!["address".into()],
+            })
+        })),
+        8,
+    );
+    targets.register(
+        "busy",
+        Arc::new(FnTarget(|_call: TargetCall| async {
+            Err::<Value, _>(StepFailure::retryable(
+                RetryClass::Status,
+                "503 from the courier",
+            ))
+        })),
+        8,
+    );
+    targets
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_headed_to_fail_runs_its_compensation_in_order_with_the_failure_then_fails(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let engine = engine(&pool, compensation_targets(&calls), manual_clock(), "w");
+    engine
+        .register_workflow(&compensated(3, "refuses"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "compensated", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    assert_eq!(calls.of(job_id), ["charge", "refund", "notify"]);
+    let failed = row(&pool, job_id).await;
+    assert_eq!(failed.error.as_deref(), Some("no courier for that address"));
+    assert_eq!(failed.verdict.as_deref(), Some("address"));
+    let compensation = failed.compensation.unwrap().0;
+    assert_eq!(
+        compensation["done"][0]["response"]["request"],
+        json!({"charged": true, "failed": "ship", "why": "no courier for that address"}),
+        "the compensation saw what ran and what failed"
+    );
+    let noted = checkpoint_notes(&pool, job_id).await;
+    assert_eq!(
+        noted,
+        [
+            (Some("charge".into()), None),
+            (Some("refund".into()), Some("compensation".into())),
+            (Some("notify".into()), Some("compensation".into()))
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn compensation_waits_for_the_last_attempt_and_a_dead_job_is_compensated_too(pool: PgPool) {
+    let clock = manual_clock();
+    let calls = Calls::default();
+    let engine = engine(&pool, compensation_targets(&calls), clock.clone(), "w");
+    engine
+        .register_workflow(&compensated(2, "busy"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "compensated", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    assert_eq!(
+        calls.of(job_id),
+        ["charge"],
+        "no compensation while attempts are left"
+    );
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Dead(job_id));
+    assert_eq!(calls.of(job_id), ["charge", "refund", "notify"]);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_failing_compensation_is_recorded_and_the_rest_skipped_never_looped(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, compensation_targets(&calls), manual_clock(), "w");
+    let mut workflow = compensated(3, "refuses");
+    workflow["on_failure"][0]["target"] = json!("refuses");
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "compensated", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    assert_eq!(
+        calls.of(job_id),
+        ["charge"],
+        "notify was not run after refund failed"
+    );
+    assert_eq!(
+        row(&pool, job_id).await.error.as_deref(),
+        Some(
+            "no courier for that address; compensation refund failed: no courier for that address"
+        )
+    );
+    assert_eq!(
+        engine.run_once().await.unwrap(),
+        Outcome::Idle,
+        "nothing loops"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_resumed_compensation_runs_only_what_is_left_and_never_the_failed_step_again(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let engine = engine(&pool, compensation_targets(&calls), manual_clock(), "w");
+    engine
+        .register_workflow(&compensated(3, "echo"))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "compensated", json!({})).await;
+    // As a worker killed after the refund leaves it.
+    sqlx::query("UPDATE workflow_run SET checkpoints = $2, compensation = $3 WHERE job_id = $1")
+        .bind(job_id)
+        .bind(json!([{"name": "charge", "skipped": false, "response": {"ok": true}}]))
+        .bind(json!({
+            "failure": {"step": "ship", "error": "no courier", "verdict": "address", "dead": false},
+            "done": [{"name": "refund", "skipped": false, "response": {"refunded": true}}]
+        }))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    assert_eq!(
+        calls.of(job_id),
+        ["notify"],
+        "ship is not run again, refund not twice"
+    );
+    assert_eq!(
+        row(&pool, job_id).await.error.as_deref(),
+        Some("no courier")
+    );
+
+    // An operator's retry clears the compensation: the failed step runs again.
+    engine.retry(job_id).await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(calls.of(job_id), ["notify", "ship"]);
+    assert!(row(&pool, job_id).await.compensation.is_none());
 }
