@@ -116,6 +116,24 @@ impl WorkflowRunEvent {
         Self::build(header, WorkflowRunEventType::Accepted, Body::default())
     }
 
+    /// Steps were grafted onto the job: an ACCEPTED event (the job accepted
+    /// more work; no new event type, so consumers of every release read
+    /// it) whose verdict is `grafted revision <n>: <steps>`.
+    ///
+    /// # Errors
+    /// A header that breaks a rule.
+    pub fn grafted(
+        header: EventHeader,
+        revision: i32,
+        steps: &[String],
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            verdict: Some(format!("grafted revision {revision}: {}", steps.join(", "))),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::Accepted, body)
+    }
+
     /// The step `step_name` has a checkpoint; `note` says what kind when it
     /// is not the step's answer (`skipped`, `item <n>`, `page <n>`,
     /// `compensation`) and becomes the event's verdict.

@@ -21,6 +21,11 @@ pub use relay::{MAX_PUBLISH_ATTEMPTS, PendingEvent};
 #[derive(Debug, Clone)]
 pub enum EventKind {
     Accepted,
+    /// Steps grafted onto the job, making `revision`.
+    Grafted {
+        revision: i32,
+        steps: Vec<String>,
+    },
     StepCheckpoint {
         step: String,
         /// What kind of checkpoint, when not a step's answer: `skipped`,
@@ -129,6 +134,9 @@ fn build(
     };
     Ok(match kind {
         EventKind::Accepted => WorkflowRunEvent::accepted(header),
+        EventKind::Grafted { revision, steps } => {
+            WorkflowRunEvent::grafted(header, revision, &steps)
+        }
         EventKind::StepCheckpoint { step, note } => {
             WorkflowRunEvent::step_checkpoint(header, step, note)
         }

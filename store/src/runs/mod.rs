@@ -123,6 +123,8 @@ pub struct RunRow {
     /// Compensation under way: `{failure, done}` (the failure the job ends
     /// with, the `on_failure` steps answered).
     pub compensation: Option<Json<serde_json::Value>>,
+    /// The definition's revision: 0 as submitted, one more per graft.
+    pub revision: i32,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -195,7 +197,7 @@ const COLUMNS: &str = concat!(
     "job_id, workflow_name, workflow_version, \
     coalesce(definition, (SELECT d.definition FROM workflow_definition d \
         WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, ",
+    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, ",
     checkpoint_list!(),
     " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
     lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
@@ -371,6 +373,45 @@ impl NewRun<'_> {
             },
         }
     }
+}
+
+/// Grafts steps onto `job_id` at `revision`: its definition becomes
+/// `definition` (the job's copy), its revision one more, its reader level
+/// that of a graph, with an ACCEPTED event naming the steps. Bumps the event
+/// sequence, so a worker running the job stops at its next commit point
+/// and the job resumes with the new steps. `None`: the job is finished or
+/// no longer at `revision` (nothing written).
+///
+/// # Errors
+/// Database errors; an event the contract refuses.
+pub async fn graft(
+    tx: &mut PgTransaction<'_>,
+    job_id: Uuid,
+    revision: i32,
+    definition: &serde_json::Value,
+    steps: Vec<String>,
+    now: DateTime<Utc>,
+) -> Result<Option<i32>, StoreError> {
+    let stamp: Option<EventStamp> = sqlx::query_as(&format!(
+        "UPDATE workflow_run SET definition = $3, revision = revision + 1,
+             reader_level = greatest(reader_level, $4), event_sequence = event_sequence + 1,
+             updated_at = $5
+         WHERE job_id = $1 AND revision = $2 AND status IN ('QUEUED', 'RUNNING', 'WAITING')
+         RETURNING {STAMP}"
+    ))
+    .bind(job_id)
+    .bind(revision)
+    .bind(Json(definition))
+    .bind(GRAPH_READER_LEVEL)
+    .bind(now)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(stamp) = stamp else {
+        return Ok(None);
+    };
+    let revision = revision + 1;
+    outbox::insert(tx, &stamp, EventKind::Grafted { revision, steps }, now).await?;
+    Ok(Some(revision))
 }
 
 /// Jobs waiting on timers: how many sleep past `now`, and since when the

@@ -7,7 +7,9 @@ use flotilla_store::StoreError;
 use serde_json::json;
 
 use super::problem::Problem;
-use crate::engine::{CompleteError, ListError, OperatorError, RegisterError, SubmitError};
+use crate::engine::{
+    CompleteError, GraftError, ListError, OperatorError, RegisterError, SubmitError,
+};
 
 impl From<StoreError> for Problem {
     fn from(e: StoreError) -> Self {
@@ -104,6 +106,30 @@ impl From<RegisterError> for Problem {
             other @ (RegisterError::NameMismatch { .. } | RegisterError::File { .. }) => {
                 Self::bad_request(other.to_string())
             }
+        }
+    }
+}
+
+impl From<GraftError> for Problem {
+    fn from(e: GraftError) -> Self {
+        match e {
+            GraftError::NotFound(_) => Self::not_found(e.to_string()),
+            GraftError::Finished { status, .. } => Self::new(StatusCode::CONFLICT, e.to_string())
+                .with(json!({ "job_status": status.as_str() })),
+            GraftError::Stale { current, .. } => {
+                Self::new(StatusCode::CONFLICT, e.to_string()).with(json!({ "revision": current }))
+            }
+            GraftError::TooNew { .. } => Self::new(StatusCode::CONFLICT, e.to_string()),
+            GraftError::Malformed(_) => Self::bad_request(e.to_string()),
+            GraftError::Invalid(invalid) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, invalid.to_string())
+                    .with(json!({ "problems": invalid.problems }))
+            }
+            GraftError::Unstorable(ref unstorable) => {
+                let extra = json!({ "field": unstorable.field });
+                Self::bad_request(e.to_string()).with(extra)
+            }
+            GraftError::Store(e) => e.into(),
         }
     }
 }

@@ -18,7 +18,9 @@ use super::auth::{self, Granted, Scope};
 use super::problem::{ApiJson, ApiQuery, Problem, ProblemDoc};
 use super::views::{JobPageView, JobView, TimelineView};
 use crate::engine::graph_view::GraphView;
-use crate::engine::{CompleteOutcome, JobQuery, RefusalMode, Submission, Submitted, WorkflowRef};
+use crate::engine::{
+    CompleteOutcome, GraftOutcome, JobQuery, RefusalMode, Submission, Submitted, WorkflowRef,
+};
 
 fn job_id(raw: &str) -> Result<Uuid, Problem> {
     Uuid::parse_str(raw)
@@ -261,6 +263,44 @@ pub(super) async fn retry(
 ) -> Result<axum::Json<JobView>, Problem> {
     let row = state.engine.retry(job_id(&raw)?).await?;
     Ok(axum::Json(row.into()))
+}
+
+/// Steps to append to a job's definition, at the revision the caller saw.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GraftBody {
+    revision: i32,
+    /// Step definitions, as in a workflow's `steps`.
+    #[schema(value_type = Vec<Object>)]
+    steps: Value,
+}
+
+/// A graft's answer: the job, and whether this was a repeat of a graft
+/// already made (nothing written).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(super) struct GraftView {
+    repeat: bool,
+    job: JobView,
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/graft", params(("job_id" = Uuid, Path)), request_body = GraftBody, responses((status = 200, description = "grafted, or a repeat of a graft already made", body = GraftView), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "a stale revision, or the job has finished", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "the combined definition is invalid (problems named by step)", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+pub(super) async fn graft(
+    State(state): State<ApiState>,
+    Path(raw): Path<String>,
+    ApiJson(body): ApiJson<GraftBody>,
+) -> Result<axum::Json<GraftView>, Problem> {
+    let id = job_id(&raw)?;
+    let outcome = state.engine.graft(id, body.revision, &body.steps).await?;
+    Ok(axum::Json(match outcome {
+        GraftOutcome::Grafted(row) => GraftView {
+            repeat: false,
+            job: (*row).into(),
+        },
+        GraftOutcome::Repeat(row) => GraftView {
+            repeat: true,
+            job: (*row).into(),
+        },
+    }))
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]

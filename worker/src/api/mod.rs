@@ -83,6 +83,7 @@ pub fn router(state: ApiState, settings: RouterSettings) -> Router {
         .route("/jobs/{job_id}", get(jobs::get))
         .route("/jobs/{job_id}/events", get(jobs::events))
         .route("/jobs/{job_id}/graph", get(jobs::graph))
+        .route("/jobs/{job_id}/graft", post(jobs::graft))
         .route(
             "/jobs/{job_id}/steps/{step_name}/complete",
             post(jobs::complete),

@@ -36,6 +36,11 @@ pub struct JobView {
     pub updated_at: DateTime<Utc>,
     /// The W3C trace id of the job's spans (from its stored `traceparent`).
     pub trace_id: Option<String>,
+    /// The definition's revision (0 as submitted, one more per graft):
+    /// what a graft names.
+    pub revision: i32,
+    /// Timers the job has reached: step → the instant it wakes at.
+    pub timers: Option<Value>,
 }
 
 impl From<RunRow> for JobView {
@@ -47,6 +52,8 @@ impl From<RunRow> for JobView {
         .map(str::to_owned);
         Self {
             trace_id,
+            revision: row.revision,
+            timers: row.timers.map(|t| t.0),
             status: row.status,
             job_id: row.job_id,
             workflow_name: row.workflow_name,

@@ -14,6 +14,7 @@ mod evaluate;
 mod finishes;
 mod fleet;
 mod gather;
+mod graft;
 pub mod graph_view;
 mod group_commit;
 mod in_flight;
@@ -52,6 +53,7 @@ pub use definitions::RegisterError;
 pub use fleet::{FINISHED_WINDOW, FleetSnapshot, MEMBER_TTL, Namesake};
 pub use flotilla_store::features::Feature;
 pub use flotilla_store::{Clock, ManualClock, SystemClock};
+pub use graft::{GraftError, GraftOutcome};
 #[cfg(feature = "test-support")]
 pub use group_commit::CommitFaults;
 pub use operator::OperatorError;

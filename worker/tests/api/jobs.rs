@@ -390,3 +390,136 @@ async fn a_jobs_graph_shows_each_step_with_its_state_and_its_edges(pool: PgPool)
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// Grafts append steps to a job that has not finished, at the revision the
+/// caller saw: a stale revision and a finished job are 409, the same graft
+/// again a repeat, a graft that would break the graph 422 naming the step;
+/// grafted steps run when the job resumes.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn grafted_steps_join_a_running_graph_at_its_revision(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    let workflow = json!({
+        "name": "grafted", "input_schema": {},
+        "steps": [
+            {"name": "fetch", "target": "echo", "method": "m", "needs": []},
+            {"name": "approve", "target": "echo", "method": "m", "needs": ["fetch"], "completion": "external"}
+        ]
+    });
+    api.call(Method::PUT, "/v1/workflows/grafted", Some(workflow))
+        .await;
+    let (_, job) = api
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "grafted", "input": {}})),
+        )
+        .await;
+    let job_id = job["job_id"].as_str().unwrap().to_owned();
+    api.engine.run_once().await.unwrap();
+    let path = format!("/v1/jobs/{job_id}/graft");
+    let api = &api;
+    let graft = |body: Value| {
+        let path = path.clone();
+        async move { api.call(Method::POST, &path, Some(body)).await }
+    };
+    let audit = json!({"name": "audit", "target": "echo", "method": "audit", "needs": ["fetch"],
+        "rules": ["seen = steps.fetch.echo"]});
+
+    let (status, stale) = graft(json!({"revision": 1, "steps": [audit.clone()]})).await;
+    assert_eq!(
+        (status, stale["revision"].clone()),
+        (StatusCode::CONFLICT, json!(0)),
+        "{stale}"
+    );
+
+    let (status, grafted) = graft(json!({"revision": 0, "steps": [audit.clone()]})).await;
+    assert_eq!(status, StatusCode::OK, "{grafted}");
+    assert_eq!(
+        (
+            grafted["repeat"].clone(),
+            grafted["job"]["revision"].clone()
+        ),
+        (json!(false), json!(1))
+    );
+    let (status, again) = graft(json!({"revision": 0, "steps": [audit.clone()]})).await;
+    assert_eq!(
+        (status, again["repeat"].clone()),
+        (StatusCode::OK, json!(true))
+    );
+    assert_eq!(
+        again["job"]["revision"],
+        json!(1),
+        "a repeat writes nothing"
+    );
+
+    for (bad, step, field) in [
+        (
+            json!({"name": "loop", "target": "echo", "method": "m", "needs": ["loop"]}),
+            "loop",
+            "needs",
+        ),
+        (
+            json!({"name": "fetch", "target": "echo", "method": "other"}),
+            "fetch",
+            "name",
+        ),
+        (
+            json!({"name": "late", "target": "echo", "method": "m", "needs": ["nowhere"]}),
+            "late",
+            "needs",
+        ),
+    ] {
+        let (status, refused) = graft(json!({"revision": 1, "steps": [bad]})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+        let problems = refused["problems"].as_array().unwrap();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p["step"] == step && p["field"] == field),
+            "{refused}"
+        );
+    }
+    let (status, _) = graft(json!({"revision": 1, "steps": []})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let (_, events) = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}/events"), None)
+        .await;
+    let verdicts: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["verdict"].as_str())
+        .collect();
+    assert!(verdicts.contains(&"grafted revision 1: audit"), "{events}");
+
+    // The grafted step runs once the job resumes.
+    let (status, _) = api
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{job_id}/steps/approve/complete"),
+            Some(json!({"response": {"ok": true}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    api.engine.run_once().await.unwrap();
+    let (_, done) = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}"), None)
+        .await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    let names: Vec<&str> = done["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["fetch", "approve", "audit"]);
+
+    let (status, finished) = graft(json!({"revision": 1, "steps": [
+        {"name": "after", "target": "echo", "method": "m"}]}))
+    .await;
+    assert_eq!(
+        (status, finished["job_status"].clone()),
+        (StatusCode::CONFLICT, json!("COMPLETED"))
+    );
+}

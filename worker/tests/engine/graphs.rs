@@ -930,3 +930,77 @@ async fn a_resumed_compensation_runs_only_what_is_left_and_never_the_failed_step
     assert_eq!(calls.of(job_id), ["notify", "ship"]);
     assert!(row(&pool, job_id).await.compensation.is_none());
 }
+
+/// A graft made while a worker runs the job bumps its event sequence: the
+/// worker's next checkpoint is refused (its fenced write compares the
+/// sequence), the segment stops, and the job resumes with the new steps.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool: PgPool) {
+    let calls = Calls::default();
+    let mut targets = echo_targets(&calls);
+    let grafter = pool.clone();
+    targets.register(
+        "grafting",
+        Arc::new(FnTarget(move |call: TargetCall| {
+            let pool = grafter.clone();
+            async move {
+                let mut tx = pool.begin().await.unwrap();
+                let definition: Value = sqlx::query_scalar(
+                    "SELECT coalesce(definition, (SELECT definition FROM workflow_definition LIMIT 1)) FROM workflow_run WHERE job_id = $1",
+                )
+                .bind(call.job_id)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+                let mut definition = definition;
+                definition["steps"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "late", "target": "echo", "method": "late", "needs": []}));
+                let grafted = flotilla_store::runs::graft(
+                    &mut tx,
+                    call.job_id,
+                    0,
+                    &definition,
+                    vec!["late".into()],
+                    chrono::Utc::now(),
+                )
+                .await
+                .unwrap();
+                tx.commit().await.unwrap();
+                // Grafted on the first call only (the revision moved on).
+                Ok::<_, StepFailure>(json!({"grafted": grafted}))
+            }
+        })),
+        8,
+    );
+    let engine = engine(&pool, targets, manual_clock(), "w");
+    let workflow = json!({
+        "name": "regrown", "input_schema": {},
+        "steps": [
+            {"name": "first", "target": "grafting", "method": "m", "needs": []},
+            {"name": "second", "target": "echo", "method": "second"}
+        ]
+    });
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "regrown", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::LeaseLost(job_id));
+    let stopped = row(&pool, job_id).await;
+    assert!(
+        checkpoint_names(&stopped).is_empty(),
+        "the stale segment wrote nothing"
+    );
+    assert_eq!(stopped.revision, 1);
+
+    // Its lease lapses; the job resumes on the grafted definition.
+    sqlx::query("UPDATE workflow_run SET status = 'QUEUED', lease_token = NULL, lease_owner = NULL, lease_until = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    let done = row(&pool, job_id).await;
+    let mut names = checkpoint_names(&done);
+    names.sort();
+    assert_eq!(names, ["first", "late", "second"], "the grafted step ran");
+    assert_eq!(calls.of(job_id).iter().filter(|s| *s == "late").count(), 1);
+}

@@ -1,0 +1,143 @@
+//! Grafts: ordinary steps appended to a job that has not finished.
+//!
+//! The caller names the revision it saw; the steps are appended to the
+//! job's own copy of its definition (they may need existing steps; nothing
+//! existing is replaced, renamed or rewired), the combined definition is
+//! compiled as at registration, and the job's revision goes one up with an
+//! ACCEPTED event naming the steps. A stale revision is refused; the same
+//! graft sent again (every step already there, unchanged) is a repeat.
+
+use flotilla_store::runs::{self, READER_LEVEL, RunRow};
+use flotilla_store::{RunStatus, StoreError};
+use serde_json::Value as Json;
+use uuid::Uuid;
+
+use super::Engine;
+use super::storable::{self, Unstorable};
+use crate::workflow::InvalidDefinition;
+
+/// What a graft came to.
+#[derive(Debug)]
+pub enum GraftOutcome {
+    /// The steps were appended; the job as it is now.
+    Grafted(Box<RunRow>),
+    /// Every step is there already, as sent: nothing was written.
+    Repeat(Box<RunRow>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GraftError {
+    #[error("job {0} not found")]
+    NotFound(Uuid),
+    #[error("job {job_id} is {status}: steps are grafted only onto a job that has not finished")]
+    Finished { job_id: Uuid, status: RunStatus },
+    #[error("job {job_id} is at revision {current}, not {sent}: read it again and graft onto that")]
+    Stale {
+        job_id: Uuid,
+        sent: i32,
+        current: i32,
+    },
+    #[error("steps: {0}")]
+    Malformed(String),
+    #[error(transparent)]
+    Invalid(#[from] InvalidDefinition),
+    #[error(transparent)]
+    Unstorable(#[from] Unstorable),
+    #[error("job {job_id} needs a worker of reader level {needs}; this one reads {reads}")]
+    TooNew {
+        job_id: Uuid,
+        needs: i16,
+        reads: i16,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for GraftError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+impl Engine {
+    /// Appends `steps` (a non-empty list of step definitions) to the
+    /// definition of `job_id` at `revision`.
+    ///
+    /// # Errors
+    /// See [`GraftError`]: each is about the request except `Store`.
+    pub async fn graft(
+        &self,
+        job_id: Uuid,
+        revision: i32,
+        steps: &Json,
+    ) -> Result<GraftOutcome, GraftError> {
+        storable::check_json("steps", steps)?;
+        let grafted = steps
+            .as_array()
+            .filter(|steps| !steps.is_empty())
+            .ok_or_else(|| GraftError::Malformed("a non-empty list of steps".into()))?;
+        let mut tx = self.pool().begin().await?;
+        let row = runs::get_for_update(&mut tx, job_id)
+            .await?
+            .ok_or(GraftError::NotFound(job_id))?;
+        if row.reader_level > READER_LEVEL {
+            return Err(GraftError::TooNew {
+                job_id,
+                needs: row.reader_level,
+                reads: READER_LEVEL,
+            });
+        }
+        let current = row.definition.0["steps"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if grafted.iter().all(|step| current.contains(step)) {
+            tx.rollback().await?;
+            return Ok(GraftOutcome::Repeat(Box::new(row)));
+        }
+        if matches!(
+            row.status,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled
+        ) {
+            return Err(GraftError::Finished {
+                job_id,
+                status: row.status,
+            });
+        }
+        if row.revision != revision {
+            return Err(GraftError::Stale {
+                job_id,
+                sent: revision,
+                current: row.revision,
+            });
+        }
+        let mut definition = row.definition.0.clone();
+        if let Some(list) = definition["steps"].as_array_mut() {
+            list.extend(grafted.iter().cloned());
+        }
+        // The combined graph is checked as a registration is.
+        self.compile(&definition).await?;
+        let names = grafted
+            .iter()
+            .map(|step| step["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        let now = self.now();
+        runs::graft(&mut tx, job_id, revision, &definition, names, now)
+            .await?
+            .ok_or(GraftError::Stale {
+                job_id,
+                sent: revision,
+                current: row.revision,
+            })?;
+        tx.commit().await?;
+        // Its ACCEPTED event waits for the relays.
+        self.inner
+            .doorbell
+            .ring(flotilla_store::wake::Channel::Outbox);
+        let mut conn = self.pool().acquire().await?;
+        let row = runs::get(&mut conn, job_id)
+            .await?
+            .ok_or(GraftError::NotFound(job_id))?;
+        Ok(GraftOutcome::Grafted(Box::new(row)))
+    }
+}
