@@ -32,6 +32,32 @@ fn worker(database_url: &str) -> Command {
     command
 }
 
+/// The API address a running worker logged when it was ready.
+fn api_of(running: &Running) -> String {
+    format!(
+        "http://{}",
+        running
+            .logged("worker ready", "api")
+            .expect("the API's address")
+    )
+}
+
+/// Submits a job of `workflow` through the API of `running`; its id.
+async fn submit_through(running: &Running, workflow: &str) -> uuid::Uuid {
+    let submitted = flotilla_runtime::tls::http_client()
+        .build()
+        .unwrap()
+        .post(format!("{}/v1/jobs", api_of(running)))
+        .bearer_auth("test-token")
+        .json(&serde_json::json!({"workflow_name": workflow, "input": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), reqwest::StatusCode::CREATED);
+    let job: serde_json::Value = submitted.json().await.unwrap();
+    job["job_id"].as_str().unwrap().parse().unwrap()
+}
+
 #[sqlx::test(migrations = false)]
 async fn migrate_subcommand_applies_the_migrations(pool: PgPool) {
     let url = flotilla_tests::database::url_of(&pool).await;
@@ -455,24 +481,7 @@ async fn a_step_that_outlasts_the_grace_is_handed_back_by_the_exiting_worker(poo
     })
     .await
     .unwrap();
-    let api = format!(
-        "http://{}",
-        running
-            .logged("worker ready", "api")
-            .expect("the API's address")
-    );
-    let submitted = flotilla_runtime::tls::http_client()
-        .build()
-        .unwrap()
-        .post(format!("{api}/v1/jobs"))
-        .bearer_auth("test-token")
-        .json(&serde_json::json!({"workflow_name": "stuck", "input": {}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(submitted.status(), reqwest::StatusCode::CREATED);
-    let job: serde_json::Value = submitted.json().await.unwrap();
-    let job_id: uuid::Uuid = job["job_id"].as_str().unwrap().parse().unwrap();
+    let job_id = submit_through(&running, "stuck").await;
     tokio::time::timeout(Duration::from_secs(30), calls.recv())
         .await
         .expect("the worker never called the target");
@@ -505,5 +514,129 @@ async fn a_step_that_outlasts_the_grace_is_handed_back_by_the_exiting_worker(poo
         .await
         .unwrap();
     assert_eq!(members, 0, "the worker left the fleet after handing back");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A timer outlives the worker that set it: a job asleep on a 4 s timer
+/// whose worker is SIGKILLed is woken by another worker once, at the
+/// stored instant (late by no more than its claim loop's idle poll and
+/// start-up, not by the wait again).
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_timer_survives_a_sigkilled_worker_and_fires_once_on_time(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("flotilla-binary-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join("workflows")).unwrap();
+    let workflow = serde_json::json!({
+        "name": "napper", "input_schema": {},
+        "steps": [{"name": "nap", "sleep": "4s"}]
+    });
+    std::fs::write(dir.join("workflows/napper.json"), workflow.to_string()).unwrap();
+    let database = flotilla_tests::database::url_of(&pool).await;
+    let start = |id: &str| {
+        let mut command = worker(&database);
+        command
+            .env("FLOTILLA_WORKER_ID", id)
+            .env("FLOTILLA_CONSUME_REQUESTS", "false")
+            .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
+            .env("FLOTILLA_IDLE_POLL_MAX", "200ms");
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut running = Running::start(command);
+                running.wait_for_line("worker ready", Duration::from_secs(60));
+                running
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let first = start("timer-first").await;
+    let job_id = submit_through(&first, "napper").await;
+
+    let state = || async {
+        sqlx::query_as::<
+            _,
+            (
+                String,
+                chrono::DateTime<chrono::Utc>,
+                Option<serde_json::Value>,
+            ),
+        >("SELECT status, run_after, timers FROM workflow_run WHERE job_id = $1")
+        .bind(job_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let wakes = loop {
+        let (status, run_after, timers) = state().await;
+        if status == "QUEUED" && timers.is_some() {
+            break run_after;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job never went to sleep"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::task::spawn_blocking(move || {
+        let mut first = first;
+        first.kill();
+    })
+    .await
+    .unwrap();
+
+    let second = start("timer-second").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, _, _) = state().await;
+        if status == "COMPLETED" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the timer never fired: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The checkpoints as the API gives them (rows of their own included).
+    let api = api_of(&second);
+    let done: serde_json::Value = flotilla_runtime::tls::http_client()
+        .build()
+        .unwrap()
+        .get(format!("{api}/v1/jobs/{job_id}"))
+        .bearer_auth("test-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let checkpoints = &done["checkpoints"];
+    let completed: chrono::DateTime<chrono::Utc> =
+        done["updated_at"].as_str().unwrap().parse().unwrap();
+    let fired = checkpoints.as_array().unwrap();
+    assert_eq!(fired.len(), 1, "fired once: {checkpoints}");
+    let woke_at: chrono::DateTime<chrono::Utc> = fired[0]["response"]["woke_at"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        woke_at, wakes,
+        "woken at the instant stored, not a new wait"
+    );
+    let late = (completed - wakes)
+        .to_std()
+        .expect("not before its instant");
+    assert!(
+        late < Duration::from_secs(2),
+        "woken {late:?} after its instant"
+    );
+    println!("timer fired {late:?} after its instant, on a second worker");
+    tokio::task::spawn_blocking(move || {
+        let mut second = second;
+        second.terminate(Duration::from_secs(30));
+    })
+    .await
+    .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }

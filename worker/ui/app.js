@@ -696,8 +696,10 @@
     const load = (background) => Promise.all([
       api('GET', base, { background }),
       api('GET', `${base}/events`, { background }),
+      // A job another version wrote may not draw: the page shows the rest.
+      api('GET', `${base}/graph`, { background: true }).catch(() => null),
     ]);
-    let [job, evs] = await load(false);
+    let [job, evs, graph] = await load(false);
     if (!ctx.alive) return;
 
     const field = (label, id) => {
@@ -729,6 +731,7 @@
     const timelineNote = el('p', { id: 'timeline-note', class: 'muted', hidden: true });
     const timelineBody = el('tbody');
     const liveNote = el('span', { id: 'job-live', class: 'muted' });
+    const graphBox = el('div', { id: 'job-graph', class: 'drawing' });
 
     replaceContent(view, ...page(`Job ${jobId}`,
       el('p', { class: 'crumbs' }, el('a', { href: '#/jobs' }, '← Jobs')),
@@ -737,6 +740,8 @@
       el('div', { class: 'actions' }, answerLink, retryBtn, cancelBtn),
       actionResult,
       el('dl', { class: 'facts facts-2' }, Object.values(f).map((x) => x.nodes)),
+      el('h2', null, 'Steps'),
+      graphBox,
       input.node, result.node, checkpoints.node,
       el('h2', null, 'Timeline'),
       timelineNote,
@@ -765,6 +770,12 @@
       input.set(job.input);
       result.set(job.result);
       checkpoints.set(job.checkpoints);
+      if (graph) {
+        const { def, states } = graphAsDrawing(graph);
+        replaceContent(graphBox, drawWorkflow(def, graphBox.clientWidth, states));
+      } else {
+        replaceContent(graphBox, el('p', { class: 'muted' }, 'The steps of this job cannot be drawn.'));
+      }
       retryBtn.hidden = !(can('operate') && RETRYABLE.has(job.status));
       cancelBtn.hidden = !(can('operate') && CANCELLABLE.has(job.status));
       answerLink.hidden = !(can('answer') && job.status === 'WAITING');
@@ -792,7 +803,7 @@
     render();
 
     const reload = async (background) => {
-      [job, evs] = await load(background);
+      [job, evs, graph] = await load(background);
       if (ctx.alive) render();
     };
 
@@ -1226,18 +1237,74 @@
   /** Truncates for a fixed-width box; the full text goes in a <title> tooltip. */
   const clip = (s, max) => (s.length > max ? `${s.slice(0, max - 1)}…` : s);
 
-  /** Steps as boxes left to right, wrapping into rows, joined by arrows. */
-  function drawWorkflow(def, avail) {
+  /**
+   * What each step needs, by index: its `needs` by name, or (unset) the
+   * step before it, as the engine reads a definition.
+   */
+  function needsOf(steps) {
+    const index = new Map(steps.map((step, i) => [String(step.name), i]));
+    return steps.map((step, i) => {
+      if (!Array.isArray(step.needs)) return i > 0 ? [i - 1] : [];
+      return step.needs.map((name) => index.get(String(name))).filter((j) => j !== undefined && j !== i);
+    });
+  }
+
+  /** A step's kind line: what it calls, or what it waits for. */
+  function stepKind(step) {
+    if (step.label !== undefined) return step.label;
+    if (step.sleep !== undefined) return `sleep ${step.sleep}`;
+    if (step.until !== undefined) return 'until an instant';
+    const target = `${step.target ?? '?'}.${step.method ?? '?'}`;
+    if (step.for_each !== undefined) return `${target} for each`;
+    if (step.paged) return `${target} paged`;
+    return target;
+  }
+
+  /**
+   * Steps as boxes joined by arrows from what they need. A chain is drawn
+   * left to right, wrapping into rows; a graph in columns by depth (a step
+   * one column right of its deepest need), each column top to bottom in
+   * definition order. `states` (name → {state, note}) colours each step
+   * by its state in a job.
+   */
+  function drawWorkflow(def, avail, states) {
     const steps = Array.isArray(def.steps) ? def.steps.filter(isObject) : [];
     const W = 210;
     const H = 92;
     const GAP = 46;
     const PAD = 16;
-    const perRow = Math.max(1, Math.floor(((avail || 1000) - 2 * PAD - 20 + GAP) / (W + GAP)));
-    const rowsN = Math.max(1, Math.ceil(steps.length / perRow));
-    const cols = Math.max(1, Math.min(perRow, steps.length));
-    const width = PAD * 2 + cols * W + (cols - 1) * GAP;
-    const height = PAD * 2 + rowsN * H + (rowsN - 1) * GAP;
+    const needs = needsOf(steps);
+    const chain = needs.every((n, i) => n.length === (i > 0 ? 1 : 0) && (i === 0 || n[0] === i - 1));
+    let pos;
+    let width;
+    let height;
+    if (chain) {
+      const perRow = Math.max(1, Math.floor(((avail || 1000) - 2 * PAD - 20 + GAP) / (W + GAP)));
+      const rowsN = Math.max(1, Math.ceil(steps.length / perRow));
+      const cols = Math.max(1, Math.min(perRow, steps.length));
+      width = PAD * 2 + cols * W + (cols - 1) * GAP;
+      height = PAD * 2 + rowsN * H + (rowsN - 1) * GAP;
+      pos = (i) => ({ x: PAD + (i % perRow) * (W + GAP), y: PAD + Math.floor(i / perRow) * (H + GAP) });
+    } else {
+      // Depth by relaxation: at most one pass per step (a registered graph has no cycle).
+      const depth = steps.map(() => 0);
+      for (let pass = 0; pass < steps.length; pass += 1) {
+        let moved = false;
+        needs.forEach((of, i) => {
+          const d = of.reduce((m, j) => Math.max(m, depth[j] + 1), 0);
+          if (d !== depth[i]) { depth[i] = d; moved = true; }
+        });
+        if (!moved) break;
+      }
+      const rowOf = [];
+      const filled = new Map();
+      depth.forEach((d, i) => { rowOf[i] = filled.get(d) || 0; filled.set(d, rowOf[i] + 1); });
+      const cols = Math.max(1, ...depth.map((d) => d + 1));
+      const rowsN = Math.max(1, ...filled.values());
+      width = PAD * 2 + cols * W + (cols - 1) * GAP;
+      height = PAD * 2 + rowsN * H + (rowsN - 1) * (GAP / 2);
+      pos = (i) => ({ x: PAD + depth[i] * (W + GAP), y: PAD + rowOf[i] * (H + GAP / 2) });
+    }
     const root = svg('svg', { id: 'workflow-drawing', class: 'workflow-drawing', width, height, viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': `Steps of ${def.name || 'workflow'}` },
       svg('defs', null, svg('marker', { id: 'arrowhead', viewBox: '0 0 10 10', refX: 9, refY: 5, markerWidth: 8, markerHeight: 8, orient: 'auto-start-reverse' },
         svg('path', { d: 'M0,0 L10,5 L0,10 z', class: 'arrowhead' }))));
@@ -1245,34 +1312,70 @@
       root.appendChild(svg('text', { x: PAD, y: PAD + 20, class: 'svg-muted' }, 'This definition has no steps.'));
       return root;
     }
-    const pos = (i) => ({ x: PAD + (i % perRow) * (W + GAP), y: PAD + Math.floor(i / perRow) * (H + GAP) });
     steps.forEach((step, i) => {
       const { x, y } = pos(i);
       const external = step.completion === 'external';
-      const target = `${step.target ?? '?'}.${step.method ?? '?'}`;
-      const g = svg('g', { class: `step${external ? ' step-external' : ''}`, 'data-step': String(step.name) },
-        svg('title', null, `${step.name}\n${target}${external ? '\nwaits for a human' : ''}`),
+      const kind = stepKind(step);
+      const seen = states && states.get(String(step.name));
+      const stateClass = seen ? ` state-${String(seen.state).replace(/[^a-z_]/g, '')}` : '';
+      const g = svg('g', { class: `step${external ? ' step-external' : ''}${stateClass}`, 'data-step': String(step.name) },
+        svg('title', null, `${step.name}\n${kind}${external ? '\nwaits for a human' : ''}${seen ? `\n${seen.state}${seen.note ? ` (${seen.note})` : ''}` : ''}`),
         svg('rect', { x, y, width: W, height: H, rx: 8, class: 'step-box' }),
         svg('text', { x: x + 12, y: y + 22, class: 'step-index' }, `${i + 1}`),
         svg('text', { x: x + 30, y: y + 22, class: 'step-name' }, clip(String(step.name), 19)),
-        svg('text', { x: x + 12, y: y + 44, class: 'step-target' }, clip(target, 30)));
+        svg('text', { x: x + 12, y: y + 44, class: 'step-target' }, clip(kind, 30)));
       let line3 = [];
-      if (step.timeout_ms !== undefined) line3.push(`timeout ${step.timeout_ms} ms`);
-      if (Array.isArray(step.rules) && step.rules.length) line3.push(`${step.rules.length} rule${step.rules.length === 1 ? '' : 's'}`);
-      if (step.output_schema) line3.push('schema');
+      if (seen) {
+        line3.push(seen.note ? `${seen.state}: ${seen.note}` : String(seen.state));
+      } else {
+        if (step.when !== undefined) line3.push('when …');
+        if (step.timeout_ms !== undefined) line3.push(`timeout ${step.timeout_ms} ms`);
+        if (Array.isArray(step.rules) && step.rules.length) line3.push(`${step.rules.length} rule${step.rules.length === 1 ? '' : 's'}`);
+        if (step.output_schema) line3.push('schema');
+      }
       if (external) g.appendChild(svg('text', { x: x + 12, y: y + 66, class: 'step-external-label' }, 'waits for a human'));
-      if (line3.length) g.appendChild(svg('text', { x: x + 12, y: y + (external ? 82 : 68), class: 'step-meta' }, clip(line3.join(' · '), 34)));
+      if (line3.length) g.appendChild(svg('text', { x: x + 12, y: y + (external ? 82 : 68), class: seen ? 'step-state' : 'step-meta' }, clip(line3.join(' · '), 34)));
       root.appendChild(g);
-      if (i > 0) {
-        const p = pos(i - 1);
-        const d = p.y === y
-          ? `M${p.x + W},${y + H / 2} L${x - 2},${y + H / 2}`
+      for (const j of needs[i]) {
+        const p = pos(j);
+        let d;
+        if (!chain) {
+          // From the need's right edge to this step's left edge.
+          const x1 = p.x + W;
+          const y1 = p.y + H / 2;
+          const x2 = x - 2;
+          const y2 = y + H / 2;
+          const bend = Math.max(20, (x2 - x1) / 2);
+          d = `M${x1},${y1} C${x1 + bend},${y1} ${x2 - bend},${y2} ${x2},${y2}`;
+        } else if (p.y === y) {
+          d = `M${p.x + W},${y + H / 2} L${x - 2},${y + H / 2}`;
+        } else {
           // Wrapping to the next row: down from the previous box, across, down into this one.
-          : `M${p.x + W / 2},${p.y + H} L${p.x + W / 2},${p.y + H + GAP / 2} L${x + W / 2},${p.y + H + GAP / 2} L${x + W / 2},${y - 2}`;
+          d = `M${p.x + W / 2},${p.y + H} L${p.x + W / 2},${p.y + H + GAP / 2} L${x + W / 2},${p.y + H + GAP / 2} L${x + W / 2},${y - 2}`;
+        }
         root.appendChild(svg('path', { d, class: 'arrow', 'marker-end': 'url(#arrowhead)' }));
       }
     });
     return root;
+  }
+
+  /** A job's graph (`GET /v1/jobs/{id}/graph`) as a definition and its states. */
+  function graphAsDrawing(graph) {
+    const nodes = Array.isArray(graph && graph.nodes) ? graph.nodes.filter(isObject) : [];
+    const steps = nodes.map((n) => ({
+      name: n.name,
+      needs: Array.isArray(n.needs) ? n.needs : [],
+      label: n.target ? `${n.target}${n.kind === 'call' || n.kind === 'external' ? '' : ` (${n.kind})`}` : String(n.kind),
+      completion: n.kind === 'external' ? 'external' : undefined,
+    }));
+    const states = new Map(nodes.map((n) => {
+      let note = '';
+      if (n.wakes_at) note = `wakes ${localTime(n.wakes_at)}`;
+      else if (n.items_done !== undefined && n.items_done !== null) note = `${n.items_done} items done`;
+      else if (n.pages !== undefined && n.pages !== null) note = `${n.pages} pages`;
+      return [String(n.name), { state: n.state, note }];
+    }));
+    return { def: { name: 'job', steps }, states };
   }
 
   // ---------------------------------------------------------------------------

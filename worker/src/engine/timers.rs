@@ -7,7 +7,7 @@
 //! on the engine's clock, the one every lease and `run_after` is compared
 //! with.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, DurationRound as _, Utc};
 use serde_json::Value as Json;
 
 use super::Engine;
@@ -113,6 +113,11 @@ pub(super) async fn wakes_at(
         }
         None => return Err(StepFailure::Defect(format!("step {name} is no timer"))),
     };
+    // Kept to the millisecond, as the row stores it: the job's run_after
+    // and its stored instant are then the same instant.
+    let at = at
+        .duration_trunc(chrono::TimeDelta::milliseconds(1))
+        .unwrap_or(at);
     Ok((at, true))
 }
 

@@ -368,3 +368,79 @@ async fn a_read_only_token_is_offered_nothing_it_cannot_do(pool: PgPool) {
     })
     .await;
 }
+
+/// A graph workflow is drawn by depth, and a running job's steps are drawn
+/// coloured by state: completed, skipped, waiting for a human, pending.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "2").await;
+        let client = flotilla_runtime::tls::http_client().build().unwrap();
+        let graph = json!({
+            "name": "drawn", "input_schema": {},
+            "steps": [
+                {"name": "fetch", "target": "echo", "method": "fetch", "needs": []},
+                {"name": "check", "target": "echo", "method": "check", "needs": ["fetch"], "when": "false"},
+                {"name": "approve", "target": "echo", "method": "approve", "needs": ["fetch"], "completion": "external"},
+                {"name": "ship", "target": "echo", "method": "ship", "needs": ["check", "approve"]}
+            ]
+        });
+        let stored = client
+            .put(format!("{}/v1/workflows/drawn", app.url))
+            .bearer_auth(TEST_TOKEN)
+            .json(&graph)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stored.status(), StatusCode::CREATED);
+        let job: Value = client
+            .post(format!("{}/v1/jobs", app.url))
+            .bearer_auth(TEST_TOKEN)
+            .json(&json!({"workflow_name": "drawn", "input": {}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let job_id: Uuid = job["job_id"].as_str().unwrap().parse().unwrap();
+        wait_for_status(&app, job_id, "WAITING").await;
+
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.open(&format!("#/jobs/{job_id}")).await;
+        let drawn = browser
+            .text_until("#job-graph", |t| t.contains("waiting"))
+            .await;
+        for state in ["completed", "skipped", "waiting", "pending"] {
+            assert!(drawn.contains(state), "{state} missing from {drawn}");
+        }
+        for (step, state) in [("fetch", "completed"), ("check", "skipped"), ("approve", "waiting"), ("ship", "pending")] {
+            let node = browser
+                .find(&format!("#job-graph g.step[data-step='{step}']"))
+                .await;
+            let class = node.attr("class").await.unwrap().unwrap_or_default();
+            assert!(class.contains(&format!("state-{state}")), "{step}: {class}");
+        }
+        browser.screenshot("job-graph").await;
+
+        browser.open("#/workflows/drawn").await;
+        browser
+            .text_until("#workflow-drawing", |t| t.contains("ship"))
+            .await;
+        let boxes = browser
+            .client
+            .find_all(Locator::Css("#workflow-drawing g.step"))
+            .await
+            .unwrap();
+        assert_eq!(boxes.len(), 4);
+        let arrows = browser
+            .client
+            .find_all(Locator::Css("#workflow-drawing path.arrow"))
+            .await
+            .unwrap();
+        assert_eq!(arrows.len(), 4, "one arrow per need");
+        browser.close().await;
+    })
+    .await;
+}
