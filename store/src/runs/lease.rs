@@ -103,7 +103,12 @@ pub enum Transition {
         layout: CheckpointLayout,
     },
     /// Parks on an external step (event: WAITING).
-    Park { step: String },
+    /// `timers` (step → instant) reached in the same segment are added to
+    /// the row's, so they keep their instants while the job waits.
+    Park {
+        step: String,
+        timers: Option<serde_json::Value>,
+    },
     /// Back to the queue until the first of the run's timers wakes (event:
     /// WAITING on `step`, saying until when), attempt given back, no lease
     /// held; `timers` (step → instant) are added to the row's.
@@ -171,7 +176,7 @@ impl Transition {
                 step: checkpoint.name.clone(),
                 note: checkpoint.note(),
             },
-            Self::Park { step } => EventKind::Waiting { step: step.clone() },
+            Self::Park { step, .. } => EventKind::Waiting { step: step.clone() },
             Self::Compensated { checkpoint } => EventKind::StepCheckpoint {
                 step: checkpoint.name.clone(),
                 note: Some(flotilla_contracts::COMPENSATION.to_owned()),
@@ -228,9 +233,11 @@ impl Transition {
              unplaced_since = NULL";
         match self {
             Self::Checkpoint { layout, .. } => format!("{}, {NEXT}", layout.assignment("$5")),
-            Self::Park { .. } => {
-                format!("status = 'WAITING', outstanding_step = $5, {RELEASE}, {NEXT}")
-            }
+            Self::Park { .. } => format!(
+                "status = 'WAITING', outstanding_step = $5, \
+                 timers = CASE WHEN $6::jsonb IS NULL THEN timers ELSE coalesce(timers, '{{}}'::jsonb) || $6 END, \
+                 {RELEASE}, {NEXT}"
+            ),
             Self::Sleep { .. } => format!(
                 "status = 'QUEUED', timers = coalesce(timers, '{{}}'::jsonb) || $5, run_after = $6, \
                  attempt = greatest(attempt - 1, 0), error = NULL, {RELEASE}, {NEXT}"
@@ -313,7 +320,7 @@ pub async fn transition(
         .bind(fence.sequence);
     let query = match change {
         Transition::Checkpoint { checkpoint, .. } => query.bind(Json(checkpoint)),
-        Transition::Park { step } => query.bind(step),
+        Transition::Park { step, timers } => query.bind(step).bind(timers.as_ref().map(Json)),
         Transition::BeginCompensation { failure } => query.bind(Json(failure)),
         Transition::Compensated { checkpoint } => query.bind(Json(checkpoint)),
         Transition::Sleep {

@@ -323,11 +323,16 @@ impl ClaimedRun {
     ///
     /// # Errors
     /// Lease lost, or the store failed.
-    pub async fn park(self, step: &str) -> Result<(), SegmentStop> {
+    pub async fn park(
+        self,
+        step: &str,
+        timers: Option<serde_json::Value>,
+    ) -> Result<(), SegmentStop> {
         let span = tracing::info_span!("park", job_id = %self.job_id(), flotilla.step = %step);
         tracing::Instrument::instrument(
             self.lease.write(Transition::Park {
                 step: step.to_owned(),
+                timers,
             }),
             span,
         )

@@ -410,6 +410,7 @@ mod tests {
             0 => checkpoint(serde_json::json!({"n": 1}), CheckpointLayout::Array),
             1 => Transition::Park {
                 step: "approve".into(),
+                timers: None,
             },
             2 => Transition::Fail {
                 error: "refused".into(),

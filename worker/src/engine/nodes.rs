@@ -36,8 +36,9 @@ pub(super) enum Stop {
         step: Option<String>,
         steps: Map<String, Json>,
     },
-    /// Nothing else could run and this external step waits for its answer.
-    Park(String),
+    /// Nothing else could run and this external step waits for its answer;
+    /// the timers reached meanwhile keep their instants.
+    Park(String, Sleeping),
     /// Nothing else could run and these timers have not woken.
     Sleep(Sleeping),
     /// Every step ended; `last` is the checkpoint not yet written, which
@@ -232,7 +233,7 @@ impl<'a> Nodes<'a> {
                             steps,
                         }
                     } else if let Some(step) = park_on {
-                        Stop::Park(step)
+                        Stop::Park(step, sleeping)
                     } else if !sleeping.is_empty() {
                         Stop::Sleep(sleeping)
                     } else if schedule.all_ended() {

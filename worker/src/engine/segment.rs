@@ -224,8 +224,9 @@ impl Engine {
                     _ => settle(self, claimed, failure).await,
                 }
             }
-            Stop::Park(step) => {
-                claimed.park(&step).await?;
+            Stop::Park(step, sleeping) => {
+                let timers = (!sleeping.is_empty()).then(|| sleeping.newly_set());
+                claimed.park(&step, timers).await?;
                 Ok(Outcome::Parked(job_id))
             }
             Stop::Sleep(sleeping) => {

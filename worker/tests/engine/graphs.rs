@@ -1004,3 +1004,43 @@ async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool:
     assert_eq!(names, ["first", "late", "second"], "the grafted step ran");
     assert_eq!(calls.of(job_id).iter().filter(|s| *s == "late").count(), 1);
 }
+
+/// A timer reached in the segment that parks on an external step keeps
+/// its instant while the job waits for the answer: the wait is not started
+/// again when the job resumes.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_timer_reached_beside_a_park_keeps_its_instant_through_the_wait(pool: PgPool) {
+    let clock = manual_clock();
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), clock.clone(), "w");
+    let workflow = json!({
+        "name": "waits", "input_schema": {},
+        "steps": [
+            {"name": "approve", "target": "echo", "method": "approve", "needs": [], "completion": "external"},
+            {"name": "nap", "needs": [], "sleep": "1h"},
+            {"name": "after", "target": "echo", "method": "after", "needs": ["approve", "nap"]}
+        ]
+    });
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "waits", json!({})).await;
+    let reached = clock.now();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.timers.unwrap().0,
+        json!({"nap": "2026-01-01T01:00:00.000Z"})
+    );
+    clock.advance(Duration::from_secs(1800));
+    engine
+        .complete_step(job_id, "approve", json!({"ok": true}))
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Sleeping(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.run_after,
+        reached + Duration::from_secs(3600),
+        "the hour counts from when the timer was reached, not from the answer"
+    );
+    clock.advance(Duration::from_secs(1800));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(calls.of(job_id), ["after"]);
+}
