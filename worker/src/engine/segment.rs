@@ -239,7 +239,7 @@ impl Engine {
                 Ok(Outcome::Sleeping(job_id))
             }
             Stop::Finished { steps, last } => {
-                finish(self, claimed, &compiled, &input, steps, last).await
+                finish(self, claimed, (&compiled, &input), steps, last, lease_lost).await
             }
         }
     }

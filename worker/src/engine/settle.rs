@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use flotilla_store::runs::Checkpoint;
 use serde_json::{Map, Value as Json};
+use tokio_util::sync::CancellationToken;
 
 use super::Engine;
 use super::claimed::{ClaimedRun, SegmentStop};
+use super::compensate::{Headed, compensate};
 use super::segment::Outcome;
 use super::step::build;
 use crate::target::StepFailure;
@@ -24,12 +26,14 @@ use crate::workflow::expr::Scope;
 pub(super) async fn finish(
     engine: &Engine,
     claimed: ClaimedRun,
-    compiled: &Arc<CompiledWorkflow>,
-    input: &Json,
+    (compiled, input): (&Arc<CompiledWorkflow>, &Json),
     steps: Map<String, Json>,
     last: Option<Checkpoint>,
+    lease_lost: &CancellationToken,
 ) -> Result<Outcome, SegmentStop> {
     let job_id = claimed.job_id();
+    // Kept for a compensation, should the result not be made.
+    let answered = (!compiled.on_failure.is_empty()).then(|| steps.clone());
     let evaluated = {
         let (compiled, input) = (compiled.clone(), input.clone());
         engine
@@ -61,7 +65,22 @@ pub(super) async fn finish(
             if let Some(last) = last {
                 claimed.checkpoint(&last).await?;
             }
-            settle(engine, claimed, failure).await
+            let attempts = (claimed.row().attempt, claimed.row().max_attempts);
+            match (Headed::of(&failure, None, attempts), answered) {
+                (Some(headed), Some(steps)) => {
+                    let started = (headed, Map::new(), false);
+                    compensate(
+                        engine,
+                        claimed,
+                        compiled,
+                        (input, &steps),
+                        started,
+                        lease_lost,
+                    )
+                    .await
+                }
+                _ => settle(engine, claimed, failure).await,
+            }
         }
     }
 }

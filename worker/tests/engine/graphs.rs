@@ -1044,3 +1044,29 @@ async fn a_timer_reached_beside_a_park_keeps_its_instant_through_the_wait(pool: 
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
     assert_eq!(calls.of(job_id), ["after"]);
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_output_mapping_that_fails_after_the_last_step_is_compensated_too(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, compensation_targets(&calls), manual_clock(), "w");
+    let mut workflow = compensated(3, "echo");
+    workflow["output"] = json!(["total = steps.ship.missing.deeper"]);
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "compensated", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    assert_eq!(calls.of(job_id), ["charge", "ship", "refund", "notify"]);
+    let failed = row(&pool, job_id).await;
+    let refund = &failed.compensation.unwrap().0["done"][0]["response"]["request"];
+    assert_eq!(
+        refund["failed"],
+        Value::Null,
+        "no step failed: the result did"
+    );
+    assert!(
+        refund["why"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("missing"),
+        "{refund}"
+    );
+}
