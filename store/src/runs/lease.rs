@@ -157,6 +157,11 @@ pub enum Transition {
         run_after: DateTime<Utc>,
         since: DateTime<Utc>,
     },
+    /// Handed back at once by a worker whose job changed under it (a graft
+    /// moved its event sequence, so its next commit point was refused):
+    /// no attempt spent, no lapse counted, no backoff, no event; fenced on
+    /// the lease token only.
+    Yield { reason: String },
     /// Handed back by a worker that cannot go on with it for a reason of
     /// the world (the database failed mid-segment): no attempt spent, no
     /// lapse counted, no event; eligible again `backoff × 2^(hand-backs in
@@ -202,6 +207,7 @@ impl Transition {
             Self::Requeue { .. }
             | Self::Release { .. }
             | Self::HandBack { .. }
+            | Self::Yield { .. }
             | Self::BeginCompensation { .. } => return None,
         })
     }
@@ -219,6 +225,7 @@ impl Transition {
             Self::Requeue { .. }
             | Self::Release { .. }
             | Self::HandBack { .. }
+            | Self::Yield { .. }
             | Self::BeginCompensation { .. } => 0,
             Self::CheckpointAndComplete { .. } => 2,
             _ => 1,
@@ -270,6 +277,9 @@ impl Transition {
             Self::Release { .. } => format!(
                 "status = 'QUEUED', error = $5, run_after = $6, attempt = greatest(attempt - 1, 0),
                  unplaced_since = coalesce(unplaced_since, $7), {RELEASE}"
+            ),
+            Self::Yield { .. } => format!(
+                "status = 'QUEUED', error = $5, run_after = $3, attempt = greatest(attempt - 1, 0), {RELEASE}"
             ),
             Self::HandBack { .. } => format!(
                 "status = 'QUEUED', error = $5,
@@ -344,6 +354,7 @@ pub async fn transition(
             run_after,
             since,
         } => query.bind(reason).bind(*run_after).bind(*since),
+        Transition::Yield { reason } => query.bind(reason),
         Transition::HandBack {
             reason,
             now,

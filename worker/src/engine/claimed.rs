@@ -186,6 +186,22 @@ impl Fence {
             .await
     }
 
+    /// Gives the job back at once when this worker still holds its lease
+    /// but its next commit point was refused: the job changed under it (a
+    /// graft). `Ok(true)`: handed back; `Ok(false)`: the lease was really
+    /// lost, nothing written.
+    pub(super) async fn yield_changed(&self) -> Result<bool, SegmentStop> {
+        let change = Transition::Yield {
+            reason: "the job changed under its segment (a graft); resumed by the next claim"
+                .to_owned(),
+        };
+        match self.0.try_write(change).await {
+            Ok(()) => Ok(true),
+            Err(SegmentStop::LeaseLost(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Fails the job as a defect, if this worker still holds it.
     pub(super) async fn fail_defect(&self, error: &str) -> Result<(), SegmentStop> {
         self.0

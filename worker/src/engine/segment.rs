@@ -115,7 +115,20 @@ impl Engine {
         };
         let outcome = match outcome {
             Ok(outcome) => outcome,
-            Err(SegmentStop::LeaseLost(_)) => Outcome::LeaseLost(job_id),
+            Err(SegmentStop::LeaseLost(_)) if heartbeat.lost().is_cancelled() => {
+                Outcome::LeaseLost(job_id)
+            }
+            Err(SegmentStop::LeaseLost(_)) => {
+                // The heartbeat still holds the lease, yet a commit point was
+                // refused: the job changed under the segment (a graft moved
+                // its sequence). Hand it back now rather than at the lapse.
+                let yielded =
+                    tracing::Instrument::instrument(fence.yield_changed(), span.clone()).await;
+                match yielded {
+                    Ok(true) => Outcome::Requeued(job_id),
+                    Ok(false) | Err(_) => Outcome::LeaseLost(job_id),
+                }
+            }
             Err(SegmentStop::Refused(_)) => Outcome::Failed(job_id),
             Err(SegmentStop::Store(e)) => {
                 // A failure of the database, not of the job or this worker:

@@ -933,7 +933,8 @@ async fn a_resumed_compensation_runs_only_what_is_left_and_never_the_failed_step
 
 /// A graft made while a worker runs the job bumps its event sequence: the
 /// worker's next checkpoint is refused (its fenced write compares the
-/// sequence), the segment stops, and the job resumes with the new steps.
+/// sequence), the segment hands the job back at once (its lease still
+/// held), and the job resumes with the new steps.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool: PgPool) {
     let calls = Calls::default();
@@ -984,19 +985,20 @@ async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool:
     });
     engine.register_workflow(&workflow).await.unwrap();
     let job_id = submit(&engine, "regrown", json!({})).await;
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::LeaseLost(job_id));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
     let stopped = row(&pool, job_id).await;
     assert!(
         checkpoint_names(&stopped).is_empty(),
         "the stale segment wrote nothing"
     );
     assert_eq!(stopped.revision, 1);
+    // Handed back at once, its attempt unspent, no lapse to wait for.
+    assert_eq!(stopped.status, RunStatus::Queued);
+    assert_eq!(
+        (stopped.attempt, stopped.lease_losses, stopped.lease_owner),
+        (0, 0, None)
+    );
 
-    // Its lease lapses; the job resumes on the grafted definition.
-    sqlx::query("UPDATE workflow_run SET status = 'QUEUED', lease_token = NULL, lease_owner = NULL, lease_until = NULL")
-        .execute(&pool)
-        .await
-        .unwrap();
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
     let done = row(&pool, job_id).await;
     let mut names = checkpoint_names(&done);
