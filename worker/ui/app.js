@@ -19,7 +19,7 @@
   const STATUSES = ['QUEUED', 'RUNNING', 'WAITING', 'COMPLETED', 'FAILED', 'DEAD', 'CANCELLED'];
   const FINAL = new Set(['COMPLETED', 'FAILED', 'DEAD', 'CANCELLED']);
   const RETRYABLE = new Set(['DEAD', 'FAILED', 'CANCELLED']);
-  const CANCELLABLE = new Set(['QUEUED', 'WAITING']);
+  const CANCELLABLE = new Set(['QUEUED', 'WAITING', 'RUNNING']);
   const FINISHED = ['COMPLETED', 'FAILED', 'DEAD', 'CANCELLED'];
   const SVG_NS = 'http://www.w3.org/2000/svg';
 
@@ -820,7 +820,9 @@
         const updated = await api('POST', path, { body });
         if (!ctx.alive) return;
         actionResult.className = 'outcome ok';
-        actionResult.textContent = `${label}: done, the job is now ${updated && updated.status ? updated.status : 'updated'}.`;
+        actionResult.textContent = updated && updated.status === 'RUNNING'
+          ? `${label}: asked; the worker running the job ends it at its next heartbeat.`
+          : `${label}: done, the job is now ${updated && updated.status ? updated.status : 'updated'}.`;
       } catch (e) {
         if (e.authFailed || !ctx.alive) return;
         actionResult.className = 'outcome bad';

@@ -117,7 +117,7 @@ pub async fn retry(
     sqlx::query_as(&format!(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
-             lease_losses = 0, unplaced_since = NULL, compensation = NULL
+             lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING {COLUMNS}"
     ))

@@ -66,18 +66,55 @@ pub async fn renew(
     token: Uuid,
     now: DateTime<Utc>,
     lease_until: DateTime<Utc>,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
+) -> Result<Renewal, sqlx::Error> {
+    let renewed: Option<(Option<String>,)> = sqlx::query_as(
         "UPDATE workflow_run SET lease_until = $4, updated_at = $3
-         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'",
+         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'
+         RETURNING cancel_requested",
     )
     .bind(job_id)
     .bind(token)
     .bind(now)
     .bind(lease_until)
-    .execute(conn)
+    .fetch_optional(conn)
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(match renewed {
+        None => Renewal::Lost,
+        Some((None,)) => Renewal::Held,
+        Some((Some(reason),)) => Renewal::CancelAsked(reason),
+    })
+}
+
+/// What a renewal found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Renewal {
+    Held,
+    /// Another worker holds the job, or it is no longer RUNNING.
+    Lost,
+    /// Still held, and someone asked to cancel the job: their reason.
+    CancelAsked(String),
+}
+
+/// Asks the worker running `job_id` to cancel it with `reason`: recorded in
+/// the row (the first ask is kept), no event, nothing the holder's fence
+/// compares. `None`: the job is not RUNNING.
+///
+/// # Errors
+/// Database errors.
+pub async fn request_cancel(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    reason: &str,
+) -> Result<Option<super::RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "UPDATE workflow_run SET cancel_requested = coalesce(cancel_requested, $2)
+         WHERE job_id = $1 AND status = 'RUNNING'
+         RETURNING {COLUMNS}"
+    ))
+    .bind(job_id)
+    .bind(reason)
+    .fetch_optional(conn)
+    .await
 }
 
 /// What a lease holder's write is conditioned on: its lease token, and
@@ -144,6 +181,8 @@ pub enum Transition {
     },
     /// Attempts exhausted (event: DEAD).
     Dead { error: String },
+    /// Cancelled as someone asked while it ran (event: CANCELLED).
+    Cancel { reason: String },
     /// Back to the queue after a retryable failure (no event: retries are
     /// not commit points).
     Requeue {
@@ -203,6 +242,9 @@ impl Transition {
             },
             Self::Dead { error } => EventKind::Dead {
                 error: error.clone(),
+            },
+            Self::Cancel { reason } => EventKind::Cancelled {
+                reason: reason.clone(),
             },
             Self::Requeue { .. }
             | Self::Release { .. }
@@ -271,6 +313,9 @@ impl Transition {
                 format!("status = 'FAILED', error = $5, verdict = $6, {RELEASE}, {NEXT}")
             }
             Self::Dead { .. } => format!("status = 'DEAD', error = $5, {RELEASE}, {NEXT}"),
+            Self::Cancel { .. } => format!(
+                "status = 'CANCELLED', error = $5, outstanding_step = NULL, {RELEASE}, {NEXT}"
+            ),
             Self::Requeue { .. } => format!(
                 "status = 'QUEUED', error = $5, run_after = $6, lease_losses = 0, unplaced_since = NULL, {RELEASE}"
             ),
@@ -348,6 +393,7 @@ pub async fn transition(
             .bind(verdict),
         Transition::Fail { error, verdict } => query.bind(error).bind(verdict),
         Transition::Dead { error } => query.bind(error),
+        Transition::Cancel { reason } => query.bind(reason),
         Transition::Requeue { error, run_after } => query.bind(error).bind(*run_after),
         Transition::Release {
             reason,

@@ -125,6 +125,8 @@ pub struct RunRow {
     pub compensation: Option<Json<serde_json::Value>>,
     /// The definition's revision: 0 as submitted, one more per graft.
     pub revision: i32,
+    /// A cancellation asked while the job ran: the reason.
+    pub cancel_requested: Option<String>,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -197,7 +199,7 @@ const COLUMNS: &str = concat!(
     "job_id, workflow_name, workflow_version, \
     coalesce(definition, (SELECT d.definition FROM workflow_definition d \
         WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, ",
+    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, ",
     checkpoint_list!(),
     " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
     lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

@@ -19,7 +19,8 @@ use super::problem::{ApiJson, ApiQuery, Problem, ProblemDoc};
 use super::views::{JobPageView, JobView, TimelineView};
 use crate::engine::graph_view::GraphView;
 use crate::engine::{
-    CompleteOutcome, GraftOutcome, JobQuery, RefusalMode, Submission, Submitted, WorkflowRef,
+    Cancelled, CompleteOutcome, GraftOutcome, JobQuery, RefusalMode, Submission, Submitted,
+    WorkflowRef,
 };
 
 fn job_id(raw: &str) -> Result<Uuid, Problem> {
@@ -310,12 +311,12 @@ pub(super) struct CancelBody {
     reason: Option<String>,
 }
 
-#[utoipa::path(post, path = "/v1/jobs/{job_id}/cancel", params(("job_id" = Uuid, Path)), request_body(content = Option<CancelBody>), responses((status = 200, body = JobView), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not QUEUED or WAITING", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/cancel", params(("job_id" = Uuid, Path)), request_body(content = Option<CancelBody>), responses((status = 200, description = "cancelled (it was QUEUED or WAITING)", body = JobView), (status = 202, description = "RUNNING: the request is recorded and the worker holding the job ends it CANCELLED at its next heartbeat", body = JobView), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "already finished", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn cancel(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
     body: axum::body::Bytes,
-) -> Result<axum::Json<JobView>, Problem> {
+) -> Result<(StatusCode, axum::Json<JobView>), Problem> {
     // The body is optional: `{"reason": "..."}` or nothing.
     let body: CancelBody = if body.iter().all(u8::is_ascii_whitespace) {
         CancelBody::default()
@@ -324,6 +325,10 @@ pub(super) async fn cancel(
             .map_err(|e| Problem::bad_request(format!("request body: {e}")))?
     };
     let reason = body.reason.unwrap_or_default();
-    let row = state.engine.cancel(job_id(&raw)?, &reason).await?;
-    Ok(axum::Json(row.into()))
+    Ok(match state.engine.cancel(job_id(&raw)?, &reason).await? {
+        Cancelled::Done(row) => (StatusCode::OK, axum::Json(JobView::from(*row))),
+        // RUNNING: the request is recorded; its worker ends it CANCELLED at
+        // its next heartbeat.
+        Cancelled::Asked(row) => (StatusCode::ACCEPTED, axum::Json(JobView::from(*row))),
+    })
 }

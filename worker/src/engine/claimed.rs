@@ -82,14 +82,16 @@ struct JobFacts {
 pub const MAX_HAND_BACKS: i32 = 10;
 
 impl Lease {
-    async fn renew(&self) -> Result<(), SegmentStop> {
+    /// Extends the lease; `Some(reason)` when someone asked to cancel the
+    /// job meanwhile.
+    async fn renew(&self) -> Result<Option<String>, SegmentStop> {
         let now = self.engine.now();
         let until = now + self.engine.settings().lease;
         let mut conn = self.engine.inner.reserved.acquire().await?;
-        if lease::renew(&mut conn, self.job_id, self.token, now, until).await? {
-            Ok(())
-        } else {
-            Err(LeaseLost.into())
+        match lease::renew(&mut conn, self.job_id, self.token, now, until).await? {
+            lease::Renewal::Held => Ok(None),
+            lease::Renewal::CancelAsked(reason) => Ok(Some(reason)),
+            lease::Renewal::Lost => Err(LeaseLost.into()),
         }
     }
 
@@ -221,11 +223,24 @@ impl Fence {
 pub(super) struct Heartbeat {
     task: tokio::task::JoinHandle<()>,
     lost: CancellationToken,
+    /// Cancelled when a renewal finds a cancellation asked of the job.
+    cancel: CancellationToken,
+    reason: Arc<std::sync::OnceLock<String>>,
 }
 
 impl Heartbeat {
     pub(super) fn lost(&self) -> &CancellationToken {
         &self.lost
+    }
+
+    /// Cancelled once someone asked to cancel the job while it runs.
+    pub(super) fn cancel_asked(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Why the job is to be cancelled, once asked.
+    pub(super) fn cancel_reason(&self) -> Option<String> {
+        self.reason.get().cloned()
     }
 }
 
@@ -281,6 +296,9 @@ impl ClaimedRun {
         let every = (lease.engine.settings().lease / 4).max(Duration::from_millis(10));
         let lost = CancellationToken::new();
         let signal = lost.clone();
+        let cancel = CancellationToken::new();
+        let reason = Arc::new(std::sync::OnceLock::new());
+        let (asked, why) = (cancel.clone(), reason.clone());
         let job_id = lease.job_id;
         // The heartbeat runs outside the segment's span: its lines name the job themselves.
         let workflow = self.row.workflow_name.clone();
@@ -294,7 +312,11 @@ impl ClaimedRun {
             loop {
                 ticks.tick().await;
                 match lease.renew().await {
-                    Ok(()) => {}
+                    Ok(None) => {}
+                    Ok(Some(reason)) => {
+                        let _ = why.set(reason);
+                        asked.cancel();
+                    }
                     Err(SegmentStop::LeaseLost(_)) => return,
                     Err(SegmentStop::Refused(_)) => {}
                     Err(SegmentStop::Store(e)) => {
@@ -311,7 +333,12 @@ impl ClaimedRun {
             }
             signal.cancel();
         });
-        Heartbeat { task, lost }
+        Heartbeat {
+            task,
+            lost,
+            cancel,
+            reason,
+        }
     }
 
     /// Extends the lease.
@@ -319,7 +346,7 @@ impl ClaimedRun {
     /// # Errors
     /// [`SegmentStop::LeaseLost`] when another worker holds the job.
     pub async fn renew(&self) -> Result<(), SegmentStop> {
-        self.lease.renew().await
+        self.lease.renew().await.map(|_| ())
     }
 
     /// Adds a step's checkpoint with its STEP_CHECKPOINT event.
@@ -455,6 +482,20 @@ impl ClaimedRun {
                 checkpoint: checkpoint.clone(),
             })
             .await
+    }
+
+    /// Cancelled as someone asked while it ran: CANCELLED with `reason`.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    pub async fn cancel(self, reason: &str) -> Result<(), SegmentStop> {
+        self.lease
+            .write(Transition::Cancel {
+                reason: sanitize::error_text(reason),
+            })
+            .await?;
+        self.finished("CANCELLED");
+        Ok(())
     }
 
     /// Attempts exhausted: DEAD with the last error verbatim.

@@ -56,7 +56,7 @@ pub use flotilla_store::{Clock, ManualClock, SystemClock};
 pub use graft::{GraftError, GraftOutcome};
 #[cfg(feature = "test-support")]
 pub use group_commit::CommitFaults;
-pub use operator::OperatorError;
+pub use operator::{Cancelled, OperatorError};
 pub use reads::{JobPage, JobQuery, ListError};
 pub use segment::Outcome;
 pub use storable::{MAX_WORKFLOW_NAME_CHARS, Unstorable};

@@ -41,6 +41,9 @@ pub(super) enum Stop {
     Park(String, Sleeping),
     /// Nothing else could run and these timers have not woken.
     Sleep(Sleeping),
+    /// Someone asked to cancel the job: the calls under way were dropped
+    /// (aborted) and every answer already in hand was checkpointed.
+    Cancelled,
     /// Every step ended; `last` is the checkpoint not yet written, which
     /// goes with the completion.
     Finished {
@@ -105,6 +108,8 @@ pub(super) struct Nodes<'a> {
     pub(super) input: Json,
     pub(super) started: Instant,
     pub(super) lease_lost: &'a CancellationToken,
+    /// Cancelled when a cancellation is asked of the job (the heartbeat).
+    pub(super) cancel_asked: &'a CancellationToken,
 }
 
 impl<'a> Nodes<'a> {
@@ -128,11 +133,15 @@ impl<'a> Nodes<'a> {
         let mut failure: Option<(StepFailure, Option<String>)> = None;
         let mut park_on: Option<String> = None;
         let mut sleeping = Sleeping::default();
+        let mut cancelling = false;
         loop {
             if self.lease_lost.is_cancelled() {
                 return Ok(Stop::LeaseLost);
             }
-            while failure.is_none() && calls.len() < parallelism {
+            if cancelling && calls.is_empty() && writing.is_none() && answered.is_empty() {
+                return Ok(Stop::Cancelled);
+            }
+            while !cancelling && failure.is_none() && calls.len() < parallelism {
                 let Some(left) = deadline
                     .checked_sub(self.started.elapsed())
                     .filter(|d| !d.is_zero())
@@ -251,6 +260,7 @@ impl<'a> Nodes<'a> {
                 }
                 let (node, next) = &answered[0];
                 if unwritten == 1
+                    && !cancelling
                     && failure.is_none()
                     && park_on.is_none()
                     && next.item.is_none()
@@ -280,6 +290,13 @@ impl<'a> Nodes<'a> {
                 ));
             }
             tokio::select! {
+                // Cancellation asked: the calls under way are dropped (the
+                // target sees its request aborted); answers in hand are
+                // still checkpointed, and nothing new starts.
+                () = self.cancel_asked.cancelled(), if !cancelling => {
+                    cancelling = true;
+                    calls = FuturesUnordered::new();
+                }
                 Some((node, called)) = calls.next(), if !calls.is_empty() => match called {
                     Ok(response) => {
                         let name = self.compiled.steps[node.step].definition.name.clone();

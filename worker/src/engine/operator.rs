@@ -3,7 +3,7 @@
 use uuid::Uuid;
 
 use flotilla_store::runs::idle::{self, IdleSettle};
-use flotilla_store::runs::{self, RunRow};
+use flotilla_store::runs::{self, RunRow, lease};
 use flotilla_store::{RunStatus, StoreError};
 
 use super::Engine;
@@ -34,6 +34,16 @@ impl From<sqlx::Error> for OperatorError {
     }
 }
 
+/// What a cancellation came to.
+#[derive(Debug)]
+pub enum Cancelled {
+    /// The job is CANCELLED.
+    Done(Box<RunRow>),
+    /// The job is RUNNING: the request is recorded and its worker ends it
+    /// at its next heartbeat.
+    Asked(Box<RunRow>),
+}
+
 impl Engine {
     /// Puts a DEAD, FAILED or CANCELLED job back in the queue with fresh
     /// attempts. Its checkpoints stay, so finished steps are not redone. No
@@ -55,11 +65,13 @@ impl Engine {
         }
     }
 
-    /// Cancels a QUEUED or WAITING job, with `reason` as its error.
+    /// Cancels a QUEUED or WAITING job, with `reason` as its error; for a
+    /// RUNNING one, records the request for the worker holding it, which
+    /// ends it CANCELLED at its next heartbeat.
     ///
     /// # Errors
     /// Unknown job, a job in another state, store errors.
-    pub async fn cancel(&self, job_id: Uuid, reason: &str) -> Result<RunRow, OperatorError> {
+    pub async fn cancel(&self, job_id: Uuid, reason: &str) -> Result<Cancelled, OperatorError> {
         storable::check_text("reason", reason)?;
         let reason = if reason.trim().is_empty() {
             "cancelled by an operator"
@@ -71,8 +83,18 @@ impl Engine {
         if !idle::settle_idle(&mut tx, job_id, IdleSettle::Cancel { reason }, now).await? {
             tx.rollback().await?;
             let mut conn = self.pool().acquire().await?;
+            let asked = format!("{reason} (asked while it ran)");
+            if let Some(row) = lease::request_cancel(&mut conn, job_id, &asked).await? {
+                tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "cancellation asked of a running job");
+                return Ok(Cancelled::Asked(Box::new(row)));
+            }
             return Err(self
-                .refusal(&mut conn, job_id, "cancel", "QUEUED or WAITING jobs")
+                .refusal(
+                    &mut conn,
+                    job_id,
+                    "cancel",
+                    "QUEUED, WAITING or RUNNING jobs",
+                )
                 .await);
         }
         let row = runs::get(&mut tx, job_id)
@@ -85,7 +107,7 @@ impl Engine {
             row.created_at,
         );
         tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "job cancelled by an operator");
-        Ok(row)
+        Ok(Cancelled::Done(Box::new(row)))
     }
 
     async fn refusal(

@@ -15,7 +15,7 @@ use serde_json::{Map, Value as Json};
 use uuid::Uuid;
 
 use super::Engine;
-use super::claimed::{ClaimedRun, SegmentStop};
+use super::claimed::{ClaimedRun, Heartbeat, SegmentStop};
 use super::claims::ClaimError;
 use super::compensate::{self, Headed};
 use super::nodes::{Nodes, Replayed, Stop};
@@ -33,6 +33,8 @@ pub enum Outcome {
     Parked(Uuid),
     /// QUEUED until a timer of the job wakes.
     Sleeping(Uuid),
+    /// CANCELLED as someone asked while it ran.
+    Cancelled(Uuid),
     /// FAILED: a verdict or a defect.
     Failed(Uuid),
     /// DEAD: attempts exhausted.
@@ -101,7 +103,7 @@ impl Engine {
         // Lines about the job after the segment are logged in its span
         // too, so they carry its job id, workflow and trace id.
         let segment =
-            tracing::Instrument::instrument(self.segment(claimed, heartbeat.lost()), span.clone());
+            tracing::Instrument::instrument(self.segment(claimed, &heartbeat), span.clone());
         let outcome = match AssertUnwindSafe(segment).catch_unwind().await {
             Ok(outcome) => outcome,
             Err(panic) => {
@@ -153,11 +155,19 @@ impl Engine {
     async fn segment(
         &self,
         claimed: ClaimedRun,
-        lease_lost: &tokio_util::sync::CancellationToken,
+        heartbeat: &Heartbeat,
     ) -> Result<Outcome, SegmentStop> {
+        let (lease_lost, cancel_asked) = (heartbeat.lost(), heartbeat.cancel_asked());
+        let cancel_reason = || heartbeat.cancel_reason();
         let job_id = claimed.job_id();
         let started = Instant::now();
         self.renew_if_stale(&claimed).await?;
+        // Asked to cancel while it ran, and its worker went away before
+        // acting on it: cancelled now, before anything is called.
+        if let Some(reason) = claimed.row().cancel_requested.clone() {
+            claimed.cancel(&reason).await?;
+            return Ok(Outcome::Cancelled(job_id));
+        }
         let missing = self.missing_targets(&claimed.row().definition.0);
         if !missing.is_empty() {
             return self.release_for_others(claimed, &missing).await;
@@ -210,11 +220,17 @@ impl Engine {
             input: claimed.row().input.0.clone(),
             started,
             lease_lost,
+            cancel_asked,
         };
         let stop = nodes.run(replayed).await?;
         let input = nodes.input;
         match stop {
             Stop::LeaseLost => Ok(Outcome::LeaseLost(job_id)),
+            Stop::Cancelled => {
+                let reason = cancel_reason().unwrap_or_else(|| "cancelled while it ran".to_owned());
+                claimed.cancel(&reason).await?;
+                Ok(Outcome::Cancelled(job_id))
+            }
             Stop::Failed {
                 failure,
                 step,

@@ -2,7 +2,9 @@
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{CompleteError, CompleteOutcome, Engine, OperatorError, Outcome};
+use flotilla_worker::engine::{
+    Cancelled, CompleteError, CompleteOutcome, Engine, OperatorError, Outcome,
+};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -199,7 +201,10 @@ async fn operators_cancel_waiting_jobs_and_retry_failed_ones(pool: PgPool) {
     let engine = approval_engine(&pool, &calls).await;
     let job_id = parked_job(&engine).await;
 
-    let cancelled = engine.cancel(job_id, "customer withdrew").await.unwrap();
+    let Cancelled::Done(cancelled) = engine.cancel(job_id, "customer withdrew").await.unwrap()
+    else {
+        panic!("a waiting job is cancelled at once")
+    };
     assert_eq!(cancelled.status, RunStatus::Cancelled);
     assert_eq!(cancelled.error.as_deref(), Some("customer withdrew"));
     let events = support::events(&pool, job_id).await;
