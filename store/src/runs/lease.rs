@@ -484,6 +484,9 @@ pub enum Swept {
     Requeued,
     /// It lost its worker `max_lease_losses` times in a row: DEAD, with its event.
     Dead,
+    /// A cancellation was asked while it ran and its worker is gone:
+    /// CANCELLED with the reason, with its event.
+    Cancelled,
 }
 
 /// A lapsed lease that was settled: what happened, and during which attempt
@@ -576,12 +579,13 @@ pub async fn sweep_one(
     let stale_ms = i64::try_from(policy.owner_stale_after.as_millis()).unwrap_or(i64::MAX);
     // Worker clocks agree with the database's to well within a lease
     // (docs/architecture.md), so `lease_until` and `last_seen` compare.
-    let lapsed: Option<(i32, i32, Option<String>, String)> = sqlx::query_as(
+    let lapsed: Option<(i32, i32, Option<String>, String, Option<String>)> = sqlx::query_as(
         "SELECT r.attempt, r.lease_losses, r.lease_owner,
                 CASE WHEN m.worker_id IS NULL OR m.started_at > r.updated_at THEN 'gone'
                      WHEN m.last_seen >= r.lease_until THEN 'alive'
                      WHEN m.last_seen > now() - $3 * interval '1 millisecond' THEN 'unknown'
-                     ELSE 'gone' END
+                     ELSE 'gone' END,
+                r.cancel_requested
          FROM workflow_run r LEFT JOIN worker_member m ON m.worker_id = r.lease_owner
          WHERE r.job_id = $1 AND r.status = 'RUNNING' AND r.lease_until < $2
          FOR UPDATE OF r SKIP LOCKED",
@@ -591,7 +595,7 @@ pub async fn sweep_one(
     .bind(stale_ms)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some((attempt, losses, owner, state)) = lapsed else {
+    let Some((attempt, losses, owner, state, cancel_asked)) = lapsed else {
         return Ok(None);
     };
     if state == "unknown" {
@@ -604,6 +608,27 @@ pub async fn sweep_one(
         return Ok(None);
     }
     let owner_alive = state == "alive";
+    if let Some(reason) = cancel_asked {
+        // Cancelled as asked: nobody holds the job to do it.
+        let stamp: EventStamp = sqlx::query_as(&format!(
+            "UPDATE workflow_run SET status = 'CANCELLED', error = $3, outstanding_step = NULL,
+                 event_sequence = event_sequence + 1, lease_owner = NULL, lease_token = NULL,
+                 lease_until = NULL, updated_at = $2
+             WHERE job_id = $1 RETURNING {STAMP}"
+        ))
+        .bind(job_id)
+        .bind(now)
+        .bind(&reason)
+        .fetch_one(&mut **tx)
+        .await?;
+        outbox::insert(tx, &stamp, EventKind::Cancelled { reason }, now).await?;
+        return Ok(Some(SweptLease {
+            outcome: Swept::Cancelled,
+            attempt,
+            lease_losses: losses,
+            counted: false,
+        }));
+    }
     let owner = owner.as_deref().unwrap_or("?");
     let losses = if owner_alive { losses } else { losses + 1 };
     let dead = losses >= policy.max_lease_losses;

@@ -180,19 +180,20 @@ impl Engine {
             let mut conn = self.pool().acquire().await?;
             lease::lapsed(&mut conn, now, self.settings().sweep_batch).await?
         };
-        let (mut requeued, mut dead) = (0u64, 0u64);
+        let (mut requeued, mut dead, mut cancelled) = (0u64, 0u64, 0u64);
         for job in lapsed {
             let span = sweep_span(&job, &self.settings().worker_id);
             match tracing::Instrument::instrument(self.sweep_lapsed(&job, now), span).await? {
                 Some(Swept::Requeued) => requeued += 1,
                 Some(Swept::Dead) => dead += 1,
+                Some(Swept::Cancelled) => cancelled += 1,
                 None => {}
             }
         }
-        if requeued + dead > 0 {
-            tracing::info!(requeued, dead, "swept expired leases");
+        if requeued + dead + cancelled > 0 {
+            tracing::info!(requeued, dead, cancelled, "swept expired leases");
         }
-        Ok(requeued + dead)
+        Ok(requeued + dead + cancelled)
     }
 
     /// Settles one lapsed lease, inside its span (see [`sweep_span`]).
@@ -238,6 +239,15 @@ impl Engine {
                     job.created_at,
                 );
                 tracing::warn!(%job_id, attempt, lease_losses, "lease lapsed once too often; job is DEAD");
+            }
+            Swept::Cancelled => {
+                span.record("flotilla.outcome", "cancelled");
+                self.job_finished(
+                    (&job.workflow_name, job.workflow_version),
+                    "CANCELLED",
+                    job.created_at,
+                );
+                tracing::info!(%job_id, attempt, "lease lapsed after a cancellation was asked; job CANCELLED");
             }
         }
         Ok(Some(swept.outcome))

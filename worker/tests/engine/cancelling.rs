@@ -202,3 +202,39 @@ async fn a_job_whose_worker_went_away_after_the_ask_is_cancelled_when_next_claim
     engine.retry(job_id).await.unwrap();
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_sweeper_cancels_a_job_asked_to_cancel_whose_worker_is_gone(pool: PgPool) {
+    let clock = manual_clock();
+    let mut settings = settings("w");
+    settings.lease = Duration::from_secs(1);
+    let (started, aborted, quick) = (Arc::new(Notify::new()), Arc::default(), Arc::default());
+    let engine = Engine::new(
+        pool.clone(),
+        targets(started, aborted, quick),
+        clock.clone(),
+        settings,
+    );
+    engine.register_workflow(&workflow(None)).await.unwrap();
+    let job_id = submit(&engine, "long", json!({})).await;
+    // Claimed, then its worker vanishes without a word.
+    let claimed = engine.claim().await.unwrap().expect("claimable");
+    drop(claimed);
+    assert!(matches!(
+        engine.cancel(job_id, "stop").await.unwrap(),
+        Cancelled::Asked(_)
+    ));
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(engine.sweep().await.unwrap(), 1);
+    let done = row(&pool, job_id).await;
+    assert_eq!(
+        (done.status, done.error.as_deref()),
+        (RunStatus::Cancelled, Some("stop (asked while it ran)"))
+    );
+    let types: Vec<E> = events(&pool, job_id)
+        .await
+        .iter()
+        .map(|e| e.event_type())
+        .collect();
+    assert_eq!(types, [E::Accepted, E::Cancelled]);
+}
