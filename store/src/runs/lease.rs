@@ -489,6 +489,12 @@ pub enum Swept {
     Cancelled,
 }
 
+/// A lapsed lease as the sweep reads it: attempt, lapses in a row, owner,
+/// whether the owner is `alive`, `gone` or `unknown`, and a cancellation
+/// asked of the job.
+#[derive(sqlx::FromRow)]
+struct LapsedRow(i32, i32, Option<String>, String, Option<String>);
+
 /// A lapsed lease that was settled: what happened, and during which attempt
 /// the lease lapsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -579,7 +585,7 @@ pub async fn sweep_one(
     let stale_ms = i64::try_from(policy.owner_stale_after.as_millis()).unwrap_or(i64::MAX);
     // Worker clocks agree with the database's to well within a lease
     // (docs/architecture.md), so `lease_until` and `last_seen` compare.
-    let lapsed: Option<(i32, i32, Option<String>, String, Option<String>)> = sqlx::query_as(
+    let lapsed: Option<LapsedRow> = sqlx::query_as(
         "SELECT r.attempt, r.lease_losses, r.lease_owner,
                 CASE WHEN m.worker_id IS NULL OR m.started_at > r.updated_at THEN 'gone'
                      WHEN m.last_seen >= r.lease_until THEN 'alive'
@@ -595,7 +601,7 @@ pub async fn sweep_one(
     .bind(stale_ms)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some((attempt, losses, owner, state, cancel_asked)) = lapsed else {
+    let Some(LapsedRow(attempt, losses, owner, state, cancel_asked)) = lapsed else {
         return Ok(None);
     };
     if state == "unknown" {
