@@ -520,17 +520,40 @@ async fn scrape(client: &reqwest::Client, base: &str) -> (String, prometheus_par
     (text, parsed)
 }
 
-/// The sum of `metric`'s counter and gauge samples labelled `label=value`.
-fn sum_of(scrape: &prometheus_parse::Scrape, metric: &str, label: &str, value: &str) -> f64 {
+/// The sum of `metric`'s counter and gauge samples, those labelled
+/// `label=value` when a label is given.
+fn sum_of(scrape: &prometheus_parse::Scrape, metric: &str, label: Option<(&str, &str)>) -> f64 {
     scrape
         .samples
         .iter()
-        .filter(|s| s.metric == metric && s.labels.get(label) == Some(value))
+        .filter(|s| {
+            s.metric == metric
+                && label.is_none_or(|(label, value)| s.labels.get(label) == Some(value))
+        })
         .map(|s| match s.value {
             prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
             _ => 0.0,
         })
         .sum()
+}
+
+/// Scrapes `url` until `check` holds of a scrape, failing after 30 s
+/// with `what`; returns that scrape.
+async fn scrape_until(
+    client: &reqwest::Client,
+    url: &str,
+    what: &str,
+    check: impl Fn(&prometheus_parse::Scrape) -> bool,
+) -> prometheus_parse::Scrape {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, scrape) = scrape(client, url).await;
+        if check(&scrape) {
+            return scrape;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
@@ -551,8 +574,9 @@ async fn metrics_parse_and_move_as_jobs_run(pool: PgPool) {
         .unwrap()
         .error_for_status()
         .unwrap();
-    let value_of =
-        |scrape: &prometheus_parse::Scrape, name: &str| sum_of(scrape, name, "workflow", &workflow);
+    let value_of = |scrape: &prometheus_parse::Scrape, name: &str| {
+        sum_of(scrape, name, Some(("workflow", &workflow)))
+    };
 
     let traceparent = format!("00-{TRACE_ID}-{PRODUCER_SPAN}-01");
     let job = Uuid::new_v4();
@@ -566,15 +590,10 @@ async fn metrics_parse_and_move_as_jobs_run(pool: PgPool) {
         .unwrap()
         .error_for_status()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let after = loop {
-        let (_, scrape) = scrape(&client, &app.url).await;
-        if value_of(&scrape, "flotilla_jobs_completed_total") >= 1.0 {
-            break scrape;
-        }
-        assert!(Instant::now() < deadline, "the job never completed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let after = scrape_until(&client, &app.url, "the job never completed", |scrape| {
+        value_of(scrape, "flotilla_jobs_completed_total") >= 1.0
+    })
+    .await;
     assert_eq!(value_of(&after, "flotilla_jobs_submitted_total"), 1.0);
     for histogram in [
         "flotilla_step_duration_seconds",
@@ -833,7 +852,11 @@ async fn step_retries_are_counted_by_failure_class(pool: PgPool) {
     }
 
     let retries_of = |scrape: &prometheus_parse::Scrape, class: &str| {
-        sum_of(scrape, "flotilla_step_retries_total", "class", class)
+        sum_of(
+            scrape,
+            "flotilla_step_retries_total",
+            Some(("class", class)),
+        )
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -899,8 +922,16 @@ async fn a_job_the_sweeper_sends_dead_counts_as_dead(pool: PgPool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (text, scrape) = scrape(&client, &app.url).await;
-        let dead = sum_of(&scrape, "flotilla_jobs_dead_total", "workflow", &stored);
-        let dead_inline = sum_of(&scrape, "flotilla_jobs_dead_total", "workflow", "inline");
+        let dead = sum_of(
+            &scrape,
+            "flotilla_jobs_dead_total",
+            Some(("workflow", &stored)),
+        );
+        let dead_inline = sum_of(
+            &scrape,
+            "flotilla_jobs_dead_total",
+            Some(("workflow", "inline")),
+        );
         if dead > 0.0 && dead_inline > 0.0 {
             assert_eq!((dead, dead_inline), (1.0, 1.0), "{text}");
             assert!(
@@ -948,7 +979,7 @@ async fn sleeping_jobs_and_answered_items_show_in_the_metrics(pool: PgPool) {
         .error_for_status()
         .unwrap();
     let (_, before) = scrape(&client, &app.url).await;
-    let items_before = sum_of_all(&before, "flotilla_items_done_total");
+    let items_before = sum_of(&before, "flotilla_items_done_total", None);
     client
         .post(format!("{}/v1/jobs", app.url))
         .bearer_auth(TEST_TOKEN)
@@ -958,38 +989,18 @@ async fn sleeping_jobs_and_answered_items_show_in_the_metrics(pool: PgPool) {
         .unwrap()
         .error_for_status()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let asleep = loop {
-        let (_, scrape) = scrape(&client, &app.url).await;
-        if sum_of_all(&scrape, "flotilla_timers_pending") >= 1.0 {
-            break scrape;
-        }
-        assert!(Instant::now() < deadline, "the job never went to sleep");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(sum_of_all(&asleep, "flotilla_timers_pending"), 1.0);
+    let asleep = scrape_until(&client, &app.url, "the job never went to sleep", |scrape| {
+        sum_of(scrape, "flotilla_timers_pending", None) >= 1.0
+    })
+    .await;
+    assert_eq!(sum_of(&asleep, "flotilla_timers_pending", None), 1.0);
     assert_eq!(
-        sum_of_all(&asleep, "flotilla_timer_oldest_overdue_seconds"),
+        sum_of(&asleep, "flotilla_timer_oldest_overdue_seconds", None),
         0.0
     );
     assert!(
-        sum_of_all(&asleep, "flotilla_items_done_total") >= items_before + 2.0,
+        sum_of(&asleep, "flotilla_items_done_total", None) >= items_before + 2.0,
         "both items counted"
     );
     app.stop().await;
-}
-
-/// The sum of every counter and gauge sample of `metric`.
-fn sum_of_all(scrape: &prometheus_parse::Scrape, metric: &str) -> f64 {
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == metric)
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            _ => 0.0,
-        })
-        .sum()
 }
