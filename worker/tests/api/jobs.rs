@@ -523,3 +523,64 @@ async fn grafted_steps_join_a_running_graph_at_its_revision(pool: PgPool) {
         (StatusCode::CONFLICT, json!("COMPLETED"))
     );
 }
+
+/// Hostile values on the graph paths get their own 4xx and touch nothing
+/// else: a graft holding a NUL is refused naming the field (the job keeps
+/// its revision), and a row whose definition another version wrote in a
+/// shape this one cannot read is a 422 for its graph alone.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_hostile_graft_and_an_unreadable_row_get_their_own_answers(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    api.call(Method::PUT, "/v1/workflows/approval", Some(approval()))
+        .await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (_, job) = api
+            .call(
+                Method::POST,
+                "/v1/jobs",
+                Some(json!({"workflow_name": "approval", "input": {"amount": 1}})),
+            )
+            .await;
+        ids.push(job["job_id"].as_str().unwrap().to_owned());
+    }
+    let (status, refused) = api
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{}/graft", ids[0]),
+            Some(json!({"revision": 0, "steps": [{"name": "a\u{0}b", "target": "echo", "method": "m"}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(
+        refused["field"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("steps"),
+        "{refused}"
+    );
+    let (_, job) = api
+        .call(Method::GET, &format!("/v1/jobs/{}", ids[0]), None)
+        .await;
+    assert_eq!(job["revision"], json!(0));
+
+    sqlx::query(
+        "UPDATE workflow_run SET definition = '{\"steps\": 7}'::jsonb WHERE job_id = $1::uuid",
+    )
+    .bind(&ids[0])
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (status, problem) = api
+        .call(Method::GET, &format!("/v1/jobs/{}/graph", ids[0]), None)
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    let (status, graph) = api
+        .call(Method::GET, &format!("/v1/jobs/{}/graph", ids[1]), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "the other job draws: {graph}");
+    let (status, _) = api
+        .call(Method::GET, "/v1/jobs/not-an-id/graph", None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}

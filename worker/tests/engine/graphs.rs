@@ -1072,3 +1072,27 @@ async fn an_output_mapping_that_fails_after_the_last_step_is_compensated_too(poo
         "{refund}"
     );
 }
+
+/// A row another writer broke (a stored timer that is no instant) fails
+/// its own job as a defect naming the step; a job beside it completes.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_stored_timer_that_is_no_instant_fails_its_job_alone(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    engine
+        .register_workflow(&napping(json!({"sleep": "1s"})))
+        .await
+        .unwrap();
+    let broken = submit(&engine, "napping", json!({})).await;
+    sqlx::query("UPDATE workflow_run SET timers = '{\"nap\": \"soon\"}'::jsonb WHERE job_id = $1")
+        .bind(broken)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(broken));
+    let error = row(&pool, broken).await.error.unwrap_or_default();
+    assert!(error.contains("step nap: the stored timer"), "{error}");
+
+    let fine = submit(&engine, "napping", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Sleeping(fine));
+}
