@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::{
     DecodeError, Message, RuleViolation, WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest,
+    WorkflowRunSignal,
 };
 
 /// A message with an Avro form.
@@ -107,6 +108,44 @@ impl AvroMessage for WorkflowRunRequest {
         let workflow_name = record.string("workflow_name")?;
         let input = record.json("input")?;
         Ok(Self::new(job_id, workflow_name, input)?)
+    }
+}
+
+impl AvroMessage for WorkflowRunSignal {
+    fn avro_schema() -> &'static Schema {
+        static SCHEMA: OnceLock<Schema> = OnceLock::new();
+        parse_embedded(&SCHEMA, Self::schema_text())
+    }
+
+    fn to_avro_value(&self) -> Value {
+        let source = Some(self.source()).filter(|s| !s.is_null());
+        Value::Record(vec![
+            ("job_id".into(), Value::Uuid(self.job_id())),
+            ("name".into(), Value::String(self.name().into())),
+            ("payload".into(), Value::String(self.payload().to_string())),
+            (
+                "source".into(),
+                optional_string(source.map(ToString::to_string).as_deref()),
+            ),
+            (
+                "idempotency_key".into(),
+                optional_string(self.idempotency_key()),
+            ),
+        ])
+    }
+
+    fn from_avro_value(value: Value) -> Result<Self, DecodeError> {
+        let mut record = Fields::<Self>::of(value)?;
+        let job_id = record.uuid("job_id")?;
+        let name = record.string("name")?;
+        let payload = record.json("payload")?;
+        let source = match record.optional_string("source")? {
+            None => serde_json::Value::Null,
+            Some(text) => serde_json::from_str(&text)
+                .map_err(|e| record.mismatch("source", format!("not JSON: {e}")))?,
+        };
+        let idempotency_key = record.optional_string("idempotency_key")?;
+        Ok(Self::new(job_id, name, payload, source, idempotency_key)?)
     }
 }
 

@@ -134,9 +134,29 @@ impl WorkflowRunEvent {
         Self::build(header, WorkflowRunEventType::Accepted, body)
     }
 
+    /// The signal `name` reached the job (numbered `seq` there): an
+    /// ACCEPTED event (the job accepted input; no new event type, so
+    /// consumers of every release read it) whose verdict is
+    /// `signal <seq> received: <name>`. The `wait_for` step that takes it
+    /// later has a STEP_CHECKPOINT noted `signal <seq>`.
+    ///
+    /// # Errors
+    /// A header that breaks a rule.
+    pub fn signal_received(
+        header: EventHeader,
+        name: &str,
+        seq: i64,
+    ) -> Result<Self, RuleViolation> {
+        let body = Body {
+            verdict: Some(format!("signal {seq} received: {name}")),
+            ..Body::default()
+        };
+        Self::build(header, WorkflowRunEventType::Accepted, body)
+    }
+
     /// The step `step_name` has a checkpoint; `note` says what kind when it
     /// is not the step's answer (`skipped`, `item <n>`, `page <n>`,
-    /// `compensation`) and becomes the event's verdict.
+    /// `compensation`, `signal <n>`) and becomes the event's verdict.
     ///
     /// # Errors
     /// A contract rule the values break.

@@ -1,4 +1,4 @@
-//! Flotilla's wire contract: the two messages that cross Kafka, their Avro
+//! Flotilla's wire contract: the three messages that cross Kafka, their Avro
 //! schemas, their JSON and Avro encodings, and the rules every message obeys.
 //!
 //! This crate does no IO (no tokio, rdkafka or sqlx in its tree) so that any
@@ -14,12 +14,14 @@ pub mod framing;
 pub mod json;
 mod request;
 mod rules;
+mod signal;
 pub mod topics;
 
 pub use error::DecodeError;
 pub use event::{COMPENSATION, EventHeader, SKIPPED, WorkflowRunEvent, WorkflowRunEventType};
 pub use request::WorkflowRunRequest;
 pub use rules::RuleViolation;
+pub use signal::WorkflowRunSignal;
 
 /// A message type of the contract: it knows its Avro schema and its rules.
 pub trait Message: Sized + serde::Serialize + serde::de::DeserializeOwned {

@@ -18,6 +18,8 @@ pub enum RuleViolation {
     NegativeAttempt(i32),
     #[error("rule broken: workflow_name is not blank")]
     BlankWorkflowName,
+    #[error("rule broken: a signal's name is not blank")]
+    BlankSignalName,
     #[error("rule broken: {field} is not the nil UUID")]
     NilUuid { field: &'static str },
 }
@@ -39,5 +41,13 @@ pub(crate) fn check_workflow_name(name: &str) -> Result<(), RuleViolation> {
         Ok(())
     } else {
         Err(RuleViolation::BlankWorkflowName)
+    }
+}
+
+pub(crate) fn check_signal_name(name: &str) -> Result<(), RuleViolation> {
+    if non_blank(name) {
+        Ok(())
+    } else {
+        Err(RuleViolation::BlankSignalName)
     }
 }

@@ -6,6 +6,8 @@
 pub const REQUEST_TOPIC: &str = "workflow-run-requests";
 /// Where the relay publishes `WorkflowRunEvent`s, keyed by job id.
 pub const EVENT_TOPIC: &str = "workflow-run-events";
+/// Where clients produce `WorkflowRunSignal`s, keyed by job id.
+pub const SIGNAL_TOPIC: &str = "workflow-run-signals";
 /// The workers' consumer group on the request topic.
 pub const CONSUMER_GROUP: &str = "flotilla-worker";
 

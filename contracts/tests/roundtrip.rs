@@ -5,7 +5,9 @@ mod support;
 use chrono::{DateTime, Utc};
 use flotilla_contracts::avro::{self, AvroMessage};
 use flotilla_contracts::framing::{self, Framed};
-use flotilla_contracts::{EventHeader, WorkflowRunEvent, WorkflowRunRequest, json};
+use flotilla_contracts::{
+    EventHeader, WorkflowRunEvent, WorkflowRunRequest, WorkflowRunSignal, json,
+};
 use proptest::prelude::*;
 use uuid::Uuid;
 
@@ -41,6 +43,19 @@ fn timestamp() -> impl Strategy<Value = DateTime<Utc>> {
 fn request() -> impl Strategy<Value = WorkflowRunRequest> {
     (uuid(), text(), json_doc())
         .prop_map(|(id, name, input)| WorkflowRunRequest::new(id, name, input).unwrap())
+}
+
+fn signal() -> impl Strategy<Value = WorkflowRunSignal> {
+    (
+        uuid(),
+        text(),
+        json_doc(),
+        json_doc(),
+        prop::option::of(text()),
+    )
+        .prop_map(|(id, name, payload, source, key)| {
+            WorkflowRunSignal::new(id, name, payload, source, key).unwrap()
+        })
 }
 
 fn event() -> impl Strategy<Value = WorkflowRunEvent> {
@@ -101,6 +116,16 @@ proptest! {
     #[test]
     fn requests_round_trip_through_avro(request in request()) {
         avro_roundtrip(&request);
+    }
+
+    #[test]
+    fn signals_round_trip_through_json(signal in signal()) {
+        json_roundtrip(&signal);
+    }
+
+    #[test]
+    fn signals_round_trip_through_avro(signal in signal()) {
+        avro_roundtrip(&signal);
     }
 
     #[test]

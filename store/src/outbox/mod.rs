@@ -26,10 +26,15 @@ pub enum EventKind {
         revision: i32,
         steps: Vec<String>,
     },
+    /// A signal was received (numbered `seq` in the job).
+    SignalReceived {
+        name: String,
+        seq: i64,
+    },
     StepCheckpoint {
         step: String,
         /// What kind of checkpoint, when not a step's answer: `skipped`,
-        /// `item <n>`, `page <n>`, `compensation` (the event's verdict).
+        /// `item <n>`, `page <n>`, `compensation`, `signal <n>` (the event's verdict).
         note: Option<String>,
     },
     Waiting {
@@ -136,6 +141,9 @@ fn build(
         EventKind::Accepted => WorkflowRunEvent::accepted(header),
         EventKind::Grafted { revision, steps } => {
             WorkflowRunEvent::grafted(header, revision, &steps)
+        }
+        EventKind::SignalReceived { name, seq } => {
+            WorkflowRunEvent::signal_received(header, &name, seq)
         }
         EventKind::StepCheckpoint { step, note } => {
             WorkflowRunEvent::step_checkpoint(header, step, note)

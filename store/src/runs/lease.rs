@@ -124,7 +124,8 @@ pub async fn request_cancel(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
     pub token: Uuid,
-    /// The row's `event_sequence` before this write.
+    /// The row's `event_sequence` before this write, less its
+    /// `foreign_events` (the events its holder did not write).
     pub sequence: i64,
 }
 
@@ -139,12 +140,16 @@ pub enum Transition {
         checkpoint: Checkpoint,
         layout: CheckpointLayout,
     },
-    /// Parks on an external step (event: WAITING).
+    /// Parks on an external or a `wait_for` step (event: WAITING).
     /// `timers` (step → instant) reached in the same segment are added to
     /// the row's, so they keep their instants while the job waits.
+    /// `signals`: the names the job's ready `wait_for` steps wait for; one
+    /// of them received while the segment ran (its signal unseen by the
+    /// claim) requeues the job at once instead, so it is taken.
     Park {
         step: String,
         timers: Option<serde_json::Value>,
+        signals: Vec<String>,
     },
     /// Back to the queue until the first of the run's timers wakes (event:
     /// WAITING on `step`, saying until when), attempt given back, no lease
@@ -281,11 +286,19 @@ impl Transition {
         const NEXT: &str = "event_sequence = event_sequence + 1, lease_losses = 0, hand_backs = 0, \
              unplaced_since = NULL";
         match self {
-            Self::Checkpoint { layout, .. } => format!("{}, {NEXT}", layout.assignment("$5")),
+            Self::Checkpoint { layout, .. } => format!(
+                "{}, {}, {NEXT}",
+                layout.assignment("$5"),
+                super::signals::TAKE_SIGNAL
+            ),
             Self::Park { .. } => format!(
-                "status = 'WAITING', outstanding_step = $5, \
+                "status = CASE WHEN {WOKEN} THEN 'QUEUED' ELSE 'WAITING' END, \
+                 outstanding_step = CASE WHEN {WOKEN} THEN NULL ELSE $5 END, \
+                 run_after = CASE WHEN {WOKEN} THEN $3 ELSE run_after END, \
+                 attempt = CASE WHEN {WOKEN} THEN 0 ELSE attempt END, \
                  timers = CASE WHEN $6::jsonb IS NULL THEN timers ELSE coalesce(timers, '{{}}'::jsonb) || $6 END, \
-                 {RELEASE}, {NEXT}"
+                 {RELEASE}, {NEXT}",
+                WOKEN = super::signals::PENDING_ONE_OF_7
             ),
             Self::Sleep { .. } => format!(
                 "status = 'QUEUED', timers = coalesce(timers, '{{}}'::jsonb) || $5, run_after = $6, \
@@ -304,10 +317,11 @@ impl Transition {
                 "status = 'COMPLETED', result = $5, verdict = $6, error = NULL, {RELEASE}, {NEXT}"
             ),
             Self::CheckpointAndComplete { layout, .. } => format!(
-                "{}, status = 'COMPLETED', result = $6, verdict = $7, error = NULL, {RELEASE}, \
+                "{}, {}, status = 'COMPLETED', result = $6, verdict = $7, error = NULL, {RELEASE}, \
                  event_sequence = event_sequence + 2, lease_losses = 0, hand_backs = 0, \
                  unplaced_since = NULL",
-                layout.assignment("$5")
+                layout.assignment("$5"),
+                super::signals::TAKE_SIGNAL
             ),
             Self::Fail { .. } => {
                 format!("status = 'FAILED', error = $5, verdict = $6, {RELEASE}, {NEXT}")
@@ -350,9 +364,10 @@ pub async fn transition(
     change: &Transition,
 ) -> Result<bool, StoreError> {
     // A hand-back after an ambiguous commit must match whatever the
-    // sequence became: only commit points compare it.
+    // sequence became: only commit points compare it. Events others wrote
+    // meanwhile (signals received) are not the holder's and do not count.
     let sequence = if change.is_commit_point() {
-        " AND event_sequence = $4"
+        " AND event_sequence - foreign_events = $4"
     } else {
         ""
     };
@@ -375,7 +390,14 @@ pub async fn transition(
         .bind(fence.sequence);
     let query = match change {
         Transition::Checkpoint { checkpoint, .. } => query.bind(Json(checkpoint)),
-        Transition::Park { step, timers } => query.bind(step).bind(timers.as_ref().map(Json)),
+        Transition::Park {
+            step,
+            timers,
+            signals,
+        } => query
+            .bind(step)
+            .bind(timers.as_ref().map(Json))
+            .bind(signals),
         Transition::BeginCompensation { failure } => query.bind(Json(failure)),
         Transition::Compensated { checkpoint } => query.bind(Json(checkpoint)),
         Transition::Sleep {

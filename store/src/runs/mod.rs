@@ -8,6 +8,7 @@
 
 pub mod idle;
 pub mod lease;
+pub mod signals;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -22,13 +23,17 @@ use crate::status::RunStatus;
 /// The newest run layout this release reads: 1, runs whose checkpoints are
 /// rows of their own or whose definition is their stored version's; 2,
 /// runs whose definition is a graph (`needs`, `when`, `parallelism`),
-/// which a release before graphs would refuse as a broken definition. A run
+/// which a release before graphs would refuse as a broken definition; 3,
+/// runs that wait for signals (`wait_for`), whose row holds `signals` and
+/// whose fence leaves out `foreign_events`. A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 2;
+pub const READER_LEVEL: i16 = 3;
 /// The level of a run whose definition is a graph.
 pub const GRAPH_READER_LEVEL: i16 = 2;
+/// The level of a run whose definition waits for signals.
+pub const SIGNAL_READER_LEVEL: i16 = 3;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,12 +50,19 @@ pub struct Checkpoint {
     /// holding only the `cursor` the next page starts from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page: Option<u32>,
+    /// For a `wait_for` step: the number of the signal it took (its
+    /// response is that signal's payload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i64>,
 }
 
 impl Checkpoint {
     /// What its event's verdict says of it when it is not a step's answer.
     #[must_use]
     pub fn note(&self) -> Option<String> {
+        if let Some(signal) = self.signal {
+            return Some(format!("signal {signal}"));
+        }
         match (self.item, self.page, self.skipped) {
             (Some(item), _, _) => Some(format!("item {item}")),
             (None, Some(page), _) => Some(format!("page {page}")),
@@ -127,6 +139,11 @@ pub struct RunRow {
     pub revision: i32,
     /// A cancellation asked while the job ran: the reason.
     pub cancel_requested: Option<String>,
+    /// Signals sent to the job, oldest first (see [`signals`]).
+    pub signals: Option<Json<serde_json::Value>>,
+    /// Events others wrote for the job (signals received), which the lease
+    /// holder's fence leaves out.
+    pub foreign_events: i32,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -199,7 +216,7 @@ const COLUMNS: &str = concat!(
     "job_id, workflow_name, workflow_version, \
     coalesce(definition, (SELECT d.definition FROM workflow_definition d \
         WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, ",
+    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, ",
     checkpoint_list!(),
     " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
     lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

@@ -257,7 +257,10 @@ impl ClaimedRun {
             engine,
             job_id: row.job_id,
             token: row.lease_token?,
-            sequence: Arc::new(AtomicI64::new(row.event_sequence)),
+            // The fence counts the holder's own events only (see `lease::Fence`).
+            sequence: Arc::new(AtomicI64::new(
+                row.event_sequence - i64::from(row.foreign_events),
+            )),
             job: Arc::new(JobFacts {
                 workflow_name: row.workflow_name.clone(),
                 workflow_version: row.workflow_version,
@@ -362,7 +365,9 @@ impl ClaimedRun {
         tracing::Instrument::instrument(self.lease.write(change), span).await
     }
 
-    /// Parks on the external step `step` (WAITING, with its event).
+    /// Parks on the external or `wait_for` step `step` (WAITING, with its
+    /// event); requeued at once instead when one of `signals` (the names
+    /// its ready `wait_for` steps wait for) arrived meanwhile.
     ///
     /// # Errors
     /// Lease lost, or the store failed.
@@ -370,12 +375,14 @@ impl ClaimedRun {
         self,
         step: &str,
         timers: Option<serde_json::Value>,
+        signals: Vec<String>,
     ) -> Result<(), SegmentStop> {
         let span = tracing::info_span!("park", job_id = %self.job_id(), flotilla.step = %step);
         tracing::Instrument::instrument(
             self.lease.write(Transition::Park {
                 step: step.to_owned(),
                 timers,
+                signals,
             }),
             span,
         )

@@ -134,6 +134,7 @@ pub(super) async fn compensate(
                     response,
                     item: None,
                     page: None,
+                    signal: None,
                 };
                 claimed.compensated(&checkpoint).await?;
             }

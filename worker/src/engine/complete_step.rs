@@ -179,6 +179,7 @@ impl Engine {
                     skipped: false,
                     item: None,
                     page: None,
+                    signal: None,
                     response,
                 };
                 if !idle::resume_waiting(

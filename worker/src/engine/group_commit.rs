@@ -335,6 +335,7 @@ mod tests {
                 skipped: false,
                 item: None,
                 page: None,
+                signal: None,
                 response,
             },
             layout,
@@ -411,6 +412,7 @@ mod tests {
             1 => Transition::Park {
                 step: "approve".into(),
                 timers: None,
+                signals: Vec::new(),
             },
             2 => Transition::Fail {
                 error: "refused".into(),
@@ -514,6 +516,7 @@ mod tests {
                     skipped: false,
                     item: None,
                     page: None,
+                    signal: None,
                     response: serde_json::json!({"n": 3}),
                 },
                 layout,

@@ -488,6 +488,7 @@ fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Chec
         response: response.unwrap_or(Json::Null),
         item: item.and_then(|i| u32::try_from(i).ok()),
         page: None,
+        signal: None,
     }
 }
 

@@ -219,6 +219,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
         response: json!({"stale": true}),
         item: None,
         page: None,
+        signal: None,
     };
     assert!(matches!(
         old.checkpoint(&checkpoint).await,
@@ -398,6 +399,7 @@ async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPo
         response: json!({}),
         item: None,
         page: None,
+        signal: None,
     };
     tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
         .await

@@ -104,6 +104,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
             response: json!({"step": "one", "request": {"n": 1}}),
             item: None,
             page: None,
+            signal: None,
         })
         .await
         .unwrap();
