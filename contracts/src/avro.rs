@@ -16,8 +16,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::{
-    DecodeError, Message, RuleViolation, WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest,
-    WorkflowRunSignal,
+    DecodeError, Message, RuleViolation, WorkflowRunEvent, WorkflowRunEventType,
+    WorkflowRunRequest, WorkflowRunSignal,
 };
 
 /// A message with an Avro form.

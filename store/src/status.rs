@@ -94,6 +94,17 @@ text_status!(
     }
 );
 
+impl RunStatus {
+    /// Whether the run is finished (until an operator retries it).
+    #[must_use]
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Dead | Self::Cancelled
+        )
+    }
+}
+
 text_status!(
     /// The states of an outbox row (`workflow_run_outbox.status`).
     OutboxStatus, "outbox", {

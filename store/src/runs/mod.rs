@@ -396,7 +396,7 @@ impl NewRun<'_> {
 
 /// Grafts steps onto `job_id` at `revision`: its definition becomes
 /// `definition` (the job's copy), its revision one more, its reader level
-/// that of a graph, with an ACCEPTED event naming the steps. Bumps the event
+/// at least `reader_level` (that of the combined definition), with an ACCEPTED event naming the steps. Bumps the event
 /// sequence, so a worker running the job stops at its next commit point
 /// and the job resumes with the new steps. `None`: the job is finished or
 /// no longer at `revision` (nothing written).
@@ -406,7 +406,7 @@ impl NewRun<'_> {
 pub async fn graft(
     tx: &mut PgTransaction<'_>,
     job_id: Uuid,
-    revision: i32,
+    (revision, reader_level): (i32, i16),
     definition: &serde_json::Value,
     steps: Vec<String>,
     now: DateTime<Utc>,
@@ -421,7 +421,7 @@ pub async fn graft(
     .bind(job_id)
     .bind(revision)
     .bind(Json(definition))
-    .bind(GRAPH_READER_LEVEL)
+    .bind(reader_level)
     .bind(now)
     .fetch_optional(&mut **tx)
     .await?;

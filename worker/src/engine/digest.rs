@@ -24,7 +24,7 @@ pub(super) fn request_digest(submission: &Submission) -> String {
 }
 
 /// JSON with object keys sorted at every level, whatever map order serde_json uses.
-fn write_canonical(value: &Json, out: &mut String) {
+pub(super) fn write_canonical(value: &Json, out: &mut String) {
     match value {
         Json::Object(fields) => {
             let mut keys: Vec<&String> = fields.keys().collect();

@@ -95,10 +95,7 @@ impl Engine {
             tx.rollback().await?;
             return Ok(GraftOutcome::Repeat(Box::new(row)));
         }
-        if matches!(
-            row.status,
-            RunStatus::Completed | RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled
-        ) {
+        if row.status.is_finished() {
             return Err(GraftError::Finished {
                 job_id,
                 status: row.status,
@@ -116,19 +113,29 @@ impl Engine {
             list.extend(grafted.iter().cloned());
         }
         // The combined graph is checked as a registration is.
-        self.compile(&definition).await?;
+        let compiled = self.compile(&definition).await?;
+        let reader_level = compiled
+            .reader_level()
+            .max(flotilla_store::runs::GRAPH_READER_LEVEL);
         let names = grafted
             .iter()
             .map(|step| step["name"].as_str().unwrap_or_default().to_owned())
             .collect();
         let now = self.now();
-        runs::graft(&mut tx, job_id, revision, &definition, names, now)
-            .await?
-            .ok_or(GraftError::Stale {
-                job_id,
-                sent: revision,
-                current: row.revision,
-            })?;
+        runs::graft(
+            &mut tx,
+            job_id,
+            (revision, reader_level),
+            &definition,
+            names,
+            now,
+        )
+        .await?
+        .ok_or(GraftError::Stale {
+            job_id,
+            sent: revision,
+            current: row.revision,
+        })?;
         tx.commit().await?;
         // Its ACCEPTED event waits for the relays.
         self.inner

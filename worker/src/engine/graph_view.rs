@@ -140,6 +140,8 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
             });
             let kind = if step.is_timer() {
                 "timer"
+            } else if step.wait_for.is_some() {
+                "signal"
             } else if step.is_external() {
                 "external"
             } else if step.for_each.is_some() {

@@ -29,6 +29,7 @@ mod schedule;
 pub use sanitize::MAX_ERROR_CHARS;
 mod segment;
 mod settle;
+pub mod signals;
 mod step;
 mod storable;
 mod submit;

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla_store::runs::Checkpoint;
+use flotilla_store::runs::signals::{self, SignalEntry};
+use flotilla_store::runs::{Checkpoint, RunRow};
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -20,7 +21,7 @@ use super::Engine;
 use super::claimed::{ClaimedRun, SegmentStop};
 use super::items::Items;
 use super::schedule::Schedule;
-use super::step::{Invocation, over_budget};
+use super::step::{Invocation, check_response, over_budget};
 use super::timers::{self, Sleeping};
 use crate::target::{RetryClass, StepFailure};
 use crate::workflow::CompiledWorkflow;
@@ -36,9 +37,14 @@ pub(super) enum Stop {
         step: Option<String>,
         steps: Map<String, Json>,
     },
-    /// Nothing else could run and this external step waits for its answer;
-    /// the timers reached meanwhile keep their instants.
-    Park(String, Sleeping),
+    /// Nothing else could run and this external or `wait_for` step waits
+    /// for its answer; the timers reached meanwhile keep their instants;
+    /// `awaited`: the signals the ready `wait_for` steps wait for.
+    Park {
+        step: String,
+        sleeping: Sleeping,
+        awaited: Vec<String>,
+    },
     /// Nothing else could run and these timers have not woken.
     Sleep(Sleeping),
     /// Someone asked to cancel the job: the calls under way were dropped
@@ -132,6 +138,19 @@ impl<'a> Nodes<'a> {
         // The first failure, and the step it came from.
         let mut failure: Option<(StepFailure, Option<String>)> = None;
         let mut park_on: Option<String> = None;
+        // The signals the claim found, and the names of the ready
+        // `wait_for` steps that found none (a park checks them again).
+        let mut pending = match Pending::of(self.claimed.row()) {
+            Ok(pending) => pending,
+            Err(failed) => {
+                return Ok(Stop::Failed {
+                    failure: failed,
+                    step: None,
+                    steps,
+                });
+            }
+        };
+        let mut awaited: Vec<String> = Vec::new();
         let mut sleeping = Sleeping::default();
         let mut cancelling = false;
         loop {
@@ -177,6 +196,30 @@ impl<'a> Nodes<'a> {
                 let step = &self.compiled.steps[index];
                 let name = step.definition.name.clone();
                 let node = Node::step(index);
+                if let Some(signal) = &step.definition.wait_for {
+                    let scope = self.scope(index, &steps);
+                    match self.holds(index, &scope).await {
+                        Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
+                        Ok(true) => match pending.take(signal) {
+                            Some((seq, payload)) => {
+                                match self.judge(index, &payload, &scope).await {
+                                    Ok(()) => {
+                                        let mut taken = checkpoint(name, None, Some(payload));
+                                        taken.signal = Some(seq);
+                                        answered.push_back((node, taken));
+                                    }
+                                    Err(failed) => failure = Some((failed, Some(name))),
+                                }
+                            }
+                            None => {
+                                awaited.push(signal.clone());
+                                park_on.get_or_insert(name);
+                            }
+                        },
+                        Err(failed) => failure = Some((failed, Some(name))),
+                    }
+                    continue;
+                }
                 if step.definition.is_external() {
                     // Parked on once nothing else can run; another
                     // external step ready meanwhile waits for a later
@@ -242,7 +285,11 @@ impl<'a> Nodes<'a> {
                             steps,
                         }
                     } else if let Some(step) = park_on {
-                        Stop::Park(step, sleeping)
+                        Stop::Park {
+                            step,
+                            sleeping,
+                            awaited,
+                        }
                     } else if !sleeping.is_empty() {
                         Stop::Sleep(sleeping)
                     } else if schedule.all_ended() {
@@ -364,6 +411,19 @@ impl<'a> Nodes<'a> {
         )
     }
 
+    /// Judges a signal's payload as step `index`'s answer.
+    async fn judge(&self, index: usize, payload: &Json, scope: &Scope) -> Result<(), StepFailure> {
+        let judged = {
+            let (compiled, scope, payload) =
+                (self.compiled.clone(), scope.clone(), payload.clone());
+            self.engine
+                .off_runtime(move || check_response(&compiled.steps[index], &payload, &scope))
+                .await
+        };
+        let name = &self.compiled.steps[index].definition.name;
+        judged.unwrap_or_else(|exhausted| Err(over_budget(name, "judging the signal", &exhausted)))
+    }
+
     /// Whether step `index` runs: its `when` over `scope` (true without one).
     async fn holds(&self, index: usize, scope: &Scope) -> Result<bool, StepFailure> {
         let step = &self.compiled.steps[index];
@@ -459,6 +519,28 @@ impl<'a> Nodes<'a> {
             )
             .await;
         (node, called.map(Some))
+    }
+}
+
+/// The unconsumed signals the claim found, oldest first; each is taken
+/// once in a segment.
+struct Pending(VecDeque<SignalEntry>);
+
+impl Pending {
+    fn of(row: &RunRow) -> Result<Self, StepFailure> {
+        let entries = signals::entries(row).map_err(|e| StepFailure::Defect(e.to_string()))?;
+        Ok(Self(
+            entries
+                .into_iter()
+                .filter(SignalEntry::is_pending)
+                .collect(),
+        ))
+    }
+
+    /// The oldest signal called `name`: its number and payload.
+    fn take(&mut self, name: &str) -> Option<(i64, Json)> {
+        let at = self.0.iter().position(|s| s.name == name)?;
+        self.0.remove(at).map(|s| (s.seq, s.payload))
     }
 }
 

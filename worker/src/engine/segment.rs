@@ -253,9 +253,13 @@ impl Engine {
                     _ => settle(self, claimed, failure).await,
                 }
             }
-            Stop::Park(step, sleeping) => {
+            Stop::Park {
+                step,
+                sleeping,
+                awaited,
+            } => {
                 let timers = (!sleeping.is_empty()).then(|| sleeping.newly_set());
-                claimed.park(&step, timers).await?;
+                claimed.park(&step, timers, awaited).await?;
                 Ok(Outcome::Parked(job_id))
             }
             Stop::Sleep(sleeping) => {

@@ -312,11 +312,7 @@ impl Engine {
             workflow_version,
             copy,
             max_attempts: compiled.definition.max_attempts,
-            reader_level: if compiled.uses_graph_fields() {
-                flotilla_store::runs::GRAPH_READER_LEVEL
-            } else {
-                0
-            },
+            reader_level: compiled.reader_level(),
         })
     }
 }

@@ -263,6 +263,34 @@ impl CompiledWorkflow {
         self.by_name.get(name).copied()
     }
 
+    /// The run layout a worker must read to run this definition
+    /// (`runs::READER_LEVEL`).
+    #[must_use]
+    pub fn reader_level(&self) -> i16 {
+        if self.waits_for_signals() {
+            flotilla_store::runs::SIGNAL_READER_LEVEL
+        } else if self.uses_graph_fields() {
+            flotilla_store::runs::GRAPH_READER_LEVEL
+        } else {
+            0
+        }
+    }
+
+    /// Whether a step waits for `signal`.
+    #[must_use]
+    pub fn awaits(&self, signal: &str) -> bool {
+        self.definition
+            .steps
+            .iter()
+            .any(|step| step.wait_for.as_deref() == Some(signal))
+    }
+
+    /// Whether any step waits for a signal.
+    #[must_use]
+    pub fn waits_for_signals(&self) -> bool {
+        self.definition.steps.iter().any(|s| s.wait_for.is_some())
+    }
+
     /// Whether the definition says anything a chain of steps cannot
     /// (`needs`, `when`, `parallelism`): such a run waits for a worker
     /// that reads graphs.
@@ -378,6 +406,8 @@ impl Problems {
         }
         if step.is_timer() {
             self.timer_shape(at, step);
+        } else if let Some(signal) = &step.wait_for {
+            self.wait_shape(at, step, signal);
         } else {
             if !known_targets.contains(&step.target) {
                 let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
@@ -485,6 +515,7 @@ impl Problems {
             ("for_each", step.for_each.is_some()),
             ("paged", step.paged),
             ("completion", step.completion.is_some()),
+            ("wait_for", step.wait_for.is_some()),
         ];
         for (field, present) in graph_fields {
             if present {
@@ -516,10 +547,43 @@ impl Problems {
             ("completion", step.completion.is_some()),
             ("timeout_ms", step.timeout_ms.is_some()),
             ("when", step.when.is_some()),
+            ("wait_for", step.wait_for.is_some()),
         ];
         for (name, present) in called {
             if present {
                 self.add(at, name, "a timer calls no target: it has no target, method, rules, validate, output_schema, completion, timeout_ms or when");
+            }
+        }
+    }
+
+    /// A `wait_for` step names its signal and calls nothing; its answer
+    /// is judged by `output_schema` and `validate` like a call's.
+    fn wait_shape(&mut self, at: Option<&str>, step: &StepDefinition, signal: &str) {
+        if signal.trim().is_empty() {
+            self.add(at, "wait_for", "is blank");
+        } else if signal.len() > limits::MAX_SIGNAL_NAME_BYTES {
+            self.add(
+                at,
+                "wait_for",
+                format!(
+                    "{} bytes long, over the limit of {}",
+                    signal.len(),
+                    limits::MAX_SIGNAL_NAME_BYTES
+                ),
+            );
+        }
+        let called = [
+            ("target", !step.target.is_empty()),
+            ("method", !step.method.is_empty()),
+            ("rules", !step.rules.is_empty()),
+            ("completion", step.completion.is_some()),
+            ("timeout_ms", step.timeout_ms.is_some()),
+            ("for_each", step.for_each.is_some()),
+            ("paged", step.paged),
+        ];
+        for (name, present) in called {
+            if present {
+                self.add(at, name, "a wait_for step calls no target: it has no target, method, rules, completion, timeout_ms, for_each or paged");
             }
         }
     }

@@ -10,6 +10,8 @@ use serde_json::Value as Json;
 pub const MAX_STEPS: usize = 999;
 /// Bytes of one step's name (names key checkpoints, events and graphs).
 pub const MAX_STEP_NAME_BYTES: usize = 128;
+/// The longest signal name a `wait_for` may wait for, in bytes.
+pub const MAX_SIGNAL_NAME_BYTES: usize = 128;
 /// Rules (request assignments) plus `validate` expressions of one step, and
 /// output assignments of a workflow.
 pub const MAX_RULES: usize = 100;

@@ -115,6 +115,11 @@ pub struct StepDefinition {
     pub validate: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion: Option<Completion>,
+    /// Waits for the signal of this name sent to the job (API, CLI,
+    /// console or the signal topic); its response is the signal's payload,
+    /// judged by `output_schema` and `validate`. Calls no target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
 }
@@ -135,5 +140,12 @@ impl StepDefinition {
     #[must_use]
     pub fn is_external(&self) -> bool {
         self.completion == Some(Completion::External)
+    }
+
+    /// Whether the step calls a target (neither a timer nor a wait for a
+    /// signal).
+    #[must_use]
+    pub fn calls_a_target(&self) -> bool {
+        !self.is_timer() && self.wait_for.is_none()
     }
 }

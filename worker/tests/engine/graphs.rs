@@ -961,7 +961,7 @@ async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool:
                 let grafted = flotilla_store::runs::graft(
                     &mut tx,
                     call.job_id,
-                    0,
+                    (0, flotilla_store::runs::GRAPH_READER_LEVEL),
                     &definition,
                     vec!["late".into()],
                     chrono::Utc::now(),

@@ -14,6 +14,7 @@ mod panics;
 mod parking;
 mod placement;
 mod responses;
+mod signals;
 mod submission;
 mod support;
 mod switches;

@@ -1,0 +1,371 @@
+//! Receiving signals: the one door the API, the CLI, the console and the
+//! signal topic all go through (docs/architecture.md, "Signals").
+//!
+//! A signal is kept in its job's row under the row lock, with an ACCEPTED
+//! event, whatever the job is doing; the `wait_for` step that waits for it
+//! takes it when the job runs (`nodes.rs`). A job parked on such a wait is
+//! requeued at once; a running one is not disturbed (the event is left out
+//! of its holder's fence).
+
+use serde::Serialize;
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use flotilla_store::runs::signals::{self, MAX_KEPT, SignalEntry, Wake};
+use flotilla_store::runs::{self, READER_LEVEL, RunRow};
+use flotilla_store::{RunStatus, StoreError};
+
+use super::Engine;
+use super::digest::write_canonical;
+use super::storable::{self, Unstorable};
+use crate::workflow::CompiledWorkflow;
+use crate::workflow::compile::schema_violations;
+
+/// The largest payload a signal carries, serialized.
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// The largest `source` a signal carries, serialized.
+pub const MAX_SOURCE_BYTES: usize = 16 * 1024;
+/// The longest idempotency key, in bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+
+/// A signal as sent.
+#[derive(Debug, Clone)]
+pub struct Signal {
+    pub job_id: Uuid,
+    pub name: String,
+    pub payload: Json,
+    pub source: Json,
+    /// The same key twice is one signal.
+    pub idempotency_key: String,
+}
+
+/// What a signal came to.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct SignalReceipt {
+    pub job_id: Uuid,
+    /// Its number in the job, from 1.
+    pub seq: i64,
+    pub name: String,
+    pub idempotency_key: String,
+    pub received_at: chrono::DateTime<chrono::Utc>,
+    /// Whether this key was received before (this is that receipt).
+    pub repeat: bool,
+    /// Whether a step took it already.
+    pub consumed: bool,
+    /// Whether the job waited for it and was queued to take it.
+    pub woke_job: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SignalError {
+    #[error("job {0} not found")]
+    NotFound(Uuid),
+    #[error("job {job_id} is {status}: it takes no more signals")]
+    Finished { job_id: Uuid, status: RunStatus },
+    #[error(
+        "signal key {key:?} was received by job {job_id} with other content; the first one stays"
+    )]
+    Conflict { job_id: Uuid, key: String },
+    #[error("no step of job {job_id}'s workflow waits for a signal named {name:?}")]
+    NotAwaited { job_id: Uuid, name: String },
+    #[error("the payload does not fit the output schema of the step waiting for it: {}", violations.join("; "))]
+    Misfit {
+        job_id: Uuid,
+        violations: Vec<String>,
+    },
+    #[error(
+        "job {job_id} holds {MAX_KEPT} signals none of its steps has taken; it takes no more until one is"
+    )]
+    Full { job_id: Uuid },
+    /// The signal breaks a limit or holds what the store cannot keep.
+    #[error("{0}")]
+    Invalid(#[from] Unstorable),
+    #[error(
+        "job {job_id} needs a worker that reads run layout {needs} (this one reads up to {reads}); signal it through a worker of the newer release"
+    )]
+    TooNew {
+        job_id: Uuid,
+        needs: i16,
+        reads: i16,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for SignalError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+impl SignalError {
+    /// A short stable code for dead letters and metrics; `None` for a
+    /// failure of the world (the store), which is retried.
+    #[must_use]
+    pub fn code(&self) -> Option<&'static str> {
+        Some(match self {
+            Self::NotFound(_) => "unknown_job",
+            Self::Finished { .. } => "job_finished",
+            Self::Conflict { .. } => "conflict",
+            Self::NotAwaited { .. } => "not_awaited",
+            Self::Misfit { .. } => "payload_misfit",
+            Self::Full { .. } => "signals_full",
+            Self::Invalid(_) => "invalid",
+            Self::TooNew { .. } => "too_new",
+            Self::Store(e) if e.is_about_the_data() => "unstorable",
+            Self::Store(_) => return None,
+        })
+    }
+}
+
+/// Checks the limits and what the store cannot hold.
+fn check(signal: &Signal) -> Result<(), Unstorable> {
+    let invalid = |field: &str, reason: String| Unstorable {
+        field: field.to_owned(),
+        reason,
+    };
+    if signal.name.trim().is_empty() {
+        return Err(invalid("name", "is blank".into()));
+    }
+    let name_limit = crate::workflow::limits::MAX_SIGNAL_NAME_BYTES;
+    if signal.name.len() > name_limit {
+        return Err(invalid(
+            "name",
+            format!(
+                "is {} bytes, over the limit of {name_limit}",
+                signal.name.len()
+            ),
+        ));
+    }
+    if signal.idempotency_key.trim().is_empty() {
+        return Err(invalid("idempotency_key", "is blank".into()));
+    }
+    if signal.idempotency_key.len() > MAX_KEY_BYTES {
+        return Err(invalid(
+            "idempotency_key",
+            format!(
+                "is {} bytes, over the limit of {MAX_KEY_BYTES}",
+                signal.idempotency_key.len()
+            ),
+        ));
+    }
+    for (field, value, limit) in [
+        ("payload", &signal.payload, MAX_PAYLOAD_BYTES),
+        ("source", &signal.source, MAX_SOURCE_BYTES),
+    ] {
+        let size = value.to_string().len();
+        if size > limit {
+            return Err(invalid(
+                field,
+                format!("is {size} bytes, over the limit of {limit}"),
+            ));
+        }
+    }
+    storable::check_text("name", &signal.name)?;
+    storable::check_text("idempotency_key", &signal.idempotency_key)?;
+    storable::check_json("payload", &signal.payload)?;
+    storable::check_json("source", &signal.source)
+}
+
+/// The violations of `payload` against the output schema of a step that
+/// waits for `name`; `None` when it fits every one.
+fn misfits(compiled: &CompiledWorkflow, name: &str, payload: &Json) -> Option<Vec<String>> {
+    compiled
+        .steps
+        .iter()
+        .filter(|step| step.definition.wait_for.as_deref() == Some(name))
+        .filter_map(|step| step.output_schema.as_ref())
+        .find_map(|schema| schema_violations(schema, payload).err())
+}
+
+/// What identifies a signal's content under its key.
+fn digest(signal: &Signal) -> String {
+    let mut canonical = String::new();
+    write_canonical(
+        &serde_json::json!({
+            "name": signal.name,
+            "payload": signal.payload,
+            "source": signal.source,
+        }),
+        &mut canonical,
+    );
+    Sha256::digest(canonical.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn receipt(job_id: Uuid, entry: &SignalEntry, repeat: bool, woke_job: bool) -> SignalReceipt {
+    SignalReceipt {
+        job_id,
+        seq: entry.seq,
+        name: entry.name.clone(),
+        idempotency_key: entry.idempotency_key.clone(),
+        received_at: entry.received_at,
+        repeat,
+        consumed: !entry.is_pending(),
+        woke_job,
+    }
+}
+
+/// Whether the job waits for `name` now or soon: queued (a claim will
+/// reach the wait, or see it again) or parked on a `wait_for` step, and
+/// a step waiting for it has not ended. A job parked on an external
+/// (human) step keeps the signal until it resumes.
+fn wakes(row: &RunRow, name: &str) -> bool {
+    let steps = row.definition.0["steps"].as_array();
+    let step = |wanted: &str| {
+        steps
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"].as_str() == Some(wanted))
+    };
+    let parked_on_a_wait = row
+        .outstanding_step
+        .as_deref()
+        .and_then(step)
+        .is_some_and(|s| s["wait_for"].is_string());
+    let unanswered = steps.into_iter().flatten().any(|s| {
+        s["wait_for"].as_str() == Some(name)
+            && s["name"].as_str().is_some_and(|n| !row.has_checkpoint(n))
+    });
+    unanswered
+        && match row.status {
+            RunStatus::Waiting => parked_on_a_wait,
+            RunStatus::Queued => true,
+            _ => false,
+        }
+}
+
+impl Engine {
+    /// Receives `signal` for its job: kept in the row with its event (a
+    /// repeat of its key with the same content gives the first receipt).
+    ///
+    /// # Errors
+    /// Unknown or finished job, a conflicting repeat, a name no step waits
+    /// for, a job full of untaken signals, an invalid signal (all about
+    /// this signal); store errors.
+    pub async fn send_signal(&self, signal: Signal) -> Result<SignalReceipt, SignalError> {
+        check(&signal)?;
+        let digest = digest(&signal);
+        let job_id = signal.job_id;
+        let now = self.now();
+        let mut tx = self.pool().begin().await?;
+        let row = runs::get_for_update(&mut tx, job_id)
+            .await?
+            .ok_or(SignalError::NotFound(job_id))?;
+        if row.reader_level > READER_LEVEL {
+            return Err(SignalError::TooNew {
+                job_id,
+                needs: row.reader_level,
+                reads: READER_LEVEL,
+            });
+        }
+        let mut kept = signals::entries(&row)?;
+        if let Some(earlier) = kept
+            .iter()
+            .find(|s| s.idempotency_key == signal.idempotency_key)
+        {
+            tx.rollback().await?;
+            return if earlier.digest == digest {
+                Ok(receipt(job_id, earlier, true, false))
+            } else {
+                Err(SignalError::Conflict {
+                    job_id,
+                    key: signal.idempotency_key,
+                })
+            };
+        }
+        if row.status.is_finished() {
+            return Err(SignalError::Finished {
+                job_id,
+                status: row.status,
+            });
+        }
+        let Some(compiled) = self
+            .compile(&row.definition.0)
+            .await
+            .ok()
+            .filter(|compiled| compiled.awaits(&signal.name))
+        else {
+            return Err(SignalError::NotAwaited {
+                job_id,
+                name: signal.name,
+            });
+        };
+        // The payload must fit the schema of every step that may take it;
+        // the steps' `validate` rules judge it when one does.
+        let refused = {
+            let (name, payload) = (signal.name.clone(), signal.payload.clone());
+            self.off_runtime(move || misfits(&compiled, &name, &payload))
+                .await
+                .unwrap_or_else(|exhausted| Some(vec![exhausted.to_string()]))
+        };
+        if let Some(violations) = refused {
+            return Err(SignalError::Misfit { job_id, violations });
+        }
+        if kept.len() >= MAX_KEPT {
+            // Consumed signals make room, oldest first.
+            match kept.iter().position(|s| !s.is_pending()) {
+                Some(oldest) => {
+                    kept.remove(oldest);
+                }
+                None => return Err(SignalError::Full { job_id }),
+            }
+        }
+        let entry = SignalEntry {
+            // Every signal ever received counts in `foreign_events`.
+            seq: i64::from(row.foreign_events) + 1,
+            name: signal.name,
+            idempotency_key: signal.idempotency_key,
+            digest,
+            payload: signal.payload,
+            source: signal.source,
+            received_at: now,
+            consumed_by: None,
+            consumed_at: None,
+        };
+        let wake = if wakes(&row, &entry.name) {
+            Wake::Requeue
+        } else {
+            Wake::Keep
+        };
+        kept.push(entry.clone());
+        if !signals::write(&mut tx, job_id, &kept, &entry, wake, now).await? {
+            return Err(corrupt(job_id));
+        }
+        tx.commit().await?;
+        metrics::counter!("flotilla_signals_received_total").increment(1);
+        if wake == Wake::Requeue {
+            self.wake();
+        } else {
+            self.inner
+                .doorbell
+                .ring(flotilla_store::wake::Channel::Outbox);
+        }
+        Ok(receipt(job_id, &entry, false, wake == Wake::Requeue))
+    }
+
+    /// The signals `job_id` keeps, newest first.
+    ///
+    /// # Errors
+    /// Unknown job; store errors.
+    pub async fn signals(&self, job_id: Uuid) -> Result<Vec<SignalEntry>, SignalError> {
+        let mut conn = self.pool().acquire().await?;
+        let row = runs::get(&mut conn, job_id)
+            .await?
+            .ok_or(SignalError::NotFound(job_id))?;
+        let mut kept = signals::entries(&row)?;
+        kept.reverse();
+        Ok(kept)
+    }
+}
+
+/// The locked, unfinished row did not update.
+fn corrupt(job_id: Uuid) -> SignalError {
+    SignalError::Store(StoreError::Corrupt {
+        job_id,
+        reason: "the locked unfinished row did not take its signal".into(),
+    })
+}
