@@ -67,6 +67,8 @@ pub const ROUTE_SCOPES: &[(&str, &str, Scope)] = &[
     ("GET", "/v1/jobs/{job_id}/events", Scope::Read),
     ("GET", "/v1/jobs/{job_id}/graph", Scope::Read),
     ("POST", "/v1/jobs/{job_id}/graft", Scope::Define),
+    ("POST", "/v1/jobs/{job_id}/signals", Scope::Answer),
+    ("GET", "/v1/jobs/{job_id}/signals", Scope::Read),
     (
         "POST",
         "/v1/jobs/{job_id}/steps/{step_name}/complete",

@@ -13,6 +13,7 @@ mod ops;
 pub mod problem;
 pub mod readiness;
 pub mod server;
+mod signals;
 pub mod views;
 mod workflows;
 
@@ -84,6 +85,10 @@ pub fn router(state: ApiState, settings: RouterSettings) -> Router {
         .route("/jobs/{job_id}/events", get(jobs::events))
         .route("/jobs/{job_id}/graph", get(jobs::graph))
         .route("/jobs/{job_id}/graft", post(jobs::graft))
+        .route(
+            "/jobs/{job_id}/signals",
+            post(signals::send).get(signals::list),
+        )
         .route(
             "/jobs/{job_id}/steps/{step_name}/complete",
             post(jobs::complete),

@@ -107,6 +107,8 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
         ("GET", "/v1/jobs/{job_id}/events"),
         ("GET", "/v1/jobs/{job_id}/graph"),
         ("POST", "/v1/jobs/{job_id}/graft"),
+        ("POST", "/v1/jobs/{job_id}/signals"),
+        ("GET", "/v1/jobs/{job_id}/signals"),
         ("POST", "/v1/jobs/{job_id}/steps/{step_name}/complete"),
         ("POST", "/v1/jobs/{job_id}/retry"),
         ("POST", "/v1/jobs/{job_id}/cancel"),

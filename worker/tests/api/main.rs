@@ -7,6 +7,7 @@ mod document;
 mod jobs;
 mod listing;
 mod security;
+mod signals;
 
 use flotilla_worker::engine::Engine;
 use flotilla_worker::target::Targets;
