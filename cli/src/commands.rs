@@ -52,13 +52,26 @@ pub(crate) enum Command {
         step: String,
         response: String,
     },
+    /// Send a signal to a job: what its `wait_for` step of that name takes.
+    Signal {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(flatten)]
+        args: jobs::SignalArgs,
+    },
+    /// List the signals a job keeps, newest first.
+    Signals {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        job_id: String,
+    },
     /// Retry a DEAD, FAILED or CANCELLED job.
     Retry {
         #[command(flatten)]
         api: client::ApiArgs,
         job_id: String,
     },
-    /// Cancel a QUEUED or WAITING job.
+    /// Cancel a job (a RUNNING one is ended by its worker at its next heartbeat).
     Cancel {
         #[command(flatten)]
         api: client::ApiArgs,
@@ -78,6 +91,9 @@ pub(crate) enum Command {
     /// Produce a WorkflowRunRequest to the request topic (Avro when a schema
     /// registry is configured, JSON otherwise) and print its job id.
     Produce(produce::ProduceArgs),
+    /// Produce a WorkflowRunSignal to the signal topic (Avro when a schema
+    /// registry is configured, JSON otherwise).
+    ProduceSignal(produce::ProduceSignalArgs),
 }
 
 impl Command {
@@ -88,6 +104,9 @@ impl Command {
     pub(crate) async fn run(self) -> Result<(), Failure> {
         match self {
             Command::Produce(args) => produce::run(args).await,
+            Command::ProduceSignal(args) => produce::run_signal(args).await,
+            Command::Signal { api, args } => jobs::signal(&api, args).await,
+            Command::Signals { api, job_id } => jobs::signals(&api, &job_id).await,
             Command::Submit { api, args } => jobs::submit(&api, args).await,
             Command::Get { api, job_id } => jobs::get(&api, &job_id).await,
             Command::Graph { api, job_id } => jobs::graph(&api, &job_id).await,

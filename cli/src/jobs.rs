@@ -220,6 +220,74 @@ pub(crate) async fn complete(
     Ok(())
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct SignalArgs {
+    job_id: String,
+    /// The signal's name: what a `wait_for` step of the job waits for.
+    name: String,
+    /// The payload: JSON text, or @path to read it from a file.
+    #[arg(default_value = "{}")]
+    payload: String,
+    /// Who sends it, as JSON.
+    #[arg(long)]
+    source: Option<String>,
+    /// The same key twice is one signal; without one, each send is new.
+    #[arg(long)]
+    key: Option<String>,
+}
+
+pub(crate) async fn signal(api: &ApiArgs, args: SignalArgs) -> Result<(), Failure> {
+    let mut body = json!({
+        "name": args.name,
+        "payload": json_arg(&args.payload, "the payload")?,
+    });
+    if let Some(source) = &args.source {
+        body["source"] = json_arg(source, "--source")?;
+    }
+    if let Some(key) = args.key {
+        body["idempotency_key"] = json!(key);
+    }
+    let receipt = api
+        .call(
+            Method::POST,
+            &format!("/v1/jobs/{}/signals", args.job_id),
+            Some(&body),
+        )
+        .await?;
+    show(api, &receipt, |r| {
+        let seq = r["seq"].as_i64().unwrap_or_default();
+        let what = match (r["repeat"].as_bool(), r["woke_job"].as_bool()) {
+            (Some(true), _) => "already received",
+            (_, Some(true)) => "received; the job was waiting and is queued",
+            _ => "received; kept until a step waits for it",
+        };
+        println!("signal {seq} {what}");
+    });
+    Ok(())
+}
+
+pub(crate) async fn signals(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
+    let listed = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}/signals"), None)
+        .await?;
+    show(api, &listed, |listed| {
+        for s in listed["signals"].as_array().map_or(&[][..], Vec::as_slice) {
+            println!(
+                "{:>4}  {:<9} {:<24} {}  {}",
+                s["seq"],
+                s["status"].as_str().unwrap_or(""),
+                s["name"].as_str().unwrap_or(""),
+                s["received_at"].as_str().unwrap_or(""),
+                s["consumed_by"]
+                    .as_str()
+                    .map(|step| format!("taken by {step}"))
+                    .unwrap_or_default(),
+            );
+        }
+    });
+    Ok(())
+}
+
 pub(crate) async fn verb(
     api: &ApiArgs,
     job_id: &str,

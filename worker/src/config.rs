@@ -85,6 +85,11 @@ pub struct ConsumerConfig {
     #[arg(long, env = "FLOTILLA_REQUEST_TOPIC", default_value = topics::REQUEST_TOPIC)]
     pub request_topic: String,
 
+    /// Topic of WorkflowRunSignal messages, consumed beside the requests
+    /// (same group, same batches); empty: none.
+    #[arg(long, env = "FLOTILLA_SIGNAL_TOPIC", default_value = topics::SIGNAL_TOPIC)]
+    pub signal_topic: String,
+
     /// Consumer group of the request consumer.
     #[arg(long, env = "FLOTILLA_CONSUMER_GROUP", default_value = topics::CONSUMER_GROUP)]
     pub consumer_group: String,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_codec::{Codec, CodecError};
+use flotilla_contracts::topics;
 use flotilla_runtime::identity::{self, BlankIdentity};
 use flotilla_runtime::kafka::{self, BrokerError};
 use flotilla_runtime::supervise::run_once_or_die;
@@ -370,20 +371,30 @@ async fn subscribe(
     settings.batch_bytes = consumer.request_batch_bytes;
     settings.group_instance_id = consumer.static_membership.then(|| worker_id.to_owned());
     settings.max_request_bytes = consumer.max_request_bytes;
-    let missing = kafka::ensure_topics(
-        &config.broker,
-        &[&settings.request_topic, &settings.dead_letter_topic],
-        consumer.topics,
-    )
-    .await?;
-    // Without its dead-letter topic every bad request would pause its
-    // partition: refuse to start instead, naming it.
-    if missing.contains(&settings.dead_letter_topic) {
-        return Err(StartupError::NoDeadLetterTopic(
-            settings.dead_letter_topic.clone(),
-        ));
+    settings.signal_topic = Some(consumer.signal_topic.clone()).filter(|t| !t.trim().is_empty());
+    let mut wanted = vec![
+        settings.request_topic.clone(),
+        settings.dead_letter_topic.clone(),
+    ];
+    if let Some(signals) = &settings.signal_topic {
+        wanted.extend([signals.clone(), topics::dead_letter_topic(signals)]);
     }
-    tracing::info!(topic = %settings.request_topic, group = %settings.group, "consuming requests");
+    let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+    let missing = kafka::ensure_topics(&config.broker, &wanted, consumer.topics).await?;
+    // Without its dead-letter topic every bad message would pause its
+    // partition: refuse to start instead, naming it.
+    let dead_letter_topics = std::iter::once(settings.dead_letter_topic.clone()).chain(
+        settings
+            .signal_topic
+            .as_deref()
+            .map(topics::dead_letter_topic),
+    );
+    for topic in dead_letter_topics {
+        if missing.contains(&topic) {
+            return Err(StartupError::NoDeadLetterTopic(topic));
+        }
+    }
+    tracing::info!(topic = %settings.request_topic, signals = ?settings.signal_topic, group = %settings.group, "consuming requests");
     Ok(RequestConsumer::subscribe(
         engine.clone(),
         Arc::new(codec),

@@ -1,4 +1,5 @@
-//! The request consumer: the request topic → rows (guarantee 9 in docs/architecture.md).
+//! The request consumer: the request topic → rows (guarantee 9 in
+//! docs/architecture.md), and the signal topic → signals kept in rows.
 //!
 //! A batch (up to `batch_size` messages or `batch_wait`) is decoded, its
 //! requests submitted in one database transaction, its undecodable messages
@@ -61,6 +62,9 @@ pub struct ConsumerSettings {
     pub request_topic: String,
     /// `<request topic>.dlq` unless set otherwise.
     pub dead_letter_topic: String,
+    /// The signal topic, read in the same batches (its dead letters go to
+    /// `<signal topic>.dlq`); `None`: no signals from Kafka.
+    pub signal_topic: Option<String>,
     pub group: String,
     /// Static group membership (`group.instance.id`): a member restarted
     /// with the same id gets its partitions back at once, without a rebalance.
@@ -78,12 +82,29 @@ pub struct ConsumerSettings {
 }
 
 impl ConsumerSettings {
+    /// Whether `topic` is the signal topic.
+    #[must_use]
+    pub fn is_signal_topic(&self, topic: &str) -> bool {
+        self.signal_topic.as_deref() == Some(topic)
+    }
+
+    /// Where a bad message from `topic` goes.
+    #[must_use]
+    pub fn dead_letter_topic_of(&self, topic: &str) -> String {
+        if self.is_signal_topic(topic) {
+            topics::dead_letter_topic(topic)
+        } else {
+            self.dead_letter_topic.clone()
+        }
+    }
+
     #[must_use]
     pub fn new(broker: BrokerConfig, request_topic: &str, group: &str) -> Self {
         Self {
             broker,
             request_topic: request_topic.to_owned(),
             dead_letter_topic: topics::dead_letter_topic(request_topic),
+            signal_topic: None,
             group: group.to_owned(),
             group_instance_id: None,
             batch_size: DEFAULT_BATCH_SIZE,
@@ -158,7 +179,9 @@ impl RequestConsumer {
         }
         let consumer: StreamConsumer<RequestConsumerContext> =
             config.create_with_context(RequestConsumerContext::default())?;
-        consumer.subscribe(&[&settings.request_topic])?;
+        let mut subscribed = vec![settings.request_topic.as_str()];
+        subscribed.extend(settings.signal_topic.as_deref());
+        consumer.subscribe(&subscribed)?;
         let consumer = Arc::new(consumer);
         let dead_letters = dead_letter::producer(&settings.broker)?;
         Ok(Self {

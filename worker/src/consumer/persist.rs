@@ -1,14 +1,17 @@
 //! Making one batch durable: classify every message, submit the requests in
-//! one transaction, dead-letter the rest. Offsets are not touched here.
+//! one transaction, keep the signals (one transaction each, after the
+//! requests), dead-letter the rest. Offsets are not touched here.
 
 use flotilla_codec::CodecError;
-use flotilla_contracts::WorkflowRunRequest;
+use flotilla_contracts::avro::AvroMessage;
+use flotilla_contracts::{WorkflowRunRequest, WorkflowRunSignal};
 use flotilla_store::{RunStatus, StoreError};
 use rdkafka::Message;
 use rdkafka::message::Headers;
 
 use super::dead_letter::{self, DeadLetter};
 use super::{Received, RequestConsumer};
+use crate::engine::signals::{Signal, SignalError};
 use crate::engine::{Submission, SubmitError, Submitted, WorkflowRef};
 
 /// What a persisted batch came to.
@@ -22,6 +25,8 @@ pub struct BatchReport {
     pub refused: usize,
     /// Records sent to the dead-letter topic (undecodable, oversize, conflicting).
     pub dead_lettered: usize,
+    /// Signals kept (or repeats of signals kept before).
+    pub signals: usize,
 }
 
 /// Why a batch could not be persisted now; the same batch is retried.
@@ -40,6 +45,7 @@ pub enum Outage {
 
 enum Classified {
     Submit(Submission),
+    Signal(Signal),
     DeadLetter(DeadLetter),
 }
 
@@ -54,12 +60,14 @@ impl RequestConsumer {
         let mut letters: Vec<(&Received, DeadLetter)> = Vec::new();
         let mut submitted: Vec<&Received> = Vec::new();
         let mut submissions = Vec::new();
+        let mut signals: Vec<(&Received, Signal)> = Vec::new();
         for message in batch {
             match self.classify(message).await? {
                 Classified::Submit(submission) => {
                     submitted.push(message);
                     submissions.push(submission);
                 }
+                Classified::Signal(signal) => signals.push((message, signal)),
                 Classified::DeadLetter(letter) => letters.push((message, letter)),
             }
         }
@@ -108,15 +116,36 @@ impl RequestConsumer {
                 }
             }
         }
+        // After the batch's requests, so a signal may follow its job's
+        // request in the same batch; one at a time, in partition order.
+        for (message, signal) in signals {
+            match self.engine.send_signal(signal).await {
+                Ok(_) => report.signals += 1,
+                // The database failed: the batch is retried (a signal
+                // kept already repeats its key, changing nothing).
+                Err(SignalError::Store(store)) if !store.is_about_the_data() => {
+                    return Err(Outage::Store(store));
+                }
+                Err(e) => {
+                    let code = e.code().unwrap_or("refused");
+                    tracing::warn!(partition = message.partition(), offset = message.offset(),
+                        code, reason = %e, "signal refused; dead-lettered");
+                    letters.push((
+                        message,
+                        DeadLetter {
+                            code,
+                            reason: e.to_string(),
+                        },
+                    ));
+                }
+            }
+        }
         for (message, letter) in &letters {
             let producer = self.dead_letter_producer();
-            let topic = &self.settings.dead_letter_topic;
-            if let Err(e) = dead_letter::send(&producer, topic, message, letter).await {
+            let topic = self.settings.dead_letter_topic_of(message.topic());
+            if let Err(e) = dead_letter::send(&producer, &topic, message, letter).await {
                 self.replace_if_broken(&producer);
-                return Err(Outage::DeadLetter {
-                    topic: topic.clone(),
-                    error: e,
-                });
+                return Err(Outage::DeadLetter { topic, error: e });
             }
             metrics::counter!("flotilla_requests_dead_lettered_total", "code" => letter.code)
                 .increment(1);
@@ -158,6 +187,24 @@ impl RequestConsumer {
         }
     }
 
+    /// Decodes a message of the contract; a registry that does not answer
+    /// is an outage, a message that does not decode its dead letter.
+    async fn decode<M: AvroMessage>(
+        &self,
+        payload: &[u8],
+    ) -> Result<Result<M, DeadLetter>, Outage> {
+        let dead = |code: &'static str, reason: String| Ok(Err(DeadLetter { code, reason }));
+        match self.codec.decode(payload).await {
+            Ok(message) => Ok(Ok(message)),
+            Err(e) if e.is_transient() => Err(Outage::Registry(e)),
+            Err(CodecError::Decode(e)) => dead(e.code(), e.to_string()),
+            Err(CodecError::NoRegistry(_)) => {
+                dead("no_registry", CodecError::NoRegistry(0).to_string())
+            }
+            Err(e) => dead("undecodable", e.to_string()),
+        }
+    }
+
     async fn classify(&self, message: &Received) -> Result<Classified, Outage> {
         let dead = |code: &'static str, reason: String| {
             Ok(Classified::DeadLetter(DeadLetter { code, reason }))
@@ -170,14 +217,35 @@ impl RequestConsumer {
             );
         }
         let payload = message.payload().unwrap_or_default();
-        let request: WorkflowRunRequest = match self.codec.decode(payload).await {
+        if self.settings.is_signal_topic(message.topic()) {
+            let signal: WorkflowRunSignal = match self.decode(payload).await? {
+                Ok(signal) => signal,
+                Err(letter) => return Ok(Classified::DeadLetter(letter)),
+            };
+            // Without a key of its own, a record's place is its key: the
+            // same record read again is the same signal.
+            let key = signal.idempotency_key().map_or_else(
+                || {
+                    format!(
+                        "kafka:{}:{}:{}",
+                        message.topic(),
+                        message.partition(),
+                        message.offset()
+                    )
+                },
+                str::to_owned,
+            );
+            return Ok(Classified::Signal(Signal {
+                job_id: signal.job_id(),
+                name: signal.name().to_owned(),
+                payload: signal.payload().clone(),
+                source: signal.source().clone(),
+                idempotency_key: key,
+            }));
+        }
+        let request: WorkflowRunRequest = match self.decode(payload).await? {
             Ok(request) => request,
-            Err(e) if e.is_transient() => return Err(Outage::Registry(e)),
-            Err(CodecError::Decode(e)) => return dead(e.code(), e.to_string()),
-            Err(CodecError::NoRegistry(_)) => {
-                return dead("no_registry", CodecError::NoRegistry(0).to_string());
-            }
-            Err(e) => return dead("undecodable", e.to_string()),
+            Err(letter) => return Ok(Classified::DeadLetter(letter)),
         };
         let header = |name: &str| {
             message.headers().and_then(|headers| {

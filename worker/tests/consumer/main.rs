@@ -9,6 +9,7 @@ mod hostile;
 mod lag;
 mod poison;
 mod seat;
+mod signals;
 
 mod support;
 
