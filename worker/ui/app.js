@@ -698,8 +698,9 @@
       api('GET', `${base}/events`, { background }),
       // A job another version wrote may not draw: the page shows the rest.
       api('GET', `${base}/graph`, { background: true }).catch(() => null),
+      api('GET', `${base}/signals`, { background: true }).catch(() => null),
     ]);
-    let [job, evs, graph] = await load(false);
+    let [job, evs, graph, sigs] = await load(false);
     if (!ctx.alive) return;
 
     const field = (label, id) => {
@@ -732,6 +733,17 @@
     const timelineBody = el('tbody');
     const liveNote = el('span', { id: 'job-live', class: 'muted' });
     const graphBox = el('div', { id: 'job-graph', class: 'drawing' });
+    const signalBody = el('tbody');
+    const signalName = el('input', { id: 'signal-name', type: 'text', placeholder: 'name a wait_for step waits for', required: true });
+    const signalPayload = el('textarea', { id: 'signal-payload', rows: 3, spellcheck: 'false' }, '{}');
+    const signalKey = el('input', { id: 'signal-key', type: 'text', placeholder: 'idempotency key (optional)' });
+    const signalSend = el('button', { id: 'signal-send', type: 'submit' }, 'Send signal');
+    const signalOutcome = el('p', { id: 'signal-outcome', role: 'status', hidden: true });
+    const signalForm = el('form', { id: 'signal-form', class: 'signal-form', novalidate: true, hidden: true },
+      el('label', null, 'Name ', signalName),
+      el('label', null, 'Payload (JSON) ', signalPayload),
+      el('label', null, 'Key ', signalKey),
+      el('div', { class: 'actions' }, signalSend));
 
     replaceContent(view, ...page(`Job ${jobId}`,
       el('p', { class: 'crumbs' }, el('a', { href: '#/jobs' }, '← Jobs')),
@@ -743,6 +755,11 @@
       el('h2', null, 'Steps'),
       graphBox,
       input.node, result.node, checkpoints.node,
+      el('h2', null, 'Signals'),
+      el('table', { id: 'signals', class: 'data' },
+        el('thead', null, el('tr', null, ['#', 'Name', 'Status', 'Received', 'Taken by', 'Payload'].map((h) => el('th', null, h)))),
+        signalBody),
+      signalForm, signalOutcome,
       el('h2', null, 'Timeline'),
       timelineNote,
       el('table', { id: 'timeline', class: 'data' },
@@ -781,6 +798,20 @@
       answerLink.hidden = !(can('answer') && job.status === 'WAITING');
       liveNote.textContent = FINAL.has(job.status) ? '' : 'refreshing every 3 s';
 
+      const kept = (sigs && sigs.signals) || [];
+      clear(signalBody);
+      for (const sg of kept) {
+        signalBody.appendChild(el('tr', { class: 'signal-row', dataset: { seq: sg.seq } },
+          el('td', { class: 'num' }, dash(sg.seq)),
+          el('td', null, dash(sg.name)),
+          el('td', null, dash(sg.status)),
+          el('td', null, timeEl(sg.received_at)),
+          el('td', null, dash(sg.consumed_by)),
+          el('td', { class: 'mono' }, JSON.stringify(sg.payload))));
+      }
+      if (kept.length === 0) signalBody.appendChild(el('tr', { class: 'empty' }, el('td', { colspan: 6 }, 'No signals.')));
+      signalForm.hidden = !(can('answer') && !FINAL.has(job.status));
+
       const events = (evs && evs.events) || [];
       clear(timelineBody);
       for (const ev of events) {
@@ -803,9 +834,45 @@
     render();
 
     const reload = async (background) => {
-      [job, evs, graph] = await load(background);
+      [job, evs, graph, sigs] = await load(background);
       if (ctx.alive) render();
     };
+
+    signalForm.addEventListener('submit', async (e) => {
+      e.preventDefault();
+      const showOutcome = (text, ok) => {
+        signalOutcome.className = `outcome ${ok ? 'ok' : 'bad'}`;
+        signalOutcome.textContent = text;
+        signalOutcome.hidden = false;
+      };
+      let payload;
+      try {
+        payload = JSON.parse(signalPayload.value || 'null');
+      } catch (err) {
+        showOutcome(`The payload is not JSON: ${err.message}`, false);
+        return;
+      }
+      const body = { name: signalName.value.trim(), payload, source: { console: true } };
+      if (signalKey.value.trim()) body.idempotency_key = signalKey.value.trim();
+      signalSend.disabled = true;
+      try {
+        const receipt = await api('POST', `${base}/signals`, { body });
+        if (!ctx.alive) return;
+        showOutcome(receipt.repeat
+          ? `Signal ${receipt.seq} was received before under this key.`
+          : `Signal ${receipt.seq} received${receipt.woke_job ? '; the job was waiting for it and is queued' : ''}.`, true);
+      } catch (err) {
+        if (err.authFailed || !ctx.alive) return;
+        showOutcome(`Refused: ${err.message}`, false);
+      } finally {
+        signalSend.disabled = false;
+      }
+      try {
+        await reload(false);
+      } catch (err) {
+        report(err);
+      }
+    });
 
     // Auto-refresh while the job can still change. The timer keeps ticking on a
     // final job (doing nothing) so that a retry revives the refresh by itself.

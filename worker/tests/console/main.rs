@@ -444,3 +444,64 @@ async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
     })
     .await;
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_signal_sent_from_the_job_page_resumes_the_waiting_job(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "2").await;
+        let client = flotilla_runtime::tls::http_client().build().unwrap();
+        let waits = json!({
+            "name": "waits", "input_schema": {},
+            "steps": [
+                {"name": "prepare", "target": "echo", "method": "prepare"},
+                {"name": "paid", "wait_for": "payment", "output_schema": {"type": "object", "required": ["amount"]}}
+            ]
+        });
+        let stored = client
+            .put(format!("{}/v1/workflows/waits", app.url))
+            .bearer_auth(TEST_TOKEN)
+            .json(&waits)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stored.status(), StatusCode::CREATED);
+        let job: Value = client
+            .post(format!("{}/v1/jobs", app.url))
+            .bearer_auth(TEST_TOKEN)
+            .json(&json!({"workflow_name": "waits", "input": {}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let job_id: Uuid = job["job_id"].as_str().unwrap().parse().unwrap();
+        wait_for_status(&app, job_id, "WAITING").await;
+
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.open(&format!("#/jobs/{job_id}")).await;
+        browser.find("#signal-form:not([hidden])").await;
+        // A payload the waiting step's schema refuses is refused, and said so.
+        browser.fill("#signal-name", "payment").await;
+        browser.fill("#signal-payload", r#"{"note": "no amount"}"#).await;
+        browser.click("#signal-send").await;
+        let refused = browser
+            .text_until("#signal-outcome", |t| t.starts_with("Refused"))
+            .await;
+        assert!(refused.contains("amount"), "{refused}");
+        browser.fill("#signal-payload", r#"{"amount": 12}"#).await;
+        browser.click("#signal-send").await;
+        browser
+            .text_until("#signal-outcome", |t| t.contains("is queued"))
+            .await;
+        wait_for_status(&app, job_id, "COMPLETED").await;
+        let listed = browser
+            .text_until("#signals", |t| t.contains("CONSUMED"))
+            .await;
+        assert!(listed.contains("paid"), "the step that took it: {listed}");
+        browser.screenshot("job-signal").await;
+        browser.close().await;
+    })
+    .await;
+}
