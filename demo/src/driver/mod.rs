@@ -1,7 +1,7 @@
 //! The demo driver: acts as the users of a fleet would. It produces the
 //! sample requests to Kafka (Avro through the registry when one is set),
 //! watches every job through the HTTP API, answers the human steps (approve
-//! or cancel), reads the lifecycle events back from the event topic, and
+//! or cancel), sends the settlement samples' signals to the signal topic, reads the lifecycle events back from the event topic, and
 //! checks that every job ended where its kind says.
 
 pub mod paced;
@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use flotilla_codec::Codec;
-use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
+use flotilla_contracts::{
+    WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest, WorkflowRunSignal,
+};
 use flotilla_runtime::BrokerConfig;
 use futures_util::StreamExt as _;
 use rdkafka::Message as _;
@@ -30,8 +32,8 @@ use samples::Kind;
 /// What the driver needs to reach the fleet.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DriverSettings {
-    /// Requests to produce (at least 6: one of each kind).
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(6..=100_000))]
+    /// Requests to produce (at least 8: one of each kind).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(8..=100_000))]
     pub jobs: u32,
     /// A worker's HTTP API.
     #[arg(long, env = "FLOTILLA_URL", default_value = "http://127.0.0.1:8080")]
@@ -44,6 +46,9 @@ pub struct DriverSettings {
     /// Where requests go.
     #[arg(long, env = "FLOTILLA_REQUEST_TOPIC", default_value = flotilla_contracts::topics::REQUEST_TOPIC)]
     pub request_topic: String,
+    /// Where the `settlement` samples' signals go.
+    #[arg(long, env = "FLOTILLA_SIGNAL_TOPIC", default_value = flotilla_contracts::topics::SIGNAL_TOPIC)]
+    pub signal_topic: String,
     /// Where the relay publishes lifecycle events.
     #[arg(long, env = "FLOTILLA_EVENT_TOPIC", default_value = flotilla_contracts::topics::EVENT_TOPIC)]
     pub event_topic: String,
@@ -181,6 +186,25 @@ async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Trac
             .send_result(record)
             .map_err(|(e, _)| anyhow::anyhow!("producing: {e}"))?;
         deliveries.push(delivery);
+        if kind == Kind::Signalled {
+            // The payment provider settles at once: the signal usually
+            // reaches the job before its wait does, and is kept until then.
+            let signal = WorkflowRunSignal::new(
+                request.job_id(),
+                "payment-settled",
+                json!({"amount": request.input()["amount"]}),
+                json!({"system": "the demo's payment provider"}),
+                Some(format!("settled-{}", request.job_id())),
+            )?;
+            let payload = codec.encode(&settings.signal_topic, &signal).await?;
+            let record = FutureRecord::to(&settings.signal_topic)
+                .key(&key)
+                .payload(&payload);
+            let delivery = producer
+                .send_result(record)
+                .map_err(|(e, _)| anyhow::anyhow!("producing a signal: {e}"))?;
+            deliveries.push(delivery);
+        }
         jobs.insert(
             request.job_id(),
             Tracked {

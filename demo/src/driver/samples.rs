@@ -23,19 +23,26 @@ pub enum Kind {
     /// A graph: three roots side by side, a `for_each` over the order's
     /// lines, a check skipped for small orders, a 1 s timer, a fan-in.
     Graph,
+    /// Waits for a signal the driver produces to the signal topic (most
+    /// arrive before the job reaches its wait, some after).
+    Signalled,
 }
 
 impl Kind {
     /// Every kind, and its share of the requests (in twentieths).
-    pub const ALL: [(Kind, usize); 7] = [
-        (Kind::Shipping, 5),
+    pub const ALL: [(Kind, usize); 8] = [
+        (Kind::Shipping, 4),
         (Kind::Retried, 3),
         (Kind::Approved, 3),
         (Kind::Refused, 2),
         (Kind::Dead, 2),
-        (Kind::Cancelled, 3),
+        (Kind::Cancelled, 2),
         (Kind::Graph, 2),
+        (Kind::Signalled, 2),
     ];
+
+    /// The fewest requests that hold one of each kind.
+    pub const FEWEST: usize = Self::ALL.len();
 
     #[must_use]
     pub fn workflow(self) -> &'static str {
@@ -46,6 +53,7 @@ impl Kind {
             Kind::Refused => "kyc",
             Kind::Dead => "archive",
             Kind::Graph => "fulfilment",
+            Kind::Signalled => "settlement",
         }
     }
 
@@ -53,7 +61,9 @@ impl Kind {
     #[must_use]
     pub fn expected(self) -> &'static str {
         match self {
-            Kind::Shipping | Kind::Retried | Kind::Approved | Kind::Graph => "COMPLETED",
+            Kind::Shipping | Kind::Retried | Kind::Approved | Kind::Graph | Kind::Signalled => {
+                "COMPLETED"
+            }
             Kind::Refused => "FAILED",
             Kind::Dead => "DEAD",
             Kind::Cancelled => "CANCELLED",
@@ -70,6 +80,7 @@ impl Kind {
             Kind::Dead => "503 on every attempt",
             Kind::Cancelled => "parked for a human, cancelled",
             Kind::Graph => "graph: fan-out, for_each, when, timer",
+            Kind::Signalled => "waits for a signal sent to Kafka",
         }
     }
 
@@ -95,7 +106,7 @@ impl Kind {
         let name = format!("customer-{n}");
         match self {
             Kind::Shipping | Kind::Approved | Kind::Cancelled => json!({"name": name}),
-            Kind::Retried => json!({"amount": 100 + n}),
+            Kind::Retried | Kind::Signalled => json!({"amount": 100 + n}),
             Kind::Refused => json!({"name": name, "age": 15}),
             Kind::Dead => json!({}),
             // Odd orders have five lines (reviewed), even ones three.
@@ -122,13 +133,16 @@ pub fn reported_calls(checkpoints: &Value, steps: &[(&str, u64)]) -> Option<Vec<
     )
 }
 
-/// `jobs` kinds (at least one of each once `jobs` >= 7), by their shares,
+/// `jobs` kinds (at least one of each once `jobs` >= [`Kind::FEWEST`]), by their shares,
 /// interleaved so every kind is under way from the start.
 #[must_use]
 pub fn plan(jobs: usize) -> Vec<Kind> {
     let mut remaining: Vec<(Kind, usize)> = Kind::ALL
         .iter()
-        .map(|(kind, share)| (*kind, (jobs * share / 20).max(usize::from(jobs >= 7))))
+        .map(|(kind, share)| {
+            let one = usize::from(jobs >= Kind::FEWEST);
+            (*kind, (jobs * share / 20).max(one))
+        })
         .collect();
     // What the rounding left out goes to the kinds in order.
     let mut i = 0;
@@ -165,9 +179,13 @@ mod tests {
             let n = run.iter().filter(|k| **k == kind).count();
             assert_eq!(n, 300 * share / 20, "{kind:?}");
         }
-        let small = plan(7);
+        let small = plan(Kind::FEWEST);
         for (kind, _) in Kind::ALL {
-            assert!(small.contains(&kind), "{kind:?} missing from a run of 7");
+            assert!(
+                small.contains(&kind),
+                "{kind:?} missing from a run of {}",
+                Kind::FEWEST
+            );
         }
     }
 
