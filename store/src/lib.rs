@@ -16,6 +16,7 @@ pub mod finished;
 pub mod outbox;
 pub mod pool;
 pub mod runs;
+pub mod schedules;
 mod status;
 pub mod topics;
 pub mod wake;

@@ -26,6 +26,7 @@ mod reads;
 mod runner;
 mod sanitize;
 mod schedule;
+pub mod schedules;
 pub use sanitize::MAX_ERROR_CHARS;
 mod segment;
 mod settle;

@@ -1,4 +1,4 @@
-//! The claim loops and the sweeper of one process.
+//! The claim loops, the sweeper and the scheduler of one process.
 //!
 //! Wake-ups: a claim loop that found nothing waits for an in-process signal
 //! (a submission, a completed step, a retry in this process), a wake-up
@@ -58,6 +58,13 @@ impl Engine {
         tasks.spawn(restart_on_panic(health, "sweeper".into(), move || {
             let (engine, shutdown) = (engine.clone(), shutdown_sweeper.clone());
             async move { engine.sweeper(shutdown).await }
+        }));
+
+        let (engine, shutdown_scheduler) = (self.clone(), shutdown.clone());
+        let health = self.health().clone();
+        tasks.spawn(restart_on_panic(health, "scheduler".into(), move || {
+            let (engine, shutdown) = (engine.clone(), shutdown_scheduler.clone());
+            async move { engine.scheduler(shutdown).await }
         }));
 
         shutdown.cancelled().await;

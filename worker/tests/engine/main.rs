@@ -14,6 +14,7 @@ mod panics;
 mod parking;
 mod placement;
 mod responses;
+mod schedules;
 mod signals;
 mod submission;
 mod support;
