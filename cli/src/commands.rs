@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::failure::Failure;
-use crate::{client, jobs, produce, tail};
+use crate::{client, jobs, produce, schedules, tail};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -86,6 +86,13 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: jobs::WorkflowsCommand,
     },
+    /// Create, list, pause, resume and delete schedules.
+    Schedules {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: schedules::SchedulesCommand,
+    },
     /// Follow the event topic and print events.
     Tail(tail::TailArgs),
     /// Produce a WorkflowRunRequest to the request topic (Avro when a schema
@@ -124,6 +131,7 @@ impl Command {
                 reason,
             } => jobs::verb(&api, &job_id, "cancel", reason).await,
             Command::Workflows { api, command } => jobs::workflows(&api, command).await,
+            Command::Schedules { api, command } => schedules::run(&api, command).await,
             Command::Tail(args) => tail::run(args).await,
         }
     }

@@ -83,7 +83,7 @@ fn print_jobs(jobs: &[Value]) {
     }
 }
 
-fn show(api: &ApiArgs, value: &Value, table: impl FnOnce(&Value)) {
+pub(crate) fn show(api: &ApiArgs, value: &Value, table: impl FnOnce(&Value)) {
     if api.json {
         println!("{value}");
     } else {

@@ -10,6 +10,7 @@ mod commands;
 mod failure;
 mod jobs;
 mod produce;
+mod schedules;
 mod tail;
 
 use clap::Parser as _;

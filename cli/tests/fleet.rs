@@ -110,3 +110,109 @@ async fn the_cli_drives_a_job_from_submit_to_its_completed_event(pool: PgPool) {
     .await
     .expect("the CLI test timed out");
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_cli_signals_a_waiting_job_and_manages_a_schedule(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let app = TestApp::spawn(pool.clone()).await;
+        let env = vec![
+            ("FLOTILLA_URL", app.url.clone()),
+            ("FLOTILLA_TOKEN", TEST_TOKEN.to_owned()),
+        ];
+        let s = |v: &str| v.to_owned();
+        let definition = json!({
+            "name": "waits", "input_schema": {},
+            "steps": [{"name": "paid", "wait_for": "payment"}]
+        });
+        let (code, out) = flotilla(
+            env.clone(),
+            vec![s("workflows"), s("put"), definition.to_string()],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let (code, out) =
+            flotilla(env.clone(), vec![s("submit"), s("--workflow"), s("waits")]).await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let job_id = out.last().unwrap().trim().to_owned();
+
+        let signal = |key: &str, amount: u32| {
+            vec![
+                s("signal"),
+                job_id.clone(),
+                s("payment"),
+                format!(r#"{{"amount":{amount}}}"#),
+                s("--key"),
+                key.to_owned(),
+            ]
+        };
+        let (code, out) = flotilla(env.clone(), signal("k1", 5)).await;
+        assert_eq!(code, Some(0), "{out:?}");
+        assert!(out[0].starts_with("signal 1 received"), "{out:?}");
+        let (code, out) = flotilla(env.clone(), signal("k1", 5)).await;
+        assert_eq!(
+            (code, out[0].as_str()),
+            (Some(0), "signal 1 already received")
+        );
+        let (code, _) = flotilla(env.clone(), signal("k1", 6)).await;
+        assert_eq!(code, Some(4), "a conflicting repeat is a conflict");
+        let (code, out) = flotilla(env.clone(), vec![s("signals"), job_id.clone()]).await;
+        assert_eq!(code, Some(0));
+        assert!(out.iter().any(|l| l.contains("payment")), "{out:?}");
+
+        let (code, out) = flotilla(
+            env.clone(),
+            vec![
+                s("schedules"),
+                s("put"),
+                s("nightly"),
+                s("--workflow"),
+                s("waits"),
+                s("--cron"),
+                s("0 2 * * *"),
+                s("--time-zone"),
+                s("Europe/Lisbon"),
+            ],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let (code, out) = flotilla(env.clone(), vec![s("schedules"), s("list")]).await;
+        assert_eq!(code, Some(0));
+        assert!(
+            out.iter()
+                .any(|l| l.starts_with("nightly") && l.contains("0 2 * * * (Europe/Lisbon)")),
+            "{out:?}"
+        );
+        let (code, out) = flotilla(
+            env.clone(),
+            vec![s("schedules"), s("pause"), s("nightly"), s("--json")],
+        )
+        .await;
+        assert_eq!(code, Some(0));
+        assert_eq!(
+            serde_json::from_str::<Value>(&out[0]).unwrap()["paused"],
+            true
+        );
+        let (code, _) = flotilla(
+            env.clone(),
+            vec![
+                s("schedules"),
+                s("put"),
+                s("bad"),
+                s("--workflow"),
+                s("waits"),
+                s("--every"),
+                s("1ms"),
+            ],
+        )
+        .await;
+        assert_eq!(code, Some(2), "a schedule that cannot work is bad input");
+        let (code, _) =
+            flotilla(env.clone(), vec![s("schedules"), s("delete"), s("nightly")]).await;
+        assert_eq!(code, Some(0));
+        let (code, _) = flotilla(env.clone(), vec![s("schedules"), s("get"), s("nightly")]).await;
+        assert_eq!(code, Some(3));
+        app.stop().await;
+    })
+    .await
+    .expect("the CLI test timed out");
+}

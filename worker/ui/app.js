@@ -471,6 +471,7 @@
     else if (section === 'waiting' && extra === undefined) render = () => answerView(ctx, view, arg);
     else if (section === 'workflows' && arg === undefined) render = () => workflowsView(ctx, view);
     else if (section === 'workflows' && extra === undefined) render = () => workflowView(ctx, view, arg, params);
+    else if (section === 'schedules' && arg === undefined) render = () => schedulesView(ctx, view);
     else if (section === 'fleet' && arg === undefined) render = () => fleetView(ctx, view);
     else {
       document.title = 'Not found · Flotilla';
@@ -1186,6 +1187,75 @@
       el('table', { id: 'workflows-table', class: 'data' },
         el('thead', null, el('tr', null, ['Name', 'Newest version', 'Created', 'Steps', ''].map((h) => el('th', null, h)))),
         tbody)));
+  }
+
+  // ---------------------------------------------------------------------------
+  // View: Schedules
+  // ---------------------------------------------------------------------------
+
+  async function schedulesView(ctx, view) {
+    const tbody = el('tbody');
+    const outcome = el('p', { id: 'schedule-outcome', role: 'status', hidden: true });
+    replaceContent(view, ...page('Schedules',
+      el('h1', null, 'Schedules'),
+      el('p', { class: 'muted' }, 'Workflows started on a calendar or an interval; each tick starts one job.'),
+      outcome,
+      el('table', { id: 'schedules-table', class: 'data' },
+        el('thead', null, el('tr', null, ['Name', 'Workflow', 'When', 'Missed ticks', 'Next run', 'Last job', ''].map((h) => el('th', null, h)))),
+        tbody)));
+
+    const act = async (label, method, path) => {
+      outcome.hidden = true;
+      try {
+        await api(method, path);
+        if (!ctx.alive) return;
+        outcome.className = 'outcome ok';
+        outcome.textContent = `${label}: done.`;
+      } catch (e) {
+        if (e.authFailed || !ctx.alive) return;
+        outcome.className = 'outcome bad';
+        outcome.textContent = `${label} failed: ${e.message}`;
+      }
+      outcome.hidden = false;
+      await load(false);
+    };
+
+    const load = async (background) => {
+      const data = await api('GET', '/v1/schedules', { background });
+      if (!ctx.alive) return;
+      const all = data.schedules || [];
+      clear(tbody);
+      for (const sc of all) {
+        const name = String(sc.name);
+        const path = `/v1/schedules/${seg(name)}`;
+        const when = sc.cron ? `${sc.cron} (${sc.time_zone})` : `every ${sc.interval}`;
+        const buttons = [];
+        if (can('operate')) {
+          const toggle = el('button', { type: 'button', class: 'schedule-toggle' }, sc.paused ? 'Resume' : 'Pause');
+          toggle.addEventListener('click', () => act(sc.paused ? 'Resume' : 'Pause', 'POST', `${path}/${sc.paused ? 'resume' : 'pause'}`));
+          buttons.push(toggle);
+        }
+        if (can('define')) {
+          const remove = el('button', { type: 'button', class: 'danger schedule-delete' }, 'Delete');
+          remove.addEventListener('click', async () => {
+            const ok = await confirmAction({ title: 'Delete this schedule?', message: `Schedule ${name} will start no more jobs. The jobs it started stay.`, yes: 'Delete' });
+            if (ok && ctx.alive) await act('Delete', 'DELETE', path);
+          });
+          buttons.push(remove);
+        }
+        tbody.appendChild(el('tr', { class: 'schedule-row', dataset: { name } },
+          el('td', null, name),
+          el('td', null, el('a', { href: `#/workflows/${seg(String(sc.workflow_name))}` }, String(sc.workflow_name))),
+          el('td', { class: 'mono' }, when),
+          el('td', null, sc.missed === 'run_once' ? 'run once' : 'skip'),
+          el('td', null, sc.paused ? el('span', { class: 'muted' }, 'paused') : timeEl(sc.next_run_at)),
+          el('td', { class: 'mono' }, sc.last_job_id ? el('a', { href: `#/jobs/${seg(String(sc.last_job_id))}` }, String(sc.last_job_id)) : '—'),
+          el('td', null, buttons)));
+      }
+      if (all.length === 0) tbody.appendChild(el('tr', { class: 'empty' }, el('td', { colspan: 7 }, 'No schedules. Create one with `flotilla schedules put` or PUT /v1/schedules/{name}.')));
+    };
+    await load(false);
+    ctx.every(5000, () => load(true));
   }
 
   async function workflowView(ctx, view, name, params) {

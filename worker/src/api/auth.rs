@@ -80,6 +80,12 @@ pub const ROUTE_SCOPES: &[(&str, &str, Scope)] = &[
     ("GET", "/v1/workflows/{name}", Scope::Read),
     ("PUT", "/v1/workflows/{name}", Scope::Define),
     ("GET", "/v1/workflows/{name}/versions", Scope::Read),
+    ("GET", "/v1/schedules", Scope::Read),
+    ("GET", "/v1/schedules/{name}", Scope::Read),
+    ("PUT", "/v1/schedules/{name}", Scope::Define),
+    ("DELETE", "/v1/schedules/{name}", Scope::Define),
+    ("POST", "/v1/schedules/{name}/pause", Scope::Operate),
+    ("POST", "/v1/schedules/{name}/resume", Scope::Operate),
     ("GET", "/v1/fleet", Scope::Read),
 ];
 

@@ -12,6 +12,7 @@ pub mod openapi;
 mod ops;
 pub mod problem;
 pub mod readiness;
+mod schedules;
 pub mod server;
 mod signals;
 pub mod views;
@@ -98,6 +99,15 @@ pub fn router(state: ApiState, settings: RouterSettings) -> Router {
         .route("/workflows", get(workflows::list))
         .route("/workflows/{name}", put(workflows::put).get(workflows::get))
         .route("/workflows/{name}/versions", get(workflows::versions))
+        .route("/schedules", get(schedules::list))
+        .route(
+            "/schedules/{name}",
+            put(schedules::put)
+                .get(schedules::get)
+                .delete(schedules::delete),
+        )
+        .route("/schedules/{name}/pause", post(schedules::pause))
+        .route("/schedules/{name}/resume", post(schedules::resume))
         .route("/fleet", get(fleet::fleet))
         .route(auth::WHO_AM_I.trim_start_matches("/v1"), get(ops::who_am_i))
         .route_layer(middleware::from_fn_with_state(

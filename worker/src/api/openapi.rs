@@ -4,17 +4,18 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use super::{fleet, jobs, ops, problem, signals, views, workflows};
+use super::{fleet, jobs, ops, problem, schedules, signals, views, workflows};
 
 #[derive(Debug, OpenApi)]
 #[openapi(
-    info(title = "Flotilla", description = "Durable workflow jobs: submit, inspect, complete external steps, signal, operate."),
+    info(title = "Flotilla", description = "Durable workflow jobs: submit, inspect, complete external steps, signal, schedule, operate."),
     paths(
         jobs::submit, jobs::list, jobs::get, jobs::events, jobs::graph, jobs::graft, signals::send, signals::list, jobs::complete, jobs::retry, jobs::cancel,
-        workflows::put, workflows::list, workflows::get, workflows::versions, fleet::fleet,
+        workflows::put, workflows::list, workflows::get, workflows::versions,
+        schedules::put, schedules::list, schedules::get, schedules::pause, schedules::resume, schedules::delete, fleet::fleet,
         ops::who_am_i, ops::healthz, ops::readyz, ops::metrics, ops::openapi
     ),
-    components(schemas(crate::engine::graph_view::GraphView, crate::engine::graph_view::NodeView, crate::engine::graph_view::NodeState, views::JobView, views::JobPageView, views::TimelineView, fleet::FleetView, fleet::ConsumerLag, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, jobs::GraftBody, jobs::GraftView, signals::SignalBody, signals::SignalView, signals::SignalsView, crate::engine::signals::SignalReceipt, problem::ProblemDoc)),
+    components(schemas(crate::engine::graph_view::GraphView, crate::engine::graph_view::NodeView, crate::engine::graph_view::NodeState, views::JobView, views::JobPageView, views::TimelineView, fleet::FleetView, fleet::ConsumerLag, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, jobs::GraftBody, jobs::GraftView, signals::SignalBody, signals::SignalView, signals::SignalsView, crate::engine::signals::SignalReceipt, schedules::ScheduleBody, schedules::SchedulesView, crate::engine::schedules::ScheduleView, problem::ProblemDoc)),
     modifiers(&BearerAuth, &SharedResponses)
 )]
 pub struct ApiDoc;

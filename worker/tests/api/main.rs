@@ -6,6 +6,7 @@ mod console;
 mod document;
 mod jobs;
 mod listing;
+mod schedules;
 mod security;
 mod signals;
 

@@ -54,6 +54,20 @@ async fn worker_with(pool: &PgPool, flags: &[&str]) -> TestApp {
     app
 }
 
+/// PUTs `body` to `path` on `app` with the test token; it must be created.
+async fn put_created(app: &TestApp, path: &str, body: &Value) {
+    let stored = flotilla_runtime::tls::http_client()
+        .build()
+        .unwrap()
+        .put(format!("{}{path}", app.url))
+        .bearer_auth(TEST_TOKEN)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stored.status(), StatusCode::CREATED, "PUT {path}");
+}
+
 async fn submit(app: &TestApp, input: Value) -> Uuid {
     let response = flotilla_runtime::tls::http_client()
         .build()
@@ -273,16 +287,7 @@ async fn the_workflow_and_fleet_views_draw_what_is_stored(pool: PgPool) {
         // A second version: its drawing shows, and the diff against the first.
         let mut second = approval();
         second["max_attempts"] = json!(5);
-        let stored = flotilla_runtime::tls::http_client()
-            .build()
-            .unwrap()
-            .put(format!("{}/v1/workflows/approval", app.url))
-            .bearer_auth(TEST_TOKEN)
-            .json(&second)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(stored.status(), StatusCode::CREATED);
+        put_created(&app, "/v1/workflows/approval", &second).await;
         let browser = Browser::start(&app.url).await;
         browser.sign_in(TEST_TOKEN).await;
         browser.open("#/workflows/approval").await;
@@ -385,14 +390,7 @@ async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
                 {"name": "ship", "target": "echo", "method": "ship", "needs": ["check", "approve"]}
             ]
         });
-        let stored = client
-            .put(format!("{}/v1/workflows/drawn", app.url))
-            .bearer_auth(TEST_TOKEN)
-            .json(&graph)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(stored.status(), StatusCode::CREATED);
+        put_created(&app, "/v1/workflows/drawn", &graph).await;
         let job: Value = client
             .post(format!("{}/v1/jobs", app.url))
             .bearer_auth(TEST_TOKEN)
@@ -457,14 +455,7 @@ async fn a_signal_sent_from_the_job_page_resumes_the_waiting_job(pool: PgPool) {
                 {"name": "paid", "wait_for": "payment", "output_schema": {"type": "object", "required": ["amount"]}}
             ]
         });
-        let stored = client
-            .put(format!("{}/v1/workflows/waits", app.url))
-            .bearer_auth(TEST_TOKEN)
-            .json(&waits)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(stored.status(), StatusCode::CREATED);
+        put_created(&app, "/v1/workflows/waits", &waits).await;
         let job: Value = client
             .post(format!("{}/v1/jobs", app.url))
             .bearer_auth(TEST_TOKEN)
@@ -501,6 +492,35 @@ async fn a_signal_sent_from_the_job_page_resumes_the_waiting_job(pool: PgPool) {
             .await;
         assert!(listed.contains("paid"), "the step that took it: {listed}");
         browser.screenshot("job-signal").await;
+        browser.close().await;
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_schedules_page_lists_a_schedule_and_pauses_it(pool: PgPool) {
+    within_timeout(async {
+        let app = worker(&pool, "0").await;
+        let every_hour =
+            json!({"workflow_name": "approval", "input": {"amount": 1}, "interval": "1h"});
+        put_created(&app, "/v1/schedules/hourly-check", &every_hour).await;
+
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.open("#/schedules").await;
+        let row = browser
+            .text_until("#schedules-table", |t| t.contains("hourly-check"))
+            .await;
+        assert!(row.contains("every 1h"), "{row}");
+        browser
+            .click("tr.schedule-row[data-name='hourly-check'] button.schedule-toggle")
+            .await;
+        browser
+            .text_until("#schedules-table", |t| t.contains("paused"))
+            .await;
+        let paused = app.engine.schedule("hourly-check").await.unwrap();
+        assert!(paused.paused, "the button paused it");
+        browser.screenshot("schedules").await;
         browser.close().await;
     })
     .await;
