@@ -2,8 +2,8 @@
 //!
 //! Whoever sends a signal appends it here (under the row lock) with an
 //! event; the lease holder takes one with the checkpoint of the `wait_for`
-//! step it answers ([`TAKE_SIGNAL`]); a park that finds one of its
-//! signals arrived meanwhile requeues instead ([`PENDING_ONE_OF_7`]). The
+//! step it answers (`TAKE_SIGNAL`); a park that finds one of its
+//! signals arrived meanwhile requeues instead (`PENDING_ONE_OF_7`). The
 //! sender's event counts in `foreign_events`, so it never moves the
 //! holder's fence.
 
