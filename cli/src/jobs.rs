@@ -121,6 +121,19 @@ pub(crate) async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
         if let Some(step) = job["outstanding_step"].as_str() {
             println!("waiting on step: {step}");
         }
+        if let Some(parent) = job["parent_job_id"].as_str() {
+            let step = job["parent_step"].as_str().unwrap_or("?");
+            println!("started by: {parent} (step {step})");
+        }
+        for child in job["children"].as_array().into_iter().flatten() {
+            println!(
+                "  child {}: {} {} ({})",
+                child["step"].as_str().unwrap_or("?"),
+                child["job_id"].as_str().unwrap_or(""),
+                child["status"].as_str().unwrap_or(""),
+                child["workflow_name"].as_str().unwrap_or(""),
+            );
+        }
         for checkpoint in job["checkpoints"].as_array().into_iter().flatten() {
             println!(
                 "  checkpoint {}: {}",

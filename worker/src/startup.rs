@@ -383,15 +383,19 @@ async fn subscribe(
     let missing = kafka::ensure_topics(&config.broker, &wanted, consumer.topics).await?;
     // Without its dead-letter topic every bad message would pause its
     // partition: refuse to start instead, naming it.
-    let dead_letter_topics = std::iter::once(settings.dead_letter_topic.clone()).chain(
-        settings
-            .signal_topic
-            .as_deref()
-            .map(topics::dead_letter_topic),
-    );
-    for topic in dead_letter_topics {
-        if missing.contains(&topic) {
-            return Err(StartupError::NoDeadLetterTopic(topic));
+    if missing.contains(&settings.dead_letter_topic) {
+        return Err(StartupError::NoDeadLetterTopic(
+            settings.dead_letter_topic.clone(),
+        ));
+    }
+    // Signals from Kafka are optional: a deployment that creates its topics
+    // itself and has not made these yet still runs, and says so.
+    if let Some(signals) = settings.signal_topic.clone() {
+        let dead = topics::dead_letter_topic(&signals);
+        if missing.contains(&signals) || missing.contains(&dead) {
+            tracing::warn!(topic = %signals, dead_letters = %dead,
+                "the signal topic or its dead-letter topic does not exist: signals are not read from Kafka (create both, or set FLOTILLA_SIGNAL_TOPIC= to say so)");
+            settings.signal_topic = None;
         }
     }
     tracing::info!(topic = %settings.request_topic, signals = ?settings.signal_topic, group = %settings.group, "consuming requests");

@@ -719,6 +719,8 @@
       updated: field('Updated', 'job-updated'),
       verdict: field('Verdict', 'job-verdict'),
       trace: field('Trace id', 'job-trace-id'),
+      parent: field('Started by', 'job-parent'),
+      children: field('Children', 'job-children'),
       error: field('Error', 'job-error'), // last: it spans the full width
     };
     f.error.dd.classList.add('wide');
@@ -781,6 +783,13 @@
       f.verdict.dd.textContent = dash(job.verdict);
       f.error.dd.textContent = dash(job.error);
       f.error.dd.classList.toggle('error-text', !!job.error);
+      replaceContent(f.parent.dd, job.parent_job_id
+        ? [el('a', { class: 'mono', href: `#/jobs/${seg(String(job.parent_job_id))}` }, String(job.parent_job_id)), ` (step ${dash(job.parent_step)})`]
+        : '—');
+      const kids = Array.isArray(job.children) ? job.children : [];
+      replaceContent(f.children.dd, kids.length === 0 ? '—' : kids.map((c) => el('div', { class: 'child-link' },
+        el('a', { class: 'mono', href: `#/jobs/${seg(String(c.job_id))}` }, String(c.job_id)),
+        ` ${dash(c.step)} → ${dash(c.workflow_name)} `, statusBadge(c.status))));
       f.trace.dd.textContent = dash(job.trace_id);
       f.trace.dd.classList.add('mono');
       replaceContent(f.created.dd, timeEl(job.created_at));

@@ -32,8 +32,8 @@ use samples::Kind;
 /// What the driver needs to reach the fleet.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DriverSettings {
-    /// Requests to produce (at least 8: one of each kind).
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(8..=100_000))]
+    /// Requests to produce (at least 9: one of each kind).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(9..=100_000))]
     pub jobs: u32,
     /// A worker's HTTP API.
     #[arg(long, env = "FLOTILLA_URL", default_value = "http://127.0.0.1:8080")]

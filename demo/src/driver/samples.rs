@@ -26,12 +26,14 @@ pub enum Kind {
     /// Waits for a signal the driver produces to the signal topic (most
     /// arrive before the job reaches its wait, some after).
     Signalled,
+    /// Starts a child workflow (`shipping`) and completes with its result.
+    Parent,
 }
 
 impl Kind {
     /// Every kind, and its share of the requests (in twentieths).
-    pub const ALL: [(Kind, usize); 8] = [
-        (Kind::Shipping, 4),
+    pub const ALL: [(Kind, usize); 9] = [
+        (Kind::Shipping, 3),
         (Kind::Retried, 3),
         (Kind::Approved, 3),
         (Kind::Refused, 2),
@@ -39,6 +41,7 @@ impl Kind {
         (Kind::Cancelled, 2),
         (Kind::Graph, 2),
         (Kind::Signalled, 2),
+        (Kind::Parent, 1),
     ];
 
     /// The fewest requests that hold one of each kind.
@@ -54,6 +57,7 @@ impl Kind {
             Kind::Dead => "archive",
             Kind::Graph => "fulfilment",
             Kind::Signalled => "settlement",
+            Kind::Parent => "order",
         }
     }
 
@@ -61,9 +65,12 @@ impl Kind {
     #[must_use]
     pub fn expected(self) -> &'static str {
         match self {
-            Kind::Shipping | Kind::Retried | Kind::Approved | Kind::Graph | Kind::Signalled => {
-                "COMPLETED"
-            }
+            Kind::Shipping
+            | Kind::Retried
+            | Kind::Approved
+            | Kind::Graph
+            | Kind::Signalled
+            | Kind::Parent => "COMPLETED",
             Kind::Refused => "FAILED",
             Kind::Dead => "DEAD",
             Kind::Cancelled => "CANCELLED",
@@ -81,6 +88,7 @@ impl Kind {
             Kind::Cancelled => "parked for a human, cancelled",
             Kind::Graph => "graph: fan-out, for_each, when, timer",
             Kind::Signalled => "waits for a signal sent to Kafka",
+            Kind::Parent => "starts a child workflow, takes its result",
         }
     }
 
@@ -105,7 +113,9 @@ impl Kind {
     pub fn input(self, n: usize) -> Value {
         let name = format!("customer-{n}");
         match self {
-            Kind::Shipping | Kind::Approved | Kind::Cancelled => json!({"name": name}),
+            Kind::Shipping | Kind::Approved | Kind::Cancelled | Kind::Parent => {
+                json!({"name": name})
+            }
             Kind::Retried | Kind::Signalled => json!({"amount": 100 + n}),
             Kind::Refused => json!({"name": name, "age": 15}),
             Kind::Dead => json!({}),

@@ -105,7 +105,8 @@ pub async fn settle_idle(
 
 /// Operator retry: a DEAD, FAILED or CANCELLED job goes back to the queue with
 /// fresh attempts, no lapses counted and a fresh wait for its targets,
-/// keeping its checkpoints. `None` when the job is in another state.
+/// keeping its checkpoints and the results of the children that completed
+/// (a child that did not is started again: retried). `None` when the job is in another state.
 ///
 /// # Errors
 /// Database errors.
@@ -117,9 +118,11 @@ pub async fn retry(
     sqlx::query_as(&format!(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
-             lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL
+             lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,
+             {}
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
-         RETURNING {COLUMNS}"
+         RETURNING {COLUMNS}",
+        super::children::FORGET_UNFINISHED
     ))
     .bind(job_id)
     .bind(now)

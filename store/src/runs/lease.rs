@@ -150,6 +150,9 @@ pub enum Transition {
         step: String,
         timers: Option<serde_json::Value>,
         signals: Vec<String>,
+        /// The steps whose children the job waits for: one that finished
+        /// meanwhile requeues the job at once too.
+        children: Vec<String>,
     },
     /// Back to the queue until the first of the run's timers wakes (event:
     /// WAITING on `step`, saying until when), attempt given back, no lease
@@ -298,7 +301,11 @@ impl Transition {
                  attempt = CASE WHEN {WOKEN} THEN 0 ELSE attempt END, \
                  timers = CASE WHEN $6::jsonb IS NULL THEN timers ELSE coalesce(timers, '{{}}'::jsonb) || $6 END, \
                  {RELEASE}, {NEXT}",
-                WOKEN = super::signals::PENDING_ONE_OF_7
+                WOKEN = format!(
+                    "({} OR {})",
+                    super::signals::PENDING_ONE_OF_7,
+                    super::children::FINISHED_ONE_OF_8
+                )
             ),
             Self::Sleep { .. } => format!(
                 "status = 'QUEUED', timers = coalesce(timers, '{{}}'::jsonb) || $5, run_after = $6, \
@@ -331,7 +338,8 @@ impl Transition {
                 "status = 'CANCELLED', error = $5, outstanding_step = NULL, {RELEASE}, {NEXT}"
             ),
             Self::Requeue { .. } => format!(
-                "status = 'QUEUED', error = $5, run_after = $6, lease_losses = 0, unplaced_since = NULL, {RELEASE}"
+                "status = 'QUEUED', error = $5, run_after = $6, lease_losses = 0, unplaced_since = NULL, {}, {RELEASE}",
+                super::children::FORGET_UNFINISHED
             ),
             Self::Release { .. } => format!(
                 "status = 'QUEUED', error = $5, run_after = $6, attempt = greatest(attempt - 1, 0),
@@ -394,10 +402,12 @@ pub async fn transition(
             step,
             timers,
             signals,
+            children,
         } => query
             .bind(step)
             .bind(timers.as_ref().map(Json))
-            .bind(signals),
+            .bind(signals)
+            .bind(children),
         Transition::BeginCompensation { failure } => query.bind(Json(failure)),
         Transition::Compensated { checkpoint } => query.bind(Json(checkpoint)),
         Transition::Sleep {

@@ -6,6 +6,7 @@
 //! sequence. Writes to a RUNNING row go through [`lease::transition`],
 //! fenced on the lease token.
 
+pub mod children;
 pub mod idle;
 pub mod lease;
 pub mod signals;
@@ -25,15 +26,18 @@ use crate::status::RunStatus;
 /// runs whose definition is a graph (`needs`, `when`, `parallelism`),
 /// which a release before graphs would refuse as a broken definition; 3,
 /// runs that wait for signals (`wait_for`), whose row holds `signals` and
-/// whose fence leaves out `foreign_events`. A run
+/// whose fence leaves out `foreign_events`; 4, runs that start child
+/// workflows (`start`), whose rows hold `children`. A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 3;
+pub const READER_LEVEL: i16 = 4;
 /// The level of a run whose definition is a graph.
 pub const GRAPH_READER_LEVEL: i16 = 2;
 /// The level of a run whose definition waits for signals.
 pub const SIGNAL_READER_LEVEL: i16 = 3;
+/// The level of a run whose definition starts child workflows.
+pub const CHILD_READER_LEVEL: i16 = 4;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,6 +58,11 @@ pub struct Checkpoint {
     /// response is that signal's payload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i64>,
+    /// For a `start` step: the child job it started. This entry does not
+    /// end the step (its response is `{"child_job_id": …}`); the step's
+    /// own checkpoint, the child's result, comes once the child completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<Uuid>,
 }
 
 impl Checkpoint {
@@ -62,6 +71,9 @@ impl Checkpoint {
     pub fn note(&self) -> Option<String> {
         if let Some(signal) = self.signal {
             return Some(format!("signal {signal}"));
+        }
+        if let Some(child) = self.child {
+            return Some(format!("child {child} started"));
         }
         match (self.item, self.page, self.skipped) {
             (Some(item), _, _) => Some(format!("item {item}")),
@@ -144,6 +156,15 @@ pub struct RunRow {
     /// Events others wrote for the job (signals received), which the lease
     /// holder's fence leaves out.
     pub foreign_events: i32,
+    /// The job whose step started this one, and that step.
+    pub parent_job_id: Option<Uuid>,
+    pub parent_step: Option<String>,
+    /// How deep it is in its family: 0 for a job nobody started.
+    pub depth: i16,
+    /// Whether cancelling the parent cancels it.
+    pub cancel_with_parent: bool,
+    /// Finished children, by the step that started each (see [`children`]).
+    pub children: Option<Json<serde_json::Value>>,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -216,7 +237,8 @@ const COLUMNS: &str = concat!(
     "job_id, workflow_name, workflow_version, \
     coalesce(definition, (SELECT d.definition FROM workflow_definition d \
         WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, ",
+    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
+    parent_job_id, parent_step, depth, cancel_with_parent, children, ",
     checkpoint_list!(),
     " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
     lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

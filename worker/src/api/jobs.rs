@@ -1,4 +1,5 @@
-//! `/v1/jobs`: submit, get, list, complete-step, retry, cancel. Handlers
+//! `/v1/jobs`: submit, get (with the job's children), list, complete-step,
+//! retry, cancel. Handlers
 //! parse, call the engine, and answer; errors map to problems in
 //! [`super::errors`]. The 401, 403 and 503 answers every route shares are
 //! added to the document in [`super::openapi`].
@@ -125,7 +126,11 @@ pub(super) async fn get(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
 ) -> Result<axum::Json<JobView>, Problem> {
-    Ok(axum::Json(row_of(&state, &raw).await?.into()))
+    let row = row_of(&state, &raw).await?;
+    let children = state.engine.children_of(row.job_id).await?;
+    let mut view = JobView::from(row);
+    view.children = children;
+    Ok(axum::Json(view))
 }
 
 /// The row of the job `raw` names: 400 for a malformed id, 404 unknown.

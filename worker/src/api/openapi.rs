@@ -15,7 +15,7 @@ use super::{fleet, jobs, ops, problem, schedules, signals, views, workflows};
         schedules::put, schedules::list, schedules::get, schedules::pause, schedules::resume, schedules::delete, fleet::fleet,
         ops::who_am_i, ops::healthz, ops::readyz, ops::metrics, ops::openapi
     ),
-    components(schemas(crate::engine::graph_view::GraphView, crate::engine::graph_view::NodeView, crate::engine::graph_view::NodeState, views::JobView, views::JobPageView, views::TimelineView, fleet::FleetView, fleet::ConsumerLag, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, jobs::GraftBody, jobs::GraftView, signals::SignalBody, signals::SignalView, signals::SignalsView, crate::engine::signals::SignalReceipt, schedules::ScheduleBody, schedules::SchedulesView, crate::engine::schedules::ScheduleView, problem::ProblemDoc)),
+    components(schemas(crate::engine::graph_view::GraphView, crate::engine::graph_view::NodeView, crate::engine::graph_view::NodeState, views::JobView, views::JobPageView, views::TimelineView, fleet::FleetView, fleet::ConsumerLag, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, jobs::GraftBody, jobs::GraftView, signals::SignalBody, signals::SignalView, signals::SignalsView, crate::engine::signals::SignalReceipt, schedules::ScheduleBody, schedules::SchedulesView, crate::engine::schedules::ScheduleView, crate::engine::children::ChildLink, problem::ProblemDoc)),
     modifiers(&BearerAuth, &SharedResponses)
 )]
 pub struct ApiDoc;

@@ -8,6 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::engine::JobPage;
+use crate::engine::children::ChildLink;
 
 /// A job as the API returns it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -41,6 +42,14 @@ pub struct JobView {
     pub revision: i32,
     /// Timers the job has reached: step → the instant it wakes at.
     pub timers: Option<Value>,
+    /// The job whose step started this one, and that step.
+    pub parent_job_id: Option<Uuid>,
+    pub parent_step: Option<String>,
+    /// 0 for a job nobody started; a child is one deeper than its parent.
+    pub depth: i16,
+    /// The jobs this one started (`GET /v1/jobs/{job_id}` only; empty in
+    /// lists).
+    pub children: Vec<ChildLink>,
 }
 
 impl From<RunRow> for JobView {
@@ -52,6 +61,10 @@ impl From<RunRow> for JobView {
         .map(str::to_owned);
         Self {
             trace_id,
+            parent_job_id: row.parent_job_id,
+            parent_step: row.parent_step,
+            depth: row.depth,
+            children: Vec::new(),
             revision: row.revision,
             timers: row.timers.map(|t| t.0),
             status: row.status,

@@ -271,6 +271,37 @@ impl ClaimedRun {
         Some(Self { lease, row })
     }
 
+    /// The engine this run was claimed by.
+    pub(super) fn engine(&self) -> &Engine {
+        &self.lease.engine
+    }
+
+    /// Writes `checkpoint` fenced on this lease, in the caller's
+    /// transaction (a write that must commit with others of its own, unlike
+    /// the group-committed ones); [`Self::advance_fence`] once committed.
+    /// `false`: the lease is gone, nothing written.
+    pub(super) async fn fenced_checkpoint(
+        &self,
+        tx: &mut sqlx::PgTransaction<'_>,
+        checkpoint: &Checkpoint,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let fence = LeaseFence {
+            token: self.lease.token,
+            sequence: self.lease.sequence.load(Ordering::SeqCst),
+        };
+        let change = Transition::Checkpoint {
+            checkpoint: checkpoint.clone(),
+            layout: self.lease.engine.checkpoint_layout(),
+        };
+        lease::transition(tx, self.lease.job_id, fence, now, &change).await
+    }
+
+    /// Counts `events` the holder committed outside the group commit.
+    pub(super) fn advance_fence(&self, events: i64) {
+        self.lease.sequence.fetch_add(events, Ordering::SeqCst);
+    }
+
     /// The row as it was claimed.
     #[must_use]
     pub fn row(&self) -> &RunRow {
@@ -365,9 +396,10 @@ impl ClaimedRun {
         tracing::Instrument::instrument(self.lease.write(change), span).await
     }
 
-    /// Parks on the external or `wait_for` step `step` (WAITING, with its
-    /// event); requeued at once instead when one of `signals` (the names
-    /// its ready `wait_for` steps wait for) arrived meanwhile.
+    /// Parks on the external, `wait_for` or `start` step `step` (WAITING,
+    /// with its event); requeued at once instead when one of `signals` (the
+    /// names its ready `wait_for` steps wait for) arrived meanwhile, or a
+    /// child of one of the steps `children` finished meanwhile.
     ///
     /// # Errors
     /// Lease lost, or the store failed.
@@ -375,7 +407,7 @@ impl ClaimedRun {
         self,
         step: &str,
         timers: Option<serde_json::Value>,
-        signals: Vec<String>,
+        (signals, children): (Vec<String>, Vec<String>),
     ) -> Result<(), SegmentStop> {
         let span = tracing::info_span!("park", job_id = %self.job_id(), flotilla.step = %step);
         tracing::Instrument::instrument(
@@ -383,6 +415,7 @@ impl ClaimedRun {
                 step: step.to_owned(),
                 timers,
                 signals,
+                children,
             }),
             span,
         )

@@ -135,6 +135,7 @@ pub(super) async fn compensate(
                     item: None,
                     page: None,
                     signal: None,
+                    child: None,
                 };
                 claimed.compensated(&checkpoint).await?;
             }

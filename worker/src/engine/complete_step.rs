@@ -180,6 +180,7 @@ impl Engine {
                     item: None,
                     page: None,
                     signal: None,
+                    child: None,
                     response,
                 };
                 if !idle::resume_waiting(

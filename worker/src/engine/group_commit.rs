@@ -336,6 +336,7 @@ mod tests {
                 item: None,
                 page: None,
                 signal: None,
+                child: None,
                 response,
             },
             layout,
@@ -413,6 +414,7 @@ mod tests {
                 step: "approve".into(),
                 timers: None,
                 signals: Vec::new(),
+                children: Vec::new(),
             },
             2 => Transition::Fail {
                 error: "refused".into(),
@@ -517,6 +519,7 @@ mod tests {
                     item: None,
                     page: None,
                     signal: None,
+                    child: None,
                     response: serde_json::json!({"n": 3}),
                 },
                 layout,

@@ -3,6 +3,7 @@
 //! the consumer, the API and the tests all drive jobs through it.
 
 mod batch;
+pub mod children;
 mod claimed;
 mod claims;
 mod compensate;

@@ -5,7 +5,7 @@
 //! checkpoint has committed (`schedule.rs`). What the segment does with
 //! the way they stopped is `segment.rs`.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,10 +18,11 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
+use super::children::{ChildState, NewChild, child_id, child_state, may_start_at};
 use super::claimed::{ClaimedRun, SegmentStop};
 use super::items::Items;
 use super::schedule::Schedule;
-use super::step::{Invocation, check_response, over_budget};
+use super::step::{Invocation, build, check_response, over_budget};
 use super::timers::{self, Sleeping};
 use crate::target::{RetryClass, StepFailure};
 use crate::workflow::CompiledWorkflow;
@@ -37,13 +38,15 @@ pub(super) enum Stop {
         step: Option<String>,
         steps: Map<String, Json>,
     },
-    /// Nothing else could run and this external or `wait_for` step waits
-    /// for its answer; the timers reached meanwhile keep their instants;
+    /// Nothing else could run and this external, `wait_for` or `start`
+    /// step waits for its answer; the timers reached meanwhile keep their instants;
     /// `awaited`: the signals the ready `wait_for` steps wait for.
     Park {
         step: String,
         sleeping: Sleeping,
         awaited: Vec<String>,
+        /// The `start` steps whose children it waits for.
+        children: Vec<String>,
     },
     /// Nothing else could run and these timers have not woken.
     Sleep(Sleeping),
@@ -67,6 +70,8 @@ pub(super) struct Replayed {
     pub(super) ended: Vec<usize>,
     pub(super) items: HashMap<usize, BTreeMap<u32, Json>>,
     pub(super) pages: HashMap<usize, (u32, Json)>,
+    /// `start` steps whose child this run started already.
+    pub(super) started: HashSet<usize>,
 }
 
 /// A step, one item of a `for_each` step, or one page of a paged step.
@@ -125,6 +130,7 @@ impl<'a> Nodes<'a> {
             ended,
             items: mut earlier_items,
             pages: mut earlier_pages,
+            mut started,
         } = replayed;
         let mut schedule = Schedule::new(&self.compiled.graph, ended);
         let parallelism = self.compiled.definition.parallelism();
@@ -151,6 +157,10 @@ impl<'a> Nodes<'a> {
             }
         };
         let mut awaited: Vec<String> = Vec::new();
+        // The `start` steps waiting for their children, and the children
+        // to start (written one at a time with the checkpoints).
+        let mut waiting_children: Vec<String> = Vec::new();
+        let mut to_start: HashMap<usize, NewChild> = HashMap::new();
         let mut sleeping = Sleeping::default();
         let mut cancelling = false;
         loop {
@@ -216,6 +226,71 @@ impl<'a> Nodes<'a> {
                                 park_on.get_or_insert(name);
                             }
                         },
+                        Err(failed) => failure = Some((failed, Some(name))),
+                    }
+                    continue;
+                }
+                if let Some(start) = &step.definition.start {
+                    let scope = self.scope(index, &steps);
+                    match self.holds(index, &scope).await {
+                        Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
+                        Ok(true) => {
+                            match child_state(self.claimed.row(), &name, started.contains(&index)) {
+                                Ok(ChildState::Completed(result)) => match self
+                                    .judge(index, &result, &scope)
+                                    .await
+                                {
+                                    Ok(()) => answered
+                                        .push_back((node, checkpoint(name, None, Some(result)))),
+                                    Err(failed) => failure = Some((failed, Some(name))),
+                                },
+                                Ok(ChildState::Failed(failed)) => {
+                                    failure = Some((failed, Some(name)))
+                                }
+                                Ok(ChildState::Running)
+                                    if self
+                                        .engine
+                                        .child_under_way(child_id(self.claimed.job_id(), &name))
+                                        .await
+                                        .unwrap_or(true) =>
+                                {
+                                    waiting_children.push(name.clone());
+                                    park_on.get_or_insert(name);
+                                }
+                                // Not started, or started by an earlier run and
+                                // ended without completing (a retry forgot its
+                                // outcome): started (retried) now.
+                                Ok(ChildState::NotStarted | ChildState::Running) => {
+                                    match self.child_input(index, &scope).await.and_then(|input| {
+                                        may_start_at(self.claimed.row().depth).map(|()| input)
+                                    }) {
+                                        Ok(input) => {
+                                            to_start.insert(
+                                                index,
+                                                NewChild {
+                                                    workflow: start.workflow.clone(),
+                                                    input,
+                                                    cancel_with_parent: step
+                                                        .definition
+                                                        .cancel_children
+                                                        != Some(false),
+                                                },
+                                            );
+                                            let id = child_id(self.claimed.job_id(), &name);
+                                            let mut begun = checkpoint(
+                                                name,
+                                                None,
+                                                Some(serde_json::json!({ "child_job_id": id })),
+                                            );
+                                            begun.child = Some(id);
+                                            answered.push_back((node, begun));
+                                        }
+                                        Err(failed) => failure = Some((failed, Some(name))),
+                                    }
+                                }
+                                Err(e) => failure = Some((StepFailure::Defect(e), Some(name))),
+                            }
+                        }
                         Err(failed) => failure = Some((failed, Some(name))),
                     }
                     continue;
@@ -289,6 +364,7 @@ impl<'a> Nodes<'a> {
                             step,
                             sleeping,
                             awaited,
+                            children: waiting_children,
                         }
                     } else if !sleeping.is_empty() {
                         Stop::Sleep(sleeping)
@@ -312,6 +388,7 @@ impl<'a> Nodes<'a> {
                     && park_on.is_none()
                     && next.item.is_none()
                     && next.page.is_none()
+                    && next.child.is_none()
                     && schedule.is_last(node.step)
                 {
                     // The last checkpoint goes with the completion.
@@ -330,10 +407,16 @@ impl<'a> Nodes<'a> {
             {
                 let claimed = self.claimed;
                 let write = checkpoint.clone();
+                let child = checkpoint.child.and_then(|_| to_start.remove(&node.step));
                 writing = Some((
                     node,
                     checkpoint,
-                    Box::pin(async move { claimed.checkpoint(&write).await }),
+                    Box::pin(async move {
+                        match child {
+                            Some(child) => claimed.start_child(&write.name, child).await,
+                            None => claimed.checkpoint(&write).await,
+                        }
+                    }),
                 ));
             }
             tokio::select! {
@@ -388,6 +471,13 @@ impl<'a> Nodes<'a> {
                         }
                         continue;
                     }
+                    if checkpoint.child.is_some() {
+                        // The child is under way: the step waits for it.
+                        started.insert(node.step);
+                        waiting_children.push(checkpoint.name.clone());
+                        park_on.get_or_insert(checkpoint.name);
+                        continue;
+                    }
                     if let Some(page) = checkpoint.page {
                         // The cursor is durable: the next page may be fetched.
                         let cursor = checkpoint.response.get("cursor").cloned().unwrap_or(Json::Null);
@@ -409,6 +499,24 @@ impl<'a> Nodes<'a> {
             "steps",
             &Json::Object(self.compiled.steps_in_scope(index, steps)),
         )
+    }
+
+    /// The input of step `index`'s child, built by its `start.input`.
+    async fn child_input(&self, index: usize, scope: &Scope) -> Result<Json, StepFailure> {
+        let built = {
+            let (compiled, scope) = (self.compiled.clone(), scope.clone());
+            self.engine
+                .off_runtime(move || build(&compiled.steps[index].rules, &scope))
+                .await
+        };
+        let name = &self.compiled.steps[index].definition.name;
+        match built {
+            Ok(Ok(input)) => Ok(input),
+            Ok(Err(e)) => Err(StepFailure::Defect(format!(
+                "step {name}: building the child's input: {e}"
+            ))),
+            Err(exhausted) => Err(over_budget(name, "building the child's input", &exhausted)),
+        }
     }
 
     /// Judges a signal's payload as step `index`'s answer.
@@ -571,6 +679,7 @@ fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Chec
         item: item.and_then(|i| u32::try_from(i).ok()),
         page: None,
         signal: None,
+        child: None,
     }
 }
 

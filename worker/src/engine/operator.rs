@@ -107,6 +107,8 @@ impl Engine {
             row.created_at,
         );
         tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "job cancelled by an operator");
+        // Its children go with it (a running job's go when its worker ends it).
+        Box::pin(self.cascade_cancel(job_id)).await;
         Ok(Cancelled::Done(Box::new(row)))
     }
 

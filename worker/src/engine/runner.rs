@@ -170,6 +170,9 @@ impl Engine {
             if let Err(e) = self.sweep().await {
                 tracing::warn!(error = %e, "sweep failed");
             }
+            if let Err(e) = self.cascade_cancels().await {
+                tracing::warn!(error = %e, "cancelling the children of cancelled jobs failed");
+            }
         }
     }
 

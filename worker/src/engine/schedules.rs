@@ -10,7 +10,6 @@
 //! commit cannot happen, but a replaced or raced schedule might) is still
 //! one job: the submit is idempotent on the id.
 
-use std::collections::HashMap;
 use std::str::FromStr as _;
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ use flotilla_store::schedules::{self, NewSchedule, ScheduleRow};
 use flotilla_store::{RunStatus, StoreError};
 
 use super::storable::{self, Unstorable};
-use super::submit::{RefusalMode, Submission, Submitted, WorkflowRef};
+use super::submit::{Submission, Submitted, WorkflowRef};
 use super::{Engine, SubmitError};
 
 /// How often every worker looks for due schedules.
@@ -449,15 +448,7 @@ impl Engine {
                     traceparent: None,
                     tracestate: None,
                 };
-                let submitted = self
-                    .submit_in(
-                        &mut tx,
-                        &submission,
-                        RefusalMode::Record,
-                        now,
-                        &mut HashMap::new(),
-                    )
-                    .await;
+                let submitted = self.submit_recorded(&mut tx, &submission, now).await;
                 match submitted {
                     Ok(Submitted::Created(run)) => {
                         if run.status == RunStatus::Failed {

@@ -3,7 +3,7 @@
 //! retried. How a step is called is [`super::step`]; how a segment ends is
 //! [`super::settle`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
@@ -166,6 +166,7 @@ impl Engine {
         // acting on it: cancelled now, before anything is called.
         if let Some(reason) = claimed.row().cancel_requested.clone() {
             claimed.cancel(&reason).await?;
+            self.cascade_cancel(job_id).await;
             return Ok(Outcome::Cancelled(job_id));
         }
         let missing = self.missing_targets(&claimed.row().definition.0);
@@ -229,6 +230,7 @@ impl Engine {
             Stop::Cancelled => {
                 let reason = cancel_reason().unwrap_or_else(|| "cancelled while it ran".to_owned());
                 claimed.cancel(&reason).await?;
+                self.cascade_cancel(job_id).await;
                 Ok(Outcome::Cancelled(job_id))
             }
             Stop::Failed {
@@ -257,9 +259,10 @@ impl Engine {
                 step,
                 sleeping,
                 awaited,
+                children,
             } => {
                 let timers = (!sleeping.is_empty()).then(|| sleeping.newly_set());
-                claimed.park(&step, timers, awaited).await?;
+                claimed.park(&step, timers, (awaited, children)).await?;
                 Ok(Outcome::Parked(job_id))
             }
             Stop::Sleep(sleeping) => {
@@ -310,6 +313,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         ended: Vec::with_capacity(entries.len()),
         items: HashMap::new(),
         pages: HashMap::new(),
+        started: HashSet::new(),
     };
     let mut ended = vec![false; compiled.steps.len()];
     for (i, entry) in entries.iter().enumerate() {
@@ -334,6 +338,16 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
             ));
         }
         let step = &compiled.steps[index];
+        if checkpoint.child.is_some() {
+            // A child started: the step waits for it, and has not ended.
+            if step.definition.start.is_none() {
+                return Err(format!(
+                    "checkpoint {i} starts a child of step {name:?}, which starts none"
+                ));
+            }
+            replayed.started.insert(index);
+            continue;
+        }
         if let Some(page) = checkpoint.page {
             // A page keeps only the cursor the next one starts from.
             let stored = replayed.pages.get(&index).map_or(0, |(pages, _)| *pages);

@@ -198,6 +198,25 @@ impl Engine {
         }
     }
 
+    /// A submission the engine makes itself (a schedule's tick, a child
+    /// job) inside the caller's transaction: a refusal is recorded as a
+    /// FAILED job, as one from the topic is.
+    pub(super) async fn submit_recorded(
+        &self,
+        tx: &mut PgTransaction<'_>,
+        submission: &Submission,
+        now: DateTime<Utc>,
+    ) -> Result<Submitted, SubmitError> {
+        self.submit_in(
+            tx,
+            submission,
+            RefusalMode::Record,
+            now,
+            &mut HashMap::new(),
+        )
+        .await
+    }
+
     /// The submission inside the caller's transaction; the caller commits.
     pub(super) async fn submit_in(
         &self,

@@ -9,7 +9,7 @@ use serde_json::{Map, Value as Json};
 use super::expr::Expression;
 use super::graph::Graph;
 use super::limits::{self, MAX_PATTERNS, MAX_RULES, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT};
-use super::model::{MAX_ITEMS, MAX_PARALLELISM, StepDefinition, WorkflowDefinition};
+use super::model::{MAX_ITEMS, MAX_PARALLELISM, StartChild, StepDefinition, WorkflowDefinition};
 
 /// One thing wrong with a definition, located by step and field.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -267,7 +267,9 @@ impl CompiledWorkflow {
     /// (`runs::READER_LEVEL`).
     #[must_use]
     pub fn reader_level(&self) -> i16 {
-        if self.waits_for_signals() {
+        if self.definition.steps.iter().any(|s| s.start.is_some()) {
+            flotilla_store::runs::CHILD_READER_LEVEL
+        } else if self.waits_for_signals() {
             flotilla_store::runs::SIGNAL_READER_LEVEL
         } else if self.uses_graph_fields() {
             flotilla_store::runs::GRAPH_READER_LEVEL
@@ -408,6 +410,8 @@ impl Problems {
             self.timer_shape(at, step);
         } else if let Some(signal) = &step.wait_for {
             self.wait_shape(at, step, signal);
+        } else if let Some(start) = &step.start {
+            self.start_shape(at, step, start);
         } else {
             if !known_targets.contains(&step.target) {
                 let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
@@ -429,14 +433,22 @@ impl Problems {
         if step.timeout_ms == Some(0) {
             self.add(at, "timeout_ms", "must be above 0");
         }
+        if step.cancel_children.is_some() && step.start.is_none() {
+            self.add(at, "cancel_children", "only a start step has children");
+        }
+        // A start step's input is built as a call's request is.
+        let (rules_field, rule_sources) = match &step.start {
+            Some(start) => ("start.input", &start.input),
+            None => ("rules", &step.rules),
+        };
         if !self.count(
             at,
             "rules and validate",
-            step.rules.len() + step.validate.len(),
+            rule_sources.len() + step.validate.len(),
         ) {
             return None;
         }
-        let rules = self.assignments(at, "rules", &step.rules);
+        let rules = self.assignments(at, rules_field, rule_sources);
         let output_schema = step
             .output_schema
             .as_ref()
@@ -516,6 +528,7 @@ impl Problems {
             ("paged", step.paged),
             ("completion", step.completion.is_some()),
             ("wait_for", step.wait_for.is_some()),
+            ("start", step.start.is_some()),
         ];
         for (field, present) in graph_fields {
             if present {
@@ -548,6 +561,7 @@ impl Problems {
             ("timeout_ms", step.timeout_ms.is_some()),
             ("when", step.when.is_some()),
             ("wait_for", step.wait_for.is_some()),
+            ("start", step.start.is_some()),
         ];
         for (name, present) in called {
             if present {
@@ -572,7 +586,26 @@ impl Problems {
                 ),
             );
         }
-        let called = [
+        self.calls_nothing(at, step, "a wait_for step");
+    }
+
+    /// A `start` step names a workflow and calls nothing; its response
+    /// (the child's result) is judged by `output_schema` and `validate`.
+    fn start_shape(&mut self, at: Option<&str>, step: &StepDefinition, start: &StartChild) {
+        if start.workflow.trim().is_empty() {
+            self.add(at, "start.workflow", "is blank");
+        }
+        self.calls_nothing(
+            at,
+            step,
+            "a start step (its child's input is built by start.input)",
+        );
+    }
+
+    /// A step that calls no target (`what`: a wait or a start) has none of
+    /// a call's fields, nor another kind's.
+    fn calls_nothing(&mut self, at: Option<&str>, step: &StepDefinition, what: &str) {
+        let fields = [
             ("target", !step.target.is_empty()),
             ("method", !step.method.is_empty()),
             ("rules", !step.rules.is_empty()),
@@ -580,10 +613,11 @@ impl Problems {
             ("timeout_ms", step.timeout_ms.is_some()),
             ("for_each", step.for_each.is_some()),
             ("paged", step.paged),
+            ("wait_for", step.wait_for.is_some() && step.start.is_some()),
         ];
-        for (name, present) in called {
+        for (name, present) in fields {
             if present {
-                self.add(at, name, "a wait_for step calls no target: it has no target, method, rules, completion, timeout_ms, for_each or paged");
+                self.add(at, name, format!("{what} calls no target: it has no target, method, rules, completion, timeout_ms, for_each or paged, and is not both a wait_for and a start"));
             }
         }
     }

@@ -17,6 +17,6 @@ pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
 pub use compile::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition, Timer};
 pub use graph::Graph;
 pub use model::{
-    Completion, DEFAULT_MAX_ITEMS, DEFAULT_PARALLELISM, MAX_ITEMS, MAX_PARALLELISM, StepDefinition,
-    WorkflowDefinition,
+    Completion, DEFAULT_MAX_ITEMS, DEFAULT_PARALLELISM, MAX_ITEMS, MAX_PARALLELISM, StartChild,
+    StepDefinition, WorkflowDefinition,
 };

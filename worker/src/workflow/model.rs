@@ -66,6 +66,17 @@ pub enum Completion {
     External,
 }
 
+/// What a `start` step starts: a stored workflow, its input built by
+/// assignments as a call's request is by `rules`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartChild {
+    pub workflow: String,
+    /// Assignments `field.path = <CEL>` over `input` and the steps it needs.
+    #[serde(default)]
+    pub input: Vec<String>,
+}
+
 /// One step: a call to `target`'s `method` with a request built by `rules`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -120,6 +131,14 @@ pub struct StepDefinition {
     /// judged by `output_schema` and `validate`. Calls no target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_for: Option<String>,
+    /// Starts a child job of a stored workflow and waits for it (no lease
+    /// held); its response is the child's result. Calls no target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartChild>,
+    /// For a `start` step: whether cancelling this job cancels the child
+    /// (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_children: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
 }
@@ -142,10 +161,10 @@ impl StepDefinition {
         self.completion == Some(Completion::External)
     }
 
-    /// Whether the step calls a target (neither a timer nor a wait for a
-    /// signal).
+    /// Whether the step calls a target (neither a timer, a wait for a
+    /// signal nor a child).
     #[must_use]
     pub fn calls_a_target(&self) -> bool {
-        !self.is_timer() && self.wait_for.is_none()
+        !self.is_timer() && self.wait_for.is_none() && self.start.is_none()
     }
 }

@@ -584,3 +584,54 @@ async fn a_hostile_graft_and_an_unreadable_row_get_their_own_answers(pool: PgPoo
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_parent_and_its_child_show_each_other(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    let child = json!({"name": "child", "input_schema": {},
+        "steps": [{"name": "only", "target": "echo", "method": "m"}]});
+    let parent = json!({"name": "parent", "input_schema": {},
+        "steps": [{"name": "spawn", "start": {"workflow": "child", "input": ["n = 1"]}}]});
+    for (name, document) in [("child", child), ("parent", parent)] {
+        let path = format!("/v1/workflows/{name}");
+        assert_eq!(
+            api.call(Method::PUT, &path, Some(document)).await.0,
+            StatusCode::CREATED
+        );
+    }
+    let (_, job) = api
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "parent", "input": {}})),
+        )
+        .await;
+    let parent_id = job["job_id"].as_str().unwrap().to_owned();
+    // No claim loops here: the test runs the parent's segment itself.
+    api.engine.run_once().await.unwrap();
+
+    let (status, parent) = api
+        .call(Method::GET, &format!("/v1/jobs/{parent_id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(parent["status"], "WAITING");
+    let children = parent["children"].as_array().unwrap();
+    assert_eq!(children.len(), 1, "{parent}");
+    assert_eq!(
+        (
+            children[0]["step"].clone(),
+            children[0]["workflow_name"].clone()
+        ),
+        (json!("spawn"), json!("child"))
+    );
+    let child_id = children[0]["job_id"].as_str().unwrap();
+    let (_, child) = api
+        .call(Method::GET, &format!("/v1/jobs/{child_id}"), None)
+        .await;
+    assert_eq!(child["parent_job_id"], json!(parent_id));
+    assert_eq!(
+        (child["parent_step"].clone(), child["depth"].clone()),
+        (json!("spawn"), json!(1))
+    );
+    assert_eq!(child["children"], json!([]));
+}

@@ -220,6 +220,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
         item: None,
         page: None,
         signal: None,
+        child: None,
     };
     assert!(matches!(
         old.checkpoint(&checkpoint).await,
@@ -400,6 +401,7 @@ async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPo
         item: None,
         page: None,
         signal: None,
+        child: None,
     };
     tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
         .await

@@ -105,6 +105,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
             item: None,
             page: None,
             signal: None,
+            child: None,
         })
         .await
         .unwrap();

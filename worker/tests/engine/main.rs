@@ -4,6 +4,7 @@
 mod backlog;
 mod cancelling;
 mod checkpoint_rows;
+mod children;
 mod claims;
 mod failures;
 mod graphs;

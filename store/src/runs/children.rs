@@ -1,0 +1,171 @@
+//! Child workflows on the run row: the link from a child to its parent,
+//! the parent's `children` (each finished child's outcome by the step that
+//! started it, written by the trigger `flotilla_child_finished` in the
+//! child's own terminal transaction), and what the cancel cascade reads.
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use sqlx::{PgConnection, PgTransaction};
+use uuid::Uuid;
+
+use super::{COLUMNS, RunRow};
+use crate::RunStatus;
+
+/// The deepest a family nests: a job at this depth starts no child.
+pub const MAX_DEPTH: i16 = 8;
+
+/// Part of a requeue's or a retry's SET clause: the outcomes of children
+/// that did not complete are forgotten, so the step that started one
+/// starts it again (the same child, retried) on the next run.
+pub(super) const FORGET_UNFINISHED: &str = "children = (SELECT jsonb_object_agg(e.k, e.v) \
+     FROM jsonb_each(children) AS e(k, v) WHERE e.v ->> 'status' = 'COMPLETED')";
+
+/// Whether the row holds the outcome of a child started by one of the
+/// steps in the text array `$8`.
+pub(super) const FINISHED_ONE_OF_8: &str = "coalesce(children ?| $8::text[], false)";
+
+/// A finished child as its parent's row keeps it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ChildOutcome {
+    pub job_id: Uuid,
+    pub status: RunStatus,
+    #[serde(default)]
+    pub result: Option<serde_json::Value>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub verdict: Option<String>,
+}
+
+/// The outcome of the child started by `step`, if it finished.
+///
+/// # Errors
+/// The row's `children` do not read (a row another writer broke).
+pub fn outcome_of(row: &RunRow, step: &str) -> Result<Option<ChildOutcome>, String> {
+    let Some(children) = &row.children else {
+        return Ok(None);
+    };
+    children
+        .0
+        .get(step)
+        .map(|entry| serde_json::from_value(entry.clone()))
+        .transpose()
+        .map_err(|e| format!("the outcome of step {step}'s child does not read: {e}"))
+}
+
+/// Links the child `child` (just submitted, in this transaction) to its
+/// parent. A child that is already finished (refused at submission) has
+/// its outcome written to the parent by the trigger at once.
+///
+/// # Errors
+/// Database errors.
+pub async fn link(
+    tx: &mut PgTransaction<'_>,
+    child: Uuid,
+    (parent, step): (Uuid, &str),
+    depth: i16,
+    cancel_with_parent: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workflow_run SET parent_job_id = $2, parent_step = $3, depth = $4, cancel_with_parent = $5
+         WHERE job_id = $1 AND parent_job_id IS NULL",
+    )
+    .bind(child)
+    .bind(parent)
+    .bind(step)
+    .bind(depth)
+    .bind(cancel_with_parent)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Copies the outcome of the finished child `child` into its parent's
+/// `children` under `step`, as the trigger does when a child finishes: for
+/// a child found finished already when its step runs again.
+///
+/// # Errors
+/// Database errors.
+pub async fn record_outcome(
+    tx: &mut PgTransaction<'_>,
+    (parent, step): (Uuid, &str),
+    child: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workflow_run p SET children = coalesce(p.children, '{}'::jsonb) || jsonb_build_object($2::text,
+             jsonb_build_object('job_id', c.job_id, 'status', c.status, 'result', c.result,
+                 'error', c.error, 'verdict', c.verdict))
+         FROM workflow_run c WHERE p.job_id = $1 AND c.job_id = $3",
+    )
+    .bind(parent)
+    .bind(step)
+    .bind(child)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Puts a child that ended FAILED, DEAD or CANCELLED back in the queue
+/// with fresh attempts (an operator's retry, asked by its parent's step
+/// running again). `false`: it is in another state.
+///
+/// # Errors
+/// Database errors.
+pub async fn retry_child(
+    tx: &mut PgTransaction<'_>,
+    child: Uuid,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    Ok(super::idle::retry(&mut *tx, child, now).await?.is_some())
+}
+
+/// The status of the job `child`, if it exists.
+///
+/// # Errors
+/// Database errors.
+pub async fn status_of(
+    conn: &mut PgConnection,
+    child: Uuid,
+) -> Result<Option<RunStatus>, sqlx::Error> {
+    sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
+        .bind(child)
+        .fetch_optional(conn)
+        .await
+}
+
+/// The jobs `parent` started, oldest first.
+///
+/// # Errors
+/// Database errors.
+pub async fn children_of(
+    conn: &mut PgConnection,
+    parent: Uuid,
+) -> Result<Vec<RunRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM workflow_run WHERE parent_job_id = $1 ORDER BY created_at, job_id"
+    ))
+    .bind(parent)
+    .fetch_all(conn)
+    .await
+}
+
+/// Up to `limit` unfinished children, cancelled with their parent, whose
+/// parent is CANCELLED: what the cancel cascade has left to do.
+///
+/// # Errors
+/// Database errors.
+pub async fn orphaned_by_cancel(
+    conn: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT c.job_id, c.parent_job_id FROM workflow_run c
+         JOIN workflow_run p ON p.job_id = c.parent_job_id
+         WHERE c.parent_job_id IS NOT NULL AND c.cancel_with_parent
+           AND c.status IN ('QUEUED', 'RUNNING', 'WAITING') AND p.status = 'CANCELLED'
+         LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}

@@ -1,0 +1,276 @@
+//! Child workflows, the engine's side (docs/architecture.md, "Child
+//! workflows"): a `start` step submits a child whose id is derived from
+//! the parent's id and the step, in the same transaction as the parent's
+//! fenced "child started" checkpoint; the child's outcome reaches the
+//! parent's row in the child's own terminal transaction (the trigger
+//! `flotilla_child_finished`); cancelling a parent cancels its children.
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use flotilla_store::RunStatus;
+use flotilla_store::runs::children::{self, ChildOutcome, MAX_DEPTH};
+use flotilla_store::runs::{Checkpoint, RunRow};
+
+use super::claimed::{ClaimedRun, LeaseLost, SegmentStop};
+use super::submit::{Submission, Submitted, WorkflowRef};
+use super::{Engine, OperatorError, SubmitError};
+use crate::target::{RetryClass, StepFailure};
+
+/// The namespace of child job ids (UUID v5 of `<parent>:<step>`).
+const CHILD_NAMESPACE: Uuid = Uuid::from_u128(0x2c8e_5a71_4d0b_4f96_9e3a_7b1c_6d2f_8e40);
+/// Children the cancel cascade handles in one sweeper pass.
+const CASCADE_BATCH: i64 = 64;
+
+/// The id of the child that `parent`'s step `step` starts: the same on
+/// every attempt, so a retry or a crash never starts a second one, and
+/// never an id seen before (a child's id is a hash of a parent's).
+#[must_use]
+pub fn child_id(parent: Uuid, step: &str) -> Uuid {
+    Uuid::new_v5(&CHILD_NAMESPACE, format!("{parent}:{step}").as_bytes())
+}
+
+/// A child as its parent's view shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ChildLink {
+    pub job_id: Uuid,
+    /// The parent's step that started it.
+    pub step: Option<String>,
+    pub workflow_name: String,
+    #[schema(value_type = String, example = "RUNNING")]
+    pub status: RunStatus,
+}
+
+impl From<RunRow> for ChildLink {
+    fn from(row: RunRow) -> Self {
+        Self {
+            job_id: row.job_id,
+            step: row.parent_step,
+            workflow_name: row.workflow_name,
+            status: row.status,
+        }
+    }
+}
+
+/// What a `start` step found of its child.
+pub(super) enum ChildState {
+    /// None started yet (or the last one failed and the step runs again).
+    NotStarted,
+    /// Started, not finished: the parent waits for it.
+    Running,
+    /// Completed with this result.
+    Completed(serde_json::Value),
+    /// Did not complete: the step fails with this.
+    Failed(StepFailure),
+}
+
+/// The state of `step`'s child: its outcome in the parent's row, or
+/// whether this run of the parent started it already (`started`).
+pub(super) fn child_state(row: &RunRow, step: &str, started: bool) -> Result<ChildState, String> {
+    let Some(ChildOutcome {
+        job_id,
+        status,
+        result,
+        error,
+        verdict,
+    }) = children::outcome_of(row, step)?
+    else {
+        return Ok(if started {
+            ChildState::Running
+        } else {
+            ChildState::NotStarted
+        });
+    };
+    let why = error
+        .or(verdict)
+        .unwrap_or_else(|| "no reason given".to_owned());
+    let message = format!("step {step}: child job {job_id} ended {status}: {why}");
+    Ok(match status {
+        RunStatus::Completed => ChildState::Completed(result.unwrap_or(serde_json::Value::Null)),
+        // A child that ran out of attempts is a failure of the world: the
+        // parent retries its step (the child, retried) by its own rules.
+        RunStatus::Dead => ChildState::Failed(StepFailure::retryable(RetryClass::Other, message)),
+        _ => ChildState::Failed(StepFailure::Verdict {
+            violations: vec![message.clone()],
+            message,
+        }),
+    })
+}
+
+impl Engine {
+    /// Whether the child `child`, started by an earlier run of its step and
+    /// with no outcome in its parent's row, is still under way. One that
+    /// ended without completing had its outcome forgotten by a retry of
+    /// the parent: the step starts it again (retrying it).
+    pub(super) async fn child_under_way(&self, child: Uuid) -> Result<bool, StepFailure> {
+        let status = async {
+            let mut conn = self.pool().acquire().await?;
+            children::status_of(&mut conn, child).await
+        }
+        .await
+        .map_err(|e| {
+            StepFailure::retryable(RetryClass::Other, format!("reading child {child}: {e}"))
+        })?;
+        Ok(status.is_some_and(|status| !status.is_finished()))
+    }
+}
+
+/// Whether a job of `depth` may start a child.
+pub(super) fn may_start_at(depth: i16) -> Result<(), StepFailure> {
+    if depth + 1 > MAX_DEPTH {
+        let message = format!("children nest at most {MAX_DEPTH} deep; this job is at {depth}");
+        return Err(StepFailure::Verdict {
+            violations: vec![message.clone()],
+            message,
+        });
+    }
+    Ok(())
+}
+
+/// A child to start: its submission and how it hangs off its parent.
+#[derive(Debug, Clone)]
+pub(super) struct NewChild {
+    pub(super) workflow: String,
+    pub(super) input: serde_json::Value,
+    pub(super) cancel_with_parent: bool,
+}
+
+impl ClaimedRun {
+    /// Starts `step`'s child in one transaction with the parent's fenced
+    /// "child started" checkpoint: submitted (idempotent on its derived
+    /// id; a refused one is recorded FAILED, and its outcome reaches the
+    /// parent at once), retried if it is there from an earlier try that did
+    /// not complete, and linked to its parent.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed (nothing was written, or, when the
+    /// commit's outcome is unknown, the next claim sees what was).
+    pub(super) async fn start_child(&self, step: &str, child: NewChild) -> Result<(), SegmentStop> {
+        let parent = self.row();
+        let id = child_id(parent.job_id, step);
+        let checkpoint = Checkpoint {
+            name: step.to_owned(),
+            skipped: false,
+            response: serde_json::json!({ "child_job_id": id }),
+            item: None,
+            page: None,
+            signal: None,
+            child: Some(id),
+        };
+        let submission = Submission {
+            job_id: id,
+            workflow: WorkflowRef::Stored(child.workflow),
+            input: child.input,
+            traceparent: parent.traceparent.clone(),
+            tracestate: parent.tracestate.clone(),
+        };
+        let engine = self.engine();
+        let now = engine.now();
+        let mut tx = engine.inner.reserved.begin().await?;
+        if !self.fenced_checkpoint(&mut tx, &checkpoint, now).await? {
+            return Err(LeaseLost.into());
+        }
+        let submitted = engine.submit_recorded(&mut tx, &submission, now).await;
+        match submitted {
+            Ok(Submitted::Created(_)) => {}
+            Ok(Submitted::Existing(row)) => match row.status {
+                RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled => {
+                    children::retry_child(&mut tx, id, now).await?;
+                }
+                // Completed, its outcome not in the parent's row: put there,
+                // so the park that follows queues the parent to take it.
+                RunStatus::Completed => {
+                    children::record_outcome(&mut tx, (parent.job_id, step), id).await?;
+                }
+                _ => {}
+            },
+            // The child exists with other input (the parent's rules read
+            // something that changed): that child is the step's.
+            Err(SubmitError::Conflict(_)) => {}
+            Err(SubmitError::Store(e)) => return Err(e.into()),
+            Err(refused) => {
+                return Err(SegmentStop::Refused(format!(
+                    "step {step}: its child cannot be submitted: {refused}"
+                )));
+            }
+        }
+        children::link(
+            &mut tx,
+            id,
+            (parent.job_id, step),
+            parent.depth + 1,
+            child.cancel_with_parent,
+        )
+        .await?;
+        tx.commit().await?;
+        self.advance_fence(1);
+        engine.wake();
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Cancels the unfinished children of `parent` that go with it, and
+    /// theirs; returns how many were cancelled or asked to be.
+    ///
+    /// # Errors
+    /// The store failed (the sweeper's cascade finishes the job later).
+    pub async fn cancel_children_of(&self, parent: Uuid) -> Result<usize, OperatorError> {
+        let family = {
+            let mut conn = self.pool().acquire().await?;
+            children::children_of(&mut conn, parent).await?
+        };
+        let mut cancelled = 0;
+        for child in family {
+            if !child.cancel_with_parent || child.status.is_finished() {
+                continue;
+            }
+            let reason = format!("its parent {parent} was cancelled");
+            match self.cancel(child.job_id, &reason).await {
+                Ok(_) => cancelled += 1,
+                // Finished meanwhile.
+                Err(OperatorError::WrongState { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(cancelled)
+    }
+
+    /// Cancels the children of `parent`, just cancelled by this worker; a
+    /// failure is logged and left to the sweeper's cascade.
+    pub(super) async fn cascade_cancel(&self, parent: Uuid) {
+        if let Err(e) = self.cancel_children_of(parent).await {
+            tracing::warn!(%parent, error = %e, "cancelling the children failed; the sweeper retries");
+        }
+    }
+
+    /// The sweeper's share of the cascade: children of cancelled parents
+    /// still unfinished (their parent's worker was gone, or the first
+    /// cascade failed), cancelled now.
+    pub(super) async fn cascade_cancels(&self) -> Result<usize, OperatorError> {
+        let orphans = {
+            let mut conn = self.pool().acquire().await?;
+            children::orphaned_by_cancel(&mut conn, CASCADE_BATCH).await?
+        };
+        let mut cancelled = 0;
+        for (child, parent) in orphans {
+            let reason = format!("its parent {parent} was cancelled");
+            match self.cancel(child, &reason).await {
+                Ok(_) => cancelled += 1,
+                Err(OperatorError::WrongState { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(cancelled)
+    }
+
+    /// The jobs `parent` started.
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn children_of(&self, parent: Uuid) -> Result<Vec<ChildLink>, OperatorError> {
+        let mut conn = self.pool().acquire().await?;
+        let rows = children::children_of(&mut conn, parent).await?;
+        Ok(rows.into_iter().map(ChildLink::from).collect())
+    }
+}

@@ -1,0 +1,322 @@
+//! Child workflows: a `start` step submits a child whose id is derived from
+//! the parent and the step, in the parent's fenced write; the parent waits
+//! with no lease held; the child's end reaches the parent in the child's
+//! own transaction; a failed child fails the step, a retried parent retries
+//! the child; cancelling a parent cancels its children unless the step
+//! says not to; a parent whose worker dies while it starts a child never
+//! starts a second one.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use flotilla_contracts::WorkflowRunEventType as E;
+use flotilla_store::RunStatus;
+use flotilla_worker::engine::children::child_id;
+use flotilla_worker::engine::{Cancelled, Engine, Outcome};
+use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::support::{Calls, echo_targets, events, manual_clock, row, settings, submit};
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+/// `check` (the child): one echo step, refusing a name `"mallory"`.
+fn check() -> Value {
+    json!({
+        "name": "check", "input_schema": {},
+        "steps": [{"name": "look", "target": "echo", "method": "look", "rules": ["who = input.who"],
+                   "validate": ["response.request.who != 'mallory'"]}],
+        "output": ["checked = steps.look.request.who"]
+    })
+}
+
+/// `onboard` (the parent): starts `check` for the input's name, then
+/// greets with the child's answer.
+fn onboard() -> Value {
+    json!({
+        "name": "onboard", "input_schema": {},
+        "steps": [
+            {"name": "verify", "start": {"workflow": "check", "input": ["who = input.name"]},
+             "output_schema": {"type": "object", "required": ["checked"]}},
+            {"name": "greet", "target": "echo", "method": "greet", "rules": ["who = steps.verify.checked"]}
+        ],
+        "output": ["greeted = steps.greet.request.who"]
+    })
+}
+
+async fn fleet_with(pool: &PgPool, targets: Targets) -> Engine {
+    let engine = Engine::new(pool.clone(), targets, manual_clock(), settings("w"));
+    for document in [check(), onboard()] {
+        engine.register_workflow(&document).await.unwrap();
+    }
+    engine
+}
+
+async fn children_of(pool: &PgPool, parent: Uuid) -> Vec<(Uuid, String, RunStatus)> {
+    sqlx::query_as("SELECT job_id, parent_step, status FROM workflow_run WHERE parent_job_id = $1")
+        .bind(parent)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_completed_child_completes_its_parents_step_with_its_result(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = fleet_with(&pool, echo_targets(&calls)).await;
+    let parent = submit(&engine, "onboard", json!({"name": "ada"})).await;
+
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    let child = child_id(parent, "verify");
+    assert_eq!(
+        children_of(&pool, parent).await,
+        [(child, "verify".to_owned(), RunStatus::Queued)]
+    );
+    let parked = row(&pool, parent).await;
+    assert_eq!(
+        (parked.status, parked.lease_owner.as_deref()),
+        (RunStatus::Waiting, None),
+        "the parent waits with no lease"
+    );
+    assert_eq!(row(&pool, child).await.depth, 1);
+
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(child));
+    assert_eq!(
+        row(&pool, parent).await.status,
+        RunStatus::Queued,
+        "the child's end queued its parent in the same transaction"
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(parent));
+    let done = row(&pool, parent).await;
+    assert_eq!(done.result.unwrap().0, json!({"greeted": "ada"}));
+    let verdicts: Vec<String> = events(&pool, parent)
+        .await
+        .iter()
+        .filter(|e| e.event_type() == E::StepCheckpoint)
+        .filter_map(|e| e.verdict().map(str::to_owned))
+        .collect();
+    assert_eq!(verdicts, [format!("child {child} started")]);
+    assert_eq!(calls.of(child), ["look"]);
+    assert_eq!(calls.of(parent), ["greet"], "a start step calls no target");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_failed_child_fails_the_step_and_retrying_the_parent_retries_the_same_child(
+    pool: PgPool,
+) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    let parent = submit(&engine, "onboard", json!({"name": "mallory"})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    let child = child_id(parent, "verify");
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(child));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(parent));
+    let failed = row(&pool, parent).await;
+    let error = failed.error.unwrap_or_default();
+    assert!(
+        error.contains(&child.to_string()) && error.contains("FAILED"),
+        "the child's reason: {error}"
+    );
+
+    engine.retry(parent).await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    assert_eq!(
+        children_of(&pool, parent).await,
+        [(child, "verify".to_owned(), RunStatus::Queued)],
+        "the same child, retried; never a second"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn cancelling_a_parent_cancels_its_children_unless_the_step_opts_out(pool: PgPool) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    engine
+        .register_workflow(&json!({
+            "name": "both", "input_schema": {}, "parallelism": 2,
+            "steps": [
+                {"name": "linked", "needs": [], "start": {"workflow": "check", "input": ["who = 'a'"]}},
+                {"name": "loose", "needs": [], "start": {"workflow": "check", "input": ["who = 'b'"]},
+                 "cancel_children": false}
+            ]
+        }))
+        .await
+        .unwrap();
+    let parent = submit(&engine, "both", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    assert_eq!(children_of(&pool, parent).await.len(), 2);
+
+    let Cancelled::Done(_) = engine.cancel(parent, "changed my mind").await.unwrap() else {
+        panic!("a waiting parent is cancelled in place")
+    };
+    let linked = row(&pool, child_id(parent, "linked")).await;
+    assert_eq!(linked.status, RunStatus::Cancelled);
+    assert!(
+        linked
+            .error
+            .unwrap_or_default()
+            .contains(&parent.to_string()),
+        "says whose cancel it was"
+    );
+    assert_eq!(
+        row(&pool, child_id(parent, "loose")).await.status,
+        RunStatus::Queued,
+        "cancel_children: false keeps it"
+    );
+}
+
+/// `echo`, and `hang`, which blocks its first call until the test ends.
+fn echo_and_a_first_call_that_hangs(started: Arc<Notify>) -> Targets {
+    let mut targets = echo_targets(&Calls::default());
+    let hung = Arc::new(AtomicBool::new(false));
+    targets.register(
+        "hang",
+        Arc::new(FnTarget(move |_call: TargetCall| {
+            let (started, first) = (started.clone(), !hung.swap(true, Ordering::SeqCst));
+            async move {
+                if first {
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, StepFailure>(json!({"ok": true}))
+            }
+        })),
+        8,
+    );
+    targets
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_parent_whose_worker_dies_after_starting_a_child_never_starts_a_second(pool: PgPool) {
+    let started = Arc::new(Notify::new());
+    let clock = manual_clock();
+    let engine = Engine::new(
+        pool.clone(),
+        echo_and_a_first_call_that_hangs(started.clone()),
+        clock.clone(),
+        settings("w"),
+    );
+    engine.register_workflow(&check()).await.unwrap();
+    engine
+        .register_workflow(&json!({
+            "name": "racy", "input_schema": {},
+            "steps": [
+                {"name": "verify", "needs": [], "start": {"workflow": "check", "input": ["who = 'x'"]}},
+                {"name": "slow", "needs": [], "target": "hang", "method": "m"}
+            ]
+        }))
+        .await
+        .unwrap();
+    let parent = submit(&engine, "racy", json!({})).await;
+    let segment = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.run_once().await }
+    });
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the slow call never started");
+    // The child's start commits while the slow call hangs; then the worker dies.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while children_of(&pool, parent).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the child never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    segment.abort();
+    let _ = segment.await;
+
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(engine.sweep().await.unwrap(), 1, "its lease lapsed");
+    clock.advance(Duration::from_secs(60));
+    let mut outcomes = Vec::new();
+    loop {
+        let outcome = engine.run_once().await.unwrap();
+        if outcome == Outcome::Idle {
+            break;
+        }
+        outcomes.push(outcome);
+        assert!(outcomes.len() < 10, "{outcomes:?}");
+    }
+    let child = child_id(parent, "verify");
+    assert!(
+        outcomes.contains(&Outcome::Completed(parent)),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        children_of(&pool, parent).await,
+        [(child, "verify".to_owned(), RunStatus::Completed)],
+        "the resumed parent took the child it started; never a second"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_start_step_calls_nothing_and_its_definition_says_so(pool: PgPool) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    let refused = engine
+        .register_workflow(&json!({
+            "name": "bad", "input_schema": {},
+            "steps": [{"name": "s", "start": {"workflow": "check"}, "target": "echo", "method": "m",
+                       "rules": ["a = 1"]}]
+        }))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("target") && refused.contains("start.input"),
+        "{refused}"
+    );
+    let loose = engine
+        .register_workflow(&json!({
+            "name": "loose", "input_schema": {},
+            "steps": [{"name": "s", "target": "echo", "method": "m", "cancel_children": false}]
+        }))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(loose.contains("cancel_children"), "{loose}");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_workflow_that_starts_itself_stops_at_the_depth_bound(pool: PgPool) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    engine
+        .register_workflow(&json!({
+            "name": "nest", "input_schema": {},
+            "steps": [{"name": "again", "start": {"workflow": "nest"}}]
+        }))
+        .await
+        .unwrap();
+    let root = submit(&engine, "nest", json!({})).await;
+    let mut segments = 0;
+    while engine.run_once().await.unwrap() != Outcome::Idle {
+        segments += 1;
+        assert!(segments < 100, "the family never stopped growing");
+    }
+    let family: Vec<(i16, RunStatus)> =
+        sqlx::query_as("SELECT depth, status FROM workflow_run ORDER BY depth")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let depths: Vec<i16> = family.iter().map(|(depth, _)| *depth).collect();
+    assert_eq!(
+        depths,
+        (0..=8).collect::<Vec<i16>>(),
+        "nine generations, each once"
+    );
+    assert!(
+        family
+            .iter()
+            .all(|(_, status)| *status == RunStatus::Failed),
+        "{family:?}"
+    );
+    let deepest = sqlx::query_scalar::<_, String>("SELECT error FROM workflow_run WHERE depth = 8")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(deepest.contains("at most 8 deep"), "{deepest}");
+    assert_eq!(row(&pool, root).await.status, RunStatus::Failed);
+}
