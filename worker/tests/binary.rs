@@ -131,9 +131,9 @@ fn unreachable_database_fails_start_up_with_the_reason() {
     );
 }
 
-/// A target service on port 0 whose `/slow` answers after 500 ms and tells
-/// the test when a call arrives.
-async fn slow_service() -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
+/// A target service on port 0 whose `/slow` answers after `delay` and
+/// tells the test when a call arrives.
+async fn slow_service(delay: Duration) -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
     use axum::routing::post;
     let (arrived, calls) = tokio::sync::mpsc::unbounded_channel();
     let app = axum::Router::new().route(
@@ -142,7 +142,7 @@ async fn slow_service() -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
             let arrived = arrived.clone();
             async move {
                 let _ = arrived.send(());
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::time::sleep(delay).await;
                 axum::Json(serde_json::json!({"ok": true}))
             }
         }),
@@ -155,7 +155,7 @@ async fn slow_service() -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
 
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
 async fn worker_runs_a_request_from_kafka_and_finishes_it_after_sigterm(pool: PgPool) {
-    let (url, mut calls) = slow_service().await;
+    let (url, mut calls) = slow_service(Duration::from_millis(500)).await;
     let dir = std::env::temp_dir().join(format!("flotilla-binary-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(dir.join("workflows")).unwrap();
     std::fs::write(
@@ -300,9 +300,12 @@ fn pinned_kafka_settings_and_their_aliases_are_refused_at_start_up_by_name() {
 async fn existing_topics_are_not_created_again_so_start_up_needs_no_admin_rights(pool: PgPool) {
     let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
     let topic = flotilla_tests::unique("existing-requests");
+    let signals = flotilla_tests::unique("existing-signals");
     for name in [
         topic.clone(),
         flotilla_contracts::topics::dead_letter_topic(&topic),
+        signals.clone(),
+        flotilla_contracts::topics::dead_letter_topic(&signals),
     ] {
         cluster.create_topic(&name, 1, 1).unwrap();
     }
@@ -310,6 +313,7 @@ async fn existing_topics_are_not_created_again_so_start_up_needs_no_admin_rights
     command
         .env("KAFKA_BOOTSTRAP_SERVERS", cluster.bootstrap_servers())
         .env("FLOTILLA_REQUEST_TOPIC", &topic)
+        .env("FLOTILLA_SIGNAL_TOPIC", &signals)
         .env("FLOTILLA_CREATE_TOPICS", "true");
     let mut running = tokio::task::spawn_blocking(move || {
         let mut running = Running::start(command);
@@ -638,5 +642,106 @@ async fn a_timer_survives_a_sigkilled_worker_and_fires_once_on_time(pool: PgPool
     })
     .await
     .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A parent whose worker is SIGKILLed right after it started a child (its
+/// other branch still calling a slow target) is resumed by another worker,
+/// which waits for that child instead of starting a second one.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_parent_sigkilled_while_it_starts_a_child_never_starts_two(pool: PgPool) {
+    let (url, _calls) = slow_service(Duration::from_secs(3)).await;
+    let dir = std::env::temp_dir().join(format!("flotilla-binary-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join("workflows")).unwrap();
+    std::fs::write(
+        dir.join("targets.yaml"),
+        format!("targets:\n  svc:\n    kind: http\n    base_url: {url}\n"),
+    )
+    .unwrap();
+    let kid = serde_json::json!({
+        "name": "kid", "input_schema": {},
+        "steps": [{"name": "nap", "sleep": "1s"}]
+    });
+    let family = serde_json::json!({
+        "name": "family", "input_schema": {},
+        "steps": [
+            {"name": "spawn", "needs": [], "start": {"workflow": "kid"}},
+            {"name": "call", "needs": [], "target": "svc", "method": "slow"}
+        ]
+    });
+    std::fs::write(dir.join("workflows/kid.json"), kid.to_string()).unwrap();
+    std::fs::write(dir.join("workflows/family.json"), family.to_string()).unwrap();
+    let database = flotilla_tests::database::url_of(&pool).await;
+    let start = |id: &str| {
+        let mut command = worker(&database);
+        command
+            .env("FLOTILLA_WORKER_ID", id)
+            .env("FLOTILLA_CONSUME_REQUESTS", "false")
+            .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
+            .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
+            .env("FLOTILLA_LEASE", "2s")
+            .env("FLOTILLA_SWEEP_INTERVAL", "200ms")
+            .env("FLOTILLA_IDLE_POLL_MAX", "200ms");
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut running = Running::start(command);
+                running.wait_for_line("worker ready", Duration::from_secs(60));
+                running
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let first = start("family-first").await;
+    let parent = submit_through(&first, "family").await;
+    let children = || async {
+        sqlx::query_as::<_, (uuid::Uuid, String)>(
+            "SELECT job_id, status FROM workflow_run WHERE parent_job_id = $1",
+        )
+        .bind(parent)
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while children().await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no child was started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::task::spawn_blocking(move || {
+        let mut first = first;
+        first.kill();
+    })
+    .await
+    .unwrap();
+
+    let _second = start("family-second").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status,): (String,) =
+            sqlx::query_as("SELECT status FROM workflow_run WHERE job_id = $1")
+                .bind(parent)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if status == "COMPLETED" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the parent never completed: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kids = children().await;
+    assert_eq!(kids.len(), 1, "one child, ever: {kids:?}");
+    assert_eq!(kids[0].1, "COMPLETED");
+    assert_eq!(
+        kids[0].0,
+        flotilla_worker::engine::children::child_id(parent, "spawn")
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1205,9 +1205,29 @@
   async function schedulesView(ctx, view) {
     const tbody = el('tbody');
     const outcome = el('p', { id: 'schedule-outcome', role: 'status', hidden: true });
+    const workflows = await api('GET', '/v1/workflows').catch(() => ({ workflows: [] }));
+    if (!ctx.alive) return;
+    const input = (id, placeholder) => el('input', { id, type: 'text', placeholder });
+    const f = {
+      name: input('schedule-name', 'nightly-report'),
+      workflow: el('select', { id: 'schedule-workflow' },
+        (workflows.workflows || []).map((w) => el('option', { value: String(w.name) }, String(w.name)))),
+      input: el('textarea', { id: 'schedule-input', rows: 2, spellcheck: 'false' }, '{}'),
+      cron: input('schedule-cron', '0 9 * * 1-5'),
+      zone: input('schedule-time-zone', 'UTC'),
+      every: input('schedule-interval', 'or every: 15m'),
+      missed: el('select', { id: 'schedule-missed' }, el('option', { value: 'skip' }, 'skip missed ticks'), el('option', { value: 'run_once' }, 'run the latest missed tick once')),
+    };
+    const form = el('form', { id: 'schedule-form', class: 'signal-form', novalidate: true, hidden: !can('define') },
+      el('label', null, 'Name ', f.name), el('label', null, 'Workflow ', f.workflow),
+      el('label', null, 'Input (JSON) ', f.input), el('label', null, 'Cron ', f.cron),
+      el('label', null, 'Time zone ', f.zone), el('label', null, 'Interval ', f.every),
+      el('label', null, 'Missed ticks ', f.missed),
+      el('div', { class: 'actions' }, el('button', { id: 'schedule-save', type: 'submit' }, 'Save schedule')));
     replaceContent(view, ...page('Schedules',
       el('h1', null, 'Schedules'),
       el('p', { class: 'muted' }, 'Workflows started on a calendar or an interval; each tick starts one job.'),
+      form,
       outcome,
       el('table', { id: 'schedules-table', class: 'data' },
         el('thead', null, el('tr', null, ['Name', 'Workflow', 'When', 'Missed ticks', 'Next run', 'Last job', ''].map((h) => el('th', null, h)))),
@@ -1263,6 +1283,38 @@
       }
       if (all.length === 0) tbody.appendChild(el('tr', { class: 'empty' }, el('td', { colspan: 7 }, 'No schedules. Create one with `flotilla schedules put` or PUT /v1/schedules/{name}.')));
     };
+    form.addEventListener('submit', async (e) => {
+      e.preventDefault();
+      const say = (text, ok) => {
+        outcome.className = `outcome ${ok ? 'ok' : 'bad'}`;
+        outcome.textContent = text;
+        outcome.hidden = false;
+      };
+      let parsed;
+      try {
+        parsed = JSON.parse(f.input.value || '{}');
+      } catch (err) {
+        say(`The input is not JSON: ${err.message}`, false);
+        return;
+      }
+      const name = f.name.value.trim();
+      const body = { workflow_name: f.workflow.value, input: parsed, missed: f.missed.value };
+      if (f.cron.value.trim()) {
+        body.cron = f.cron.value.trim();
+        if (f.zone.value.trim()) body.time_zone = f.zone.value.trim();
+      }
+      if (f.every.value.trim()) body.interval = f.every.value.trim();
+      try {
+        const saved = await api('PUT', `/v1/schedules/${seg(name)}`, { body });
+        if (!ctx.alive) return;
+        say(`Saved ${saved.name}; next run ${localTime(saved.next_run_at)}.`, true);
+      } catch (err) {
+        if (err.authFailed || !ctx.alive) return;
+        say(`Refused: ${err.message}`, false);
+        return;
+      }
+      await load(false);
+    });
     await load(false);
     ctx.every(5000, () => load(true));
   }

@@ -498,7 +498,7 @@ async fn a_signal_sent_from_the_job_page_resumes_the_waiting_job(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn the_schedules_page_lists_a_schedule_and_pauses_it(pool: PgPool) {
+async fn the_schedules_page_lists_creates_and_pauses_schedules(pool: PgPool) {
     within_timeout(async {
         let app = worker(&pool, "0").await;
         let every_hour =
@@ -520,6 +520,28 @@ async fn the_schedules_page_lists_a_schedule_and_pauses_it(pool: PgPool) {
             .await;
         let paused = app.engine.schedule("hourly-check").await.unwrap();
         assert!(paused.paused, "the button paused it");
+
+        // A schedule made from the page; a bad cron is refused, said so.
+        browser.fill("#schedule-name", "morning").await;
+        browser.fill("#schedule-input", r#"{"amount": 2}"#).await;
+        browser.fill("#schedule-cron", "every morning").await;
+        browser.click("#schedule-save").await;
+        let refused = browser
+            .text_until("#schedule-outcome", |t| t.starts_with("Refused"))
+            .await;
+        assert!(refused.contains("cron"), "{refused}");
+        browser.fill("#schedule-cron", "0 8 * * *").await;
+        browser.fill("#schedule-time-zone", "Europe/Paris").await;
+        browser.click("#schedule-save").await;
+        browser
+            .text_until("#schedules-table", |t| {
+                t.contains("0 8 * * * (Europe/Paris)")
+            })
+            .await;
+        assert_eq!(
+            app.engine.schedule("morning").await.unwrap().workflow_name,
+            "approval"
+        );
         browser.screenshot("schedules").await;
         browser.close().await;
     })
