@@ -218,3 +218,18 @@ impl Drop for Running {
         let _ = self.child.wait();
     }
 }
+
+/// Starts `command` and waits, off the async runtime, until it prints a
+/// line containing `needle` (at most a minute).
+///
+/// # Panics
+/// No such line in time (the output so far is shown).
+pub async fn started(command: Command, needle: &'static str) -> Running {
+    tokio::task::spawn_blocking(move || {
+        let mut running = Running::start(command);
+        running.wait_for_line(needle, Duration::from_secs(60));
+        running
+    })
+    .await
+    .expect("starting the process panicked")
+}

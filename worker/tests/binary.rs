@@ -42,6 +42,21 @@ fn api_of(running: &Running) -> String {
     )
 }
 
+/// Starts `command` and waits (off the runtime) until it is ready.
+async fn ready(command: Command) -> Running {
+    flotilla_tests::process::started(command, "worker ready").await
+}
+
+/// SIGKILLs `running`, off the runtime.
+async fn kill(running: Running) {
+    tokio::task::spawn_blocking(move || {
+        let mut running = running;
+        running.kill();
+    })
+    .await
+    .unwrap();
+}
+
 /// Submits a job of `workflow` through the API of `running`; its id.
 async fn submit_through(running: &Running, workflow: &str) -> uuid::Uuid {
     let submitted = flotilla_runtime::tls::http_client()
@@ -542,15 +557,7 @@ async fn a_timer_survives_a_sigkilled_worker_and_fires_once_on_time(pool: PgPool
             .env("FLOTILLA_CONSUME_REQUESTS", "false")
             .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
             .env("FLOTILLA_IDLE_POLL_MAX", "200ms");
-        async move {
-            tokio::task::spawn_blocking(move || {
-                let mut running = Running::start(command);
-                running.wait_for_line("worker ready", Duration::from_secs(60));
-                running
-            })
-            .await
-            .unwrap()
-        }
+        ready(command)
     };
     let first = start("timer-first").await;
     let job_id = submit_through(&first, "napper").await;
@@ -581,12 +588,7 @@ async fn a_timer_survives_a_sigkilled_worker_and_fires_once_on_time(pool: PgPool
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    tokio::task::spawn_blocking(move || {
-        let mut first = first;
-        first.kill();
-    })
-    .await
-    .unwrap();
+    kill(first).await;
 
     let second = start("timer-second").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -682,15 +684,7 @@ async fn a_parent_sigkilled_while_it_starts_a_child_never_starts_two(pool: PgPoo
             .env("FLOTILLA_LEASE", "2s")
             .env("FLOTILLA_SWEEP_INTERVAL", "200ms")
             .env("FLOTILLA_IDLE_POLL_MAX", "200ms");
-        async move {
-            tokio::task::spawn_blocking(move || {
-                let mut running = Running::start(command);
-                running.wait_for_line("worker ready", Duration::from_secs(60));
-                running
-            })
-            .await
-            .unwrap()
-        }
+        ready(command)
     };
     let first = start("family-first").await;
     let parent = submit_through(&first, "family").await;
@@ -711,12 +705,7 @@ async fn a_parent_sigkilled_while_it_starts_a_child_never_starts_two(pool: PgPoo
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    tokio::task::spawn_blocking(move || {
-        let mut first = first;
-        first.kill();
-    })
-    .await
-    .unwrap();
+    kill(first).await;
 
     let _second = start("family-second").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);

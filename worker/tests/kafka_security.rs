@@ -180,13 +180,7 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
 
     let mut worker = {
         let command = worker(&broker, &database, &dir, &requests);
-        tokio::task::spawn_blocking(move || {
-            let mut running = Running::start(command);
-            running.wait_for_line("worker ready", Duration::from_secs(60));
-            running
-        })
-        .await
-        .unwrap()
+        flotilla_tests::process::started(command, "worker ready").await
     };
     let mut relay = {
         let mut command = Command::new(flotilla_tests::process::workspace_binary("flotilla-relay"));

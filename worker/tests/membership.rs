@@ -85,13 +85,7 @@ async fn wait_rows(pool: &PgPool, expected: i64, within: Duration) {
 }
 
 async fn start(command: Command) -> Running {
-    tokio::task::spawn_blocking(move || {
-        let mut running = Running::start(command);
-        running.wait_for_line("worker ready", Duration::from_secs(60));
-        running
-    })
-    .await
-    .unwrap()
+    flotilla_tests::process::started(command, "worker ready").await
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]

@@ -68,6 +68,8 @@ pub struct Tracked {
     pub answered: bool,
     /// The checkpoints the API last reported (a JSON array).
     pub checkpoints: Value,
+    /// The payload of the signal it waits for, until it is sent.
+    pub signal: Option<Value>,
 }
 
 /// Runs the demo; `Ok(true)` when every job ended as its kind says.
@@ -98,9 +100,11 @@ pub async fn run(settings: DriverSettings) -> anyhow::Result<bool> {
     let _ = ids_sender.send(jobs.keys().copied().collect());
     let mut jobs = jobs;
     let mut view = progress::Progress::new();
+    let signaller = Signaller::new(&settings).await?;
     loop {
         api.refresh(&mut jobs).await;
         api.answer_human_steps(&mut jobs).await;
+        signaller.send_due(&mut jobs).await?;
         view.draw(&jobs);
         if jobs.values().all(|job| is_terminal(&job.status)) {
             break;
@@ -166,6 +170,61 @@ async fn ready_producer(
     Ok(producer)
 }
 
+/// Sends the settlement samples' signals to the signal topic, each once its
+/// job is known to the fleet (a signal for a job not ingested yet is
+/// dead-lettered as `unknown_job`, as the contract says): most reach the
+/// job before its wait, some after.
+struct Signaller {
+    producer: FutureProducer<ProducerReady>,
+    codec: Codec,
+    topic: String,
+}
+
+impl Signaller {
+    async fn new(settings: &DriverSettings) -> anyhow::Result<Self> {
+        Ok(Self {
+            producer: ready_producer(settings).await?,
+            codec: Codec::from_config(&settings.broker.registry)?,
+            topic: settings.signal_topic.clone(),
+        })
+    }
+
+    async fn send_due(&self, jobs: &mut HashMap<Uuid, Tracked>) -> anyhow::Result<()> {
+        let known = ["QUEUED", "RUNNING", "WAITING"];
+        for (id, job) in jobs.iter_mut() {
+            if !known.contains(&job.status.as_str()) {
+                continue;
+            }
+            let Some(payload) = job.signal.take() else {
+                continue;
+            };
+            let signal = WorkflowRunSignal::new(
+                *id,
+                "payment-settled",
+                payload,
+                json!({"system": "the demo's payment provider"}),
+                Some(format!("settled-{id}")),
+            )?;
+            let bytes = self.codec.encode(&self.topic, &signal).await?;
+            let key = id.to_string();
+            let record = FutureRecord::to(&self.topic).key(&key).payload(&bytes);
+            self.producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .map_err(|(e, _)| anyhow::anyhow!("producing a signal: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Signaller {
+    fn drop(&mut self) {
+        // librdkafka can block in a client's destructor: not on the runtime.
+        let producer = self.producer.clone();
+        std::thread::spawn(move || drop(producer));
+    }
+}
+
 /// Produces one request per planned sample; returns them by job id.
 async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Tracked>> {
     let codec = Codec::from_config(&settings.broker.registry)?;
@@ -186,25 +245,6 @@ async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Trac
             .send_result(record)
             .map_err(|(e, _)| anyhow::anyhow!("producing: {e}"))?;
         deliveries.push(delivery);
-        if kind == Kind::Signalled {
-            // The payment provider settles at once: the signal usually
-            // reaches the job before its wait does, and is kept until then.
-            let signal = WorkflowRunSignal::new(
-                request.job_id(),
-                "payment-settled",
-                json!({"amount": request.input()["amount"]}),
-                json!({"system": "the demo's payment provider"}),
-                Some(format!("settled-{}", request.job_id())),
-            )?;
-            let payload = codec.encode(&settings.signal_topic, &signal).await?;
-            let record = FutureRecord::to(&settings.signal_topic)
-                .key(&key)
-                .payload(&payload);
-            let delivery = producer
-                .send_result(record)
-                .map_err(|(e, _)| anyhow::anyhow!("producing a signal: {e}"))?;
-            deliveries.push(delivery);
-        }
         jobs.insert(
             request.job_id(),
             Tracked {
@@ -213,6 +253,9 @@ async fn produce(settings: &DriverSettings) -> anyhow::Result<HashMap<Uuid, Trac
                 status: "PRODUCED".into(),
                 answered: false,
                 checkpoints: Value::Null,
+                // The payment provider's answer: sent once the job is known.
+                signal: (kind == Kind::Signalled)
+                    .then(|| json!({"amount": request.input()["amount"]})),
             },
         );
     }

@@ -293,6 +293,7 @@ mod tests {
                 {"name": "authorize", "skipped": false, "response": {}},
                 {"name": "capture", "skipped": false, "response": {"calls": calls}}
             ]),
+            signal: None,
         }
     }
 

@@ -23,8 +23,9 @@ pub enum Kind {
     /// A graph: three roots side by side, a `for_each` over the order's
     /// lines, a check skipped for small orders, a 1 s timer, a fan-in.
     Graph,
-    /// Waits for a signal the driver produces to the signal topic (most
-    /// arrive before the job reaches its wait, some after).
+    /// Waits for a signal the driver produces to the signal topic once the
+    /// job is known (most arrive before the job reaches its wait, some
+    /// after).
     Signalled,
     /// Starts a child workflow (`shipping`) and completes with its result.
     Parent,
