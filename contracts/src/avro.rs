@@ -16,8 +16,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::{
-    DecodeError, Message, RuleViolation, WorkflowRunEvent, WorkflowRunEventType,
-    WorkflowRunRequest, WorkflowRunSignal,
+    DecodeError, Message, RuleViolation, StepRequestParts, WorkflowRunEvent, WorkflowRunEventType,
+    WorkflowRunRequest, WorkflowRunSignal, WorkflowStepReply, WorkflowStepRequest,
 };
 
 /// A message with an Avro form.
@@ -85,11 +85,18 @@ pub fn decode_datum<M: AvroMessage>(
     M::from_avro_value(value)
 }
 
+/// `avro_schema` for a message: its embedded schema, parsed once.
+macro_rules! embedded_schema {
+    () => {
+        fn avro_schema() -> &'static Schema {
+            static SCHEMA: OnceLock<Schema> = OnceLock::new();
+            parse_embedded(&SCHEMA, Self::schema_text())
+        }
+    };
+}
+
 impl AvroMessage for WorkflowRunRequest {
-    fn avro_schema() -> &'static Schema {
-        static SCHEMA: OnceLock<Schema> = OnceLock::new();
-        parse_embedded(&SCHEMA, Self::schema_text())
-    }
+    embedded_schema!();
 
     fn to_avro_value(&self) -> Value {
         Value::Record(vec![
@@ -112,10 +119,7 @@ impl AvroMessage for WorkflowRunRequest {
 }
 
 impl AvroMessage for WorkflowRunSignal {
-    fn avro_schema() -> &'static Schema {
-        static SCHEMA: OnceLock<Schema> = OnceLock::new();
-        parse_embedded(&SCHEMA, Self::schema_text())
-    }
+    embedded_schema!();
 
     fn to_avro_value(&self) -> Value {
         let source = Some(self.source()).filter(|s| !s.is_null());
@@ -149,11 +153,88 @@ impl AvroMessage for WorkflowRunSignal {
     }
 }
 
-impl AvroMessage for WorkflowRunEvent {
-    fn avro_schema() -> &'static Schema {
-        static SCHEMA: OnceLock<Schema> = OnceLock::new();
-        parse_embedded(&SCHEMA, Self::schema_text())
+impl AvroMessage for WorkflowStepRequest {
+    embedded_schema!();
+
+    fn to_avro_value(&self) -> Value {
+        Value::Record(vec![
+            ("job_id".into(), Value::Uuid(self.job_id())),
+            ("step_name".into(), Value::String(self.step_name().into())),
+            ("attempt".into(), Value::Int(self.attempt())),
+            ("correlation_id".into(), Value::Uuid(self.correlation_id())),
+            (
+                "reply_topic".into(),
+                Value::String(self.reply_topic().into()),
+            ),
+            (
+                "idempotency_key".into(),
+                Value::String(self.idempotency_key().into()),
+            ),
+            ("request".into(), Value::String(self.request().to_string())),
+            (
+                "deadline".into(),
+                Value::TimestampMicros(self.deadline().timestamp_micros()),
+            ),
+        ])
     }
+
+    fn from_avro_value(value: Value) -> Result<Self, DecodeError> {
+        let mut record = Fields::<Self>::of(value)?;
+        let parts = StepRequestParts {
+            job_id: record.uuid("job_id")?,
+            step_name: record.string("step_name")?,
+            attempt: record.int("attempt")?,
+            correlation_id: record.uuid("correlation_id")?,
+            reply_topic: record.string("reply_topic")?,
+            request: record.json("request")?,
+            deadline: record.timestamp("deadline")?,
+        };
+        let key = record.string("idempotency_key")?;
+        Ok(WorkflowStepRequest::from_parts(parts, key)?)
+    }
+}
+
+impl AvroMessage for WorkflowStepReply {
+    embedded_schema!();
+
+    fn to_avro_value(&self) -> Value {
+        Value::Record(vec![
+            ("correlation_id".into(), Value::Uuid(self.correlation_id())),
+            ("job_id".into(), Value::Uuid(self.job_id())),
+            (
+                "result".into(),
+                optional_string(self.result().map(ToString::to_string).as_deref()),
+            ),
+            ("error".into(), optional_string(self.error())),
+            ("retryable".into(), Value::Boolean(self.retryable())),
+        ])
+    }
+
+    fn from_avro_value(value: Value) -> Result<Self, DecodeError> {
+        let mut record = Fields::<Self>::of(value)?;
+        let correlation_id = record.uuid("correlation_id")?;
+        let job_id = record.uuid("job_id")?;
+        let result = match record.optional_string("result")? {
+            None => None,
+            Some(text) => Some(
+                serde_json::from_str(&text)
+                    .map_err(|e| record.mismatch("result", format!("not JSON: {e}")))?,
+            ),
+        };
+        let error = record.optional_string("error")?;
+        let retryable = record.boolean("retryable")?;
+        Ok(WorkflowStepReply::build(
+            job_id,
+            correlation_id,
+            result,
+            error,
+            retryable,
+        )?)
+    }
+}
+
+impl AvroMessage for WorkflowRunEvent {
+    embedded_schema!();
 
     fn to_avro_value(&self) -> Value {
         let event_type = self.event_type();
@@ -295,6 +376,13 @@ impl<M: Message> Fields<M> {
             Value::Long(n) => Ok(n),
             Value::Int(n) => Ok(n.into()),
             other => Err(self.mismatch(field, format!("expected a long, found {other:?}"))),
+        }
+    }
+
+    fn boolean(&mut self, field: &str) -> Result<bool, DecodeError> {
+        match self.take(field)? {
+            Value::Boolean(b) => Ok(b),
+            other => Err(self.mismatch(field, format!("expected a boolean, found {other:?}"))),
         }
     }
 

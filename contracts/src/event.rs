@@ -360,15 +360,15 @@ fn truncate_to_micros(at: DateTime<Utc>) -> DateTime<Utc> {
 }
 
 /// `occurred_at` in JSON: RFC 3339 with exactly microsecond precision.
-mod micros {
+pub(crate) mod micros {
     use chrono::{DateTime, SecondsFormat, Utc};
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&at.to_rfc3339_opts(SecondsFormat::Micros, true))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
         let text = String::deserialize(d)?;
         DateTime::parse_from_rfc3339(&text)
             .map(|at| super::truncate_to_micros(at.with_timezone(&Utc)))

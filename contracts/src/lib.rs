@@ -1,4 +1,4 @@
-//! Flotilla's wire contract: the three messages that cross Kafka, their Avro
+//! Flotilla's wire contract: the messages that cross Kafka, their Avro
 //! schemas, their JSON and Avro encodings, and the rules every message obeys.
 //!
 //! This crate does no IO (no tokio, rdkafka or sqlx in its tree) so that any
@@ -15,6 +15,7 @@ pub mod json;
 mod request;
 mod rules;
 mod signal;
+mod step;
 pub mod topics;
 
 pub use error::DecodeError;
@@ -22,6 +23,7 @@ pub use event::{COMPENSATION, EventHeader, SKIPPED, WorkflowRunEvent, WorkflowRu
 pub use request::WorkflowRunRequest;
 pub use rules::RuleViolation;
 pub use signal::WorkflowRunSignal;
+pub use step::{StepRequestParts, WorkflowStepReply, WorkflowStepRequest};
 
 /// A message type of the contract: it knows its Avro schema and its rules.
 pub trait Message: Sized + serde::Serialize + serde::de::DeserializeOwned {

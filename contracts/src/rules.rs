@@ -20,6 +20,14 @@ pub enum RuleViolation {
     BlankWorkflowName,
     #[error("rule broken: a signal's name is not blank")]
     BlankSignalName,
+    #[error("rule broken: {field} is not blank")]
+    Blank { field: &'static str },
+    #[error("rule broken: a step request's attempt starts at 1, got {0}")]
+    AttemptBelowOne(i32),
+    #[error(
+        "rule broken: a step reply carries exactly one of result and error (retryable only with error)"
+    )]
+    ReplyNotOneOf,
     #[error("rule broken: {field} is not the nil UUID")]
     NilUuid { field: &'static str },
 }

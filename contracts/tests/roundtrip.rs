@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use flotilla_contracts::avro::{self, AvroMessage};
 use flotilla_contracts::framing::{self, Framed};
 use flotilla_contracts::{
-    EventHeader, WorkflowRunEvent, WorkflowRunRequest, WorkflowRunSignal, json,
+    EventHeader, StepRequestParts, WorkflowRunEvent, WorkflowRunRequest, WorkflowRunSignal,
+    WorkflowStepReply, WorkflowStepRequest, json,
 };
 use proptest::prelude::*;
 use uuid::Uuid;
@@ -56,6 +57,47 @@ fn signal() -> impl Strategy<Value = WorkflowRunSignal> {
         .prop_map(|(id, name, payload, source, key)| {
             WorkflowRunSignal::new(id, name, payload, source, key).unwrap()
         })
+}
+
+fn step_request() -> impl Strategy<Value = WorkflowStepRequest> {
+    (
+        uuid(),
+        text(),
+        1i32..,
+        uuid(),
+        text(),
+        json_doc(),
+        timestamp(),
+    )
+        .prop_map(
+            |(job_id, step_name, attempt, correlation_id, reply_topic, request, deadline)| {
+                WorkflowStepRequest::new(StepRequestParts {
+                    job_id,
+                    step_name,
+                    attempt,
+                    correlation_id,
+                    reply_topic,
+                    request,
+                    deadline,
+                })
+                .unwrap()
+            },
+        )
+}
+
+fn step_reply() -> impl Strategy<Value = WorkflowStepReply> {
+    let answer = json_doc()
+        .prop_filter("an answer is not null", |doc| !doc.is_null())
+        .prop_map(Ok);
+    let refusal = (text(), any::<bool>()).prop_map(Err);
+    (uuid(), uuid(), prop_oneof![answer, refusal]).prop_map(|(job_id, correlation_id, outcome)| {
+        match outcome {
+            Ok(result) => WorkflowStepReply::answer(job_id, correlation_id, result).unwrap(),
+            Err((error, retryable)) => {
+                WorkflowStepReply::refusal(job_id, correlation_id, error, retryable).unwrap()
+            }
+        }
+    })
 }
 
 fn event() -> impl Strategy<Value = WorkflowRunEvent> {
@@ -126,6 +168,18 @@ proptest! {
     #[test]
     fn signals_round_trip_through_avro(signal in signal()) {
         avro_roundtrip(&signal);
+    }
+
+    #[test]
+    fn step_requests_round_trip_through_both_encodings(request in step_request()) {
+        json_roundtrip(&request);
+        avro_roundtrip(&request);
+    }
+
+    #[test]
+    fn step_replies_round_trip_through_both_encodings(reply in step_reply()) {
+        json_roundtrip(&reply);
+        avro_roundtrip(&reply);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 mod support;
 
 use flotilla_contracts::avro::{self, AvroMessage};
-use flotilla_contracts::{DecodeError, RuleViolation, WorkflowRunEvent, WorkflowRunRequest, json};
+use flotilla_contracts::{
+    DecodeError, RuleViolation, StepRequestParts, WorkflowRunEvent, WorkflowRunRequest,
+    WorkflowStepReply, WorkflowStepRequest, json,
+};
 use serde_json::{Value, json};
 use support::header;
 use uuid::Uuid;
@@ -188,4 +191,75 @@ fn decoding_avro_enforces_the_rules() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn a_step_request_names_its_step_and_reply_topic_and_counts_attempts_from_one() {
+    let parts = || StepRequestParts {
+        job_id: Uuid::from_u128(1),
+        step_name: "score".into(),
+        attempt: 1,
+        correlation_id: Uuid::from_u128(2),
+        reply_topic: "fraud-replies".into(),
+        request: json!({"amount": 5}),
+        deadline: support::at(),
+    };
+    let request = WorkflowStepRequest::new(parts()).unwrap();
+    assert_eq!(
+        request.idempotency_key(),
+        "00000000-0000-0000-0000-000000000001:score"
+    );
+    let blank = WorkflowStepRequest::new(StepRequestParts {
+        reply_topic: " ".into(),
+        ..parts()
+    });
+    assert_eq!(
+        blank.unwrap_err(),
+        RuleViolation::Blank {
+            field: "reply_topic"
+        }
+    );
+    let zero = WorkflowStepRequest::new(StepRequestParts {
+        attempt: 0,
+        ..parts()
+    });
+    assert_eq!(zero.unwrap_err(), RuleViolation::AttemptBelowOne(0));
+    let nil = WorkflowStepRequest::new(StepRequestParts {
+        correlation_id: Uuid::nil(),
+        ..parts()
+    });
+    assert_eq!(
+        nil.unwrap_err(),
+        RuleViolation::NilUuid {
+            field: "correlation_id"
+        }
+    );
+}
+
+#[test]
+fn a_step_reply_carries_exactly_one_of_result_and_error() {
+    let (job, correlation) = (Uuid::from_u128(1), Uuid::from_u128(2));
+    assert_eq!(
+        WorkflowStepReply::answer(job, correlation, Value::Null).unwrap_err(),
+        RuleViolation::ReplyNotOneOf,
+        "null is no answer"
+    );
+    assert_eq!(
+        WorkflowStepReply::refusal(job, correlation, "  ", true).unwrap_err(),
+        RuleViolation::Blank { field: "error" }
+    );
+    // Both, or a retryable answer, on the wire: refused on decode.
+    for bytes in [
+        json!({"correlation_id": correlation, "job_id": job, "result": {"a": 1}, "error": "x"}),
+        json!({"correlation_id": correlation, "job_id": job, "result": {"a": 1}, "retryable": true}),
+        json!({"correlation_id": correlation, "job_id": job}),
+    ] {
+        let refused = json::decode::<WorkflowStepReply>(bytes.to_string().as_bytes()).unwrap_err();
+        assert!(
+            matches!(refused, DecodeError::Rule(RuleViolation::ReplyNotOneOf)),
+            "{bytes}: {refused}"
+        );
+    }
+    let retry = WorkflowStepReply::refusal(job, correlation, "busy", true).unwrap();
+    assert_eq!((retry.error(), retry.retryable()), (Some("busy"), true));
 }
