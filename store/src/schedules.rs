@@ -120,8 +120,9 @@ pub async fn list(conn: &mut PgConnection) -> Result<Vec<ScheduleRow>, sqlx::Err
     .await
 }
 
-/// Pauses or resumes `name`; a resumed schedule's next run is
-/// `next_run_at`. `None`: no such schedule.
+/// Pauses or resumes `name`; a schedule resumed from a pause runs next
+/// at `next_run_at` (one not paused keeps its next run). `None`: no such
+/// schedule.
 ///
 /// # Errors
 /// Database errors.
@@ -133,7 +134,8 @@ pub async fn set_paused(
     now: DateTime<Utc>,
 ) -> Result<Option<ScheduleRow>, sqlx::Error> {
     sqlx::query_as(&format!(
-        "UPDATE workflow_schedule SET paused = $2, next_run_at = coalesce($3, next_run_at), updated_at = $4
+        "UPDATE workflow_schedule SET paused = $2, updated_at = $4,
+             next_run_at = CASE WHEN paused AND NOT $2 THEN coalesce($3, next_run_at) ELSE next_run_at END
          WHERE name = $1 RETURNING {COLUMNS}"
     ))
     .bind(name)

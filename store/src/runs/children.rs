@@ -14,11 +14,17 @@ use crate::RunStatus;
 /// The deepest a family nests: a job at this depth starts no child.
 pub const MAX_DEPTH: i16 = 8;
 
-/// Part of a requeue's or a retry's SET clause: the outcomes of children
+/// Part of an operator's retry's SET clause: the outcomes of children
 /// that did not complete are forgotten, so the step that started one
 /// starts it again (the same child, retried) on the next run.
 pub(super) const FORGET_UNFINISHED: &str = "children = (SELECT jsonb_object_agg(e.k, e.v) \
      FROM jsonb_each(children) AS e(k, v) WHERE e.v ->> 'status' = 'COMPLETED')";
+
+/// Part of a requeue's SET clause (a retryable failure): only DEAD
+/// children, which failed the step retryably, are forgotten and retried; a
+/// FAILED or CANCELLED child stays the step's verdict.
+pub(super) const FORGET_DEAD: &str = "children = (SELECT jsonb_object_agg(e.k, e.v) \
+     FROM jsonb_each(children) AS e(k, v) WHERE e.v ->> 'status' <> 'DEAD')";
 
 /// Whether the row holds the outcome of a child started by one of the
 /// steps in the text array `$8`.
@@ -131,6 +137,35 @@ pub async fn status_of(
         .bind(child)
         .fetch_optional(conn)
         .await
+}
+
+/// The child `child` of `parent`'s step `step` as it is now: its status
+/// (none without a row) and the outcome its parent's row holds for it.
+///
+/// # Errors
+/// Database errors; an outcome that does not read.
+pub async fn now_of(
+    conn: &mut PgConnection,
+    (parent, step): (Uuid, &str),
+    child: Uuid,
+) -> Result<(Option<RunStatus>, Option<ChildOutcome>), sqlx::Error> {
+    let (status, outcome): (
+        Option<RunStatus>,
+        Option<sqlx::types::Json<serde_json::Value>>,
+    ) = sqlx::query_as(
+        "SELECT (SELECT status FROM workflow_run WHERE job_id = $3),
+                    (SELECT children -> $2 FROM workflow_run WHERE job_id = $1)",
+    )
+    .bind(parent)
+    .bind(step)
+    .bind(child)
+    .fetch_one(conn)
+    .await?;
+    let outcome = outcome
+        .map(|sqlx::types::Json(entry)| serde_json::from_value(entry))
+        .transpose()
+        .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+    Ok((status, outcome))
 }
 
 /// The jobs `parent` started, oldest first.

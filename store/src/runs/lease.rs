@@ -298,7 +298,7 @@ impl Transition {
                 "status = CASE WHEN {WOKEN} THEN 'QUEUED' ELSE 'WAITING' END, \
                  outstanding_step = CASE WHEN {WOKEN} THEN NULL ELSE $5 END, \
                  run_after = CASE WHEN {WOKEN} THEN $3 ELSE run_after END, \
-                 attempt = CASE WHEN {WOKEN} THEN 0 ELSE attempt END, \
+                 attempt = CASE WHEN {WOKEN} THEN greatest(attempt - 1, 0) ELSE attempt END, \
                  timers = CASE WHEN $6::jsonb IS NULL THEN timers ELSE coalesce(timers, '{{}}'::jsonb) || $6 END, \
                  {RELEASE}, {NEXT}",
                 WOKEN = format!(
@@ -339,7 +339,7 @@ impl Transition {
             ),
             Self::Requeue { .. } => format!(
                 "status = 'QUEUED', error = $5, run_after = $6, lease_losses = 0, unplaced_since = NULL, {}, {RELEASE}",
-                super::children::FORGET_UNFINISHED
+                super::children::FORGET_DEAD
             ),
             Self::Release { .. } => format!(
                 "status = 'QUEUED', error = $5, run_after = $6, attempt = greatest(attempt - 1, 0),

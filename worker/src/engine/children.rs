@@ -64,23 +64,26 @@ pub(super) enum ChildState {
     Failed(StepFailure),
 }
 
-/// The state of `step`'s child: its outcome in the parent's row, or
-/// whether this run of the parent started it already (`started`).
-pub(super) fn child_state(row: &RunRow, step: &str, started: bool) -> Result<ChildState, String> {
-    let Some(ChildOutcome {
+/// The state of `step`'s child in the claim's snapshot: its outcome in
+/// the parent's row, or whether this run of the parent started it already
+/// (`started`).
+fn child_state(row: &RunRow, step: &str, started: bool) -> Result<ChildState, String> {
+    match children::outcome_of(row, step)? {
+        Some(outcome) => outcome_state(step, outcome).map_err(|e| e.to_string()),
+        None if started => Ok(ChildState::Running),
+        None => Ok(ChildState::NotStarted),
+    }
+}
+
+/// What a finished child's outcome makes of its step.
+fn outcome_state(step: &str, outcome: ChildOutcome) -> Result<ChildState, StepFailure> {
+    let ChildOutcome {
         job_id,
         status,
         result,
         error,
         verdict,
-    }) = children::outcome_of(row, step)?
-    else {
-        return Ok(if started {
-            ChildState::Running
-        } else {
-            ChildState::NotStarted
-        });
-    };
+    } = outcome;
     let why = error
         .or(verdict)
         .unwrap_or_else(|| "no reason given".to_owned());
@@ -98,20 +101,42 @@ pub(super) fn child_state(row: &RunRow, step: &str, started: bool) -> Result<Chi
 }
 
 impl Engine {
-    /// Whether the child `child`, started by an earlier run of its step and
-    /// with no outcome in its parent's row, is still under way. One that
-    /// ended without completing had its outcome forgotten by a retry of
-    /// the parent: the step starts it again (retrying it).
-    pub(super) async fn child_under_way(&self, child: Uuid) -> Result<bool, StepFailure> {
-        let status = async {
+    /// What `step`'s child is now. The claim's snapshot of the parent says
+    /// when it finished before the claim; a child started but not finished
+    /// then is looked up again (its outcome may have reached the parent's
+    /// row since): finished with an outcome there, the outcome; finished
+    /// without one (a retry of the parent forgot it), started again.
+    ///
+    /// # Errors
+    /// The snapshot does not read (a defect), or the store failed (the
+    /// step is retried rather than parked on a child that may be done).
+    pub(super) async fn child_state_now(
+        &self,
+        parent: &RunRow,
+        step: &str,
+        started: bool,
+    ) -> Result<ChildState, StepFailure> {
+        let state = child_state(parent, step, started).map_err(StepFailure::Defect)?;
+        if !matches!(state, ChildState::Running) {
+            return Ok(state);
+        }
+        let child = child_id(parent.job_id, step);
+        let now = async {
             let mut conn = self.pool().acquire().await?;
-            children::status_of(&mut conn, child).await
+            children::now_of(&mut conn, (parent.job_id, step), child).await
         }
         .await
         .map_err(|e| {
-            StepFailure::retryable(RetryClass::Other, format!("reading child {child}: {e}"))
+            StepFailure::retryable(
+                RetryClass::Other,
+                format!("step {step}: reading child {child}: {e}"),
+            )
         })?;
-        Ok(status.is_some_and(|status| !status.is_finished()))
+        match now {
+            (Some(status), _) if !status.is_finished() => Ok(ChildState::Running),
+            (Some(_), Some(outcome)) => outcome_state(step, outcome),
+            _ => Ok(ChildState::NotStarted),
+        }
     }
 }
 
@@ -171,28 +196,30 @@ impl ClaimedRun {
             return Err(LeaseLost.into());
         }
         let submitted = engine.submit_recorded(&mut tx, &submission, now).await;
-        match submitted {
-            Ok(Submitted::Created(_)) => {}
-            Ok(Submitted::Existing(row)) => match row.status {
-                RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled => {
-                    children::retry_child(&mut tx, id, now).await?;
-                }
-                // Completed, its outcome not in the parent's row: put there,
-                // so the park that follows queues the parent to take it.
-                RunStatus::Completed => {
-                    children::record_outcome(&mut tx, (parent.job_id, step), id).await?;
-                }
-                _ => {}
-            },
+        // A child already there (from an earlier try of the step): retried
+        // when it ended without completing, its result recorded when it
+        // completed and its parent's row lost the outcome.
+        let existing = match submitted {
+            Ok(Submitted::Created(_)) => None,
+            Ok(Submitted::Existing(row)) => Some(row.status),
             // The child exists with other input (the parent's rules read
             // something that changed): that child is the step's.
-            Err(SubmitError::Conflict(_)) => {}
+            Err(SubmitError::Conflict(_)) => children::status_of(&mut tx, id).await?,
             Err(SubmitError::Store(e)) => return Err(e.into()),
             Err(refused) => {
                 return Err(SegmentStop::Refused(format!(
                     "step {step}: its child cannot be submitted: {refused}"
                 )));
             }
+        };
+        match existing {
+            Some(RunStatus::Failed | RunStatus::Dead | RunStatus::Cancelled) => {
+                children::retry_child(&mut tx, id, now).await?;
+            }
+            Some(RunStatus::Completed) => {
+                children::record_outcome(&mut tx, (parent.job_id, step), id).await?;
+            }
+            _ => {}
         }
         children::link(
             &mut tx,

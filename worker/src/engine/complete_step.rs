@@ -70,7 +70,12 @@ enum Gate {
 }
 
 fn gate(row: &RunRow, step: &str) -> Gate {
-    if row.status == RunStatus::Waiting && row.outstanding_step.as_deref() == Some(step) {
+    // Only an external step is answered here: a job parked on a `wait_for`
+    // step takes a signal, one parked on a `start` step its child's end.
+    if row.status == RunStatus::Waiting
+        && row.outstanding_step.as_deref() == Some(step)
+        && is_external_step(row, step)
+    {
         Gate::Proceed
     } else if row.has_checkpoint(step) && is_external_step(row, step) {
         Gate::Stop(CompleteOutcome::AlreadyDone)

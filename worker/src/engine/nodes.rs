@@ -18,7 +18,7 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
-use super::children::{ChildState, NewChild, child_id, child_state, may_start_at};
+use super::children::{ChildState, NewChild, child_id, may_start_at};
 use super::claimed::{ClaimedRun, SegmentStop};
 use super::items::Items;
 use super::schedule::Schedule;
@@ -235,7 +235,15 @@ impl<'a> Nodes<'a> {
                     match self.holds(index, &scope).await {
                         Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
                         Ok(true) => {
-                            match child_state(self.claimed.row(), &name, started.contains(&index)) {
+                            let state = self
+                                .engine
+                                .child_state_now(
+                                    self.claimed.row(),
+                                    &name,
+                                    started.contains(&index),
+                                )
+                                .await;
+                            match state {
                                 Ok(ChildState::Completed(result)) => match self
                                     .judge(index, &result, &scope)
                                     .await
@@ -247,20 +255,11 @@ impl<'a> Nodes<'a> {
                                 Ok(ChildState::Failed(failed)) => {
                                     failure = Some((failed, Some(name)))
                                 }
-                                Ok(ChildState::Running)
-                                    if self
-                                        .engine
-                                        .child_under_way(child_id(self.claimed.job_id(), &name))
-                                        .await
-                                        .unwrap_or(true) =>
-                                {
+                                Ok(ChildState::Running) => {
                                     waiting_children.push(name.clone());
                                     park_on.get_or_insert(name);
                                 }
-                                // Not started, or started by an earlier run and
-                                // ended without completing (a retry forgot its
-                                // outcome): started (retried) now.
-                                Ok(ChildState::NotStarted | ChildState::Running) => {
+                                Ok(ChildState::NotStarted) => {
                                     match self.child_input(index, &scope).await.and_then(|input| {
                                         may_start_at(self.claimed.row().depth).map(|()| input)
                                     }) {
@@ -288,7 +287,7 @@ impl<'a> Nodes<'a> {
                                         Err(failed) => failure = Some((failed, Some(name))),
                                     }
                                 }
-                                Err(e) => failure = Some((StepFailure::Defect(e), Some(name))),
+                                Err(failed) => failure = Some((failed, Some(name))),
                             }
                         }
                         Err(failed) => failure = Some((failed, Some(name))),

@@ -283,27 +283,32 @@ impl Engine {
                 status: row.status,
             });
         }
-        let Some(compiled) = self
-            .compile(&row.definition.0)
-            .await
-            .ok()
-            .filter(|compiled| compiled.awaits(&signal.name))
-        else {
+        // Read from the job's own definition, not compiled against this
+        // worker's targets (a worker lacking one must not refuse a signal).
+        let awaited = row.definition.0["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|step| step["wait_for"].as_str() == Some(signal.name.as_str()));
+        if !awaited {
             return Err(SignalError::NotAwaited {
                 job_id,
                 name: signal.name,
             });
-        };
-        // The payload must fit the schema of every step that may take it;
-        // the steps' `validate` rules judge it when one does.
-        let refused = {
-            let (name, payload) = (signal.name.clone(), signal.payload.clone());
-            self.off_runtime(move || misfits(&compiled, &name, &payload))
-                .await
-                .unwrap_or_else(|exhausted| Some(vec![exhausted.to_string()]))
-        };
-        if let Some(violations) = refused {
-            return Err(SignalError::Misfit { job_id, violations });
+        }
+        // The payload must fit the schema of every step that may take it
+        // (when this worker can compile the definition; otherwise the step
+        // judges it when it takes it), and their `validate` rules then.
+        if let Ok(compiled) = self.compile(&row.definition.0).await {
+            let refused = {
+                let (name, payload) = (signal.name.clone(), signal.payload.clone());
+                self.off_runtime(move || misfits(&compiled, &name, &payload))
+                    .await
+                    .unwrap_or_else(|exhausted| Some(vec![exhausted.to_string()]))
+            };
+            if let Some(violations) = refused {
+                return Err(SignalError::Misfit { job_id, violations });
+            }
         }
         if kept.len() >= MAX_KEPT {
             // Consumed signals make room, oldest first.

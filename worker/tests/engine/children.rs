@@ -320,3 +320,59 @@ async fn a_workflow_that_starts_itself_stops_at_the_depth_bound(pool: PgPool) {
     assert!(deepest.contains("at most 8 deep"), "{deepest}");
     assert_eq!(row(&pool, root).await.status, RunStatus::Failed);
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_child_that_ends_after_its_parent_was_claimed_is_taken_not_started_again(pool: PgPool) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    let parent = submit(&engine, "onboard", json!({"name": "ada"})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    // Something woke the parent (a spurious wake-up): it is claimed before
+    // its child ends, so its snapshot holds no outcome for the step.
+    sqlx::query(
+        "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = '2000-01-01'
+         WHERE job_id = $1",
+    )
+    .bind(parent)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let claimed = engine
+        .claim()
+        .await
+        .unwrap()
+        .expect("the parent is claimable");
+    assert_eq!(claimed.job_id(), parent);
+    let child = child_id(parent, "verify");
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(child));
+
+    assert_eq!(
+        engine.run_segment(claimed).await,
+        Outcome::Completed(parent),
+        "the step took the outcome the child left meanwhile"
+    );
+    let started = events(&pool, parent)
+        .await
+        .iter()
+        .filter(|e| e.verdict().is_some_and(|v| v.ends_with("started")))
+        .count();
+    assert_eq!(started, 1, "the child was started once");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_start_step_is_not_answered_through_complete_step(pool: PgPool) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    let parent = submit(&engine, "onboard", json!({"name": "ada"})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    let answered = engine
+        .complete_step(parent, "verify", json!({"checked": "eve"}))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answered,
+            flotilla_worker::engine::CompleteOutcome::WrongState { .. }
+        ),
+        "{answered:?}"
+    );
+    assert_eq!(row(&pool, parent).await.status, RunStatus::Waiting);
+}

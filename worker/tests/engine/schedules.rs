@@ -137,7 +137,13 @@ async fn a_paused_schedule_starts_nothing_and_resumes_from_its_next_tick(pool: P
         resumed.next_run_at > flotilla_store::Clock::now(&*clock),
         "the paused ticks are not run"
     );
-    clock.advance(Duration::from_secs(10));
+    clock.advance(Duration::from_secs(3));
+    let again = engine.pause_schedule("p", false).await.unwrap();
+    assert_eq!(
+        again.next_run_at, resumed.next_run_at,
+        "resuming a running schedule moves nothing"
+    );
+    clock.advance(Duration::from_secs(7));
     assert_eq!(engine.run_schedules().await.unwrap().len(), 1);
     engine.delete_schedule("p").await.unwrap();
     assert!(matches!(
