@@ -250,6 +250,17 @@ impl Engine {
         check(&signal)?;
         let digest = digest(&signal);
         let job_id = signal.job_id;
+        // The payload is judged before the row is locked: compiling and
+        // checking a schema must not hold the lock a running job's
+        // checkpoint needs.
+        let definition = {
+            let mut conn = self.pool().acquire().await?;
+            runs::get(&mut conn, job_id)
+                .await?
+                .ok_or(SignalError::NotFound(job_id))?
+                .definition
+        };
+        self.check_payload(job_id, &definition.0, &signal).await?;
         let now = self.now();
         let mut tx = self.pool().begin().await?;
         let row = runs::get_for_update(&mut tx, job_id)
@@ -296,20 +307,6 @@ impl Engine {
                 name: signal.name,
             });
         }
-        // The payload must fit the schema of every step that may take it
-        // (when this worker can compile the definition; otherwise the step
-        // judges it when it takes it), and their `validate` rules then.
-        if let Ok(compiled) = self.compile(&row.definition.0).await {
-            let refused = {
-                let (name, payload) = (signal.name.clone(), signal.payload.clone());
-                self.off_runtime(move || misfits(&compiled, &name, &payload))
-                    .await
-                    .unwrap_or_else(|exhausted| Some(vec![exhausted.to_string()]))
-            };
-            if let Some(violations) = refused {
-                return Err(SignalError::Misfit { job_id, violations });
-            }
-        }
         if kept.len() >= MAX_KEPT {
             // Consumed signals make room, oldest first.
             match kept.iter().position(|s| !s.is_pending()) {
@@ -350,6 +347,30 @@ impl Engine {
                 .ring(flotilla_store::wake::Channel::Outbox);
         }
         Ok(receipt(job_id, &entry, false, wake == Wake::Requeue))
+    }
+
+    /// The payload must fit the schema of every step that may take it
+    /// (when this worker can compile the definition; otherwise the step
+    /// judges it when it takes it), and their `validate` rules then.
+    async fn check_payload(
+        &self,
+        job_id: Uuid,
+        definition: &Json,
+        signal: &Signal,
+    ) -> Result<(), SignalError> {
+        let Ok(compiled) = self.compile(definition).await else {
+            return Ok(());
+        };
+        let refused = {
+            let (name, payload) = (signal.name.clone(), signal.payload.clone());
+            self.off_runtime(move || misfits(&compiled, &name, &payload))
+                .await
+                .unwrap_or_else(|exhausted| Some(vec![exhausted.to_string()]))
+        };
+        match refused {
+            Some(violations) => Err(SignalError::Misfit { job_id, violations }),
+            None => Ok(()),
+        }
     }
 
     /// The signals `job_id` keeps, newest first.
