@@ -278,15 +278,6 @@ impl CompiledWorkflow {
         }
     }
 
-    /// Whether a step waits for `signal`.
-    #[must_use]
-    pub fn awaits(&self, signal: &str) -> bool {
-        self.definition
-            .steps
-            .iter()
-            .any(|step| step.wait_for.as_deref() == Some(signal))
-    }
-
     /// Whether any step waits for a signal.
     #[must_use]
     pub fn waits_for_signals(&self) -> bool {

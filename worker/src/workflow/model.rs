@@ -160,11 +160,4 @@ impl StepDefinition {
     pub fn is_external(&self) -> bool {
         self.completion == Some(Completion::External)
     }
-
-    /// Whether the step calls a target (neither a timer, a wait for a
-    /// signal nor a child).
-    #[must_use]
-    pub fn calls_a_target(&self) -> bool {
-        !self.is_timer() && self.wait_for.is_none() && self.start.is_none()
-    }
 }

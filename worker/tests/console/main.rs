@@ -68,6 +68,25 @@ async fn put_created(app: &TestApp, path: &str, body: &Value) {
     assert_eq!(stored.status(), StatusCode::CREATED, "PUT {path}");
 }
 
+/// Submits a job of the stored `workflow` and waits until it parks.
+async fn waiting_job(app: &TestApp, workflow: &str) -> Uuid {
+    let job: Value = flotilla_runtime::tls::http_client()
+        .build()
+        .unwrap()
+        .post(format!("{}/v1/jobs", app.url))
+        .bearer_auth(TEST_TOKEN)
+        .json(&json!({"workflow_name": workflow, "input": {}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let job_id: Uuid = job["job_id"].as_str().unwrap().parse().unwrap();
+    wait_for_status(app, job_id, "WAITING").await;
+    job_id
+}
+
 async fn submit(app: &TestApp, input: Value) -> Uuid {
     let response = flotilla_runtime::tls::http_client()
         .build()
@@ -380,7 +399,6 @@ async fn a_read_only_token_is_offered_nothing_it_cannot_do(pool: PgPool) {
 async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
     within_timeout(async {
         let app = worker(&pool, "2").await;
-        let client = flotilla_runtime::tls::http_client().build().unwrap();
         let graph = json!({
             "name": "drawn", "input_schema": {},
             "steps": [
@@ -391,18 +409,7 @@ async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
             ]
         });
         put_created(&app, "/v1/workflows/drawn", &graph).await;
-        let job: Value = client
-            .post(format!("{}/v1/jobs", app.url))
-            .bearer_auth(TEST_TOKEN)
-            .json(&json!({"workflow_name": "drawn", "input": {}}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let job_id: Uuid = job["job_id"].as_str().unwrap().parse().unwrap();
-        wait_for_status(&app, job_id, "WAITING").await;
+        let job_id = waiting_job(&app, "drawn").await;
 
         let browser = Browser::start(&app.url).await;
         browser.sign_in(TEST_TOKEN).await;
@@ -447,7 +454,6 @@ async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
 async fn a_signal_sent_from_the_job_page_resumes_the_waiting_job(pool: PgPool) {
     within_timeout(async {
         let app = worker(&pool, "2").await;
-        let client = flotilla_runtime::tls::http_client().build().unwrap();
         let waits = json!({
             "name": "waits", "input_schema": {},
             "steps": [
@@ -456,18 +462,7 @@ async fn a_signal_sent_from_the_job_page_resumes_the_waiting_job(pool: PgPool) {
             ]
         });
         put_created(&app, "/v1/workflows/waits", &waits).await;
-        let job: Value = client
-            .post(format!("{}/v1/jobs", app.url))
-            .bearer_auth(TEST_TOKEN)
-            .json(&json!({"workflow_name": "waits", "input": {}}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let job_id: Uuid = job["job_id"].as_str().unwrap().parse().unwrap();
-        wait_for_status(&app, job_id, "WAITING").await;
+        let job_id = waiting_job(&app, "waits").await;
 
         let browser = Browser::start(&app.url).await;
         browser.sign_in(TEST_TOKEN).await;
