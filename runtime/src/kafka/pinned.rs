@@ -69,7 +69,7 @@ pub const PINNED: &[(&str, &str)] = &[
     ),
     (
         "enable.auto.commit",
-        "offsets are committed only after the rows they produced",
+        "offsets are committed only after the rows they produced (the request consumer's timer commits only offsets stored after their rows)",
     ),
     (
         "enable.auto.offset.store",

@@ -165,6 +165,13 @@ impl RequestConsumer {
         let mut config = settings.broker.manual_commit_consumer(&settings.group);
         config
             .set("partition.assignment.strategy", "cooperative-sticky")
+            // Offsets are still stored only after their rows commit (and
+            // committed at once after each batch); librdkafka's timer also
+            // commits what is stored, so a commit the broker refused (a
+            // rebalance in progress) is made again with no new request to
+            // trigger one, instead of leaving a quiet partition's offset
+            // behind for good.
+            .set("enable.auto.commit", "true")
             // Partition lag for /metrics (see `RequestConsumerContext::stats`).
             .set("statistics.interval.ms", "15000");
         if let Some(instance) = &settings.group_instance_id {

@@ -211,3 +211,74 @@ async fn a_consumer_fenced_by_a_second_member_with_its_instance_id_is_a_dead_tas
     })
     .await;
 }
+
+/// An offset commit the broker refuses (here REBALANCE_IN_PROGRESS, which a
+/// real group answers while a paused member rejoins) is made again even when
+/// no request follows it: otherwise the durable offset stays behind until the
+/// next request arrives, and a quiet partition shows lag for good.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_refused_offset_commit_is_made_again_without_a_new_request(pool: PgPool) {
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    within_deadline(async {
+        let mock = support::MockTopics::new("refused-commit");
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let settings = mock.settings();
+        let group = settings.group.clone();
+        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
+            engine,
+            support::codec(),
+            settings,
+        )
+        .unwrap();
+        let (stop, handle) = spawn(consumer);
+        // The first commit request is the batch's own (with nothing stored
+        // the client sends none).
+        mock.cluster.request_errors(
+            RDKafkaApiKey::OffsetCommit,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS],
+        );
+        let producer: rdkafka::producer::FutureProducer =
+            mock.broker().idempotent_producer().create().unwrap();
+        produce_request(
+            &producer,
+            &mock.requests,
+            Uuid::new_v4(),
+            json!({"name": "once"}),
+            false,
+        )
+        .await;
+        wait_rows(&pool, 1).await;
+
+        let reader: BaseConsumer = mock
+            .broker()
+            .manual_commit_consumer(&group)
+            .create()
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut partitions = rdkafka::TopicPartitionList::new();
+            partitions.add_partition(&mock.requests, 0);
+            let committed = reader
+                .committed_offsets(partitions, Duration::from_secs(5))
+                .unwrap();
+            let at = committed
+                .find_partition(&mock.requests, 0)
+                .map(|entry| entry.offset());
+            if at == Some(rdkafka::Offset::Offset(1)) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the refused commit was never made again: committed {at:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        stop.cancel();
+        handle.await.unwrap();
+        std::thread::spawn(move || drop(reader));
+        drop(mock);
+    })
+    .await;
+}
