@@ -23,7 +23,7 @@ pub use event::{COMPENSATION, EventHeader, SKIPPED, WorkflowRunEvent, WorkflowRu
 pub use request::WorkflowRunRequest;
 pub use rules::RuleViolation;
 pub use signal::WorkflowRunSignal;
-pub use step::{StepRequestParts, WorkflowStepReply, WorkflowStepRequest};
+pub use step::{StepRequestParts, WorkflowStepReply, WorkflowStepRequest, headers as step_headers};
 
 /// A message type of the contract: it knows its Avro schema and its rules.
 pub trait Message: Sized + serde::Serialize + serde::de::DeserializeOwned {

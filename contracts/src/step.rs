@@ -11,6 +11,22 @@ use uuid::Uuid;
 use crate::rules::{check_uuid, non_blank};
 use crate::{Message, RuleViolation};
 
+/// The headers of a step request's record, beside `traceparent` and
+/// `tracestate` (the step's trace) and `content-type`. The value holds the
+/// same facts; the headers let a service route or drop a record unread.
+pub mod headers {
+    /// The job's id.
+    pub const JOB_ID: &str = "flotilla.job-id";
+    /// The step's name.
+    pub const STEP: &str = "flotilla.step";
+    /// The request's correlation id, fresh for every attempt: the reply names it.
+    pub const CORRELATION_ID: &str = "flotilla.correlation-id";
+    /// Where the reply goes.
+    pub const REPLY_TOPIC: &str = "flotilla.reply-topic";
+    /// `<job_id>:<step>`, the same for every attempt of the step.
+    pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+}
+
 /// A step's request to a service listening on a topic.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

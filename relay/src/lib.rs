@@ -12,6 +12,7 @@ pub mod health;
 pub mod partitions;
 pub mod publisher;
 pub mod startup;
+pub mod step_requests;
 mod stream;
 
 use std::panic::AssertUnwindSafe;
@@ -55,6 +56,8 @@ pub struct Relay {
     settings: RelaySettings,
     /// Woken by the workers' `NOTIFY` after commits that wrote events.
     events_committed: Arc<Notify>,
+    /// The same ring, for the step request sender.
+    requests_committed: Arc<Notify>,
     /// Reads of pending rows answered (rows or not).
     reads: Arc<AtomicU64>,
 }
@@ -137,6 +140,7 @@ impl Relay {
             partitions,
             settings,
             events_committed: Arc::new(Notify::new()),
+            requests_committed: Arc::new(Notify::new()),
             reads: Arc::default(),
         })
     }
@@ -274,7 +278,10 @@ impl Relay {
         if !self.settings.listen_for_events {
             return;
         }
-        let wake = || self.events_committed.notify_one();
+        let wake = || {
+            self.events_committed.notify_one();
+            self.requests_committed.notify_one();
+        };
         wake::listen(self.pool.clone(), Channel::Outbox, wake, shutdown).await;
     }
 
@@ -322,6 +329,7 @@ impl Relay {
                     relay.retention_loop(stop.clone()),
                     relay.statistics_loop(stop.clone()),
                     relay.partitions_loop(stop.clone()),
+                    relay.step_request_loop(stop.clone()),
                     relay.listen_for_events(stop)
                 );
             })

@@ -429,6 +429,12 @@ impl Publisher {
         }
     }
 
+    /// The producer, the codec and the send window, for the request sender
+    /// (`step_requests`), which shares them.
+    pub(crate) fn parts(&self) -> (&FutureProducer, &Codec, &HeldBuckets, Duration) {
+        (&self.producer, &self.codec, &self.held, self.window)
+    }
+
     /// Acknowledgements so far that took [`SLOW_ACK`] of the send window or more.
     #[must_use]
     pub fn slow_acks(&self) -> u64 {

@@ -56,6 +56,10 @@ pub enum StartupError {
         "the dead-letter topic {0} does not exist and FLOTILLA_CREATE_TOPICS=false: create it (with the request topic's retention), or let the worker create it"
     )]
     NoDeadLetterTopic(String),
+    #[error(
+        "the reply topic {0} of a Kafka target, or its dead-letter topic, does not exist and FLOTILLA_CREATE_TOPICS=false: create both, or let the worker create them"
+    )]
+    NoReplyTopic(String),
     #[error("the run layout switches: {0}")]
     Switches(#[from] SwitchError),
     #[error("binding the API on {addr}: {source}")]
@@ -104,9 +108,15 @@ impl Application {
     pub async fn with_parts(
         config: WorkerConfig,
         pool: PgPool,
-        targets: Targets,
+        mut targets: Targets,
     ) -> Result<Self, StartupError> {
         let (worker_id, tokens) = check_settings(&config)?;
+        // Kafka targets that name no encoding write the fleet's.
+        targets.set_fleet_encoding(if config.broker.registry.schema_registry_url.is_some() {
+            crate::target::kafka::Encoding::Avro
+        } else {
+            crate::target::kafka::Encoding::Json
+        });
         tracing::info!(%worker_id, ?targets, "worker starting");
         // Installed before anything is counted, so no early count is lost.
         let _ = flotilla_runtime::metrics::prometheus();
@@ -372,12 +382,19 @@ async fn subscribe(
     settings.group_instance_id = consumer.static_membership.then(|| worker_id.to_owned());
     settings.max_request_bytes = consumer.max_request_bytes;
     settings.signal_topic = Some(consumer.signal_topic.clone()).filter(|t| !t.trim().is_empty());
+    settings.reply_topics = engine.targets().reply_topics();
     let mut wanted = vec![
         settings.request_topic.clone(),
         settings.dead_letter_topic.clone(),
     ];
     if let Some(signals) = &settings.signal_topic {
         wanted.extend([signals.clone(), topics::dead_letter_topic(signals)]);
+    }
+    // The Kafka targets' topics: requests (the relay writes them, the
+    // services read them), replies and their dead letters.
+    wanted.extend(engine.targets().request_topics());
+    for reply in &settings.reply_topics {
+        wanted.extend([reply.clone(), topics::dead_letter_topic(reply)]);
     }
     let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
     let missing = kafka::ensure_topics(&config.broker, &wanted, consumer.topics).await?;
@@ -398,7 +415,14 @@ async fn subscribe(
             settings.signal_topic = None;
         }
     }
-    tracing::info!(topic = %settings.request_topic, signals = ?settings.signal_topic, group = %settings.group, "consuming requests");
+    // A reply topic that does not exist would leave its steps waiting
+    // until they time out: refuse to start instead, naming it.
+    if let Some(reply) = settings.reply_topics.iter().find(|reply| {
+        missing.contains(*reply) || missing.contains(&topics::dead_letter_topic(reply))
+    }) {
+        return Err(StartupError::NoReplyTopic(reply.clone()));
+    }
+    tracing::info!(topic = %settings.request_topic, signals = ?settings.signal_topic, replies = ?settings.reply_topics, group = %settings.group, "consuming requests");
     Ok(RequestConsumer::subscribe(
         engine.clone(),
         Arc::new(codec),

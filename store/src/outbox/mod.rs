@@ -14,6 +14,7 @@ use crate::StoreError;
 
 pub mod history;
 pub mod relay;
+pub mod step_requests;
 
 pub use relay::{MAX_PUBLISH_ATTEMPTS, PendingEvent};
 

@@ -119,7 +119,7 @@ pub async fn retry(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
              lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,
-             {}
+             step_requests = NULL, reply_deadline = NULL, {}
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING {COLUMNS}",
         super::children::FORGET_UNFINISHED

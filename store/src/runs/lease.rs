@@ -153,6 +153,10 @@ pub enum Transition {
         /// The steps whose children the job waits for: one that finished
         /// meanwhile requeues the job at once too.
         children: Vec<String>,
+        /// Requests to Kafka targets sent by this park (their outbox rows
+        /// written in its transaction) and the replies it waits for: one
+        /// matched meanwhile requeues the job at once too.
+        replies: super::step_requests::AwaitedReplies,
     },
     /// Back to the queue until the first of the run's timers wakes (event:
     /// WAITING on `step`, saying until when), attempt given back, no lease
@@ -300,11 +304,14 @@ impl Transition {
                  run_after = CASE WHEN {WOKEN} THEN $3 ELSE run_after END, \
                  attempt = CASE WHEN {WOKEN} THEN greatest(attempt - 1, 0) ELSE attempt END, \
                  timers = CASE WHEN $6::jsonb IS NULL THEN timers ELSE coalesce(timers, '{{}}'::jsonb) || $6 END, \
+                 step_requests = CASE WHEN $9::jsonb IS NULL THEN step_requests ELSE coalesce(step_requests, '{{}}'::jsonb) || $9 END, \
+                 reply_deadline = CASE WHEN {WOKEN} THEN NULL ELSE $11 END, \
                  {RELEASE}, {NEXT}",
                 WOKEN = format!(
-                    "({} OR {})",
+                    "({} OR {} OR {})",
                     super::signals::PENDING_ONE_OF_7,
-                    super::children::FINISHED_ONE_OF_8
+                    super::children::FINISHED_ONE_OF_8,
+                    super::step_requests::REPLIED_ONE_OF_10
                 )
             ),
             Self::Sleep { .. } => format!(
@@ -403,11 +410,15 @@ pub async fn transition(
             timers,
             signals,
             children,
+            replies,
         } => query
             .bind(step)
             .bind(timers.as_ref().map(Json))
             .bind(signals)
-            .bind(children),
+            .bind(children)
+            .bind(replies.entries().map(Json))
+            .bind(&replies.steps)
+            .bind(replies.deadline),
         Transition::BeginCompensation { failure } => query.bind(Json(failure)),
         Transition::Compensated { checkpoint } => query.bind(Json(checkpoint)),
         Transition::Sleep {
@@ -470,6 +481,9 @@ pub async fn transition(
     }
     if !events.is_empty() {
         outbox::insert_many(tx, events, now).await?;
+    }
+    if let Transition::Park { replies, .. } = change {
+        super::step_requests::insert_outgoing(tx, job_id, &replies.sending).await?;
     }
     Ok(true)
 }

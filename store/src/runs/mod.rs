@@ -10,6 +10,7 @@ pub mod children;
 pub mod idle;
 pub mod lease;
 pub mod signals;
+pub mod step_requests;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -27,17 +28,20 @@ use crate::status::RunStatus;
 /// which a release before graphs would refuse as a broken definition; 3,
 /// runs that wait for signals (`wait_for`), whose row holds `signals` and
 /// whose fence leaves out `foreign_events`; 4, runs that start child
-/// workflows (`start`), whose rows hold `children`. A run
+/// workflows (`start`), whose rows hold `children`; 5, runs with a step
+/// whose target is a pair of Kafka topics, whose rows hold `step_requests`. A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 4;
+pub const READER_LEVEL: i16 = 5;
 /// The level of a run whose definition is a graph.
 pub const GRAPH_READER_LEVEL: i16 = 2;
 /// The level of a run whose definition waits for signals.
 pub const SIGNAL_READER_LEVEL: i16 = 3;
 /// The level of a run whose definition starts child workflows.
 pub const CHILD_READER_LEVEL: i16 = 4;
+/// The level of a run with a step whose target is a pair of Kafka topics.
+pub const KAFKA_READER_LEVEL: i16 = 5;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -165,6 +169,11 @@ pub struct RunRow {
     pub cancel_with_parent: bool,
     /// Finished children, by the step that started each (see [`children`]).
     pub children: Option<Json<serde_json::Value>>,
+    /// The latest request of each step whose target is a pair of Kafka
+    /// topics, with its reply once matched (see [`step_requests`]).
+    pub step_requests: Option<Json<serde_json::Value>>,
+    /// While WAITING: when the earliest request it waits on times out.
+    pub reply_deadline: Option<DateTime<Utc>>,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -238,7 +247,7 @@ const COLUMNS: &str = concat!(
     coalesce(definition, (SELECT d.definition FROM workflow_definition d \
         WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
     input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
-    parent_job_id, parent_step, depth, cancel_with_parent, children, ",
+    parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, ",
     checkpoint_list!(),
     " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
     lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

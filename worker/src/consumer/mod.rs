@@ -65,6 +65,9 @@ pub struct ConsumerSettings {
     /// The signal topic, read in the same batches (its dead letters go to
     /// `<signal topic>.dlq`); `None`: no signals from Kafka.
     pub signal_topic: Option<String>,
+    /// The reply topics of the Kafka targets (their dead letters go to
+    /// `<topic>.dlq`).
+    pub reply_topics: Vec<String>,
     pub group: String,
     /// Static group membership (`group.instance.id`): a member restarted
     /// with the same id gets its partitions back at once, without a rebalance.
@@ -88,10 +91,16 @@ impl ConsumerSettings {
         self.signal_topic.as_deref() == Some(topic)
     }
 
+    /// Whether `topic` is one of the Kafka targets' reply topics.
+    #[must_use]
+    pub fn is_reply_topic(&self, topic: &str) -> bool {
+        self.reply_topics.iter().any(|reply| reply == topic)
+    }
+
     /// Where a bad message from `topic` goes.
     #[must_use]
     pub fn dead_letter_topic_of(&self, topic: &str) -> String {
-        if self.is_signal_topic(topic) {
+        if self.is_signal_topic(topic) || self.is_reply_topic(topic) {
             topics::dead_letter_topic(topic)
         } else {
             self.dead_letter_topic.clone()
@@ -105,6 +114,7 @@ impl ConsumerSettings {
             request_topic: request_topic.to_owned(),
             dead_letter_topic: topics::dead_letter_topic(request_topic),
             signal_topic: None,
+            reply_topics: Vec::new(),
             group: group.to_owned(),
             group_instance_id: None,
             batch_size: DEFAULT_BATCH_SIZE,
@@ -188,6 +198,7 @@ impl RequestConsumer {
             config.create_with_context(RequestConsumerContext::default())?;
         let mut subscribed = vec![settings.request_topic.as_str()];
         subscribed.extend(settings.signal_topic.as_deref());
+        subscribed.extend(settings.reply_topics.iter().map(String::as_str));
         consumer.subscribe(&subscribed)?;
         let consumer = Arc::new(consumer);
         let dead_letters = dead_letter::producer(&settings.broker)?;

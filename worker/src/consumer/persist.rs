@@ -1,16 +1,18 @@
 //! Making one batch durable: classify every message, submit the requests in
-//! one transaction, keep the signals (one transaction each, after the
-//! requests), dead-letter the rest. Offsets are not touched here.
+//! one transaction, keep the signals and match the replies to Kafka
+//! targets' requests (one transaction each, after the requests),
+//! dead-letter the rest. Offsets are not touched here.
 
 use flotilla_codec::CodecError;
 use flotilla_contracts::avro::AvroMessage;
-use flotilla_contracts::{WorkflowRunRequest, WorkflowRunSignal};
+use flotilla_contracts::{WorkflowRunRequest, WorkflowRunSignal, WorkflowStepReply};
 use flotilla_store::{RunStatus, StoreError};
 use rdkafka::Message;
 use rdkafka::message::Headers;
 
 use super::dead_letter::{self, DeadLetter};
 use super::{Received, RequestConsumer};
+use crate::engine::kafka_steps::ReplyOutcome;
 use crate::engine::signals::{Signal, SignalError};
 use crate::engine::{Submission, SubmitError, Submitted, WorkflowRef};
 
@@ -27,6 +29,10 @@ pub struct BatchReport {
     pub dead_lettered: usize,
     /// Signals kept (or repeats of signals kept before).
     pub signals: usize,
+    /// Replies matched to their requests.
+    pub replies: usize,
+    /// Replies dropped: repeats, for earlier attempts, finished or unknown jobs.
+    pub replies_dropped: usize,
 }
 
 /// Why a batch could not be persisted now; the same batch is retried.
@@ -46,6 +52,7 @@ pub enum Outage {
 enum Classified {
     Submit(Submission),
     Signal(Signal),
+    Reply(WorkflowStepReply),
     DeadLetter(DeadLetter),
 }
 
@@ -61,6 +68,7 @@ impl RequestConsumer {
         let mut submitted: Vec<&Received> = Vec::new();
         let mut submissions = Vec::new();
         let mut signals: Vec<(&Received, Signal)> = Vec::new();
+        let mut replies: Vec<(&Received, WorkflowStepReply)> = Vec::new();
         for message in batch {
             match self.classify(message).await? {
                 Classified::Submit(submission) => {
@@ -68,6 +76,7 @@ impl RequestConsumer {
                     submissions.push(submission);
                 }
                 Classified::Signal(signal) => signals.push((message, signal)),
+                Classified::Reply(reply) => replies.push((message, reply)),
                 Classified::DeadLetter(letter) => letters.push((message, letter)),
             }
         }
@@ -138,6 +147,27 @@ impl RequestConsumer {
                         },
                     ));
                 }
+            }
+        }
+        // Replies to Kafka targets' requests, one at a time: each is
+        // matched under its job's row lock.
+        for (message, reply) in replies {
+            match self.engine.record_reply(&reply).await {
+                Ok(ReplyOutcome::Matched { .. }) => report.replies += 1,
+                Ok(dropped) => {
+                    report.replies_dropped += 1;
+                    tracing::info!(job_id = %reply.job_id(), correlation_id = %reply.correlation_id(),
+                        reason = dropped.label(), partition = message.partition(), offset = message.offset(),
+                        "reply dropped");
+                }
+                Err(store) if !store.is_about_the_data() => return Err(Outage::Store(store)),
+                Err(e) => letters.push((
+                    message,
+                    DeadLetter {
+                        code: "refused",
+                        reason: e.to_string(),
+                    },
+                )),
             }
         }
         for (message, letter) in &letters {
@@ -217,6 +247,12 @@ impl RequestConsumer {
             );
         }
         let payload = message.payload().unwrap_or_default();
+        if self.settings.is_reply_topic(message.topic()) {
+            return Ok(match self.decode::<WorkflowStepReply>(payload).await? {
+                Ok(reply) => Classified::Reply(reply),
+                Err(letter) => Classified::DeadLetter(letter),
+            });
+        }
         if self.settings.is_signal_topic(message.topic()) {
             let signal: WorkflowRunSignal = match self.decode(payload).await? {
                 Ok(signal) => signal,

@@ -408,18 +408,31 @@ impl ClaimedRun {
         step: &str,
         timers: Option<serde_json::Value>,
         (signals, children): (Vec<String>, Vec<String>),
+        replies: flotilla_store::runs::step_requests::AwaitedReplies,
     ) -> Result<(), SegmentStop> {
         let span = tracing::info_span!("park", job_id = %self.job_id(), flotilla.step = %step);
+        let sent = replies.sending.len();
         tracing::Instrument::instrument(
             self.lease.write(Transition::Park {
                 step: step.to_owned(),
                 timers,
                 signals,
                 children,
+                replies,
             }),
             span,
         )
-        .await
+        .await?;
+        if sent > 0 {
+            metrics::counter!("flotilla_step_requests_total").increment(sent as u64);
+            // The relay's idle loop looks for requests when rung.
+            self.lease
+                .engine
+                .inner
+                .doorbell
+                .ring(flotilla_store::wake::Channel::Outbox);
+        }
+        Ok(())
     }
 
     /// Back to the queue until the first timer wakes, with the timers

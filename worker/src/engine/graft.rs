@@ -114,8 +114,8 @@ impl Engine {
         }
         // The combined graph is checked as a registration is.
         let compiled = self.compile(&definition).await?;
-        let reader_level = compiled
-            .reader_level()
+        let reader_level = self
+            .reader_level_of(&compiled)
             .max(flotilla_store::runs::GRAPH_READER_LEVEL);
         let names = grafted
             .iter()

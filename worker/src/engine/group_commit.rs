@@ -415,6 +415,7 @@ mod tests {
                 timers: None,
                 signals: Vec::new(),
                 children: Vec::new(),
+                replies: flotilla_store::runs::step_requests::AwaitedReplies::default(),
             },
             2 => Transition::Fail {
                 error: "refused".into(),

@@ -20,6 +20,7 @@ pub mod graph_view;
 mod group_commit;
 mod in_flight;
 mod items;
+pub mod kafka_steps;
 mod nodes;
 mod operator;
 mod placement;

@@ -21,9 +21,11 @@ use super::Engine;
 use super::children::{ChildState, NewChild, child_id, may_start_at};
 use super::claimed::{ClaimedRun, SegmentStop};
 use super::items::Items;
+use super::kafka_steps::{KafkaStep, Replies};
 use super::schedule::Schedule;
 use super::step::{Invocation, build, check_response, over_budget};
 use super::timers::{self, Sleeping};
+use crate::target::kafka::KafkaTarget;
 use crate::target::{RetryClass, StepFailure};
 use crate::workflow::CompiledWorkflow;
 use crate::workflow::expr::Scope;
@@ -47,6 +49,8 @@ pub(super) enum Stop {
         awaited: Vec<String>,
         /// The `start` steps whose children it waits for.
         children: Vec<String>,
+        /// The requests to Kafka targets it sends and the replies it waits for.
+        replies: Replies,
     },
     /// Nothing else could run and these timers have not woken.
     Sleep(Sleeping),
@@ -162,6 +166,7 @@ impl<'a> Nodes<'a> {
         let mut waiting_children: Vec<String> = Vec::new();
         let mut to_start: HashMap<usize, NewChild> = HashMap::new();
         let mut sleeping = Sleeping::default();
+        let mut replies = Replies::default();
         let mut cancelling = false;
         loop {
             if self.lease_lost.is_cancelled() {
@@ -294,6 +299,34 @@ impl<'a> Nodes<'a> {
                     }
                     continue;
                 }
+                if let Some(target) = self.engine.targets().kafka(&step.definition.target) {
+                    let target = target.clone();
+                    let scope = self.scope(index, &steps);
+                    match self.holds(index, &scope).await {
+                        Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
+                        Ok(true) => match self.kafka_step(index, &scope, &target).await {
+                            Ok(KafkaStep::Answered(result)) => {
+                                match self.judge(index, &result, &scope).await {
+                                    Ok(()) => answered
+                                        .push_back((node, checkpoint(name, None, Some(result)))),
+                                    Err(failed) => failure = Some((failed, Some(name))),
+                                }
+                            }
+                            Ok(KafkaStep::Failed(failed)) => failure = Some((failed, Some(name))),
+                            Ok(KafkaStep::Waiting(deadline)) => {
+                                replies.wait(name.clone(), deadline);
+                                park_on.get_or_insert(name);
+                            }
+                            Ok(KafkaStep::Send(request)) => {
+                                replies.send(*request);
+                                park_on.get_or_insert(name);
+                            }
+                            Err(failed) => failure = Some((failed, Some(name))),
+                        },
+                        Err(failed) => failure = Some((failed, Some(name))),
+                    }
+                    continue;
+                }
                 if step.definition.is_external() {
                     // Parked on once nothing else can run; another
                     // external step ready meanwhile waits for a later
@@ -364,6 +397,7 @@ impl<'a> Nodes<'a> {
                             sleeping,
                             awaited,
                             children: waiting_children,
+                            replies,
                         }
                     } else if !sleeping.is_empty() {
                         Stop::Sleep(sleeping)
@@ -516,6 +550,50 @@ impl<'a> Nodes<'a> {
             ))),
             Err(exhausted) => Err(over_budget(name, "building the child's input", &exhausted)),
         }
+    }
+
+    /// Where Kafka step `index` stands for this attempt; when this attempt
+    /// has sent no request, the request to send with the park.
+    async fn kafka_step(
+        &self,
+        index: usize,
+        scope: &Scope,
+        target: &KafkaTarget,
+    ) -> Result<KafkaStep, StepFailure> {
+        let step = &self.compiled.steps[index];
+        let name = &step.definition.name;
+        if step.for_each.is_some() || step.definition.paged {
+            return Err(StepFailure::Defect(format!(
+                "step {name}: a Kafka target is not called per item or by pages"
+            )));
+        }
+        let now = self.engine.now();
+        if let Some(state) = super::kafka_steps::state_of(self.claimed.row(), name, now)? {
+            return Ok(state);
+        }
+        let built = {
+            let (compiled, scope) = (self.compiled.clone(), scope.clone());
+            self.engine
+                .off_runtime(move || build(&compiled.steps[index].rules, &scope))
+                .await
+        };
+        let request = match built {
+            Ok(Ok(request)) => request,
+            Ok(Err(e)) => {
+                return Err(StepFailure::Defect(format!(
+                    "step {name}: building the request: {e}"
+                )));
+            }
+            Err(exhausted) => return Err(over_budget(name, "building the request", &exhausted)),
+        };
+        let request = super::kafka_steps::outgoing(
+            self.claimed.row(),
+            (name, step.definition.timeout_ms),
+            (target, self.engine.targets().fleet_encoding()),
+            request,
+            now,
+        )?;
+        Ok(KafkaStep::Send(Box::new(request)))
     }
 
     /// Judges a signal's payload as step `index`'s answer.

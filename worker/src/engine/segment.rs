@@ -260,9 +260,12 @@ impl Engine {
                 sleeping,
                 awaited,
                 children,
+                replies,
             } => {
                 let timers = (!sleeping.is_empty()).then(|| sleeping.newly_set());
-                claimed.park(&step, timers, (awaited, children)).await?;
+                claimed
+                    .park(&step, timers, (awaited, children), replies.into_inner())
+                    .await?;
                 Ok(Outcome::Parked(job_id))
             }
             Stop::Sleep(sleeping) => {

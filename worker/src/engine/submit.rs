@@ -331,7 +331,7 @@ impl Engine {
             workflow_version,
             copy,
             max_attempts: compiled.definition.max_attempts,
-            reader_level: compiled.reader_level(),
+            reader_level: self.reader_level_of(&compiled),
         })
     }
 }

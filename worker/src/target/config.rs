@@ -1,5 +1,6 @@
 //! The targets file (`FLOTILLA_TARGETS_FILE`):
-//! `targets: {<name>: {kind: http, base_url: …, timeout_ms: …, max_concurrent: …}}`,
+//! `targets: {<name>: {kind: http, base_url: …, timeout_ms: …, max_concurrent: …}}`
+//! or `{kind: kafka, request_topic: …, reply_topic: …, encoding: avro|json, timeout_ms: …}`,
 //! `max_response_bytes` and `error_body_bytes` (how much of a failed
 //! answer's body error texts keep; none unless set),
 //! plus for HTTPS `ca_file`, `client_certificate` and `client_key`, and
@@ -52,6 +53,18 @@ enum TargetConfig {
         /// Accept any certificate: logged loudly at every start.
         #[serde(default)]
         insecure_skip_verify: bool,
+    },
+    /// A pair of topics: requests leave through the outbox, replies come
+    /// back on `reply_topic`.
+    Kafka {
+        request_topic: String,
+        reply_topic: String,
+        /// `avro` or `json`; unset: the fleet's (Avro with a registry).
+        #[serde(default)]
+        encoding: Option<super::kafka::Encoding>,
+        /// How long a request waits for its reply (default 30 s).
+        #[serde(default)]
+        timeout_ms: Option<u64>,
     },
 }
 
@@ -120,6 +133,22 @@ pub enum TargetsFileError {
     },
 }
 
+/// What Kafka refuses in a topic name, if anything: empty, over 249
+/// characters, or a character other than ASCII letters, digits, `.`, `_`
+/// and `-`.
+fn topic_name_problem(topic: &str) -> Option<String> {
+    if topic.is_empty() || topic == "." || topic == ".." {
+        return Some(format!("{topic:?} is not a topic name"));
+    }
+    if topic.len() > 249 {
+        return Some(format!("{} characters, over Kafka's 249", topic.len()));
+    }
+    topic
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        .map(|c| format!("{c:?} is not allowed in a topic name"))
+}
+
 /// Reads the targets file and adds its targets to `targets`.
 ///
 /// # Errors
@@ -136,7 +165,46 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
             source,
         })?;
     for (name, config) in file.targets {
+        let refused = |reason: String| TargetsFileError::Target {
+            path: shown(),
+            name: name.clone(),
+            reason,
+        };
         match config {
+            TargetConfig::Kafka {
+                request_topic,
+                reply_topic,
+                encoding,
+                timeout_ms,
+            } => {
+                for (field, topic) in [
+                    ("request_topic", &request_topic),
+                    ("reply_topic", &reply_topic),
+                ] {
+                    if let Some(problem) = topic_name_problem(topic) {
+                        return Err(refused(format!("{field}: {problem}")));
+                    }
+                }
+                if request_topic == reply_topic {
+                    return Err(refused(
+                        "request_topic and reply_topic are the same topic".into(),
+                    ));
+                }
+                let timeout = match timeout_ms {
+                    None => super::kafka::DEFAULT_KAFKA_TIMEOUT,
+                    Some(0) => return Err(refused("timeout_ms must be above 0".into())),
+                    Some(ms) => Duration::from_millis(ms),
+                };
+                targets.register_kafka(
+                    name.clone(),
+                    super::kafka::KafkaTarget {
+                        request_topic,
+                        reply_topic,
+                        encoding,
+                        timeout,
+                    },
+                );
+            }
             TargetConfig::Http {
                 base_url,
                 timeout_ms,
@@ -149,11 +217,6 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 client_key,
                 insecure_skip_verify,
             } => {
-                let refused = |reason: String| TargetsFileError::Target {
-                    path: shown(),
-                    name: name.clone(),
-                    reason,
-                };
                 let timeout = timeout_ms.map_or(DEFAULT_HTTP_TIMEOUT, Duration::from_millis);
                 let limit = max_response_bytes.unwrap_or(DEFAULT_MAX_RESPONSE_BYTES);
                 let client_identity = match (client_certificate, client_key) {

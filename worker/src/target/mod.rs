@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod http;
+pub mod kafka;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -142,15 +143,31 @@ struct Registered {
     permits: Arc<Semaphore>,
 }
 
-/// The targets a worker can call, by name.
-#[derive(Clone, Default)]
+/// The targets a worker can call, by name, and the Kafka targets its
+/// steps send requests to.
+#[derive(Clone)]
 pub struct Targets {
     by_name: HashMap<String, Registered>,
+    kafka: HashMap<String, Arc<kafka::KafkaTarget>>,
+    /// The encoding of Kafka targets that do not name one.
+    fleet_encoding: kafka::Encoding,
+}
+
+impl Default for Targets {
+    fn default() -> Self {
+        Self {
+            by_name: HashMap::new(),
+            kafka: HashMap::new(),
+            fleet_encoding: kafka::Encoding::Json,
+        }
+    }
 }
 
 impl std::fmt::Debug for Targets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.by_name.keys()).finish()
+        f.debug_set()
+            .entries(self.by_name.keys().chain(self.kafka.keys()))
+            .finish()
     }
 }
 
@@ -169,10 +186,59 @@ impl Targets {
         self.by_name.insert(name.into(), registered);
     }
 
+    /// Registers the Kafka target `name`.
+    pub fn register_kafka(&mut self, name: impl Into<String>, target: kafka::KafkaTarget) {
+        self.kafka.insert(name.into(), Arc::new(target));
+    }
+
+    /// Says which encoding Kafka targets that name none use: the fleet's
+    /// (Avro when a registry is configured).
+    pub fn set_fleet_encoding(&mut self, encoding: kafka::Encoding) {
+        self.fleet_encoding = encoding;
+    }
+
+    /// The encoding of Kafka targets that name none.
+    #[must_use]
+    pub fn fleet_encoding(&self) -> kafka::Encoding {
+        self.fleet_encoding
+    }
+
+    /// The Kafka target `name`, if it is one.
+    #[must_use]
+    pub fn kafka(&self, name: &str) -> Option<&Arc<kafka::KafkaTarget>> {
+        self.kafka.get(name)
+    }
+
+    /// Every Kafka target's reply topic, each once.
+    #[must_use]
+    pub fn reply_topics(&self) -> Vec<String> {
+        let topics: std::collections::BTreeSet<String> = self
+            .kafka
+            .values()
+            .map(|target| target.reply_topic.clone())
+            .collect();
+        topics.into_iter().collect()
+    }
+
+    /// Every Kafka target's request topic, each once.
+    #[must_use]
+    pub fn request_topics(&self) -> Vec<String> {
+        let topics: std::collections::BTreeSet<String> = self
+            .kafka
+            .values()
+            .map(|target| target.request_topic.clone())
+            .collect();
+        topics.into_iter().collect()
+    }
+
     /// The names that definitions may use.
     #[must_use]
     pub fn names(&self) -> HashSet<String> {
-        self.by_name.keys().cloned().collect()
+        self.by_name
+            .keys()
+            .chain(self.kafka.keys())
+            .cloned()
+            .collect()
     }
 
     /// The operator's bound on one call to `name`, if it has one.
@@ -191,6 +257,11 @@ impl Targets {
         name: &str,
         call: TargetCall,
     ) -> Result<serde_json::Value, StepFailure> {
+        if self.kafka.contains_key(name) {
+            return Err(StepFailure::Defect(format!(
+                "target {name} is a Kafka target: only a workflow's own steps send to it (a compensation step calls)"
+            )));
+        }
         let registered = self
             .by_name
             .get(name)

@@ -9,6 +9,7 @@ mod claims;
 mod failures;
 mod graphs;
 mod hostile;
+mod kafka_steps;
 mod lapses;
 mod namesakes;
 mod panics;

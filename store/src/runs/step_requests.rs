@@ -1,0 +1,248 @@
+//! Steps whose target is a pair of Kafka topics, on the run row: each such
+//! step's latest request (`step_requests`: correlation id, the attempt
+//! that sent it, topics, deadline) and the reply matched to it; the
+//! deadline a WAITING job's requests run out at (`reply_deadline`); and the
+//! request outbox row written with the park that sends it.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
+use sqlx::{PgPool, PgTransaction};
+use uuid::Uuid;
+
+use super::RunRow;
+use crate::RunStatus;
+
+/// A step's latest request, as the row keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestEntry {
+    pub correlation_id: Uuid,
+    /// The row's attempt that sent it: a later attempt sends a new one.
+    pub attempt: i32,
+    pub topic: String,
+    pub reply_topic: String,
+    pub deadline: DateTime<Utc>,
+    /// The reply matched to it, once one came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<StoredReply>,
+}
+
+/// A reply as the row keeps it: an answer, or an error and whether
+/// trying again may help.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredReply {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub retryable: bool,
+    pub received_at: DateTime<Utc>,
+}
+
+/// The latest request of `step`, if it ever sent one.
+///
+/// # Errors
+/// The row's `step_requests` do not read (a row another writer broke).
+pub fn entry_of(row: &RunRow, step: &str) -> Result<Option<RequestEntry>, String> {
+    let Some(requests) = &row.step_requests else {
+        return Ok(None);
+    };
+    requests
+        .0
+        .get(step)
+        .map(|entry| serde_json::from_value(entry.clone()))
+        .transpose()
+        .map_err(|e| format!("the request of step {step} does not read: {e}"))
+}
+
+/// A request to send, written with the park that waits for its reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutgoingRequest {
+    pub step: String,
+    pub entry: RequestEntry,
+    /// `avro` (through the registry) or `json`.
+    pub encoding: &'static str,
+    /// The record's value as the contract's JSON form.
+    pub payload: serde_json::Value,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+/// What a park that sends or waits for requests adds to the row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AwaitedReplies {
+    /// Requests sent by this park.
+    pub sending: Vec<OutgoingRequest>,
+    /// Every step whose reply the job waits for (those sent now included):
+    /// a reply already matched to one of them requeues the job at once.
+    pub steps: Vec<String>,
+    /// The earliest deadline among them.
+    pub deadline: Option<DateTime<Utc>>,
+}
+
+impl AwaitedReplies {
+    /// The new entries, by step, as one JSON object (`None`: none).
+    pub(super) fn entries(&self) -> Option<serde_json::Value> {
+        if self.sending.is_empty() {
+            return None;
+        }
+        let map: serde_json::Map<String, serde_json::Value> = self
+            .sending
+            .iter()
+            .map(|request| {
+                (
+                    request.step.clone(),
+                    serde_json::to_value(&request.entry).unwrap_or_default(),
+                )
+            })
+            .collect();
+        Some(serde_json::Value::Object(map))
+    }
+}
+
+/// Part of a park's wake condition: a reply was matched meanwhile to the
+/// request of one of the steps in the text array `$10` (not to an earlier
+/// request of a step this park sends anew, in `$9`).
+pub(super) const REPLIED_ONE_OF_10: &str = "coalesce((SELECT bool_or((step_requests -> s) ? 'reply' \
+         AND NOT coalesce($9::jsonb ? s, false)) \
+     FROM unnest($10::text[]) AS s), false)";
+
+/// Writes the requests of a park to the request outbox, in its transaction.
+///
+/// # Errors
+/// Database errors.
+pub(super) async fn insert_outgoing(
+    tx: &mut PgTransaction<'_>,
+    job_id: Uuid,
+    requests: &[OutgoingRequest],
+) -> Result<(), sqlx::Error> {
+    for request in requests {
+        sqlx::query(
+            "INSERT INTO workflow_step_request_outbox
+                 (job_id, step_name, correlation_id, topic, encoding, payload, traceparent, tracestate)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(job_id)
+        .bind(&request.step)
+        .bind(request.entry.correlation_id)
+        .bind(&request.entry.topic)
+        .bind(request.encoding)
+        .bind(Json(&request.payload))
+        .bind(&request.traceparent)
+        .bind(&request.tracestate)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// What became of a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyMatch {
+    /// Kept on its step's request; `woken`: the job was WAITING and is
+    /// queued again to take it.
+    Recorded { step: String, woken: bool },
+    /// Its request was answered before: nothing changed.
+    Repeat { step: String },
+    /// No request of the job has this correlation id now (an earlier
+    /// attempt's, timed out or answered and retried, or never sent).
+    Stale,
+    /// The job has ended.
+    Finished(RunStatus),
+    /// No such job.
+    UnknownJob,
+}
+
+/// Matches a reply to the request `correlation_id` of `job_id` and keeps it
+/// there, under the row lock; a WAITING job goes back to the queue at once
+/// (its attempt given back, as for any wake from a park). A RUNNING job's
+/// lease holder is not disturbed: its next park finds the reply and
+/// requeues instead of waiting.
+///
+/// # Errors
+/// Database errors.
+pub async fn record_reply(
+    pool: &PgPool,
+    job_id: Uuid,
+    correlation_id: Uuid,
+    reply: &StoredReply,
+) -> Result<ReplyMatch, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let found: Option<(RunStatus, Option<Json<serde_json::Value>>)> = sqlx::query_as(
+        "SELECT status, step_requests FROM workflow_run WHERE job_id = $1 FOR UPDATE",
+    )
+    .bind(job_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((status, requests)) = found else {
+        return Ok(ReplyMatch::UnknownJob);
+    };
+    let matched = requests.and_then(|Json(requests)| {
+        requests.as_object().and_then(|steps| {
+            steps.iter().find_map(|(step, entry)| {
+                let entry: RequestEntry = serde_json::from_value(entry.clone()).ok()?;
+                (entry.correlation_id == correlation_id).then(|| (step.clone(), entry))
+            })
+        })
+    });
+    let Some((step, entry)) = matched else {
+        return Ok(ReplyMatch::Stale);
+    };
+    if entry.reply.is_some() {
+        return Ok(ReplyMatch::Repeat { step });
+    }
+    if status.is_finished() {
+        return Ok(ReplyMatch::Finished(status));
+    }
+    let woken: bool = sqlx::query_scalar(
+        "UPDATE workflow_run SET
+             step_requests = jsonb_set(step_requests, ARRAY[$2::text, 'reply'], $3::jsonb),
+             status = CASE WHEN status = 'WAITING' THEN 'QUEUED' ELSE status END,
+             outstanding_step = CASE WHEN status = 'WAITING' THEN NULL ELSE outstanding_step END,
+             run_after = CASE WHEN status = 'WAITING' THEN $4 ELSE run_after END,
+             attempt = CASE WHEN status = 'WAITING' THEN greatest(attempt - 1, 0) ELSE attempt END,
+             reply_deadline = CASE WHEN status = 'WAITING' THEN NULL ELSE reply_deadline END
+         WHERE job_id = $1
+         RETURNING status = 'QUEUED'",
+    )
+    .bind(job_id)
+    .bind(&step)
+    .bind(Json(reply))
+    .bind(reply.received_at)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(ReplyMatch::Recorded {
+        step,
+        woken: woken && status == RunStatus::Waiting,
+    })
+}
+
+/// Puts back in the queue up to `limit` WAITING jobs whose requests ran
+/// out at `now` (attempt given back: the segment finds the request past
+/// its deadline and fails the step by the retry rules). Rows another
+/// session holds are left for the next sweep. Returns their ids.
+///
+/// # Errors
+/// Database errors.
+pub async fn requeue_past_deadline(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = $1,
+             attempt = greatest(attempt - 1, 0), reply_deadline = NULL, updated_at = $1
+         WHERE job_id IN (SELECT job_id FROM workflow_run
+                          WHERE status = 'WAITING' AND reply_deadline <= $1
+                          ORDER BY reply_deadline LIMIT $2
+                          FOR UPDATE SKIP LOCKED)
+           AND status = 'WAITING'
+         RETURNING job_id",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}

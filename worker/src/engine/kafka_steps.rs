@@ -1,0 +1,268 @@
+//! Steps whose target is a pair of Kafka topics.
+//!
+//! Reaching one, a segment builds its request (the step's `rules`, as for a
+//! call) and parks the job on it; the park's transaction writes the request
+//! to the request outbox, which the relay publishes, so a request is never
+//! sent for a park that did not commit and never lost once it did. The
+//! reply, read by the request consumer, is matched by correlation id and
+//! kept on the step's request under the row lock ([`Engine::record_reply`]);
+//! a WAITING job is queued again at once, and its next segment judges the
+//! reply (`output_schema`, `validate`) and checkpoints it with its event, or
+//! fails the step by the retry rules. A request past its deadline puts the
+//! job back in the queue ([`Engine::sweep_reply_deadlines`]) and the step
+//! fails as timed out. Each attempt sends a new request with a new
+//! correlation id, so a reply to an earlier one finds nothing to match.
+
+use chrono::{DateTime, Utc};
+use flotilla_contracts::{StepRequestParts, WorkflowStepReply, WorkflowStepRequest};
+use flotilla_store::StoreError;
+use flotilla_store::runs::RunRow;
+use flotilla_store::runs::step_requests::{
+    self, AwaitedReplies, OutgoingRequest, ReplyMatch, RequestEntry, StoredReply,
+};
+use serde_json::Value as Json;
+use uuid::Uuid;
+
+use super::Engine;
+use crate::target::kafka::KafkaTarget;
+use crate::target::{RetryClass, StepFailure};
+
+/// Where a Kafka step of the current attempt stands.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum KafkaStep {
+    /// This attempt sent no request yet: this one goes with the park.
+    Send(Box<OutgoingRequest>),
+    /// Sent, no reply yet, the deadline ahead.
+    Waiting(DateTime<Utc>),
+    /// The reply's answer, to be judged.
+    Answered(Json),
+    /// A refusal, a timeout: the step's failure.
+    Failed(StepFailure),
+}
+
+/// Where step `step` of `row` stands at `now`; `None`: this attempt sent
+/// no request yet.
+///
+/// # Errors
+/// The row's requests do not read: a defect of the job.
+pub(super) fn state_of(
+    row: &RunRow,
+    step: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<KafkaStep>, StepFailure> {
+    let Some(entry) = step_requests::entry_of(row, step).map_err(StepFailure::Defect)? else {
+        return Ok(None);
+    };
+    // An earlier attempt's request (its reply, or its silence) is that
+    // attempt's: this one asks again.
+    if entry.attempt != row.attempt {
+        return Ok(None);
+    }
+    Ok(Some(match entry.reply {
+        Some(StoredReply {
+            result: Some(result),
+            ..
+        }) => KafkaStep::Answered(result),
+        Some(StoredReply {
+            error, retryable, ..
+        }) => {
+            let error = error.unwrap_or_else(|| "the reply held no answer".into());
+            let message = format!("{} answered: {error}", entry.topic);
+            KafkaStep::Failed(if retryable {
+                StepFailure::retryable(RetryClass::Other, message)
+            } else {
+                StepFailure::Verdict {
+                    message,
+                    violations: vec![error],
+                }
+            })
+        }
+        None if entry.deadline <= now => KafkaStep::Failed(StepFailure::retryable(
+            RetryClass::Timeout,
+            format!(
+                "no reply on {} by {} (request {})",
+                entry.reply_topic,
+                entry
+                    .deadline
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                entry.correlation_id
+            ),
+        )),
+        None => KafkaStep::Waiting(entry.deadline),
+    }))
+}
+
+/// The request of step `step` for this attempt: a fresh correlation id,
+/// the deadline `timeout` ahead (the step's `timeout_ms` may shorten the
+/// target's), in the target's encoding.
+///
+/// # Errors
+/// The request breaks the contract's rules: a defect of the job.
+pub(super) fn outgoing(
+    row: &RunRow,
+    (step, step_timeout_ms): (&str, Option<u64>),
+    (target, fleet): (&KafkaTarget, crate::target::kafka::Encoding),
+    request: Json,
+    now: DateTime<Utc>,
+) -> Result<OutgoingRequest, StepFailure> {
+    let timeout = step_timeout_ms
+        .map(std::time::Duration::from_millis)
+        .map_or(target.timeout, |step| step.min(target.timeout));
+    let deadline = now + chrono::TimeDelta::from_std(timeout).unwrap_or(chrono::TimeDelta::MAX);
+    let correlation_id = Uuid::new_v4();
+    let contract = WorkflowStepRequest::new(StepRequestParts {
+        job_id: row.job_id,
+        step_name: step.to_owned(),
+        attempt: row.attempt.max(1),
+        correlation_id,
+        reply_topic: target.reply_topic.clone(),
+        request,
+        deadline,
+    })
+    .map_err(|e| {
+        StepFailure::Defect(format!("step {step}: the request breaks the contract: {e}"))
+    })?;
+    let payload = serde_json::to_value(&contract)
+        .map_err(|e| StepFailure::Defect(format!("step {step}: the request: {e}")))?;
+    Ok(OutgoingRequest {
+        step: step.to_owned(),
+        entry: RequestEntry {
+            correlation_id,
+            attempt: row.attempt,
+            topic: target.request_topic.clone(),
+            reply_topic: target.reply_topic.clone(),
+            deadline: contract.deadline(),
+            reply: None,
+        },
+        encoding: target.encoding_or(fleet).as_str(),
+        payload,
+        traceparent: row.traceparent.clone(),
+        tracestate: row.tracestate.clone(),
+    })
+}
+
+/// What a segment gathers about the replies it will wait for.
+#[derive(Debug, Default)]
+pub(super) struct Replies(AwaitedReplies);
+
+impl Replies {
+    /// Step `step` waits for the reply to a request sent earlier.
+    pub(super) fn wait(&mut self, step: String, deadline: DateTime<Utc>) {
+        self.0.steps.push(step);
+        self.0.deadline = Some(self.0.deadline.map_or(deadline, |d| d.min(deadline)));
+    }
+
+    /// Step `request.step` sends `request` with the park and waits for it.
+    pub(super) fn send(&mut self, request: OutgoingRequest) {
+        self.wait(request.step.clone(), request.entry.deadline);
+        self.0.sending.push(request);
+    }
+
+    pub(super) fn into_inner(self) -> AwaitedReplies {
+        self.0
+    }
+}
+
+/// What a reply came to, for the consumer's count and log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyOutcome {
+    /// Matched and kept; the job was queued again when it waited.
+    Matched { step: String, woken: bool },
+    /// Dropped, and why: `repeat` (answered before), `stale` (no request
+    /// of the job has this correlation id now), `finished` (the job
+    /// ended), `unknown_job`.
+    Dropped(&'static str),
+}
+
+impl ReplyOutcome {
+    /// The `outcome` label of `flotilla_step_replies_total`.
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Matched { .. } => "matched",
+            Self::Dropped(reason) => reason,
+        }
+    }
+}
+
+impl Engine {
+    /// The run layout a job of `compiled` needs: a step of a Kafka target
+    /// keeps `step_requests`, which earlier releases do not read.
+    pub(super) fn reader_level_of(&self, compiled: &crate::workflow::CompiledWorkflow) -> i16 {
+        let level = compiled.reader_level();
+        if compiled
+            .definition
+            .steps
+            .iter()
+            .any(|step| self.targets().kafka(&step.target).is_some())
+        {
+            level.max(flotilla_store::runs::KAFKA_READER_LEVEL)
+        } else {
+            level
+        }
+    }
+
+    /// Matches `reply` to its request and keeps it on the job's row (see
+    /// the module). A reply for an earlier attempt, a finished job or an
+    /// unknown one changes nothing and is reported as dropped; so is a
+    /// repeat of one matched before.
+    ///
+    /// # Errors
+    /// The database failed (the reply is to be read again).
+    pub async fn record_reply(
+        &self,
+        reply: &WorkflowStepReply,
+    ) -> Result<ReplyOutcome, StoreError> {
+        let stored = StoredReply {
+            result: reply.result().cloned(),
+            error: reply.error().map(str::to_owned),
+            retryable: reply.retryable(),
+            received_at: self.now(),
+        };
+        let matched = step_requests::record_reply(
+            self.pool(),
+            reply.job_id(),
+            reply.correlation_id(),
+            &stored,
+        )
+        .await?;
+        let outcome = match matched {
+            ReplyMatch::Recorded { step, woken } => {
+                if woken {
+                    self.wake();
+                }
+                ReplyOutcome::Matched { step, woken }
+            }
+            ReplyMatch::Repeat { .. } => ReplyOutcome::Dropped("repeat"),
+            ReplyMatch::Stale => ReplyOutcome::Dropped("stale"),
+            ReplyMatch::Finished(_) => ReplyOutcome::Dropped("finished"),
+            ReplyMatch::UnknownJob => ReplyOutcome::Dropped("unknown_job"),
+        };
+        metrics::counter!("flotilla_step_replies_total", "outcome" => outcome.label()).increment(1);
+        Ok(outcome)
+    }
+
+    /// Queues again the WAITING jobs whose requests ran out (their steps
+    /// then fail as timed out, by the retry rules). Returns how many.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn sweep_reply_deadlines(&self) -> Result<usize, StoreError> {
+        let requeued = step_requests::requeue_past_deadline(
+            self.pool(),
+            self.now(),
+            self.settings().sweep_batch,
+        )
+        .await?;
+        if !requeued.is_empty() {
+            metrics::counter!("flotilla_step_reply_timeouts_total")
+                .increment(requeued.len() as u64);
+            tracing::info!(
+                jobs = requeued.len(),
+                "requests to Kafka targets ran out; their jobs are queued again"
+            );
+            self.wake();
+        }
+        Ok(requeued.len())
+    }
+}

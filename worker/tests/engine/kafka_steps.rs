@@ -1,0 +1,390 @@
+//! Steps whose target is a pair of Kafka topics, in the engine: the park
+//! writes the request to the request outbox in its own transaction; a reply
+//! matched by correlation id completes the step on the job's next segment;
+//! repeats, replies for earlier attempts, refusals and timeouts each get
+//! their own outcome. (The relay's sending and the consumer's reading are
+//! tested in `relay/tests` and `worker/tests/consumer`.)
+
+use std::time::Duration;
+
+use flotilla_contracts::WorkflowRunEventType as E;
+use flotilla_contracts::{WorkflowStepReply, WorkflowStepRequest};
+use flotilla_store::runs::step_requests;
+use flotilla_store::{Clock as _, RunStatus};
+use flotilla_worker::engine::kafka_steps::ReplyOutcome;
+use flotilla_worker::engine::{Engine, Outcome};
+use flotilla_worker::target::Targets;
+use flotilla_worker::target::kafka::{Encoding, KafkaTarget};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::{Calls, echo_targets, event_types, manual_clock, row, settings, submit};
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+/// prepare (echo) → score (the Kafka target `fraud`, told the amount;
+/// its answer needs a numeric `score`) → decide (echo, told the score).
+fn scoring() -> Value {
+    json!({
+        "name": "scoring", "input_schema": {}, "max_attempts": 3,
+        "steps": [
+            {"name": "prepare", "target": "echo", "method": "prepare"},
+            {"name": "score", "target": "fraud", "method": "score", "rules": ["amount = input.amount"],
+             "output_schema": {"type": "object", "required": ["score"],
+                               "properties": {"score": {"type": "number"}}}},
+            {"name": "decide", "target": "echo", "method": "decide",
+             "rules": ["score = steps.score.score"]}
+        ],
+        "output": ["score = steps.decide.request.score"]
+    })
+}
+
+fn targets(calls: &Calls, timeout: Duration) -> Targets {
+    let mut targets = echo_targets(calls);
+    targets.register_kafka(
+        "fraud",
+        KafkaTarget {
+            request_topic: "fraud-requests".into(),
+            reply_topic: "fraud-replies".into(),
+            encoding: Some(Encoding::Json),
+            timeout,
+        },
+    );
+    targets
+}
+
+async fn scoring_engine(
+    pool: &PgPool,
+    calls: &Calls,
+) -> (Engine, std::sync::Arc<flotilla_store::ManualClock>) {
+    let clock = manual_clock();
+    let engine = Engine::new(
+        pool.clone(),
+        targets(calls, Duration::from_secs(30)),
+        clock.clone(),
+        settings("w"),
+    );
+    engine.register_workflow(&scoring()).await.unwrap();
+    (engine, clock)
+}
+
+/// The requests waiting in the outbox for `job_id`, decoded.
+async fn outbox(pool: &PgPool, job_id: Uuid) -> Vec<(String, WorkflowStepRequest)> {
+    let rows: Vec<(String, sqlx::types::Json<Value>)> = sqlx::query_as(
+        "SELECT topic, payload FROM workflow_step_request_outbox WHERE job_id = $1 ORDER BY id",
+    )
+    .bind(job_id)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(topic, payload)| {
+            let request = flotilla_contracts::json::decode_stored(payload.0).unwrap();
+            (topic, request)
+        })
+        .collect()
+}
+
+async fn reply(engine: &Engine, job_id: Uuid, correlation_id: Uuid, result: Value) -> ReplyOutcome {
+    let reply = WorkflowStepReply::answer(job_id, correlation_id, result).unwrap();
+    engine.record_reply(&reply).await.unwrap()
+}
+
+async fn refusal(
+    engine: &Engine,
+    (job_id, correlation_id): (Uuid, Uuid),
+    error: &str,
+    retryable: bool,
+) -> ReplyOutcome {
+    let reply = WorkflowStepReply::refusal(job_id, correlation_id, error, retryable).unwrap();
+    engine.record_reply(&reply).await.unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_kafka_step_parks_with_its_request_in_the_outbox_and_its_reply_completes_it(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let (engine, clock) = scoring_engine(&pool, &calls).await;
+    let job_id = submit(&engine, "scoring", json!({"amount": 120})).await;
+    assert_eq!(
+        row(&pool, job_id).await.reader_level,
+        flotilla_store::runs::KAFKA_READER_LEVEL,
+        "earlier releases do not read step_requests"
+    );
+
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let parked = row(&pool, job_id).await;
+    assert_eq!(parked.status, RunStatus::Waiting);
+    assert_eq!(parked.outstanding_step.as_deref(), Some("score"));
+    assert_eq!(parked.lease_owner, None, "no lease held while it waits");
+    let sent = outbox(&pool, job_id).await;
+    assert_eq!(sent.len(), 1, "the park wrote one request: {sent:?}");
+    let (topic, request) = &sent[0];
+    assert_eq!(topic, "fraud-requests");
+    assert_eq!(request.request(), &json!({"amount": 120}));
+    assert_eq!(request.reply_topic(), "fraud-replies");
+    assert_eq!(request.idempotency_key(), format!("{job_id}:score"));
+    assert_eq!(request.deadline(), clock.now() + Duration::from_secs(30));
+    let entry = step_requests::entry_of(&parked, "score").unwrap().unwrap();
+    assert_eq!(entry.correlation_id, request.correlation_id());
+    assert_eq!(parked.reply_deadline, Some(request.deadline()));
+
+    let outcome = reply(
+        &engine,
+        job_id,
+        request.correlation_id(),
+        json!({"score": 0.25}),
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        ReplyOutcome::Matched {
+            step: "score".into(),
+            woken: true
+        }
+    );
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Queued);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    let done = row(&pool, job_id).await;
+    assert_eq!(done.result.unwrap().0, json!({"score": 0.25}));
+    assert_eq!(
+        calls.of(job_id),
+        ["prepare", "decide"],
+        "the Kafka step calls nothing"
+    );
+    assert_eq!(
+        event_types(&pool, job_id).await,
+        [
+            E::Accepted,
+            E::StepCheckpoint,
+            E::Waiting,
+            E::StepCheckpoint,
+            E::StepCheckpoint,
+            E::Completed
+        ]
+    );
+
+    // The same reply again, now and after the job ended: dropped.
+    let again = reply(
+        &engine,
+        job_id,
+        request.correlation_id(),
+        json!({"score": 0.25}),
+    )
+    .await;
+    assert_eq!(again, ReplyOutcome::Dropped("repeat"));
+    assert_eq!(
+        reply(
+            &engine,
+            Uuid::new_v4(),
+            request.correlation_id(),
+            json!({"score": 1})
+        )
+        .await,
+        ReplyOutcome::Dropped("unknown_job")
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_reply_that_arrives_twice_completes_the_step_once(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, _clock) = scoring_engine(&pool, &calls).await;
+    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    let first = reply(&engine, job_id, correlation, json!({"score": 1})).await;
+    let second = reply(&engine, job_id, correlation, json!({"score": 2})).await;
+    assert!(
+        matches!(first, ReplyOutcome::Matched { woken: true, .. }),
+        "{first:?}"
+    );
+    assert_eq!(
+        second,
+        ReplyOutcome::Dropped("repeat"),
+        "the first reply stands"
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.result.unwrap().0,
+        json!({"score": 1})
+    );
+    let checkpoints = event_types(&pool, job_id)
+        .await
+        .into_iter()
+        .filter(|t| *t == E::StepCheckpoint)
+        .count();
+    assert_eq!(checkpoints, 3, "one checkpoint per step");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_retryable_refusal_asks_again_with_a_new_correlation_id_and_the_old_one_is_stale(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let (engine, clock) = scoring_engine(&pool, &calls).await;
+    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let first = outbox(&pool, job_id).await[0].1.correlation_id();
+    assert!(matches!(
+        refusal(&engine, (job_id, first), "model warming up", true).await,
+        ReplyOutcome::Matched { woken: true, .. }
+    ));
+    // The next segment fails the step by the retry rules: back off, then
+    // the next attempt sends a new request.
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    let requeued = row(&pool, job_id).await;
+    assert!(
+        requeued
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("model warming up"),
+        "{:?}",
+        requeued.error
+    );
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let sent = outbox(&pool, job_id).await;
+    assert_eq!(sent.len(), 2, "a second request: {sent:?}");
+    let second = sent[1].1.correlation_id();
+    assert_ne!(first, second, "every attempt has its own correlation id");
+    assert_eq!(sent[1].1.attempt(), 2);
+
+    assert_eq!(
+        reply(&engine, job_id, first, json!({"score": 9})).await,
+        ReplyOutcome::Dropped("stale"),
+        "a reply to the earlier attempt changes nothing"
+    );
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Waiting);
+    reply(&engine, job_id, second, json!({"score": 3})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.result.unwrap().0,
+        json!({"score": 3})
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_refusal_that_is_not_retryable_fails_the_job_with_its_reason(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, _clock) = scoring_engine(&pool, &calls).await;
+    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    refusal(&engine, (job_id, correlation), "account closed", false).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    let failed = row(&pool, job_id).await;
+    assert_eq!(failed.status, RunStatus::Failed);
+    assert!(
+        failed.error.as_deref().unwrap().contains("account closed"),
+        "{:?}",
+        failed.error
+    );
+    assert_eq!(calls.of(job_id), ["prepare"], "decide never ran");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_reply_that_misfits_the_output_schema_fails_the_job(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, _clock) = scoring_engine(&pool, &calls).await;
+    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    reply(&engine, job_id, correlation, json!({"score": "high"})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Failed);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_request_past_its_deadline_is_retried_and_the_late_reply_is_dropped(pool: PgPool) {
+    let calls = Calls::default();
+    let clock = manual_clock();
+    let engine = Engine::new(
+        pool.clone(),
+        targets(&calls, Duration::from_secs(5)),
+        clock.clone(),
+        settings("w"),
+    );
+    engine.register_workflow(&scoring()).await.unwrap();
+    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let first = outbox(&pool, job_id).await[0].1.correlation_id();
+
+    clock.advance(Duration::from_millis(4_999));
+    assert_eq!(engine.sweep_reply_deadlines().await.unwrap(), 0, "not yet");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(engine.sweep_reply_deadlines().await.unwrap(), 1);
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Queued);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    let requeued = row(&pool, job_id).await;
+    assert!(
+        requeued
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("no reply on fraud-replies"),
+        "{:?}",
+        requeued.error
+    );
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let second = outbox(&pool, job_id).await[1].1.correlation_id();
+    assert_ne!(first, second);
+    assert_eq!(
+        reply(&engine, job_id, first, json!({"score": 1})).await,
+        ReplyOutcome::Dropped("stale"),
+        "the late reply to the timed-out request"
+    );
+    reply(&engine, job_id, second, json!({"score": 2})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.result.unwrap().0,
+        json!({"score": 2})
+    );
+}
+
+/// A reply that lands while the job runs another branch is kept; the park
+/// that follows sees it and requeues at once instead of waiting.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_reply_kept_while_the_job_ran_is_taken_by_its_next_segment(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, _clock) = scoring_engine(&pool, &calls).await;
+    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    // As if another worker held the job: RUNNING when the reply lands.
+    sqlx::query(
+        "UPDATE workflow_run SET status = 'RUNNING', lease_owner = 'other',
+             lease_until = now() + interval '1 hour', lease_token = gen_random_uuid()
+         WHERE job_id = $1",
+    )
+    .bind(job_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let kept = reply(&engine, job_id, correlation, json!({"score": 4})).await;
+    assert_eq!(
+        kept,
+        ReplyOutcome::Matched {
+            step: "score".into(),
+            woken: false
+        }
+    );
+    // Queued again as a wake does it: the attempt given back.
+    sqlx::query(
+        "UPDATE workflow_run SET status = 'QUEUED', attempt = attempt - 1,
+             lease_owner = NULL, lease_until = NULL, lease_token = NULL
+         WHERE job_id = $1",
+    )
+    .bind(job_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.result.unwrap().0,
+        json!({"score": 4})
+    );
+}
