@@ -1,0 +1,279 @@
+//! A step whose target is a pair of Kafka topics, end to end on the test
+//! broker: the worker and relay binaries, and a responder in the test that
+//! reads the requests and answers on the reply topic, as a service would.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use flotilla_contracts::{WorkflowRunRequest, WorkflowStepReply, WorkflowStepRequest};
+use flotilla_tests::process::Running;
+use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, close_consumer, unique};
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::message::Headers as _;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message as _};
+use serde_json::json;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_flotilla-worker");
+
+/// An HTTP target answering every call with the request it got.
+async fn echo_service() -> String {
+    use axum::routing::post;
+    let echo = |axum::Json(body): axum::Json<serde_json::Value>| async move {
+        axum::Json(json!({ "request": body }))
+    };
+    let app = axum::Router::new()
+        .route("/prepare", post(echo))
+        .route("/decide", post(echo));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers())
+        .create()
+        .unwrap()
+}
+
+async fn produce(producer: &FutureProducer, topic: &str, key: &str, payload: &[u8]) {
+    producer
+        .send(
+            FutureRecord::to(topic).key(key).payload(payload),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+}
+
+/// Reads one step request off `topic`: the request and its headers.
+async fn next_request(consumer: &StreamConsumer) -> (WorkflowStepRequest, HashMap<String, String>) {
+    let message = consumer.recv().await.unwrap();
+    let request: WorkflowStepRequest =
+        flotilla_contracts::json::decode(message.payload().unwrap()).unwrap();
+    let headers = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.key.to_owned(),
+                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    (request, headers)
+}
+
+/// prepare (http) → score (Kafka: `fraud-requests` / `fraud-replies`) →
+/// decide (http), submitted over Kafka; a responder answers the request
+/// (after a reply that does not decode, which is dead-lettered) and sends
+/// its answer twice: the job completes once with the answer.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end_to_end(
+    pool: PgPool,
+) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let url = echo_service().await;
+        let (requests, replies) = (unique("fraud-requests"), unique("fraud-replies"));
+        let run_requests = unique("kt-requests");
+        let dir = std::env::temp_dir().join(format!("flotilla-kafka-target-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(dir.join("workflows")).unwrap();
+        std::fs::write(
+            dir.join("targets.yaml"),
+            format!(
+                "targets:\n  svc:\n    kind: http\n    base_url: {url}\n  fraud:\n    kind: kafka\n    request_topic: {requests}\n    reply_topic: {replies}\n    timeout_ms: 60000\n"
+            ),
+        )
+        .unwrap();
+        let workflow = json!({
+            "name": "scoring", "input_schema": {},
+            "steps": [
+                {"name": "prepare", "target": "svc", "method": "prepare"},
+                {"name": "score", "target": "fraud", "method": "score",
+                 "rules": ["amount = input.amount"],
+                 "output_schema": {"type": "object", "required": ["score"]}},
+                {"name": "decide", "target": "svc", "method": "decide",
+                 "rules": ["score = steps.score.score"]}
+            ],
+            "output": ["score = steps.decide.request.score"]
+        });
+        std::fs::write(dir.join("workflows/scoring.json"), workflow.to_string()).unwrap();
+        let database = flotilla_tests::database::url_of(&pool).await;
+
+        let mut worker = Command::new(BINARY);
+        worker
+            .env("DATABASE_URL", &database)
+            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
+            .env_remove("SCHEMA_REGISTRY_URL")
+            .env("FLOTILLA_WORKER_ID", "kafka-target-worker")
+            .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
+            .env("FLOTILLA_API_TOKENS", "test-token")
+            .env("FLOTILLA_REQUEST_TOPIC", &run_requests)
+            .env("FLOTILLA_CONSUMER_GROUP", unique("kt-workers"))
+            .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
+            .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
+            .env("NO_COLOR", "1");
+        let mut relay = Command::new(flotilla_tests::process::workspace_binary("flotilla-relay"));
+        relay
+            .env("DATABASE_URL", &database)
+            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
+            .env_remove("SCHEMA_REGISTRY_URL")
+            .env("FLOTILLA_EVENT_TOPIC", unique("kt-events"))
+            .env("FLOTILLA_RELAY_ID", "kafka-target-relay")
+            .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
+            .env("NO_COLOR", "1");
+        let (worker, relay) = tokio::task::spawn_blocking(move || {
+            let mut worker = Running::start(worker);
+            worker.wait_for_line("worker ready", Duration::from_secs(60));
+            let mut relay = Running::start(relay);
+            relay.wait_for_line("relay ready", Duration::from_secs(60));
+            (worker, relay)
+        })
+        .await
+        .unwrap();
+
+        // The service: reads the requests from the start.
+        let responder: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap_servers())
+            .set("group.id", unique("fraud-service"))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        responder.subscribe(&[requests.as_str()]).unwrap();
+
+        let job_id = Uuid::new_v4();
+        let request = WorkflowRunRequest::new(job_id, "scoring", json!({"amount": 250})).unwrap();
+        let producer = producer();
+        let key = job_id.to_string();
+        // The client's trace: the step's request continues it.
+        let trace_id = format!("{:032x}", job_id.as_u128());
+        let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
+        let payload = flotilla_contracts::json::encode(&request).unwrap();
+        producer
+            .send(
+                FutureRecord::to(&run_requests)
+                    .key(&key)
+                    .payload(&payload)
+                    .headers(rdkafka::message::OwnedHeaders::new().insert(
+                        rdkafka::message::Header {
+                            key: "traceparent",
+                            value: Some(traceparent.as_bytes()),
+                        },
+                    )),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+
+        let (asked, headers) = next_request(&responder).await;
+        assert_eq!(asked.job_id(), job_id);
+        assert_eq!(asked.step_name(), "score");
+        assert_eq!(asked.request(), &json!({"amount": 250}));
+        assert_eq!(asked.reply_topic(), replies);
+        let correlation = asked.correlation_id().to_string();
+        for (name, value) in [
+            ("flotilla.job-id", key.as_str()),
+            ("flotilla.step", "score"),
+            ("flotilla.correlation-id", correlation.as_str()),
+            ("flotilla.reply-topic", replies.as_str()),
+            ("idempotency-key", format!("{job_id}:score").as_str()),
+        ] {
+            assert_eq!(headers.get(name).map(String::as_str), Some(value), "{headers:?}");
+        }
+        assert!(
+            headers
+                .get("traceparent")
+                .is_some_and(|sent| sent.contains(&trace_id)),
+            "the request continues the job's trace: {headers:?}"
+        );
+
+        produce(&producer, &replies, &key, b"{not a reply").await;
+        let answer = WorkflowStepReply::answer(job_id, asked.correlation_id(), json!({"score": 25}))
+            .unwrap();
+        let answer = flotilla_contracts::json::encode(&answer).unwrap();
+        produce(&producer, &replies, &key, &answer).await;
+        produce(&producer, &replies, &key, &answer).await;
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let result = loop {
+            let row: Option<(String, Option<serde_json::Value>)> =
+                sqlx::query_as("SELECT status, result FROM workflow_run WHERE job_id = $1")
+                    .bind(job_id)
+                    .fetch_optional(&pool)
+                    .await
+                    .unwrap();
+            if let Some((status, result)) = &row
+                && status == "COMPLETED"
+            {
+                break result.clone();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the job never completed: {row:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(result, Some(json!({"score": 25})));
+        let checkpoints: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM workflow_run_outbox WHERE job_id = $1 AND event_type = 'STEP_CHECKPOINT'",
+        )
+        .bind(job_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(checkpoints, 3, "one checkpoint per step, the repeated reply changed nothing");
+        let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_step_request_outbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(unsent, 0, "the relay deleted the request it sent");
+
+        // The reply that did not decode went to the reply topic's dead letters.
+        let dead_letters = flotilla_contracts::topics::dead_letter_topic(&replies);
+        let reader: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap_servers())
+            .create()
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let partitions = reader
+                .fetch_metadata(Some(&dead_letters), Duration::from_secs(10))
+                .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+                .unwrap_or(0);
+            let records: i64 = (0..i32::try_from(partitions).unwrap())
+                .map(|p| {
+                    reader
+                        .fetch_watermarks(&dead_letters, p, Duration::from_secs(10))
+                        .map_or(0, |(low, high)| high - low)
+                })
+                .sum();
+            if records >= 1 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no dead letter on {dead_letters}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+
+        close_consumer(responder);
+        std::thread::spawn(move || drop(reader));
+        tokio::task::spawn_blocking(move || {
+            let (mut worker, mut relay) = (worker, relay);
+            assert!(worker.terminate(Duration::from_secs(30)).success());
+            assert!(relay.terminate(Duration::from_secs(30)).success());
+        })
+        .await
+        .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    })
+    .await
+    .expect("the Kafka target test timed out");
+}
