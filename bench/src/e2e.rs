@@ -78,12 +78,23 @@ impl Broker {
     }
 }
 
-/// The workflows and the target they call, in a directory of their own.
-fn write_fleet_files(dir: &Path, target: &str) -> anyhow::Result<()> {
+/// The workflows and the targets they call, in a directory of their own:
+/// the demo target over HTTP (`bench`) and over a pair of Kafka topics
+/// (`benchk`, `step_topics`: requests, replies).
+fn write_fleet_files(dir: &Path, target: &str, step_topics: (&str, &str)) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join("workflows"))?;
+    let (step_requests, step_replies) = step_topics;
     std::fs::write(
         dir.join("targets.yaml"),
-        format!("targets:\n  bench:\n    kind: http\n    base_url: {target}\n"),
+        format!(
+            "targets:\n  bench:\n    kind: http\n    base_url: {target}\n  benchk:\n    kind: kafka\n    request_topic: {step_requests}\n    reply_topic: {step_replies}\n    timeout_ms: 60000\n"
+        ),
+    )?;
+    let kafka = json!({"name": KAFKA_WORKFLOW, "input_schema": {},
+        "steps": [{"name": "step1", "target": "benchk", "method": "score", "rules": ["amount = 1"]}]});
+    std::fs::write(
+        dir.join(format!("workflows/{KAFKA_WORKFLOW}.json")),
+        kafka.to_string(),
     )?;
     for (name, steps) in [("bench3", 3), ("bench1", 1)] {
         let steps: Vec<_> = (1..=steps)
@@ -151,16 +162,40 @@ impl Fleet {
         // The workers create no topics: the dead-letter topic is made here
         // with the others (a worker refuses to start without it).
         let dead_letters = flotilla_contracts::topics::dead_letter_topic(&requests);
-        let broker = Broker::start(kind, &[&requests, &dead_letters, &events]).await?;
+        let (step_requests, step_replies) = (
+            format!("bench-step-requests-{run}"),
+            format!("bench-step-replies-{run}"),
+        );
+        let reply_dead_letters = flotilla_contracts::topics::dead_letter_topic(&step_replies);
+        let broker = Broker::start(
+            kind,
+            &[
+                &requests,
+                &dead_letters,
+                &events,
+                &step_requests,
+                &step_replies,
+                &reply_dead_letters,
+            ],
+        )
+        .await?;
         let database = ScratchDatabase::create("bench_e2e", 2).await?;
         let dir = std::env::temp_dir().join(format!("flotilla-bench-{run}"));
         let port = flotilla_tests::free_port();
         let target_addr = format!("127.0.0.1:{port}");
-        write_fleet_files(&dir, &format!("http://{target_addr}"))?;
+        write_fleet_files(
+            &dir,
+            &format!("http://{target_addr}"),
+            (&step_requests, &step_replies),
+        )?;
+        // The same service answers the Kafka target's requests.
         let mut target = Command::new(workspace_binary("flotilla-demo-target"));
         target
             .env("DEMO_TARGET_ADDR", &target_addr)
             .env("DEMO_TARGET_LATENCY", "0ms")
+            .env("DEMO_TARGET_KAFKA_REQUESTS", &step_requests)
+            .env("KAFKA_BOOTSTRAP_SERVERS", &broker.bootstrap)
+            .env_remove("SCHEMA_REGISTRY_URL")
             .env("RUST_LOG", "warn");
         let common = |command: &mut Command| {
             command
@@ -403,6 +438,25 @@ impl Fleet {
     }
 }
 
+/// The 1-step workflow whose step's target is a pair of Kafka topics.
+const KAFKA_WORKFLOW: &str = "bench1k";
+
+/// Request made → reply matched, p50 and p99 in ms, over every reply the
+/// fleet's jobs matched (from their rows' `step_requests`).
+async fn reply_latency(fleet: &Fleet) -> anyhow::Result<(f64, f64)> {
+    let (p50, p99): (Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY waited),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY waited)
+         FROM (SELECT extract(epoch FROM (e.value -> 'reply' ->> 'received_at')::timestamptz
+                                      - (e.value ->> 'requested_at')::timestamptz) * 1000 AS waited
+               FROM workflow_run, jsonb_each(step_requests) AS e
+               WHERE e.value ? 'reply') replies",
+    )
+    .fetch_one(&fleet.database.pool)
+    .await?;
+    Ok((p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN)))
+}
+
 /// Jobs per second from the first produce to the last COMPLETED event read.
 async fn throughput(
     kind: BrokerKind,
@@ -571,5 +625,25 @@ pub(crate) async fn run(report: &mut Report, kind: BrokerKind, jobs: usize) -> a
             fleet.stop().await?;
         }
     }
+    // The same 1-step job with its step answered over Kafka: the request
+    // leaves through the outbox and the relay, the reply comes back
+    // through the request consumer.
+    let (rate, fleet) = throughput(kind, KAFKA_WORKFLOW, 1, jobs).await?;
+    report.add(
+        "end to end",
+        format!("Kafka-target step, 1-step, {jobs} jobs, 1 worker, 1 relay, {broker}"),
+        rate,
+        "jobs/s",
+    );
+    let (p50, p99) = reply_latency(&fleet).await?;
+    for (p, value) in [("p50", p50), ("p99", p99)] {
+        report.add(
+            "latency",
+            format!("Kafka-target step: request made → reply matched {p}, at full load, {broker}"),
+            value,
+            "ms",
+        );
+    }
+    fleet.stop().await?;
     Ok(())
 }

@@ -2,9 +2,12 @@
 //!
 //! - [`target`]: the service the sample workflows' steps call, with knobs
 //!   for latency and failure rates (`flotilla-demo-target`).
+//! - [`responder`]: the target's Kafka mode, a service answering step
+//!   requests on a topic, as a workflow's Kafka target does.
 //! - [`driver`]: produces the sample requests, answers the human steps,
 //!   cancels one kind, shows progress, and checks every outcome
 //!   (`flotilla-demo`).
 
 pub mod driver;
+pub mod responder;
 pub mod target;

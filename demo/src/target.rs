@@ -12,6 +12,9 @@
 //! - `check`: a verdict (422 with violations) for an applicant under 18;
 //! - `archive`: always 503, so its jobs run out of attempts and go DEAD.
 //!
+//! With `DEMO_TARGET_KAFKA_REQUESTS` it also answers step requests on that
+//! topic (`crate::responder`).
+//!
 //! Knobs: `DEMO_TARGET_LATENCY` delays every answer; `DEMO_TARGET_FAILURE_RATE`
 //! answers that share of all calls 503 (0 by default, so the demo's counts
 //! are exact).
@@ -39,6 +42,20 @@ pub struct TargetSettings {
     /// Share of all calls answered 503 (transient), from 0 to 1.
     #[arg(long, env = "DEMO_TARGET_FAILURE_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     pub failure_rate: f64,
+    /// Kafka mode as well: answer the step requests on this topic (the
+    /// `fraud` target of `demo/targets.yaml`; see `responder`). Unset: HTTP only.
+    #[arg(long, env = "DEMO_TARGET_KAFKA_REQUESTS")]
+    pub kafka_requests: Option<String>,
+    /// The broker of Kafka mode.
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub kafka_bootstrap_servers: String,
+    /// Kafka mode's replies in Avro through this registry; JSON without.
+    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
+    pub schema_registry_url: Option<String>,
 }
 
 fn parse_rate(text: &str) -> Result<f64, String> {
@@ -104,6 +121,19 @@ pub fn router(settings: &TargetSettings) -> axum::Router {
 /// # Errors
 /// The address cannot be bound.
 pub async fn serve(settings: TargetSettings) -> anyhow::Result<()> {
+    if let Some(topic) = settings.kafka_requests.clone() {
+        let broker = flotilla_runtime::BrokerConfig::new(&settings.kafka_bootstrap_servers);
+        let codec = match &settings.schema_registry_url {
+            Some(url) => flotilla_codec::Codec::with_registry(url)?,
+            None => flotilla_codec::Codec::json(),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = crate::responder::respond(broker, codec, topic).await {
+                eprintln!("demo target: Kafka mode stopped: {e}");
+                std::process::exit(1);
+            }
+        });
+    }
     let listener = tokio::net::TcpListener::bind(settings.addr).await?;
     println!(
         "demo target listening on http://{} (latency {}, failure rate {})",

@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use flotilla_contracts::step_headers as headers;
 use flotilla_contracts::{WorkflowStepRequest, json};
 use flotilla_store::outbox::step_requests::{self as outbox, PendingStepRequest};
@@ -153,13 +152,14 @@ impl Relay {
             metrics::counter!("flotilla_step_requests_published_total").increment(pass.sent as u64);
         }
         for (row, reason, unreadable) in refused {
-            let now = Utc::now();
+            let now = self.clock.now();
             let next = if unreadable {
                 pass.unreadable += 1;
                 tracing::error!(job_id = %row.job_id, step = %row.step_name, correlation_id = %row.correlation_id,
                     reason = %reason, "a step request cannot be sent; set aside (its step times out and asks again)");
                 metrics::counter!("flotilla_step_requests_unsendable_total").increment(1);
-                chrono::DateTime::<Utc>::MAX_UTC
+                // Never again on its own: a century is past any deadline.
+                now + chrono::TimeDelta::days(36_500)
             } else {
                 pass.deferred += 1;
                 tracing::warn!(job_id = %row.job_id, topic = %row.topic, reason = %reason,

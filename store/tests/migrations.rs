@@ -39,7 +39,8 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
             "workflow_run_outbox",
             "workflow_run_outbox_set_aside",
             "workflow_run_set_aside",
-            "workflow_schedule"
+            "workflow_schedule",
+            "workflow_step_request_outbox"
         ]
     );
 
@@ -56,6 +57,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
         "workflow_run_leased",
         "workflow_run_outbox_pending",
         "workflow_run_outbox_published",
+        "workflow_run_reply_deadline",
     ] {
         assert!(
             partial.iter().any(|i| i == index),

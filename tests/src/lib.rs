@@ -48,6 +48,24 @@ pub fn broker() -> flotilla_runtime::BrokerConfig {
     flotilla_runtime::BrokerConfig::new(&bootstrap_servers())
 }
 
+/// The Python interpreter the examples run with (`scripts/python-examples`
+/// installs their client libraries; `scripts/test` exports it), and the
+/// examples' directory.
+///
+/// # Panics
+/// `FLOTILLA_EXAMPLES_PYTHON` is unset.
+#[must_use]
+pub fn examples_python() -> (std::path::PathBuf, std::path::PathBuf) {
+    let python = std::env::var("FLOTILLA_EXAMPLES_PYTHON").unwrap_or_else(|_| {
+        panic!("FLOTILLA_EXAMPLES_PYTHON is not set: run `export FLOTILLA_EXAMPLES_PYTHON=$(scripts/python-examples)`, or use scripts/test")
+    });
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .join("examples");
+    (python.into(), examples)
+}
+
 #[must_use]
 pub fn schema_registry_url() -> String {
     service_env("SCHEMA_REGISTRY_URL")

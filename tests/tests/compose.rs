@@ -358,7 +358,11 @@ fn compose_targets_are_the_demo_targets_on_the_demo_target_service() {
     for (name, target) in &demo {
         let name = string_of(name, "a target name");
         let mut expected = target.clone();
-        expected["base_url"] = Value::String(base_url.clone());
+        // HTTP targets point at the demo-target service; Kafka targets
+        // name topics, the same everywhere.
+        if expected["kind"].as_str() == Some("http") {
+            expected["base_url"] = Value::String(base_url.clone());
+        }
         assert_eq!(
             compose_targets[name.as_str()],
             expected,

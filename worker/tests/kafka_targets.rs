@@ -74,15 +74,37 @@ async fn next_request(consumer: &StreamConsumer) -> (WorkflowStepRequest, HashMa
     (request, headers)
 }
 
-/// prepare (http) → score (Kafka: `fraud-requests` / `fraud-replies`) →
-/// decide (http), submitted over Kafka; a responder answers the request
-/// (after a reply that does not decode, which is dead-lettered) and sends
-/// its answer twice: the job completes once with the answer.
-#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
-async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end_to_end(
-    pool: PgPool,
-) {
-    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+/// prepare (http) → score (Kafka: request and reply topics of the test's
+/// own) → decide (http).
+fn scoring() -> serde_json::Value {
+    json!({
+        "name": "scoring", "input_schema": {},
+        "steps": [
+            {"name": "prepare", "target": "svc", "method": "prepare"},
+            {"name": "score", "target": "fraud", "method": "score",
+             "rules": ["amount = input.amount"],
+             "output_schema": {"type": "object", "required": ["risk"]}},
+            {"name": "decide", "target": "svc", "method": "decide",
+             "rules": ["risk = steps.score.risk"]}
+        ],
+        "output": ["risk = steps.decide.request.risk"]
+    })
+}
+
+/// A worker and a relay (binaries) with the `scoring` workflow, on topics of
+/// their own; Avro through the registry when `avro`, JSON otherwise.
+struct Fleet {
+    worker: Running,
+    relay: Running,
+    dir: std::path::PathBuf,
+    /// The run requests' topic, and the Kafka target's two.
+    run_requests: String,
+    requests: String,
+    replies: String,
+}
+
+impl Fleet {
+    async fn start(pool: &PgPool, avro: bool) -> Self {
         let url = echo_service().await;
         let (requests, replies) = (unique("fraud-requests"), unique("fraud-replies"));
         let run_requests = unique("kt-requests");
@@ -95,27 +117,20 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
             ),
         )
         .unwrap();
-        let workflow = json!({
-            "name": "scoring", "input_schema": {},
-            "steps": [
-                {"name": "prepare", "target": "svc", "method": "prepare"},
-                {"name": "score", "target": "fraud", "method": "score",
-                 "rules": ["amount = input.amount"],
-                 "output_schema": {"type": "object", "required": ["score"]}},
-                {"name": "decide", "target": "svc", "method": "decide",
-                 "rules": ["score = steps.score.score"]}
-            ],
-            "output": ["score = steps.decide.request.score"]
-        });
-        std::fs::write(dir.join("workflows/scoring.json"), workflow.to_string()).unwrap();
-        let database = flotilla_tests::database::url_of(&pool).await;
-
+        std::fs::write(dir.join("workflows/scoring.json"), scoring().to_string()).unwrap();
+        let database = flotilla_tests::database::url_of(pool).await;
+        let registry = |command: &mut Command| {
+            if avro {
+                command.env("SCHEMA_REGISTRY_URL", flotilla_tests::schema_registry_url());
+            } else {
+                command.env_remove("SCHEMA_REGISTRY_URL");
+            }
+        };
         let mut worker = Command::new(BINARY);
         worker
             .env("DATABASE_URL", &database)
             .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
-            .env_remove("SCHEMA_REGISTRY_URL")
-            .env("FLOTILLA_WORKER_ID", "kafka-target-worker")
+            .env("FLOTILLA_WORKER_ID", unique("kafka-target-worker"))
             .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
             .env("FLOTILLA_API_TOKENS", "test-token")
             .env("FLOTILLA_REQUEST_TOPIC", &run_requests)
@@ -123,15 +138,16 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
             .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
             .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
             .env("NO_COLOR", "1");
+        registry(&mut worker);
         let mut relay = Command::new(flotilla_tests::process::workspace_binary("flotilla-relay"));
         relay
             .env("DATABASE_URL", &database)
             .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
-            .env_remove("SCHEMA_REGISTRY_URL")
             .env("FLOTILLA_EVENT_TOPIC", unique("kt-events"))
-            .env("FLOTILLA_RELAY_ID", "kafka-target-relay")
+            .env("FLOTILLA_RELAY_ID", unique("kafka-target-relay"))
             .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
             .env("NO_COLOR", "1");
+        registry(&mut relay);
         let (worker, relay) = tokio::task::spawn_blocking(move || {
             let mut worker = Running::start(worker);
             worker.wait_for_line("worker ready", Duration::from_secs(60));
@@ -141,28 +157,29 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
         })
         .await
         .unwrap();
+        Self {
+            worker,
+            relay,
+            dir,
+            run_requests,
+            requests,
+            replies,
+        }
+    }
 
-        // The service: reads the requests from the start.
-        let responder: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap_servers())
-            .set("group.id", unique("fraud-service"))
-            .set("auto.offset.reset", "earliest")
-            .set("enable.auto.commit", "false")
-            .create()
-            .unwrap();
-        responder.subscribe(&[requests.as_str()]).unwrap();
-
+    /// Produces a run request of `scoring` for `amount`, with a trace of its
+    /// own; returns the job id and the trace id.
+    async fn submit(&self, producer: &FutureProducer, amount: i64) -> (Uuid, String) {
         let job_id = Uuid::new_v4();
-        let request = WorkflowRunRequest::new(job_id, "scoring", json!({"amount": 250})).unwrap();
-        let producer = producer();
-        let key = job_id.to_string();
-        // The client's trace: the step's request continues it.
+        let request =
+            WorkflowRunRequest::new(job_id, "scoring", json!({"amount": amount})).unwrap();
         let trace_id = format!("{:032x}", job_id.as_u128());
         let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
         let payload = flotilla_contracts::json::encode(&request).unwrap();
+        let key = job_id.to_string();
         producer
             .send(
-                FutureRecord::to(&run_requests)
+                FutureRecord::to(&self.run_requests)
                     .key(&key)
                     .payload(&payload)
                     .headers(rdkafka::message::OwnedHeaders::new().insert(
@@ -176,18 +193,80 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
             .await
             .map_err(|(e, _)| e)
             .unwrap();
+        (job_id, trace_id)
+    }
+
+    async fn stop(self) {
+        let Self {
+            worker, relay, dir, ..
+        } = self;
+        tokio::task::spawn_blocking(move || {
+            let (mut worker, mut relay) = (worker, relay);
+            assert!(worker.terminate(Duration::from_secs(30)).success());
+            assert!(relay.terminate(Duration::from_secs(30)).success());
+        })
+        .await
+        .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// Polls until `job_id` is COMPLETED; its result.
+async fn completed(pool: &PgPool, job_id: Uuid) -> Option<serde_json::Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let row: Option<(String, Option<serde_json::Value>)> =
+            sqlx::query_as("SELECT status, result FROM workflow_run WHERE job_id = $1")
+                .bind(job_id)
+                .fetch_optional(pool)
+                .await
+                .unwrap();
+        if let Some((status, result)) = &row
+            && status == "COMPLETED"
+        {
+            return result.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job never completed: {row:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A responder in the test answers the request (after a reply that does not
+/// decode, which is dead-lettered) and sends its answer twice: the job
+/// completes once with the answer. JSON on the wire.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end_to_end(
+    pool: PgPool,
+) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let fleet = Fleet::start(&pool, false).await;
+        // The service: reads the requests from the start.
+        let responder: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap_servers())
+            .set("group.id", unique("fraud-service"))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        responder.subscribe(&[fleet.requests.as_str()]).unwrap();
+        let producer = producer();
+        let (job_id, trace_id) = fleet.submit(&producer, 250).await;
+        let key = job_id.to_string();
 
         let (asked, headers) = next_request(&responder).await;
         assert_eq!(asked.job_id(), job_id);
         assert_eq!(asked.step_name(), "score");
         assert_eq!(asked.request(), &json!({"amount": 250}));
-        assert_eq!(asked.reply_topic(), replies);
+        assert_eq!(asked.reply_topic(), fleet.replies);
         let correlation = asked.correlation_id().to_string();
         for (name, value) in [
             ("flotilla.job-id", key.as_str()),
             ("flotilla.step", "score"),
             ("flotilla.correlation-id", correlation.as_str()),
-            ("flotilla.reply-topic", replies.as_str()),
+            ("flotilla.reply-topic", fleet.replies.as_str()),
             ("idempotency-key", format!("{job_id}:score").as_str()),
         ] {
             assert_eq!(headers.get(name).map(String::as_str), Some(value), "{headers:?}");
@@ -199,30 +278,14 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
             "the request continues the job's trace: {headers:?}"
         );
 
-        produce(&producer, &replies, &key, b"{not a reply").await;
-        let answer = WorkflowStepReply::answer(job_id, asked.correlation_id(), json!({"score": 25}))
+        produce(&producer, &fleet.replies, &key, b"{not a reply").await;
+        let answer = WorkflowStepReply::answer(job_id, asked.correlation_id(), json!({"risk": 0.5}))
             .unwrap();
         let answer = flotilla_contracts::json::encode(&answer).unwrap();
-        produce(&producer, &replies, &key, &answer).await;
-        produce(&producer, &replies, &key, &answer).await;
+        produce(&producer, &fleet.replies, &key, &answer).await;
+        produce(&producer, &fleet.replies, &key, &answer).await;
 
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        let result = loop {
-            let row: Option<(String, Option<serde_json::Value>)> =
-                sqlx::query_as("SELECT status, result FROM workflow_run WHERE job_id = $1")
-                    .bind(job_id)
-                    .fetch_optional(&pool)
-                    .await
-                    .unwrap();
-            if let Some((status, result)) = &row
-                && status == "COMPLETED"
-            {
-                break result.clone();
-            }
-            assert!(tokio::time::Instant::now() < deadline, "the job never completed: {row:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        assert_eq!(result, Some(json!({"score": 25})));
+        assert_eq!(completed(&pool, job_id).await, Some(json!({"risk": 0.5})));
         let checkpoints: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM workflow_run_outbox WHERE job_id = $1 AND event_type = 'STEP_CHECKPOINT'",
         )
@@ -238,7 +301,7 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
         assert_eq!(unsent, 0, "the relay deleted the request it sent");
 
         // The reply that did not decode went to the reply topic's dead letters.
-        let dead_letters = flotilla_contracts::topics::dead_letter_topic(&replies);
+        let dead_letters = flotilla_contracts::topics::dead_letter_topic(&fleet.replies);
         let reader: rdkafka::consumer::BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap_servers())
             .create()
@@ -265,15 +328,52 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
 
         close_consumer(responder);
         std::thread::spawn(move || drop(reader));
-        tokio::task::spawn_blocking(move || {
-            let (mut worker, mut relay) = (worker, relay);
-            assert!(worker.terminate(Duration::from_secs(30)).success());
-            assert!(relay.terminate(Duration::from_secs(30)).success());
-        })
-        .await
-        .unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+        fleet.stop().await;
     })
     .await
     .expect("the Kafka target test timed out");
+}
+
+/// The Python example (`examples/python/responder.py`: confluent-kafka and
+/// the registry's Avro serializer) answers a Kafka step of a fleet writing
+/// Avro: the job completes with its answer.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn the_python_example_responder_answers_a_kafka_step_in_avro(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let (python, examples) = flotilla_tests::examples_python();
+        let fleet = Fleet::start(&pool, true).await;
+        let mut command = Command::new(python);
+        command
+            .arg(examples.join("python/responder.py"))
+            .args(["--bootstrap", &bootstrap_servers()])
+            .args(["--requests", &fleet.requests])
+            .args(["--registry", &flotilla_tests::schema_registry_url()])
+            .args(["--group", &unique("python-responder")])
+            .args(["--max", "1"]);
+        let responder = tokio::task::spawn_blocking(move || {
+            let mut responder = Running::start(command);
+            responder.wait_for_line("answering step requests", Duration::from_secs(60));
+            responder
+        })
+        .await
+        .unwrap();
+        let (job_id, _) = fleet.submit(&producer(), 250).await;
+        assert_eq!(
+            completed(&pool, job_id).await,
+            Some(json!({"risk": 0.5})),
+            "the example's answer: 250 modulo 100, as a share"
+        );
+        let (status, output) = tokio::task::spawn_blocking(move || {
+            let mut responder = responder;
+            let status = responder.wait(Duration::from_secs(30));
+            (status, responder.output.join("\n"))
+        })
+        .await
+        .unwrap();
+        assert!(status.success(), "the responder: {status}\n{output}");
+        assert!(output.contains(&format!("of job {job_id}")), "{output}");
+        fleet.stop().await;
+    })
+    .await
+    .expect("the Python example test timed out");
 }

@@ -721,6 +721,7 @@
       trace: field('Trace id', 'job-trace-id'),
       parent: field('Started by', 'job-parent'),
       children: field('Children', 'job-children'),
+      requests: field('Kafka requests', 'job-kafka-requests'),
       error: field('Error', 'job-error'), // last: it spans the full width
     };
     f.error.dd.classList.add('wide');
@@ -790,6 +791,14 @@
       replaceContent(f.children.dd, kids.length === 0 ? '—' : kids.map((c) => el('div', { class: 'child-link' },
         el('a', { class: 'mono', href: `#/jobs/${seg(String(c.job_id))}` }, String(c.job_id)),
         ` ${dash(c.step)} → ${dash(c.workflow_name)} `, statusBadge(c.status))));
+      // Each Kafka step's latest request: where it went, its correlation
+      // id, until when it waits, and whether a reply came.
+      const requests = job.step_requests && typeof job.step_requests === 'object' ? Object.entries(job.step_requests) : [];
+      replaceContent(f.requests.dd, requests.length === 0 ? '—' : requests.map(([step, r]) => el('div', { class: 'kafka-request' },
+        `${step} → ${dash(r && r.topic)} `,
+        el('span', { class: 'mono' }, dash(r && r.correlation_id)),
+        ' until ', timeEl(r && r.deadline),
+        r && r.reply ? (r.reply.error ? ` · refused: ${r.reply.error}` : ' · answered') : ' · waiting')));
       f.trace.dd.textContent = dash(job.trace_id);
       f.trace.dd.classList.add('mono');
       replaceContent(f.created.dd, timeEl(job.created_at));

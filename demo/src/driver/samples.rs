@@ -29,12 +29,15 @@ pub enum Kind {
     Signalled,
     /// Starts a child workflow (`shipping`) and completes with its result.
     Parent,
+    /// A step whose target is a pair of Kafka topics: the relay sends its
+    /// request, the demo target answers on the reply topic.
+    Screened,
 }
 
 impl Kind {
     /// Every kind, and its share of the requests (in twentieths).
-    pub const ALL: [(Kind, usize); 9] = [
-        (Kind::Shipping, 3),
+    pub const ALL: [(Kind, usize); 10] = [
+        (Kind::Shipping, 2),
         (Kind::Retried, 3),
         (Kind::Approved, 3),
         (Kind::Refused, 2),
@@ -43,6 +46,7 @@ impl Kind {
         (Kind::Graph, 2),
         (Kind::Signalled, 2),
         (Kind::Parent, 1),
+        (Kind::Screened, 1),
     ];
 
     /// The fewest requests that hold one of each kind.
@@ -59,6 +63,7 @@ impl Kind {
             Kind::Graph => "fulfilment",
             Kind::Signalled => "settlement",
             Kind::Parent => "order",
+            Kind::Screened => "screening",
         }
     }
 
@@ -71,7 +76,8 @@ impl Kind {
             | Kind::Approved
             | Kind::Graph
             | Kind::Signalled
-            | Kind::Parent => "COMPLETED",
+            | Kind::Parent
+            | Kind::Screened => "COMPLETED",
             Kind::Refused => "FAILED",
             Kind::Dead => "DEAD",
             Kind::Cancelled => "CANCELLED",
@@ -90,6 +96,7 @@ impl Kind {
             Kind::Graph => "graph: fan-out, for_each, when, timer",
             Kind::Signalled => "waits for a signal sent to Kafka",
             Kind::Parent => "starts a child workflow, takes its result",
+            Kind::Screened => "a step answered over Kafka topics",
         }
     }
 
@@ -118,6 +125,7 @@ impl Kind {
                 json!({"name": name})
             }
             Kind::Retried | Kind::Signalled => json!({"amount": 100 + n}),
+            Kind::Screened => json!({"name": name, "amount": 100 + n}),
             Kind::Refused => json!({"name": name, "age": 15}),
             Kind::Dead => json!({}),
             // Odd orders have five lines (reviewed), even ones three.

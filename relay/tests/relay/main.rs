@@ -8,6 +8,7 @@ mod order;
 mod partitions;
 mod registry;
 mod retention;
+mod step_requests;
 mod wake;
 
 use std::collections::{BTreeMap, HashMap};

@@ -22,6 +22,9 @@ pub struct RequestEntry {
     pub topic: String,
     pub reply_topic: String,
     pub deadline: DateTime<Utc>,
+    /// When the park that sends it was built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_at: Option<DateTime<Utc>>,
     /// The reply matched to it, once one came.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply: Option<StoredReply>,
@@ -141,8 +144,12 @@ pub(super) async fn insert_outgoing(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyMatch {
     /// Kept on its step's request; `woken`: the job was WAITING and is
-    /// queued again to take it.
-    Recorded { step: String, woken: bool },
+    /// queued again to take it; `waited`: since the request was made.
+    Recorded {
+        step: String,
+        woken: bool,
+        waited: Option<chrono::TimeDelta>,
+    },
     /// Its request was answered before: nothing changed.
     Repeat { step: String },
     /// No request of the job has this correlation id now (an earlier
@@ -216,6 +223,7 @@ pub async fn record_reply(
     Ok(ReplyMatch::Recorded {
         step,
         woken: woken && status == RunStatus::Waiting,
+        waited: entry.requested_at.map(|at| reply.received_at - at),
     })
 }
 

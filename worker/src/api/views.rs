@@ -50,6 +50,12 @@ pub struct JobView {
     /// The jobs this one started (`GET /v1/jobs/{job_id}` only; empty in
     /// lists).
     pub children: Vec<ChildLink>,
+    /// Each Kafka step's latest request: step → `{correlation_id, attempt,
+    /// topic, reply_topic, deadline, requested_at, reply}`.
+    #[schema(value_type = Option<Object>)]
+    pub step_requests: Option<Value>,
+    /// While WAITING: when the earliest request it waits on runs out.
+    pub reply_deadline: Option<DateTime<Utc>>,
 }
 
 impl From<RunRow> for JobView {
@@ -65,6 +71,10 @@ impl From<RunRow> for JobView {
             parent_step: row.parent_step,
             depth: row.depth,
             children: Vec::new(),
+            step_requests: row.step_requests.map(|r| r.0),
+            reply_deadline: (row.status == RunStatus::Waiting)
+                .then_some(row.reply_deadline)
+                .flatten(),
             revision: row.revision,
             timers: row.timers.map(|t| t.0),
             status: row.status,

@@ -132,6 +132,7 @@ pub(super) fn outgoing(
             topic: target.request_topic.clone(),
             reply_topic: target.reply_topic.clone(),
             deadline: contract.deadline(),
+            requested_at: Some(now),
             reply: None,
         },
         encoding: target.encoding_or(fleet).as_str(),
@@ -227,9 +228,16 @@ impl Engine {
         )
         .await?;
         let outcome = match matched {
-            ReplyMatch::Recorded { step, woken } => {
+            ReplyMatch::Recorded {
+                step,
+                woken,
+                waited,
+            } => {
                 if woken {
                     self.wake();
+                }
+                if let Some(waited) = waited.and_then(|w| w.to_std().ok()) {
+                    metrics::histogram!("flotilla_step_reply_seconds").record(waited.as_secs_f64());
                 }
                 ReplyOutcome::Matched { step, woken }
             }

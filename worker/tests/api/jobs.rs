@@ -635,3 +635,71 @@ async fn a_parent_and_its_child_show_each_other(pool: PgPool) {
     );
     assert_eq!(child["children"], json!([]));
 }
+
+/// A job waiting on a Kafka-target step shows the request it waits on:
+/// the topic, the correlation id and until when, and the same deadline on
+/// the job.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_waiting_on_a_kafka_target_shows_its_request(pool: PgPool) {
+    use flotilla_worker::target::kafka::{Encoding, KafkaTarget};
+    let mut targets = flotilla_worker::test_support::echo_targets();
+    targets.register_kafka(
+        "fraud",
+        KafkaTarget {
+            request_topic: "fraud-requests".into(),
+            reply_topic: "fraud-replies".into(),
+            encoding: Some(Encoding::Json),
+            timeout: std::time::Duration::from_secs(30),
+        },
+    );
+    let api = Api::start_with(&pool, &[], targets).await;
+    let workflow = json!({
+        "name": "scored", "input_schema": {},
+        "steps": [{"name": "score", "target": "fraud", "method": "score", "rules": ["amount = 3"]}]
+    });
+    assert_eq!(
+        api.call(Method::PUT, "/v1/workflows/scored", Some(workflow))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    let (status, job) = api
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "scored", "input": {}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let job_id = job["job_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        job["step_requests"],
+        Value::Null,
+        "nothing sent before it runs"
+    );
+    api.engine.run_once().await.unwrap();
+
+    let (status, job) = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(job["status"], "WAITING");
+    assert_eq!(job["outstanding_step"], "score");
+    let request = &job["step_requests"]["score"];
+    assert_eq!(request["topic"], "fraud-requests");
+    assert_eq!(request["reply_topic"], "fraud-replies");
+    assert!(
+        request["correlation_id"]
+            .as_str()
+            .unwrap()
+            .parse::<Uuid>()
+            .is_ok(),
+        "{request}"
+    );
+    assert!(request.get("reply").is_none(), "no reply yet: {request}");
+    let deadline = |v: &Value| chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap()).unwrap();
+    assert_eq!(
+        deadline(&job["reply_deadline"]),
+        deadline(&request["deadline"])
+    );
+}
