@@ -35,6 +35,10 @@ pub fn answer(request: &WorkflowStepRequest) -> Value {
 pub async fn respond(broker: BrokerConfig, codec: Codec, topic: String) -> anyhow::Result<()> {
     let consumer: StreamConsumer = broker
         .manual_commit_consumer("flotilla-demo-target")
+        // The test broker and librdkafka's mock cluster hold an empty fetch
+        // for the whole wait even when a record arrives (a real Kafka
+        // answers at once): a short wait keeps a request's answer prompt.
+        .set("fetch.wait.max.ms", "20")
         .create()?;
     consumer.subscribe(&[topic.as_str()])?;
     let producer: FutureProducer = broker.idempotent_producer().create()?;
