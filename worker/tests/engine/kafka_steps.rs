@@ -388,3 +388,81 @@ async fn a_reply_kept_while_the_job_ran_is_taken_by_its_next_segment(pool: PgPoo
         json!({"score": 4})
     );
 }
+
+/// The reply lands while the job runs another branch after a wake (here a
+/// human step's completion): the segment's claim did not see it, so the
+/// park that ends the segment finds it and queues the job again at once
+/// instead of waiting for a reply that already came.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_reply_that_lands_mid_segment_requeues_the_park_that_ends_it(pool: PgPool) {
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+    let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let calls = Calls::default();
+    let mut targets = targets(&calls, Duration::from_secs(30));
+    targets.register(
+        "slow",
+        Arc::new(flotilla_worker::target::FnTarget({
+            let (started, release) = (started.clone(), release.clone());
+            move |_call: flotilla_worker::target::TargetCall| {
+                let (started, release) = (started.clone(), release.clone());
+                async move {
+                    started.notify_one();
+                    release.notified().await;
+                    Ok::<_, flotilla_worker::target::StepFailure>(json!({"done": true}))
+                }
+            }
+        })),
+        4,
+    );
+    let engine = Engine::new(pool.clone(), targets, manual_clock(), settings("w"));
+    // approve (a human's) and score (Kafka) side by side; work after approve.
+    let document = json!({
+        "name": "reviewed", "input_schema": {},
+        "steps": [
+            {"name": "approve", "target": "echo", "method": "approve", "completion": "external", "needs": []},
+            {"name": "score", "target": "fraud", "method": "score", "rules": ["amount = 1"], "needs": []},
+            {"name": "work", "target": "slow", "method": "work", "needs": ["approve"]}
+        ],
+        "output": ["risk = steps.score.risk"]
+    });
+    engine.register_workflow(&document).await.unwrap();
+    let job_id = submit(&engine, "reviewed", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+
+    engine
+        .complete_step(job_id, "approve", json!({"ok": true}))
+        .await
+        .unwrap();
+    let running = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.run_once().await.unwrap() }
+    });
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("work never started");
+    let kept = reply(&engine, job_id, correlation, json!({"risk": 0.1})).await;
+    assert_eq!(
+        kept,
+        ReplyOutcome::Matched {
+            step: "score".into(),
+            woken: false
+        },
+        "the job runs: the reply is kept, the segment left alone"
+    );
+    release.notify_one();
+    assert_eq!(running.await.unwrap(), Outcome::Parked(job_id));
+    let parked = row(&pool, job_id).await;
+    assert_eq!(
+        parked.status,
+        RunStatus::Queued,
+        "the park found the reply and queued the job instead of waiting"
+    );
+    assert_eq!(outbox(&pool, job_id).await.len(), 1, "no second request");
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.result.unwrap().0,
+        json!({"risk": 0.1})
+    );
+}
