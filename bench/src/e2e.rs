@@ -457,6 +457,26 @@ async fn reply_latency(fleet: &Fleet) -> anyhow::Result<(f64, f64)> {
     Ok((p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN)))
 }
 
+/// Returns once a job of the fleet has ended FAILED, DEAD or CANCELLED:
+/// how many have, and one of their errors.
+async fn ended_otherwise(fleet: &Fleet) -> (i64, String) {
+    loop {
+        let found: Result<(i64, Option<String>), sqlx::Error> = sqlx::query_as(
+            "SELECT count(*), min(error) FROM workflow_run
+             WHERE status IN ('FAILED', 'DEAD', 'CANCELLED')",
+        )
+        .fetch_one(&fleet.database.pool)
+        .await;
+        if let Ok((ended, error)) = found
+            && ended > 0
+        {
+            return (ended, error.unwrap_or_default());
+        }
+        // A watchdog's pace, not a synchronisation: the reader decides.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Jobs per second from the first produce to the last COMPLETED event read.
 async fn throughput(
     kind: BrokerKind,
@@ -469,7 +489,14 @@ async fn throughput(
     let reader = fleet.read_completed(ids.iter().copied().collect(), Duration::from_secs(1200))?;
     let started = Instant::now();
     fleet.produce(workflow, &ids, None).await?;
-    let done = reader.await??;
+    // A job that ends otherwise never sends the COMPLETED event the reader
+    // waits for: stop at once, saying why, instead of at the reader's deadline.
+    let done = tokio::select! {
+        done = reader => done??,
+        (ended, error) = ended_otherwise(&fleet) => anyhow::bail!(
+            "{ended} {workflow} jobs ended without completing, e.g.: {error}"
+        ),
+    };
     let last = done.values().map(|c| c.read).max().unwrap_or(started);
     #[allow(clippy::cast_precision_loss)]
     let rate = jobs as f64 / last.duration_since(started).as_secs_f64();

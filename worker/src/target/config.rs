@@ -290,6 +290,62 @@ mod tests {
         std::fs::remove_file(secret).unwrap();
     }
 
+    fn load_text(yaml: &str) -> Result<Targets, TargetsFileError> {
+        let path = std::env::temp_dir().join(format!(
+            "flotilla-targets-{}-{}.yaml",
+            std::process::id(),
+            uuid::Uuid::new_v4()
+        ));
+        std::fs::write(&path, yaml).unwrap();
+        let mut targets = Targets::default();
+        let loaded = load(&path, &mut targets).map(|()| targets);
+        std::fs::remove_file(path).unwrap();
+        loaded
+    }
+
+    #[test]
+    fn a_kafka_target_loads_with_its_topics_and_a_wrong_one_is_refused_by_name() {
+        let targets = load_text(
+            "targets:\n  fraud:\n    kind: kafka\n    request_topic: fraud-requests\n    reply_topic: fraud-replies\n    encoding: avro\n    timeout_ms: 1500\n",
+        )
+        .unwrap();
+        let fraud = targets.kafka("fraud").expect("a Kafka target");
+        assert_eq!(
+            (fraud.request_topic.as_str(), fraud.reply_topic.as_str()),
+            ("fraud-requests", "fraud-replies")
+        );
+        assert_eq!(fraud.encoding, Some(super::super::kafka::Encoding::Avro));
+        assert_eq!(fraud.timeout, Duration::from_millis(1500));
+        assert!(targets.names().contains("fraud"), "definitions may name it");
+        assert_eq!(targets.reply_topics(), ["fraud-replies"]);
+
+        for (yaml, expected) in [
+            (
+                "    request_topic: a b\n    reply_topic: r\n",
+                "request_topic: ' ' is not allowed",
+            ),
+            (
+                "    request_topic: same\n    reply_topic: same\n",
+                "the same topic",
+            ),
+            (
+                "    request_topic: q\n    reply_topic: r\n    timeout_ms: 0\n",
+                "timeout_ms must be above 0",
+            ),
+            // No cap is enforced for Kafka targets: refused, not ignored.
+            (
+                "    request_topic: q\n    reply_topic: r\n    max_concurrent: 4\n",
+                "max_concurrent",
+            ),
+        ] {
+            let refused = load_text(&format!("targets:\n  fraud:\n    kind: kafka\n{yaml}"))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(refused.contains(expected), "{expected}: {refused}");
+        }
+    }
+
     #[test]
     fn a_bad_header_value_is_refused_without_echoing_it() {
         let refused = resolve_headers(&sources("Authorization: \"Bearer s3cret\\nInjected: 1\"\n"))
