@@ -2,8 +2,8 @@
 //! Kafka target of a workflow step does. It reads each `WorkflowStepRequest`
 //! (Avro or JSON), answers on the request's `reply_topic` with a
 //! `WorkflowStepReply` naming its correlation id (in the fleet's encoding:
-//! Avro with a registry), and commits its offset only once the reply is
-//! acknowledged, so a request is answered at least once; a repeated answer
+//! Avro with a registry), a batch of requests at a time, and commits their
+//! offsets only once their replies are acknowledged, so a request is answered at least once; a repeated answer
 //! is harmless (the worker drops it).
 //!
 //! The fraud model it plays: `risk` is the request's `amount` modulo 100,
@@ -16,6 +16,7 @@ use flotilla_contracts::{WorkflowStepReply, WorkflowStepRequest};
 use flotilla_runtime::BrokerConfig;
 use rdkafka::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
@@ -50,47 +51,78 @@ pub async fn respond(broker: BrokerConfig, codec: Codec, topic: String) -> anyho
     let producer: FutureProducer = broker.idempotent_producer().create()?;
     println!("demo target answering step requests on {topic}");
     loop {
-        let message = match consumer.recv().await {
-            Ok(message) => message,
-            Err(e) => {
-                eprintln!("demo target: reading {topic}: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        match codec
-            .decode::<WorkflowStepRequest>(message.payload().unwrap_or_default())
-            .await
-        {
-            Ok(request) => {
-                let reply = WorkflowStepReply::answer(
-                    request.job_id(),
-                    request.correlation_id(),
-                    answer(&request),
-                )?;
-                let bytes = codec.encode(request.reply_topic(), &reply).await?;
-                let key = request.job_id().to_string();
-                // Until acknowledged: an unanswered request is answered again.
-                while let Err((e, _)) = producer
-                    .send(
-                        FutureRecord::to(request.reply_topic())
-                            .key(&key)
-                            .payload(&bytes),
-                        Duration::from_secs(10),
-                    )
-                    .await
-                {
-                    eprintln!("demo target: replying to {key}: {e}; again");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+        let batch = next_batch(&consumer, &topic).await;
+        // Every reply of the batch on its way at once, then each awaited
+        // (sent again until acknowledged), then the batch's offsets
+        // committed: answered at least once, without a round trip per
+        // request.
+        let mut replies = Vec::with_capacity(batch.len());
+        for message in &batch {
+            match codec
+                .decode::<WorkflowStepRequest>(message.payload().unwrap_or_default())
+                .await
+            {
+                Ok(request) => {
+                    let reply = WorkflowStepReply::answer(
+                        request.job_id(),
+                        request.correlation_id(),
+                        answer(&request),
+                    )?;
+                    let bytes = codec.encode(request.reply_topic(), &reply).await?;
+                    let (topic, key) = (
+                        request.reply_topic().to_owned(),
+                        request.job_id().to_string(),
+                    );
+                    replies.push((topic, key, bytes));
                 }
+                // Not a request this service can read: nothing to answer.
+                Err(e) => eprintln!("demo target: a record on {topic} is not a step request: {e}"),
             }
-            // Not a request this service can read: nothing to answer.
-            Err(e) => eprintln!("demo target: a record on {topic} is not a step request: {e}"),
         }
-        if let Err(e) = consumer.commit_message(&message, CommitMode::Async) {
+        let producer = &producer;
+        let sends = replies.iter().map(|(topic, key, bytes)| async move {
+            while let Err((e, _)) = producer
+                .send(
+                    FutureRecord::to(topic).key(key).payload(bytes),
+                    Duration::from_secs(10),
+                )
+                .await
+            {
+                eprintln!("demo target: replying to {key}: {e}; again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        futures_util::future::join_all(sends).await;
+        for message in &batch {
+            if let Err(e) = consumer.store_offset_from_message(message) {
+                eprintln!("demo target: storing an offset: {e}");
+            }
+        }
+        if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
             eprintln!("demo target: committing: {e}");
         }
     }
+}
+
+/// The next message, and whatever else is already waiting (up to 500).
+async fn next_batch<'a>(consumer: &'a StreamConsumer, topic: &str) -> Vec<BorrowedMessage<'a>> {
+    let mut batch = Vec::new();
+    while batch.is_empty() {
+        match consumer.recv().await {
+            Ok(message) => batch.push(message),
+            Err(e) => {
+                eprintln!("demo target: reading {topic}: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    while batch.len() < 500 {
+        match tokio::time::timeout(Duration::from_millis(2), consumer.recv()).await {
+            Ok(Ok(message)) => batch.push(message),
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    batch
 }
 
 #[cfg(test)]

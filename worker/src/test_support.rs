@@ -24,6 +24,19 @@ pub fn echo_target() -> Arc<dyn Target> {
     }))
 }
 
+/// A Kafka target writing JSON to `fraud-requests`, answered on
+/// `fraud-replies`, waiting `timeout` for each reply (no broker needed
+/// until a relay sends its requests).
+#[must_use]
+pub fn kafka_target(timeout: std::time::Duration) -> crate::target::kafka::KafkaTarget {
+    crate::target::kafka::KafkaTarget {
+        request_topic: "fraud-requests".into(),
+        reply_topic: "fraud-replies".into(),
+        encoding: Some(crate::target::kafka::Encoding::Json),
+        timeout,
+    }
+}
+
 /// Targets with [`echo_target`] registered as `echo`.
 #[must_use]
 pub fn echo_targets() -> Targets {

@@ -641,16 +641,10 @@ async fn a_parent_and_its_child_show_each_other(pool: PgPool) {
 /// the job.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_job_waiting_on_a_kafka_target_shows_its_request(pool: PgPool) {
-    use flotilla_worker::target::kafka::{Encoding, KafkaTarget};
     let mut targets = flotilla_worker::test_support::echo_targets();
     targets.register_kafka(
         "fraud",
-        KafkaTarget {
-            request_topic: "fraud-requests".into(),
-            reply_topic: "fraud-replies".into(),
-            encoding: Some(Encoding::Json),
-            timeout: std::time::Duration::from_secs(30),
-        },
+        flotilla_worker::test_support::kafka_target(std::time::Duration::from_secs(30)),
     );
     let api = Api::start_with(&pool, &[], targets).await;
     let workflow = json!({

@@ -542,3 +542,41 @@ async fn the_schedules_page_lists_creates_and_pauses_schedules(pool: PgPool) {
     })
     .await;
 }
+
+/// A job waiting on a Kafka-target step shows, on its page, the request it
+/// waits on: the step, the topic, the correlation id, and that no reply came.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_waiting_on_a_kafka_target_shows_its_request(pool: PgPool) {
+    use flotilla_worker::test_support::kafka_target;
+    within_timeout(async {
+        let mut targets = echo_targets();
+        targets.register_kafka("fraud", kafka_target(Duration::from_secs(300)));
+        let app = TestApp::spawn_with(pool.clone(), &["--worker-count", "1"], targets).await;
+        let workflow = json!({
+            "name": "scored", "input_schema": {},
+            "steps": [{"name": "score", "target": "fraud", "method": "score", "rules": ["amount = 3"]}]
+        });
+        put_created(&app, "/v1/workflows/scored", &workflow).await;
+        let job_id = waiting_job(&app, "scored").await;
+        let correlation: String = sqlx::query_scalar(
+            "SELECT step_requests -> 'score' ->> 'correlation_id' FROM workflow_run WHERE job_id = $1",
+        )
+        .bind(job_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.fill("#job-search", &job_id.to_string()).await;
+        browser.click("#job-search-go").await;
+        let shown = browser
+            .text_until("#job-kafka-requests", |t| t.contains("fraud-requests"))
+            .await;
+        assert!(shown.contains("score"), "{shown}");
+        assert!(shown.contains(&correlation), "{shown}");
+        assert!(shown.contains("waiting"), "{shown}");
+        browser.close().await;
+    })
+    .await;
+}

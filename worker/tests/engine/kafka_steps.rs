@@ -14,7 +14,6 @@ use flotilla_store::{Clock as _, RunStatus};
 use flotilla_worker::engine::kafka_steps::ReplyOutcome;
 use flotilla_worker::engine::{Engine, Outcome};
 use flotilla_worker::target::Targets;
-use flotilla_worker::target::kafka::{Encoding, KafkaTarget};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -44,12 +43,7 @@ fn targets(calls: &Calls, timeout: Duration) -> Targets {
     let mut targets = echo_targets(calls);
     targets.register_kafka(
         "fraud",
-        KafkaTarget {
-            request_topic: "fraud-requests".into(),
-            reply_topic: "fraud-replies".into(),
-            encoding: Some(Encoding::Json),
-            timeout,
-        },
+        flotilla_worker::test_support::kafka_target(timeout),
     );
     targets
 }
