@@ -182,7 +182,12 @@ pub async fn record_reply(
     .bind(job_id)
     .fetch_optional(&mut *tx)
     .await?;
+    // Every way out ends the transaction before returning: a transaction
+    // merely dropped is rolled back only when its connection is next used,
+    // and until then it keeps the row locked against claims (SKIP LOCKED
+    // would pass the job by).
     let Some((status, requests)) = found else {
+        tx.rollback().await?;
         return Ok(ReplyMatch::UnknownJob);
     };
     let matched = requests.and_then(|Json(requests)| {
@@ -194,12 +199,15 @@ pub async fn record_reply(
         })
     });
     let Some((step, entry)) = matched else {
+        tx.rollback().await?;
         return Ok(ReplyMatch::Stale);
     };
     if entry.reply.is_some() {
+        tx.rollback().await?;
         return Ok(ReplyMatch::Repeat { step });
     }
     if status.is_finished() {
+        tx.rollback().await?;
         return Ok(ReplyMatch::Finished(status));
     }
     let woken: bool = sqlx::query_scalar(

@@ -288,7 +288,10 @@ impl Engine {
                 })
             };
         }
+        // Each refusal ends the transaction first: a dropped one keeps the
+        // row locked until its connection is used again.
         if row.status.is_finished() {
+            tx.rollback().await?;
             return Err(SignalError::Finished {
                 job_id,
                 status: row.status,
@@ -302,6 +305,7 @@ impl Engine {
             .flatten()
             .any(|step| step["wait_for"].as_str() == Some(signal.name.as_str()));
         if !awaited {
+            tx.rollback().await?;
             return Err(SignalError::NotAwaited {
                 job_id,
                 name: signal.name,
@@ -313,7 +317,10 @@ impl Engine {
                 Some(oldest) => {
                     kept.remove(oldest);
                 }
-                None => return Err(SignalError::Full { job_id }),
+                None => {
+                    tx.rollback().await?;
+                    return Err(SignalError::Full { job_id });
+                }
             }
         }
         let entry = SignalEntry {

@@ -199,6 +199,17 @@ async fn a_reply_that_arrives_twice_completes_the_step_once(pool: PgPool) {
         ReplyOutcome::Dropped("repeat"),
         "the first reply stands"
     );
+    // The repeat let go of the row when it returned: a transaction merely
+    // dropped would hold its lock until its connection is used again, and a
+    // claim (SKIP LOCKED) would pass the job by. Checked from a connection
+    // of its own, outside the pool.
+    let mut other = crate::support::own_connection(&pool).await;
+    for n in 0..20 {
+        let again = reply(&engine, job_id, correlation, json!({"score": 3})).await;
+        assert_eq!(again, ReplyOutcome::Dropped("repeat"));
+        crate::support::assert_unlocked(&mut other, job_id, &format!("repeat {n}")).await;
+    }
+    sqlx::Connection::close(other).await.unwrap();
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
     assert_eq!(
         row(&pool, job_id).await.result.unwrap().0,

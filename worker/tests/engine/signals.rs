@@ -397,3 +397,24 @@ async fn a_wait_calls_no_target_and_its_definition_says_so(pool: PgPool) {
         .unwrap_err();
     assert!(blank.to_string().contains("wait_for"), "{blank}");
 }
+
+/// A refused signal lets go of the job's row when it returns: a transaction
+/// merely dropped would keep the row locked until its connection is used
+/// again, and a claim (SKIP LOCKED) would pass the job by meanwhile.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_refused_signal_leaves_the_jobs_row_unlocked(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine_with(&pool, echo_targets(&calls), &payment()).await;
+    let job_id = submit(&engine, "payment", json!({})).await;
+    let mut other = crate::support::own_connection(&pool).await;
+    for n in 0..20 {
+        let mut unawaited = signal(job_id, &format!("k{n}"), json!({"amount": 1}));
+        unawaited.name = "nobody-waits".into();
+        assert!(matches!(
+            engine.send_signal(unawaited).await,
+            Err(SignalError::NotAwaited { .. })
+        ));
+        crate::support::assert_unlocked(&mut other, job_id, &format!("refusal {n}")).await;
+    }
+    sqlx::Connection::close(other).await.unwrap();
+}

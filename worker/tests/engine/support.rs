@@ -214,3 +214,23 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A connection of its own, outside `pool`, for checks another session makes.
+pub(crate) async fn own_connection(pool: &PgPool) -> sqlx::PgConnection {
+    sqlx::ConnectOptions::connect(&*pool.connect_options())
+        .await
+        .unwrap()
+}
+
+/// Asserts that no session holds `job_id`'s row locked (as a claim's
+/// SKIP LOCKED would find it), from `other`; `what` names the moment.
+pub(crate) async fn assert_unlocked(other: &mut sqlx::PgConnection, job_id: Uuid, what: &str) {
+    let locked = sqlx::query("SELECT 1 FROM workflow_run WHERE job_id = $1 FOR UPDATE NOWAIT")
+        .bind(job_id)
+        .execute(other)
+        .await;
+    assert!(
+        locked.is_ok(),
+        "{what}: the row is still locked: {locked:?}"
+    );
+}
