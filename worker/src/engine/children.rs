@@ -192,7 +192,12 @@ impl ClaimedRun {
         let engine = self.engine();
         let now = engine.now();
         let mut tx = engine.inner.reserved.begin().await?;
+        // Each refusal below ends the transaction before returning: a
+        // dropped one keeps the parent's row locked (its checkpoint
+        // written) until its connection is next used, and the FAILED write
+        // that follows a refusal would wait for it.
         if !self.fenced_checkpoint(&mut tx, &checkpoint, now).await? {
+            tx.rollback().await?;
             return Err(LeaseLost.into());
         }
         let submitted = engine.submit_recorded(&mut tx, &submission, now).await;
@@ -205,8 +210,12 @@ impl ClaimedRun {
             // The child exists with other input (the parent's rules read
             // something that changed): that child is the step's.
             Err(SubmitError::Conflict(_)) => children::status_of(&mut tx, id).await?,
-            Err(SubmitError::Store(e)) => return Err(e.into()),
+            Err(SubmitError::Store(e)) => {
+                tx.rollback().await?;
+                return Err(e.into());
+            }
             Err(refused) => {
+                tx.rollback().await?;
                 return Err(SegmentStop::Refused(format!(
                     "step {step}: its child cannot be submitted: {refused}"
                 )));
