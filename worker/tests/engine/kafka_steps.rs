@@ -80,6 +80,14 @@ async fn outbox(pool: &PgPool, job_id: Uuid) -> Vec<(String, WorkflowStepRequest
         .collect()
 }
 
+/// Submits a `scoring` job for `amount` and runs it until it parks on its
+/// Kafka step: the job and its request's correlation id.
+async fn parked(engine: &Engine, pool: &PgPool, amount: i64) -> (Uuid, Uuid) {
+    let job_id = submit(engine, "scoring", json!({"amount": amount})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    (job_id, outbox(pool, job_id).await[0].1.correlation_id())
+}
+
 async fn reply(engine: &Engine, job_id: Uuid, correlation_id: Uuid, result: Value) -> ReplyOutcome {
     let reply = WorkflowStepReply::answer(job_id, correlation_id, result).unwrap();
     engine.record_reply(&reply).await.unwrap()
@@ -185,9 +193,7 @@ async fn a_kafka_step_parks_with_its_request_in_the_outbox_and_its_reply_complet
 async fn a_reply_that_arrives_twice_completes_the_step_once(pool: PgPool) {
     let calls = Calls::default();
     let (engine, _clock) = scoring_engine(&pool, &calls).await;
-    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
-    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    let (job_id, correlation) = parked(&engine, &pool, 5).await;
     let first = reply(&engine, job_id, correlation, json!({"score": 1})).await;
     let second = reply(&engine, job_id, correlation, json!({"score": 2})).await;
     assert!(
@@ -229,9 +235,7 @@ async fn a_retryable_refusal_asks_again_with_a_new_correlation_id_and_the_old_on
 ) {
     let calls = Calls::default();
     let (engine, clock) = scoring_engine(&pool, &calls).await;
-    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
-    let first = outbox(&pool, job_id).await[0].1.correlation_id();
+    let (job_id, first) = parked(&engine, &pool, 5).await;
     assert!(matches!(
         refusal(&engine, (job_id, first), "model warming up", true).await,
         ReplyOutcome::Matched { woken: true, .. }
@@ -275,9 +279,7 @@ async fn a_retryable_refusal_asks_again_with_a_new_correlation_id_and_the_old_on
 async fn a_refusal_that_is_not_retryable_fails_the_job_with_its_reason(pool: PgPool) {
     let calls = Calls::default();
     let (engine, _clock) = scoring_engine(&pool, &calls).await;
-    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
-    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    let (job_id, correlation) = parked(&engine, &pool, 5).await;
     refusal(&engine, (job_id, correlation), "account closed", false).await;
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
     let failed = row(&pool, job_id).await;
@@ -294,9 +296,7 @@ async fn a_refusal_that_is_not_retryable_fails_the_job_with_its_reason(pool: PgP
 async fn a_reply_that_misfits_the_output_schema_fails_the_job(pool: PgPool) {
     let calls = Calls::default();
     let (engine, _clock) = scoring_engine(&pool, &calls).await;
-    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
-    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    let (job_id, correlation) = parked(&engine, &pool, 5).await;
     reply(&engine, job_id, correlation, json!({"score": "high"})).await;
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
     assert_eq!(row(&pool, job_id).await.status, RunStatus::Failed);
@@ -313,9 +313,7 @@ async fn a_request_past_its_deadline_is_retried_and_the_late_reply_is_dropped(po
         settings("w"),
     );
     engine.register_workflow(&scoring()).await.unwrap();
-    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
-    let first = outbox(&pool, job_id).await[0].1.correlation_id();
+    let (job_id, first) = parked(&engine, &pool, 5).await;
 
     clock.advance(Duration::from_millis(4_999));
     assert_eq!(engine.sweep_reply_deadlines().await.unwrap(), 0, "not yet");
@@ -356,9 +354,7 @@ async fn a_request_past_its_deadline_is_retried_and_the_late_reply_is_dropped(po
 async fn a_reply_kept_while_the_job_ran_is_taken_by_its_next_segment(pool: PgPool) {
     let calls = Calls::default();
     let (engine, _clock) = scoring_engine(&pool, &calls).await;
-    let job_id = submit(&engine, "scoring", json!({"amount": 5})).await;
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
-    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    let (job_id, correlation) = parked(&engine, &pool, 5).await;
     // As if another worker held the job: RUNNING when the reply lands.
     sqlx::query(
         "UPDATE workflow_run SET status = 'RUNNING', lease_owner = 'other',
