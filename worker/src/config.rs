@@ -94,6 +94,11 @@ pub struct ConsumerConfig {
     #[arg(long, env = "FLOTILLA_CONSUMER_GROUP", default_value = topics::CONSUMER_GROUP)]
     pub consumer_group: String,
 
+    /// Consumer group of the reply consumer, which reads the Kafka targets'
+    /// reply topics apart from the requests; unset: `<consumer group>-replies`.
+    #[arg(long, env = "FLOTILLA_REPLY_CONSUMER_GROUP")]
+    pub reply_consumer_group: Option<String>,
+
     /// Static group membership keyed on the worker id (`group.instance.id`):
     /// a worker restarted with its id gets its partitions back at once. Two
     /// live workers must never share an id then.

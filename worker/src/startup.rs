@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api;
 use crate::config::WorkerConfig;
 use crate::consumer::lag::{LagReader, LagSource};
-use crate::consumer::{ConsumerSettings, RequestConsumer};
+use crate::consumer::{ConsumerSettings, KafkaClients, RequestConsumer};
 use crate::engine::{Engine, EngineSettings, Namesake, RegisterError, SwitchError, SystemClock};
 use crate::target::Targets;
 use crate::target::config::TargetsFileError;
@@ -74,6 +74,9 @@ pub enum StartupError {
 pub struct Application {
     engine: Engine,
     consumer: Option<RequestConsumer>,
+    /// Reads the Kafka targets' replies, in a group of its own; `None`
+    /// without Kafka targets or without the request consumer.
+    replies: Option<RequestConsumer>,
     readiness: api::readiness::Readiness,
     listener: TcpListener,
     router: axum::Router,
@@ -153,10 +156,11 @@ impl Application {
             })?;
             tracing::info!(count = loaded.len(), dir = %dir.display(), "workflows registered");
         }
-        let consumer = if config.consumer.consume_requests {
-            Some(subscribe(&engine, &config, &worker_id).await?)
+        let (consumer, replies) = if config.consumer.consume_requests {
+            let (consumer, replies) = subscribe(&engine, &config, &worker_id).await?;
+            (Some(consumer), replies)
         } else {
-            None
+            (None, None)
         };
         if tokens.is_empty() {
             tracing::warn!("the API serves /v1 WITHOUT AUTH (--insecure-no-auth)");
@@ -205,6 +209,7 @@ impl Application {
         Ok(Self {
             engine,
             consumer,
+            replies,
             readiness,
             listener,
             router,
@@ -250,6 +255,7 @@ impl Application {
         let Self {
             engine,
             consumer,
+            replies,
             readiness,
             listener,
             router,
@@ -272,19 +278,8 @@ impl Application {
             ));
         }
         let _stop_probes = probes.drop_guard();
-        let (consumer, clients) = match consumer {
-            Some(consumer) => {
-                let clients = consumer.clients();
-                let health = engine.health().clone();
-                let stop = shutdown.clone();
-                let run = async move {
-                    consumer.run(stop).await;
-                };
-                let supervised = run_once_or_die(health, "request consumer".into(), run);
-                (Some(tokio::spawn(supervised)), Some(clients))
-            }
-            None => (None, None),
-        };
+        let (consumer, clients) = supervise(&engine, consumer, "request consumer", &shutdown);
+        let (replies, reply_clients) = supervise(&engine, replies, "reply consumer", &shutdown);
         let claims = {
             let (engine, shutdown) = (engine.clone(), shutdown.clone());
             tokio::spawn(async move { engine.run(shutdown, grace).await })
@@ -297,8 +292,11 @@ impl Application {
         if let Some(consumer) = consumer {
             finish_by(deadline, "request consumer", consumer).await;
         }
+        if let Some(replies) = replies {
+            finish_by(deadline, "reply consumer", replies).await;
+        }
         finish_by(deadline, "API", api).await;
-        if let Some(clients) = clients {
+        for clients in [clients, reply_clients].into_iter().flatten() {
             clients.drop_off_runtime();
         }
         // Closing waits for every connection to come back; one stuck on a
@@ -325,6 +323,26 @@ fn check_settings(config: &WorkerConfig) -> Result<(String, api::Tokens), Startu
         config.broker.validate().map_err(BrokerError::Settings)?;
     }
     Ok((worker_id, tokens))
+}
+
+/// Runs `consumer` (when there is one) in a task whose end stops the
+/// worker; the task, and a hold on its clients to release off the runtime.
+fn supervise(
+    engine: &Engine,
+    consumer: Option<RequestConsumer>,
+    what: &str,
+    shutdown: &CancellationToken,
+) -> (Option<JoinHandle<()>>, Option<KafkaClients>) {
+    let Some(consumer) = consumer else {
+        return (None, None);
+    };
+    let clients = consumer.clients();
+    let stop = shutdown.clone();
+    let run = async move {
+        consumer.run(stop).await;
+    };
+    let supervised = run_once_or_die(engine.health().clone(), what.into(), run);
+    (Some(tokio::spawn(supervised)), Some(clients))
 }
 
 /// Waits for `task` until `deadline`, then aborts it.
@@ -362,12 +380,13 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings
 }
 
-/// Checks the broker, ensures the request and dead-letter topics, subscribes.
+/// Checks the broker, ensures the request and dead-letter topics, subscribes
+/// the request consumer, and the reply consumer when there are Kafka targets.
 async fn subscribe(
     engine: &Engine,
     config: &WorkerConfig,
     worker_id: &str,
-) -> Result<RequestConsumer, StartupError> {
+) -> Result<(RequestConsumer, Option<RequestConsumer>), StartupError> {
     let consumer = &config.consumer;
     kafka::check_reachable(&config.broker, *consumer.connect_timeout).await?;
     let codec = Codec::from_config(&config.broker.registry)?;
@@ -382,7 +401,7 @@ async fn subscribe(
     settings.group_instance_id = consumer.static_membership.then(|| worker_id.to_owned());
     settings.max_request_bytes = consumer.max_request_bytes;
     settings.signal_topic = Some(consumer.signal_topic.clone()).filter(|t| !t.trim().is_empty());
-    settings.reply_topics = engine.targets().reply_topics();
+    let reply_topics = engine.targets().reply_topics();
     let mut wanted = vec![
         settings.request_topic.clone(),
         settings.dead_letter_topic.clone(),
@@ -393,7 +412,7 @@ async fn subscribe(
     // The Kafka targets' topics: requests (the relay writes them, the
     // services read them), replies and their dead letters.
     wanted.extend(engine.targets().request_topics());
-    for reply in &settings.reply_topics {
+    for reply in &reply_topics {
         wanted.extend([reply.clone(), topics::dead_letter_topic(reply)]);
     }
     let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
@@ -417,15 +436,29 @@ async fn subscribe(
     }
     // A reply topic that does not exist would leave its steps waiting
     // until they time out: refuse to start instead, naming it.
-    if let Some(reply) = settings.reply_topics.iter().find(|reply| {
+    if let Some(reply) = reply_topics.iter().find(|reply| {
         missing.contains(*reply) || missing.contains(&topics::dead_letter_topic(reply))
     }) {
         return Err(StartupError::NoReplyTopic(reply.clone()));
     }
-    tracing::info!(topic = %settings.request_topic, signals = ?settings.signal_topic, replies = ?settings.reply_topics, group = %settings.group, "consuming requests");
-    Ok(RequestConsumer::subscribe(
-        engine.clone(),
-        Arc::new(codec),
-        settings,
-    )?)
+    let codec = Arc::new(codec);
+    let replies = if reply_topics.is_empty() {
+        None
+    } else {
+        let group = consumer
+            .reply_consumer_group
+            .clone()
+            .unwrap_or_else(|| format!("{}-replies", settings.group));
+        let mut replies = settings.for_replies(&group);
+        replies.reply_topics = reply_topics;
+        tracing::info!(topics = ?replies.reply_topics, group = %replies.group, "consuming replies");
+        Some(RequestConsumer::subscribe(
+            engine.clone(),
+            codec.clone(),
+            replies,
+        )?)
+    };
+    tracing::info!(topic = %settings.request_topic, signals = ?settings.signal_topic, group = %settings.group, "consuming requests");
+    let requests = RequestConsumer::subscribe(engine.clone(), codec, settings)?;
+    Ok((requests, replies))
 }

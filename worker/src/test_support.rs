@@ -34,6 +34,7 @@ pub fn kafka_target(timeout: std::time::Duration) -> crate::target::kafka::Kafka
         reply_topic: "fraud-replies".into(),
         encoding: Some(crate::target::kafka::Encoding::Json),
         timeout,
+        max_concurrent: None,
     }
 }
 

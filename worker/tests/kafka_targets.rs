@@ -94,20 +94,32 @@ fn scoring() -> serde_json::Value {
 /// A worker and a relay (binaries) with the `scoring` workflow, on topics of
 /// their own; Avro through the registry when `avro`, JSON otherwise.
 struct Fleet {
-    worker: Running,
-    relay: Running,
+    worker: Option<Running>,
+    /// `None` until [`Fleet::start_relay`] when started without one.
+    relay: Option<Running>,
+    relay_command: Option<Command>,
     dir: std::path::PathBuf,
     /// The run requests' topic, and the Kafka target's two.
     run_requests: String,
     requests: String,
     replies: String,
+    /// The request consumer's group (the reply consumer's is `<it>-replies`).
+    group: String,
 }
 
 impl Fleet {
     async fn start(pool: &PgPool, avro: bool) -> Self {
+        let mut fleet = Self::without_relay(pool, avro).await;
+        fleet.start_relay().await;
+        fleet
+    }
+
+    /// The worker alone: requests wait in the outbox until a relay runs.
+    async fn without_relay(pool: &PgPool, avro: bool) -> Self {
         let url = echo_service().await;
         let (requests, replies) = (unique("fraud-requests"), unique("fraud-replies"));
         let run_requests = unique("kt-requests");
+        let group = unique("kt-workers");
         let dir = std::env::temp_dir().join(format!("flotilla-kafka-target-{}", Uuid::new_v4()));
         std::fs::create_dir_all(dir.join("workflows")).unwrap();
         std::fs::write(
@@ -134,7 +146,7 @@ impl Fleet {
             .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
             .env("FLOTILLA_API_TOKENS", "test-token")
             .env("FLOTILLA_REQUEST_TOPIC", &run_requests)
-            .env("FLOTILLA_CONSUMER_GROUP", unique("kt-workers"))
+            .env("FLOTILLA_CONSUMER_GROUP", &group)
             .env("FLOTILLA_TARGETS_FILE", dir.join("targets.yaml"))
             .env("FLOTILLA_WORKFLOWS_DIR", dir.join("workflows"))
             .env("NO_COLOR", "1");
@@ -148,22 +160,22 @@ impl Fleet {
             .env("FLOTILLA_RELAY_HTTP_ADDR", "127.0.0.1:0")
             .env("NO_COLOR", "1");
         registry(&mut relay);
-        let (worker, relay) = tokio::task::spawn_blocking(move || {
+        let worker = tokio::task::spawn_blocking(move || {
             let mut worker = Running::start(worker);
             worker.wait_for_line("worker ready", Duration::from_secs(60));
-            let mut relay = Running::start(relay);
-            relay.wait_for_line("relay ready", Duration::from_secs(60));
-            (worker, relay)
+            worker
         })
         .await
         .unwrap();
         Self {
-            worker,
-            relay,
+            worker: Some(worker),
+            relay: None,
+            relay_command: Some(relay),
             dir,
             run_requests,
             requests,
             replies,
+            group,
         }
     }
 
@@ -196,19 +208,106 @@ impl Fleet {
         (job_id, trace_id)
     }
 
+    async fn start_relay(&mut self) {
+        let command = self.relay_command.take().expect("the relay runs already");
+        let relay = tokio::task::spawn_blocking(move || {
+            let mut relay = Running::start(command);
+            relay.wait_for_line("relay ready", Duration::from_secs(60));
+            relay
+        })
+        .await
+        .unwrap();
+        self.relay = Some(relay);
+    }
+
+    /// The service behind the Kafka target: reads its requests from the start.
+    fn service(&self) -> StreamConsumer {
+        let responder: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap_servers())
+            .set("group.id", unique("fraud-service"))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        responder.subscribe(&[self.requests.as_str()]).unwrap();
+        responder
+    }
+
+    /// SIGKILLs the worker: no hand-back, no goodbye.
+    async fn kill_worker(&mut self) {
+        let mut worker = self.worker.take().expect("the worker runs");
+        tokio::task::spawn_blocking(move || worker.kill())
+            .await
+            .unwrap();
+    }
+
     async fn stop(self) {
         let Self {
             worker, relay, dir, ..
         } = self;
         tokio::task::spawn_blocking(move || {
-            let (mut worker, mut relay) = (worker, relay);
-            assert!(worker.terminate(Duration::from_secs(30)).success());
-            assert!(relay.terminate(Duration::from_secs(30)).success());
+            for mut process in [worker, relay].into_iter().flatten() {
+                assert!(process.terminate(Duration::from_secs(30)).success());
+            }
         })
         .await
         .unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+/// How many records `topic` holds, over its partitions (0 while it has
+/// none), and how many of them `group` committed, when a group is named.
+async fn records_on_and_committed(topic: &str, group: Option<&str>) -> (i64, i64) {
+    let (topic, group) = (topic.to_owned(), group.map(str::to_owned));
+    tokio::task::spawn_blocking(move || {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", bootstrap_servers());
+        if let Some(group) = &group {
+            config.set("group.id", group);
+        }
+        let reader: rdkafka::consumer::BaseConsumer = config.create().unwrap();
+        let partitions = reader
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+            .unwrap_or(0);
+        let partitions = 0..i32::try_from(partitions).unwrap();
+        let records = partitions
+            .clone()
+            .map(|p| {
+                reader
+                    .fetch_watermarks(&topic, p, Duration::from_secs(10))
+                    .map_or(0, |(low, high)| high - low)
+            })
+            .sum();
+        let committed = match group {
+            None => 0,
+            Some(_) => {
+                let mut list = rdkafka::TopicPartitionList::new();
+                for p in partitions {
+                    list.add_partition(&topic, p);
+                }
+                let committed = reader
+                    .committed_offsets(list, Duration::from_secs(10))
+                    .unwrap();
+                committed
+                    .elements()
+                    .iter()
+                    .map(|e| match e.offset() {
+                        rdkafka::Offset::Offset(o) => o,
+                        _ => 0,
+                    })
+                    .sum()
+            }
+        };
+        (records, committed)
+    })
+    .await
+    .unwrap()
+}
+
+async fn records_on(topic: &str) -> i64 {
+    records_on_and_committed(topic, None).await.0
 }
 
 /// Polls until `job_id` is COMPLETED; its result.
@@ -243,15 +342,7 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
 ) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
         let fleet = Fleet::start(&pool, false).await;
-        // The service: reads the requests from the start.
-        let responder: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap_servers())
-            .set("group.id", unique("fraud-service"))
-            .set("auto.offset.reset", "earliest")
-            .set("enable.auto.commit", "false")
-            .create()
-            .unwrap();
-        responder.subscribe(&[fleet.requests.as_str()]).unwrap();
+        let responder = fleet.service();
         let producer = producer();
         let (job_id, trace_id) = fleet.submit(&producer, 250).await;
         let key = job_id.to_string();
@@ -302,32 +393,32 @@ async fn a_three_step_workflow_whose_middle_step_is_a_kafka_target_completes_end
 
         // The reply that did not decode went to the reply topic's dead letters.
         let dead_letters = flotilla_contracts::topics::dead_letter_topic(&fleet.replies);
-        let reader: rdkafka::consumer::BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap_servers())
-            .create()
-            .unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let partitions = reader
-                .fetch_metadata(Some(&dead_letters), Duration::from_secs(10))
-                .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
-                .unwrap_or(0);
-            let records: i64 = (0..i32::try_from(partitions).unwrap())
-                .map(|p| {
-                    reader
-                        .fetch_watermarks(&dead_letters, p, Duration::from_secs(10))
-                        .map_or(0, |(low, high)| high - low)
-                })
-                .sum();
-            if records >= 1 {
-                break;
-            }
+        while records_on(&dead_letters).await < 1 {
             assert!(tokio::time::Instant::now() < deadline, "no dead letter on {dead_letters}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
 
+        // The replies were read by the reply consumer, in a group of its
+        // own; the request consumer's group never read the reply topic.
+        let replies_group = format!("{}-replies", fleet.group);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (records, committed) =
+                records_on_and_committed(&fleet.replies, Some(&replies_group)).await;
+            if records == 3 && committed == 3 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{replies_group} committed {committed} of {records} replies"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (_, by_requests) = records_on_and_committed(&fleet.replies, Some(&fleet.group)).await;
+        assert_eq!(by_requests, 0, "the request consumer does not read replies");
+
         close_consumer(responder);
-        std::thread::spawn(move || drop(reader));
         fleet.stop().await;
     })
     .await
@@ -376,4 +467,82 @@ async fn the_python_example_responder_answers_a_kafka_step_in_avro(pool: PgPool)
     })
     .await
     .expect("the Python example test timed out");
+}
+
+/// A worker SIGKILLed once its park committed, before any relay ran: the
+/// request waits in the outbox, and a relay started afterwards sends it,
+/// once, with the correlation id the row keeps.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_worker_killed_between_park_and_publish_still_gets_its_request_sent(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let mut fleet = Fleet::without_relay(&pool, false).await;
+        let responder = fleet.service();
+        let (job_id, _) = fleet.submit(&producer(), 75).await;
+
+        // Parked: the job waits and its request is in the outbox, unsent.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let correlation_id = loop {
+            let parked: Option<(String, Option<String>)> = sqlx::query_as(
+                "SELECT status, step_requests -> 'score' ->> 'correlation_id'
+                 FROM workflow_run WHERE job_id = $1",
+            )
+            .bind(job_id)
+            .fetch_optional(&pool)
+            .await
+            .unwrap();
+            let queued: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM workflow_step_request_outbox WHERE job_id = $1",
+            )
+            .bind(job_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if let Some((status, Some(correlation))) = &parked
+                && status == "WAITING"
+                && queued == 1
+            {
+                break correlation.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the job never parked on its Kafka step: {parked:?}, {queued} queued"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        fleet.kill_worker().await;
+
+        fleet.start_relay().await;
+        let (asked, headers) = next_request(&responder).await;
+        assert_eq!(asked.job_id(), job_id);
+        assert_eq!(asked.correlation_id().to_string(), correlation_id);
+        assert_eq!(
+            headers.get("flotilla.correlation-id"),
+            Some(&correlation_id),
+            "{headers:?}"
+        );
+        // Sent once: the outbox row goes once acknowledged, and the topic
+        // holds that one record.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_step_request_outbox")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            if left == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the request stayed in the outbox"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let sent = records_on(&fleet.requests).await;
+        assert_eq!(sent, 1, "the request was sent once");
+
+        close_consumer(responder);
+        fleet.stop().await;
+    })
+    .await
+    .expect("the killed-worker test timed out");
 }

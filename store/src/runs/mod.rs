@@ -11,6 +11,7 @@ pub mod idle;
 pub mod lease;
 pub mod signals;
 pub mod step_requests;
+pub mod target_slots;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

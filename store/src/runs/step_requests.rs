@@ -227,6 +227,8 @@ pub async fn record_reply(
     .bind(reply.received_at)
     .fetch_one(&mut *tx)
     .await?;
+    // Answered: the request no longer holds a slot of a capped target.
+    super::target_slots::release_in(&mut tx, job_id, &step).await?;
     tx.commit().await?;
     Ok(ReplyMatch::Recorded {
         step,

@@ -1,5 +1,8 @@
 //! The request consumer: the request topic → rows (guarantee 9 in
 //! docs/architecture.md), and the signal topic → signals kept in rows.
+//! The same type, in a group of its own, reads the Kafka targets' reply
+//! topics ([`ConsumerSettings::for_replies`]), so a request partition held
+//! up by an outage or an unreadable message never holds replies up.
 //!
 //! A batch (up to `batch_size` messages or `batch_wait`) is decoded, its
 //! requests submitted in one database transaction, its undecodable messages
@@ -60,6 +63,9 @@ pub const DEAD_LETTER_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ConsumerSettings {
     pub broker: BrokerConfig,
     pub request_topic: String,
+    /// Whether it subscribes to `request_topic`: `false` for the reply
+    /// consumer, which reads `reply_topics` alone.
+    pub reads_requests: bool,
     /// `<request topic>.dlq` unless set otherwise.
     pub dead_letter_topic: String,
     /// The signal topic, read in the same batches (its dead letters go to
@@ -112,6 +118,7 @@ impl ConsumerSettings {
         Self {
             broker,
             request_topic: request_topic.to_owned(),
+            reads_requests: true,
             dead_letter_topic: topics::dead_letter_topic(request_topic),
             signal_topic: None,
             reply_topics: Vec::new(),
@@ -124,6 +131,30 @@ impl ConsumerSettings {
             outage_backoff_max: DEFAULT_OUTAGE_BACKOFF_MAX,
             max_poll_interval: None,
         }
+    }
+
+    /// The reply consumer's settings, from the request consumer's: the same
+    /// broker, batches and membership, in `group`, subscribed to the reply
+    /// topics alone.
+    #[must_use]
+    pub fn for_replies(&self, group: &str) -> Self {
+        Self {
+            reads_requests: false,
+            signal_topic: None,
+            group: group.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    /// The topics it subscribes to.
+    #[must_use]
+    pub fn subscriptions(&self) -> Vec<&str> {
+        let requests = self.reads_requests.then_some(self.request_topic.as_str());
+        requests
+            .into_iter()
+            .chain(self.signal_topic.as_deref())
+            .chain(self.reply_topics.iter().map(String::as_str))
+            .collect()
     }
 }
 
@@ -163,7 +194,7 @@ impl std::fmt::Debug for RequestConsumer {
 }
 
 impl RequestConsumer {
-    /// Creates the consumer and subscribes it to the request topic.
+    /// Creates the consumer and subscribes it to its topics.
     ///
     /// # Errors
     /// The client cannot be created or subscribed.
@@ -196,10 +227,7 @@ impl RequestConsumer {
         }
         let consumer: StreamConsumer<RequestConsumerContext> =
             config.create_with_context(RequestConsumerContext::default())?;
-        let mut subscribed = vec![settings.request_topic.as_str()];
-        subscribed.extend(settings.signal_topic.as_deref());
-        subscribed.extend(settings.reply_topics.iter().map(String::as_str));
-        consumer.subscribe(&subscribed)?;
+        consumer.subscribe(&settings.subscriptions())?;
         let consumer = Arc::new(consumer);
         let dead_letters = dead_letter::producer(&settings.broker)?;
         Ok(Self {

@@ -12,6 +12,12 @@
 //! job back in the queue ([`Engine::sweep_reply_deadlines`]) and the step
 //! fails as timed out. Each attempt sends a new request with a new
 //! correlation id, so a reply to an earlier one finds nothing to match.
+//!
+//! A target with `max_concurrent` lets that many of its requests await
+//! replies at once, across the fleet: the segment takes a slot before it
+//! sends ([`Engine::slot_for`], `flotilla_store::runs::target_slots`) and
+//! waits, holding its lease, while all are held, as a call waits for a
+//! permit of an HTTP target.
 
 use chrono::{DateTime, Utc};
 use flotilla_contracts::{StepRequestParts, WorkflowStepReply, WorkflowStepRequest};
@@ -20,7 +26,10 @@ use flotilla_store::runs::RunRow;
 use flotilla_store::runs::step_requests::{
     self, AwaitedReplies, OutgoingRequest, ReplyMatch, RequestEntry, StoredReply,
 };
+use flotilla_store::runs::target_slots;
 use serde_json::Value as Json;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::Engine;
@@ -38,6 +47,9 @@ pub(super) enum KafkaStep {
     Answered(Json),
     /// A refusal, a timeout: the step's failure.
     Failed(StepFailure),
+    /// Waiting for a slot of its capped target, the segment lost its lease
+    /// or was asked to cancel: nothing is sent.
+    Interrupted,
 }
 
 /// Where step `step` of `row` stands at `now`; `None`: this attempt sent
@@ -92,6 +104,97 @@ pub(super) fn state_of(
     }))
 }
 
+/// How long a request waits for its reply: the target's timeout, which the
+/// step's own `timeout_ms` may shorten.
+pub(super) fn reply_timeout(step_timeout_ms: Option<u64>, target: &KafkaTarget) -> Duration {
+    step_timeout_ms
+        .map(Duration::from_millis)
+        .map_or(target.timeout, |step| step.min(target.timeout))
+}
+
+/// The first and the longest pause between two tries at a slot of a
+/// capped target.
+const SLOT_POLL: (Duration, Duration) = (Duration::from_millis(20), Duration::from_millis(500));
+
+/// What a wait for a slot of a capped target needs to know.
+pub(super) struct SlotWait<'a> {
+    pub target: &'a str,
+    pub cap: usize,
+    pub step: &'a str,
+    /// How long the request will wait for its reply (the slot's life).
+    pub timeout: Duration,
+    /// The wait gives up after this long (the segment's time left counts).
+    pub patience: Duration,
+    /// Either cancelled: the wait stops, nothing taken.
+    pub interrupt: (&'a CancellationToken, &'a CancellationToken),
+}
+
+impl Engine {
+    /// Takes a slot of a capped Kafka target for `wait.step` of `job_id`,
+    /// trying again while all are held (a reply or a deadline frees one);
+    /// the instant it was taken at, which the request's deadline is counted
+    /// from, or `None` when interrupted.
+    ///
+    /// # Errors
+    /// No slot within the wait's patience (retryable, a timeout), or the
+    /// database failed (retryable).
+    pub(super) async fn slot_for(
+        &self,
+        job_id: Uuid,
+        wait: SlotWait<'_>,
+    ) -> Result<Option<DateTime<Utc>>, StepFailure> {
+        let begun = tokio::time::Instant::now();
+        let mut pause = SLOT_POLL.0;
+        let mut counted = false;
+        loop {
+            let now = self.now();
+            let claim = target_slots::Claim {
+                target: wait.target,
+                job_id,
+                step: wait.step,
+                expires_at: now
+                    + chrono::TimeDelta::from_std(wait.timeout).unwrap_or(chrono::TimeDelta::MAX),
+            };
+            match target_slots::take(self.pool(), claim, wait.cap, now).await {
+                Ok(target_slots::Take::Taken) => return Ok(Some(now)),
+                Ok(target_slots::Take::Full) => {}
+                Err(e) => {
+                    return Err(StepFailure::retryable(
+                        RetryClass::Other,
+                        format!(
+                            "step {}: taking a slot of target {}: {e}",
+                            wait.step, wait.target
+                        ),
+                    ));
+                }
+            }
+            if !counted {
+                counted = true;
+                metrics::counter!("flotilla_step_request_slot_waits_total", "target" => wait.target.to_owned())
+                    .increment(1);
+            }
+            if begun.elapsed() + pause > wait.patience {
+                return Err(StepFailure::retryable(
+                    RetryClass::Timeout,
+                    format!(
+                        "step {}: all {} requests target {} may have awaiting replies stayed unanswered for {} ms",
+                        wait.step,
+                        wait.cap,
+                        wait.target,
+                        begun.elapsed().as_millis()
+                    ),
+                ));
+            }
+            tokio::select! {
+                () = wait.interrupt.0.cancelled() => return Ok(None),
+                () = wait.interrupt.1.cancelled() => return Ok(None),
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(SLOT_POLL.1);
+        }
+    }
+}
+
 /// The request of step `step` for this attempt: a fresh correlation id,
 /// the deadline `timeout` ahead (the step's `timeout_ms` may shorten the
 /// target's), in the target's encoding.
@@ -105,9 +208,7 @@ pub(super) fn outgoing(
     request: Json,
     now: DateTime<Utc>,
 ) -> Result<OutgoingRequest, StepFailure> {
-    let timeout = step_timeout_ms
-        .map(std::time::Duration::from_millis)
-        .map_or(target.timeout, |step| step.min(target.timeout));
+    let timeout = reply_timeout(step_timeout_ms, target);
     let deadline = now + chrono::TimeDelta::from_std(timeout).unwrap_or(chrono::TimeDelta::MAX);
     let correlation_id = Uuid::new_v4();
     let contract = WorkflowStepRequest::new(StepRequestParts {

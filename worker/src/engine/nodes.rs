@@ -168,7 +168,7 @@ impl<'a> Nodes<'a> {
         let mut sleeping = Sleeping::default();
         let mut replies = Replies::default();
         let mut cancelling = false;
-        loop {
+        'segment: loop {
             if self.lease_lost.is_cancelled() {
                 return Ok(Stop::LeaseLost);
             }
@@ -320,6 +320,15 @@ impl<'a> Nodes<'a> {
                             Ok(KafkaStep::Send(request)) => {
                                 replies.send(*request);
                                 park_on.get_or_insert(name);
+                            }
+                            // The lease lost or a cancel asked while it
+                            // waited for a slot: the loop's top acts on it.
+                            Ok(KafkaStep::Interrupted) => {
+                                if self.cancel_asked.is_cancelled() {
+                                    cancelling = true;
+                                    calls = FuturesUnordered::new();
+                                }
+                                continue 'segment;
                             }
                             Err(failed) => failure = Some((failed, Some(name))),
                         },
@@ -585,6 +594,27 @@ impl<'a> Nodes<'a> {
                 )));
             }
             Err(exhausted) => return Err(over_budget(name, "building the request", &exhausted)),
+        };
+        // A capped target: the request's clock starts once its slot is taken.
+        let now = match target.max_concurrent {
+            None => now,
+            Some(cap) => {
+                let patience = Duration::from_millis(self.compiled.definition.deadline_ms)
+                    .saturating_sub(self.started.elapsed());
+                let timeout = super::kafka_steps::reply_timeout(step.definition.timeout_ms, target);
+                let wait = super::kafka_steps::SlotWait {
+                    target: &step.definition.target,
+                    cap,
+                    step: name,
+                    timeout,
+                    patience: patience.min(timeout),
+                    interrupt: (self.lease_lost, self.cancel_asked),
+                };
+                match self.engine.slot_for(self.claimed.job_id(), wait).await? {
+                    Some(taken_at) => taken_at,
+                    None => return Ok(KafkaStep::Interrupted),
+                }
+            }
         };
         let request = super::kafka_steps::outgoing(
             self.claimed.row(),

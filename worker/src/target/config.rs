@@ -1,6 +1,8 @@
 //! The targets file (`FLOTILLA_TARGETS_FILE`):
 //! `targets: {<name>: {kind: http, base_url: …, timeout_ms: …, max_concurrent: …}}`
-//! or `{kind: kafka, request_topic: …, reply_topic: …, encoding: avro|json, timeout_ms: …}`,
+//! or `{kind: kafka, request_topic: …, reply_topic: …, encoding: avro|json, timeout_ms: …,
+//! max_concurrent: …}` (for a Kafka target, requests awaiting replies across
+//! the fleet; for an HTTP one, calls in flight from one worker),
 //! `max_response_bytes` and `error_body_bytes` (how much of a failed
 //! answer's body error texts keep; none unless set),
 //! plus for HTTPS `ca_file`, `client_certificate` and `client_key`, and
@@ -65,6 +67,10 @@ enum TargetConfig {
         /// How long a request waits for its reply (default 30 s).
         #[serde(default)]
         timeout_ms: Option<u64>,
+        /// Most requests awaiting replies at once, across the fleet (a
+        /// Kafka step holds no worker while it waits); unset: no cap.
+        #[serde(default)]
+        max_concurrent: Option<usize>,
     },
 }
 
@@ -176,6 +182,7 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 reply_topic,
                 encoding,
                 timeout_ms,
+                max_concurrent,
             } => {
                 for (field, topic) in [
                     ("request_topic", &request_topic),
@@ -195,6 +202,9 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                     Some(0) => return Err(refused("timeout_ms must be above 0".into())),
                     Some(ms) => Duration::from_millis(ms),
                 };
+                if max_concurrent == Some(0) {
+                    return Err(refused("max_concurrent must be above 0".into()));
+                }
                 targets.register_kafka(
                     name.clone(),
                     super::kafka::KafkaTarget {
@@ -202,6 +212,7 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                         reply_topic,
                         encoding,
                         timeout,
+                        max_concurrent,
                     },
                 );
             }
@@ -306,7 +317,7 @@ mod tests {
     #[test]
     fn a_kafka_target_loads_with_its_topics_and_a_wrong_one_is_refused_by_name() {
         let targets = load_text(
-            "targets:\n  fraud:\n    kind: kafka\n    request_topic: fraud-requests\n    reply_topic: fraud-replies\n    encoding: avro\n    timeout_ms: 1500\n",
+            "targets:\n  fraud:\n    kind: kafka\n    request_topic: fraud-requests\n    reply_topic: fraud-replies\n    encoding: avro\n    timeout_ms: 1500\n    max_concurrent: 4\n",
         )
         .unwrap();
         let fraud = targets.kafka("fraud").expect("a Kafka target");
@@ -316,6 +327,7 @@ mod tests {
         );
         assert_eq!(fraud.encoding, Some(super::super::kafka::Encoding::Avro));
         assert_eq!(fraud.timeout, Duration::from_millis(1500));
+        assert_eq!(fraud.max_concurrent, Some(4));
         assert!(targets.names().contains("fraud"), "definitions may name it");
         assert_eq!(targets.reply_topics(), ["fraud-replies"]);
 
@@ -332,10 +344,14 @@ mod tests {
                 "    request_topic: q\n    reply_topic: r\n    timeout_ms: 0\n",
                 "timeout_ms must be above 0",
             ),
-            // No cap is enforced for Kafka targets: refused, not ignored.
             (
-                "    request_topic: q\n    reply_topic: r\n    max_concurrent: 4\n",
-                "max_concurrent",
+                "    request_topic: q\n    reply_topic: r\n    max_concurrent: 0\n",
+                "max_concurrent must be above 0",
+            ),
+            // A knob of HTTP targets only: refused, not ignored.
+            (
+                "    request_topic: q\n    reply_topic: r\n    max_response_bytes: 4\n",
+                "max_response_bytes",
             ),
         ] {
             let refused = load_text(&format!("targets:\n  fraud:\n    kind: kafka\n{yaml}"))

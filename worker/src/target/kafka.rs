@@ -39,6 +39,9 @@ pub struct KafkaTarget {
     pub encoding: Option<Encoding>,
     /// How long a request waits for its reply before the step is retried.
     pub timeout: Duration,
+    /// Most of its requests awaiting replies at once, across the fleet
+    /// (`workflow_target_slot`); `None`: no cap.
+    pub max_concurrent: Option<usize>,
 }
 
 impl KafkaTarget {

@@ -467,3 +467,161 @@ async fn a_reply_that_lands_mid_segment_requeues_the_park_that_ends_it(pool: PgP
         json!({"risk": 0.1})
     );
 }
+
+/// An engine whose `fraud` target lets `cap` requests await replies at
+/// once, its `scoring` segments given `deadline_ms` (the patience of a wait
+/// for a slot) and its lease `lease`.
+async fn capped_engine(
+    pool: &PgPool,
+    calls: &Calls,
+    (cap, deadline_ms): (usize, u64),
+    lease: Duration,
+) -> (Engine, std::sync::Arc<flotilla_store::ManualClock>) {
+    let mut targets = echo_targets(calls);
+    let mut fraud = flotilla_worker::test_support::kafka_target(Duration::from_secs(30));
+    fraud.max_concurrent = Some(cap);
+    targets.register_kafka("fraud", fraud);
+    let clock = manual_clock();
+    let mut settings = settings("w");
+    settings.lease = lease;
+    let engine = Engine::new(pool.clone(), targets, clock.clone(), settings);
+    let mut workflow = scoring();
+    workflow["deadline_ms"] = json!(deadline_ms);
+    engine.register_workflow(&workflow).await.unwrap();
+    (engine, clock)
+}
+
+async fn slots_held(pool: &PgPool, clock: &flotilla_store::ManualClock) -> i64 {
+    flotilla_store::runs::target_slots::held(pool, "fraud", clock.now())
+        .await
+        .unwrap()
+}
+
+/// Capped at 2: a third job finds both slots held, waits out its patience
+/// (the segment's 300 ms) and is retried with nothing sent; a reply gives
+/// its slot back in the reply's own transaction, and the third job's next
+/// attempt sends.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_capped_kafka_target_sends_no_request_past_its_cap_until_a_reply_frees_a_slot(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let (engine, clock) = capped_engine(&pool, &calls, (2, 300), Duration::from_secs(60)).await;
+    let (first, first_request) = parked(&engine, &pool, 1).await;
+    let _second = parked(&engine, &pool, 2).await;
+    assert_eq!(slots_held(&pool, &clock).await, 2);
+
+    let third = submit(&engine, "scoring", json!({"amount": 3})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(third));
+    assert!(
+        outbox(&pool, third).await.is_empty(),
+        "nothing sent past the cap"
+    );
+    let waited = row(&pool, third).await;
+    let error = waited.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("all 2 requests target fraud may have awaiting replies stayed unanswered"),
+        "{error}"
+    );
+    assert_eq!(slots_held(&pool, &clock).await, 2, "the third took none");
+
+    reply(&engine, first, first_request, json!({"score": 1})).await;
+    assert_eq!(
+        slots_held(&pool, &clock).await,
+        1,
+        "the reply gave its slot back"
+    );
+
+    // Past the third job's backoff (well within the second's deadline).
+    let backoff = (waited.run_after - clock.now()).to_std().unwrap();
+    assert!(backoff < Duration::from_secs(30), "{backoff:?}");
+    clock.advance(backoff);
+    let mut outcomes = Vec::new();
+    loop {
+        match engine.run_once().await.unwrap() {
+            Outcome::Idle => break,
+            outcome => outcomes.push(outcome),
+        }
+    }
+    assert!(
+        outcomes.contains(&Outcome::Completed(first)),
+        "{outcomes:?}"
+    );
+    assert!(outcomes.contains(&Outcome::Parked(third)), "{outcomes:?}");
+    assert_eq!(
+        outbox(&pool, third).await.len(),
+        1,
+        "sent once a slot was free"
+    );
+    assert_eq!(
+        slots_held(&pool, &clock).await,
+        2,
+        "the second's and the third's"
+    );
+}
+
+/// Capped at 1: a job that ends gives its slot back (cancelled while it
+/// waited), and so does a request past its deadline; the next job sends
+/// at once each time, without waiting.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_slot_frees_when_its_job_ends_and_when_its_request_runs_out(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, clock) = capped_engine(&pool, &calls, (1, 300), Duration::from_secs(60)).await;
+    let (first, _) = parked(&engine, &pool, 1).await;
+    assert!(matches!(
+        engine.cancel(first, "withdrawn").await.unwrap(),
+        flotilla_worker::engine::Cancelled::Done(_)
+    ));
+    assert_eq!(
+        slots_held(&pool, &clock).await,
+        0,
+        "a finished job holds none"
+    );
+    let (second, _) = parked(&engine, &pool, 2).await;
+    assert_eq!(slots_held(&pool, &clock).await, 1);
+
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(slots_held(&pool, &clock).await, 0, "past its deadline");
+    let (third, _) = parked(&engine, &pool, 3).await;
+    assert_eq!(outbox(&pool, third).await.len(), 1);
+    assert_eq!(outbox(&pool, second).await.len(), 1);
+}
+
+/// A segment waiting for a slot is cancelled within a heartbeat: it stops
+/// waiting, sends nothing and takes no slot.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_cancelled_while_it_waits_for_a_slot_ends_cancelled_with_nothing_sent(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, clock) = capped_engine(&pool, &calls, (1, 60_000), Duration::from_secs(1)).await;
+    let _first = parked(&engine, &pool, 1).await;
+    let second = submit(&engine, "scoring", json!({"amount": 2})).await;
+    let running = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.run_once().await.unwrap() }
+    });
+    // Its first step checkpointed: the segment is at the Kafka step, waiting.
+    crate::support::eventually(Duration::from_secs(10), "the first checkpoint", || async {
+        crate::support::checkpoint_names(&row(&pool, second).await).contains(&"prepare".into())
+    })
+    .await;
+    assert!(!running.is_finished(), "it waits for the slot");
+    assert!(matches!(
+        engine.cancel(second, "withdrawn").await.unwrap(),
+        flotilla_worker::engine::Cancelled::Asked(_)
+    ));
+    let outcome = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the wait never stopped")
+        .unwrap();
+    assert_eq!(outcome, Outcome::Cancelled(second));
+    assert_eq!(row(&pool, second).await.status, RunStatus::Cancelled);
+    assert!(outbox(&pool, second).await.is_empty());
+    let taken: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM workflow_target_slot WHERE job_id = $1")
+            .bind(second)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(taken, 0, "no slot taken");
+    assert_eq!(slots_held(&pool, &clock).await, 1, "the first's");
+}
