@@ -15,7 +15,7 @@
 //!
 //! A target with `max_concurrent` lets that many of its requests await
 //! replies at once, across the fleet: the segment takes a slot before it
-//! sends ([`Engine::slot_for`], `flotilla_store::runs::target_slots`) and
+//! sends (`Engine::slot_for`, `flotilla_store::runs::target_slots`) and
 //! waits, holding its lease, while all are held, as a call waits for a
 //! permit of an HTTP target.
 
