@@ -9,6 +9,7 @@
 
 pub mod buckets;
 pub mod clock;
+pub mod consumer_offsets;
 pub mod dead_letters;
 pub mod definitions;
 pub mod features;

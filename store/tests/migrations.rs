@@ -26,6 +26,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
     assert_eq!(
         tables,
         [
+            "consumer_offset",
             "dead_letter_tally",
             "event_topic",
             "finished_tally",

@@ -5,6 +5,8 @@
 //! partitions are revoked, the stored offsets are committed synchronously so
 //! the next owner resumes right after the last durable message.
 
+use std::collections::HashSet;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rdkafka::ClientContext;
@@ -17,11 +19,59 @@ use rdkafka::topic_partition_list::TopicPartitionList;
 #[derive(Debug, Default)]
 pub struct RequestConsumerContext {
     outage: AtomicBool,
+    /// Partitions assigned and not yet checked against the offsets kept in
+    /// the database (`offsets.rs`).
+    fresh: Mutex<HashSet<(String, i32)>>,
+    /// Told when partitions are assigned, so an idle consumer checks them.
+    assigned: tokio::sync::Notify,
 }
 
 impl RequestConsumerContext {
     pub(super) fn set_outage(&self, on: bool) {
         self.outage.store(on, Ordering::SeqCst);
+    }
+
+    /// Resolves once partitions were assigned (at once if they were since
+    /// the last call).
+    pub(super) async fn assigned(&self) {
+        self.assigned.notified().await;
+    }
+
+    /// The partitions assigned since they were last checked.
+    pub(super) fn fresh(&self) -> HashSet<(String, i32)> {
+        self.fresh_partitions().clone()
+    }
+
+    /// These partitions were checked: their next messages read on.
+    pub(super) fn checked(&self, partitions: &[(String, i32)]) {
+        let mut fresh = self.fresh_partitions();
+        for partition in partitions {
+            fresh.remove(partition);
+        }
+    }
+
+    fn fresh_partitions(&self) -> std::sync::MutexGuard<'_, HashSet<(String, i32)>> {
+        self.fresh
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn note_assignment(&self, rebalance: &Rebalance<'_>) {
+        let mut fresh = self.fresh_partitions();
+        match rebalance {
+            Rebalance::Assign(partitions) => {
+                for e in partitions.elements() {
+                    fresh.insert((e.topic().to_owned(), e.partition()));
+                }
+                self.assigned.notify_one();
+            }
+            Rebalance::Revoke(partitions) => {
+                for e in partitions.elements() {
+                    fresh.remove(&(e.topic().to_owned(), e.partition()));
+                }
+            }
+            Rebalance::Error(_) => {}
+        }
     }
 }
 
@@ -48,6 +98,7 @@ impl ClientContext for RequestConsumerContext {
 
 impl ConsumerContext for RequestConsumerContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        self.note_assignment(rebalance);
         // What this worker holds after any kind of rebalance (eager or
         // incremental): a worker holding nothing is idle by assignment.
         if let Ok(assignment) = consumer.assignment() {

@@ -16,11 +16,11 @@ mod context;
 pub mod dead_letter;
 mod health;
 pub mod lag;
+mod offsets;
 mod outage;
 mod persist;
 mod received;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -252,11 +252,19 @@ impl RequestConsumer {
 
     /// Consumes until `shutdown`: batch, persist (retrying through outages), commit.
     pub async fn run(self, shutdown: CancellationToken) -> ConsumerStats {
-        while let Some(batch) = self.next_batch(&shutdown).await {
+        while let Some(mut batch) = self.take_batch(&shutdown, true).await {
+            let Some(rewound) = self.ride_out(&shutdown, || self.rewind()).await else {
+                break;
+            };
+            batch.retain(|m| !rewound.contains(&(m.topic().to_owned(), m.partition())));
+            if batch.is_empty() {
+                continue;
+            }
             let Some(report) = self.persist_until_done(&batch, &shutdown).await else {
                 break; // shut down mid-outage: nothing committed, the batch is redelivered
             };
             tracing::debug!(messages = batch.len(), ?report, "batch persisted");
+            self.keep_offsets(&batch).await;
             self.commit(&batch);
             if self.is_stalled() || self.is_dead() {
                 // Keep the group seat (and the partitions paused) until told
@@ -281,6 +289,17 @@ impl RequestConsumer {
     /// Waits for the next message, then takes more for up to `batch_wait`,
     /// `batch_size` messages or `batch_bytes` bytes. `None` on shutdown.
     pub async fn next_batch(&self, shutdown: &CancellationToken) -> Option<Vec<Received>> {
+        self.take_batch(shutdown, false).await
+    }
+
+    /// [`RequestConsumer::next_batch`]; with `or_assigned`, an empty batch
+    /// as soon as partitions are assigned, for [`RequestConsumer::run`] to
+    /// check them against the database's offsets.
+    async fn take_batch(
+        &self,
+        shutdown: &CancellationToken,
+        or_assigned: bool,
+    ) -> Option<Vec<Received>> {
         let limit = self.settings.max_request_bytes;
         let mut batch = std::mem::take(
             &mut *self
@@ -290,6 +309,9 @@ impl RequestConsumer {
         );
         while batch.is_empty() {
             tokio::select! {
+                // Newly assigned partitions are checked against the
+                // database's offsets before anything is read from them.
+                () = self.consumer.context().assigned(), if or_assigned => return Some(batch),
                 received = self.consumer.recv() => match received {
                     Ok(message) => batch.push(Received::take(&message, limit)),
                     Err(e) if self.stall_on(&e) || self.dies_on(&e) => {
@@ -325,15 +347,8 @@ impl RequestConsumer {
     pub fn commit(&self, batch: &[Received]) {
         // After an unreadable message, the batch that preceded it is the
         // last one committed (it was taken before the error).
-        let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
-        for message in batch {
-            let entry = next
-                .entry((message.topic().to_owned(), message.partition()))
-                .or_default();
-            *entry = (*entry).max(message.offset() + 1);
-        }
         let mut offsets = TopicPartitionList::new();
-        for ((topic, partition), offset) in next {
+        for ((topic, partition), offset) in offsets::next_offsets(batch) {
             if let Err(e) = offsets.add_partition_offset(&topic, partition, Offset::Offset(offset))
             {
                 tracing::warn!(error = %e, "building the offset list failed");

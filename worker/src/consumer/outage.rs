@@ -23,15 +23,28 @@ impl RequestConsumer {
         batch: &[Received],
         shutdown: &CancellationToken,
     ) -> Option<BatchReport> {
+        self.ride_out(shutdown, || self.persist(batch)).await
+    }
+
+    /// Runs `attempt` until it succeeds, riding out outages as
+    /// [`RequestConsumer::persist_until_done`] does. `None` on shutdown.
+    pub(super) async fn ride_out<T, Attempt>(
+        &self,
+        shutdown: &CancellationToken,
+        mut attempt: impl FnMut() -> Attempt,
+    ) -> Option<T>
+    where
+        Attempt: std::future::Future<Output = Result<T, super::Outage>>,
+    {
         let mut backoff = Doubling::new(OUTAGE_BACKOFF_MIN, self.settings.outage_backoff_max);
         let mut in_outage = false;
         loop {
-            match self.persist(batch).await {
-                Ok(report) => {
+            match attempt().await {
+                Ok(done) => {
                     if in_outage {
                         self.end_outage();
                     }
-                    return Some(report);
+                    return Some(done);
                 }
                 Err(outage) => {
                     let pause = backoff.next_pause();

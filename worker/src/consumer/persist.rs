@@ -47,6 +47,15 @@ pub enum Outage {
         topic: String,
         error: rdkafka::error::KafkaError,
     },
+    /// Kafka did not say where the group's committed offsets are.
+    #[error("reading the group's committed offsets: {0}")]
+    Committed(String),
+    /// Seeking a partition back to the database's offset failed.
+    #[error("seeking {partition} back to the database's offset: {error}")]
+    Seek {
+        partition: String,
+        error: rdkafka::error::KafkaError,
+    },
 }
 
 enum Classified {

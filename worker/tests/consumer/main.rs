@@ -7,6 +7,7 @@ mod flow;
 mod group;
 mod hostile;
 mod lag;
+mod offsets;
 mod poison;
 mod seat;
 mod signals;
