@@ -16,6 +16,7 @@ pub mod features;
 pub mod finished;
 pub mod outbox;
 pub mod pool;
+pub mod retention;
 pub mod runs;
 pub mod schedules;
 mod status;

@@ -39,6 +39,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
             "workflow_run_checkpoint",
             "workflow_run_outbox",
             "workflow_run_outbox_set_aside",
+            "workflow_run_removed",
             "workflow_run_set_aside",
             "workflow_schedule",
             "workflow_step_request_outbox",

@@ -11,6 +11,9 @@ use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
 use flotilla_runtime::kafka::TopicLayout;
 use flotilla_runtime::settings::{DAY, HOUR, MILLISECOND, SECOND, duration_between};
+
+const MINUTE: Duration = Duration::from_secs(60);
+const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
 use secrecy::SecretString;
@@ -226,6 +229,58 @@ pub struct EngineConfig {
     /// refuse to start while one is; `false`: keep the array.
     #[arg(long, env = "FLOTILLA_CHECKPOINT_ROWS", value_enum, default_value_t = Switch::Auto)]
     pub checkpoint_rows: Switch,
+
+    /// How long finished runs are kept.
+    #[command(flatten)]
+    pub retention: RetentionConfig,
+}
+
+/// Retention of finished runs (docs/operations.md, "Retention").
+#[derive(Debug, Clone, Args)]
+pub struct RetentionConfig {
+    /// Remove finished runs past their retention (one member of the fleet
+    /// at a time, in small batches); `false`: keep every run.
+    #[arg(long, env = "FLOTILLA_RETENTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub retention: bool,
+
+    /// How long a COMPLETED run is kept after it finished.
+    #[arg(long, env = "FLOTILLA_RETAIN_COMPLETED", default_value_t = engine::retention::DEFAULT_KEEP_COMPLETED.into(), value_parser = duration_between(MINUTE, 100 * YEAR))]
+    pub retain_completed: humantime::Duration,
+
+    /// How long a FAILED or DEAD run is kept after it finished.
+    #[arg(long, env = "FLOTILLA_RETAIN_FAILED", default_value_t = engine::retention::DEFAULT_KEEP_FAILED.into(), value_parser = duration_between(MINUTE, 100 * YEAR))]
+    pub retain_failed: humantime::Duration,
+
+    /// How long a CANCELLED run is kept after it finished.
+    #[arg(long, env = "FLOTILLA_RETAIN_CANCELLED", default_value_t = engine::retention::DEFAULT_KEEP_FAILED.into(), value_parser = duration_between(MINUTE, 100 * YEAR))]
+    pub retain_cancelled: humantime::Duration,
+
+    /// Per workflow and final state, before the fleet's:
+    /// `<workflow>:<STATE>=<duration>[,…][;<workflow>:…]`, e.g.
+    /// `payments:COMPLETED=90d,FAILED=1y;reports:COMPLETED=1d`.
+    #[arg(long, env = "FLOTILLA_RETAIN_BY_WORKFLOW", default_value = "", value_parser = parse_by_workflow)]
+    pub retain_by_workflow: ByWorkflow,
+
+    /// How long a removed run's job id is still answered as a repeat
+    /// (its id and request digest are kept that long).
+    #[arg(long, env = "FLOTILLA_REMOVED_ID_HORIZON", default_value_t = engine::retention::DEFAULT_REMOVED_HORIZON.into(), value_parser = duration_between(MINUTE, 100 * YEAR))]
+    pub removed_id_horizon: humantime::Duration,
+
+    /// Runs one retention batch removes.
+    #[arg(long, env = "FLOTILLA_RETENTION_BATCH", default_value_t = engine::retention::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub retention_batch: i64,
+
+    /// How often retention runs.
+    #[arg(long, env = "FLOTILLA_RETENTION_INTERVAL", default_value_t = engine::retention::DEFAULT_INTERVAL.into(), value_parser = duration_between(SECOND, DAY))]
+    pub retention_interval: humantime::Duration,
+}
+
+/// Per-workflow retention, as parsed (clap wants a `Clone` value type).
+#[derive(Debug, Clone, Default)]
+pub struct ByWorkflow(pub Vec<engine::retention::WorkflowRetention>);
+
+fn parse_by_workflow(text: &str) -> Result<ByWorkflow, String> {
+    engine::retention::parse_by_workflow(text).map(ByWorkflow)
 }
 
 /// The HTTP API's settings.

@@ -372,6 +372,17 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.max_event_bytes = engine.max_event_bytes;
     settings.definition_by_reference = engine.definition_by_reference;
     settings.checkpoint_rows = engine.checkpoint_rows;
+    let retention = &engine.retention;
+    settings.retention = crate::engine::retention::RetentionSettings {
+        enabled: retention.retention,
+        keep_completed: *retention.retain_completed,
+        keep_failed: *retention.retain_failed,
+        keep_cancelled: *retention.retain_cancelled,
+        by_workflow: retention.retain_by_workflow.0.clone(),
+        removed_horizon: *retention.removed_id_horizon,
+        batch: retention.retention_batch,
+        interval: *retention.retention_interval,
+    };
     settings.expression_budget = crate::workflow::Budget {
         steps: engine.expression_max_steps,
         bytes: engine.expression_max_bytes,

@@ -337,8 +337,8 @@ pub async fn insert(
 
 /// Inserts many new runs, each with its first event, in two statements (the
 /// rows, then their events); one answer per run, in order: `None` when a row
-/// with that job id exists already, or came earlier in `runs` (then nothing
-/// was written for it). All runs share the first one's `now`.
+/// with that job id exists already, came earlier in `runs`, or was removed
+/// by retention within the horizon (then nothing was written for it). All runs share the first one's `now`.
 ///
 /// # Errors
 /// Database errors (then the caller's transaction holds part of the batch
@@ -364,6 +364,7 @@ pub async fn insert_many<'a>(
                      $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[])
              WITH ORDINALITY AS r(job_id, workflow_name, workflow_version, definition, input, request_digest,
                                   status, max_attempts, error, verdict, traceparent, tracestate, level, position)
+         WHERE NOT EXISTS (SELECT 1 FROM workflow_run_removed rm WHERE rm.job_id = r.job_id)
          ORDER BY position
          ON CONFLICT (job_id) DO NOTHING
          RETURNING {COLUMNS}"

@@ -45,7 +45,7 @@ pub(super) struct SubmitBody {
     job_id: Option<Uuid>,
 }
 
-#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 410, description = "idempotent repeat of a job whose run retention removed (code `removed`, `final_status`, `finished_at`, `removed_at`)", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn submit(
     State(state): State<ApiState>,
     Extension(Granted(scopes)): Extension<Granted>,
@@ -117,6 +117,26 @@ pub(super) async fn submit(
     let (status, row) = match tracing::Instrument::instrument(submitted, span).await? {
         Submitted::Created(row) => (StatusCode::CREATED, row),
         Submitted::Existing(row) => (StatusCode::OK, row),
+        // A repeat whose run is gone: said so, with what it came to.
+        Submitted::Removed(removed) => {
+            return Err(Problem::new(
+                StatusCode::GONE,
+                format!(
+                    "job {} was submitted before with this content; it ended {} at {} and its run was removed by retention at {}",
+                    removed.job_id,
+                    removed.status.as_str(),
+                    removed.finished_at.to_rfc3339(),
+                    removed.removed_at.to_rfc3339()
+                ),
+            )
+            .with(json!({
+                "code": "removed",
+                "job_id": removed.job_id,
+                "final_status": removed.status.as_str(),
+                "finished_at": removed.finished_at,
+                "removed_at": removed.removed_at,
+            })));
+        }
     };
     Ok((status, axum::Json(JobView::from(row))).into_response())
 }

@@ -96,7 +96,7 @@ impl RequestConsumer {
                     report.refused += 1
                 }
                 Ok(Submitted::Created(_)) => report.created += 1,
-                Ok(Submitted::Existing(_)) => report.existing += 1,
+                Ok(Submitted::Existing(_) | Submitted::Removed(_)) => report.existing += 1,
                 Err(SubmitError::Conflict(job_id)) => {
                     tracing::warn!(%job_id, partition = message.partition(), offset = message.offset(),
                         "request conflicts with the existing job; the original stays, the request is dead-lettered");

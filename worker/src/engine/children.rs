@@ -207,6 +207,7 @@ impl ClaimedRun {
         let existing = match submitted {
             Ok(Submitted::Created(_)) => None,
             Ok(Submitted::Existing(row)) => Some(row.status),
+            Ok(Submitted::Removed(removed)) => Some(removed.status),
             // The child exists with other input (the parent's rules read
             // something that changed): that child is the step's.
             Err(SubmitError::Conflict(_)) => children::status_of(&mut tx, id).await?,

@@ -25,6 +25,7 @@ mod nodes;
 mod operator;
 mod placement;
 mod reads;
+pub mod retention;
 mod runner;
 mod sanitize;
 mod schedule;
@@ -139,6 +140,8 @@ pub struct EngineSettings {
     pub reserved_connections: u32,
     /// What one CEL evaluation may spend (steps, bytes, time).
     pub expression_budget: crate::workflow::Budget,
+    /// How long finished runs are kept (`retention.rs`).
+    pub retention: retention::RetentionSettings,
 }
 
 impl EngineSettings {
@@ -161,6 +164,7 @@ impl EngineSettings {
             checkpoint_rows: Switch::Auto,
             reserved_connections: DEFAULT_RESERVED_CONNECTIONS,
             expression_budget: crate::workflow::DEFAULT_BUDGET,
+            retention: retention::RetentionSettings::default(),
         }
     }
 }

@@ -60,6 +60,13 @@ impl Engine {
             async move { engine.sweeper(shutdown).await }
         }));
 
+        let (engine, shutdown_retention) = (self.clone(), shutdown.clone());
+        let health = self.health().clone();
+        tasks.spawn(restart_on_panic(health, "retention".into(), move || {
+            let (engine, shutdown) = (engine.clone(), shutdown_retention.clone());
+            async move { engine.retention(shutdown).await }
+        }));
+
         let (engine, shutdown_scheduler) = (self.clone(), shutdown.clone());
         let health = self.health().clone();
         tasks.spawn(restart_on_panic(health, "scheduler".into(), move || {

@@ -459,7 +459,7 @@ impl Engine {
                             .increment(1);
                         started.push(job_id);
                     }
-                    Ok(Submitted::Existing(_)) => {}
+                    Ok(Submitted::Existing(_) | Submitted::Removed(_)) => {}
                     Err(SubmitError::Store(e)) => return Err(e.into()),
                     Err(e) => {
                         // Not the world's fault, and the same at every

@@ -54,13 +54,18 @@ pub enum Submitted {
     Created(RunRow),
     /// The same submission was made before; this is its row.
     Existing(RunRow),
+    /// The same submission was made before, and its run finished and was
+    /// removed by retention; this is what it left (within the horizon).
+    Removed(flotilla_store::retention::RemovedRun),
 }
 
 impl Submitted {
+    /// The job's row; `None` for a run removed by retention.
     #[must_use]
-    pub fn row(&self) -> &RunRow {
+    pub fn row(&self) -> Option<&RunRow> {
         match self {
-            Self::Created(row) | Self::Existing(row) => row,
+            Self::Created(row) | Self::Existing(row) => Some(row),
+            Self::Removed(_) => None,
         }
     }
 }
@@ -412,17 +417,27 @@ pub(super) type NewestDefinitions = HashMap<String, Option<definitions::StoredDe
 /// The verdict of a job refused at submission.
 const REFUSED_VERDICT: &str = "rejected at submission";
 
-/// The existing row of `job_id`: `Existing` when its digest matches,
-/// `Conflict` when it does not, `None` when there is no row.
+/// The existing row of `job_id`, or the record of its removed run:
+/// `Existing` or `Removed` when its digest matches, `Conflict` when it does
+/// not, `None` when there is neither.
 async fn existing(
     conn: &mut PgConnection,
     job_id: Uuid,
     digest: &str,
 ) -> Result<Option<Submitted>, SubmitError> {
     match runs::get(conn, job_id).await? {
-        None => Ok(None),
         Some(row) if row.request_digest == digest => Ok(Some(Submitted::Existing(row))),
         Some(_) => Err(SubmitError::Conflict(job_id)),
+        None => match flotilla_store::retention::removed(conn, job_id)
+            .await
+            .map_err(StoreError::from)?
+        {
+            Some(removed) if removed.request_digest == digest => {
+                Ok(Some(Submitted::Removed(removed)))
+            }
+            Some(_) => Err(SubmitError::Conflict(job_id)),
+            None => Ok(None),
+        },
     }
 }
 

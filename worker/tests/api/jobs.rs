@@ -697,3 +697,49 @@ async fn a_job_waiting_on_a_kafka_target_shows_its_request(pool: PgPool) {
         deadline(&request["deadline"])
     );
 }
+
+/// A job whose run retention removed: the same request again is `410 Gone`
+/// naming it a repeat and what the run came to; other content is still a
+/// conflict; neither starts a second run.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_repeat_of_a_job_whose_run_retention_removed_is_410_and_starts_nothing(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    api.call(Method::PUT, "/v1/workflows/approval", Some(approval()))
+        .await;
+    let job_id = Uuid::new_v4();
+    let body = json!({"workflow_name": "approval", "input": {"amount": 5}, "job_id": job_id});
+    assert_eq!(
+        api.call(Method::POST, "/v1/jobs", Some(body.clone()))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    // What retention leaves of a cancelled run: its record, no row.
+    sqlx::query(
+        "WITH gone AS (DELETE FROM workflow_run WHERE job_id = $1
+                       RETURNING job_id, workflow_name, request_digest, updated_at)
+         INSERT INTO workflow_run_removed (job_id, workflow_name, request_digest, status, finished_at, removed_at)
+         SELECT job_id, workflow_name, request_digest, 'CANCELLED', updated_at, now() FROM gone",
+    )
+    .bind(job_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let (status, problem) = api.call(Method::POST, "/v1/jobs", Some(body)).await;
+    assert_eq!(status, StatusCode::GONE, "{problem}");
+    assert_eq!(problem["code"], "removed");
+    assert_eq!(problem["final_status"], "CANCELLED");
+    assert_eq!(problem["status"], 410, "problem+json keeps its own status");
+    assert_eq!(problem["job_id"], json!(job_id));
+    let other = json!({"workflow_name": "approval", "input": {"amount": 6}, "job_id": job_id});
+    assert_eq!(
+        api.call(Method::POST, "/v1/jobs", Some(other)).await.0,
+        StatusCode::CONFLICT
+    );
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 0, "no second run");
+}

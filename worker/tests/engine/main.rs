@@ -16,6 +16,7 @@ mod panics;
 mod parking;
 mod placement;
 mod responses;
+mod retention;
 mod schedules;
 mod signals;
 mod submission;

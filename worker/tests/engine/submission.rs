@@ -253,6 +253,7 @@ async fn a_batch_gives_each_request_its_own_outcome(pool: PgPool) {
     let outcome = |i: usize| match &results[i] {
         Ok(Submitted::Created(row)) => format!("created {} {:?}", row.job_id, row.status),
         Ok(Submitted::Existing(row)) => format!("existing {}", row.job_id),
+        Ok(Submitted::Removed(removed)) => format!("removed {}", removed.job_id),
         Err(e) => format!("error {e}"),
     };
     assert_eq!(outcome(0), format!("created {fresh} Queued"));

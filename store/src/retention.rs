@@ -1,0 +1,171 @@
+//! Retention of finished runs: deleting the runs that finished before a
+//! cutoff, a bounded batch at a time, each leaving a compact record in
+//! `workflow_run_removed` ([`remove_finished`]); reading that record when a
+//! removed job id is submitted again ([`removed`]); and forgetting records
+//! past the idempotency horizon ([`forget_removed`]). One member of the
+//! fleet at a time: each batch takes a transaction-scoped advisory lock,
+//! and one that finds it held does nothing. Rows are picked with
+//! `FOR UPDATE SKIP LOCKED` among finished runs, which no claim takes.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, PgTransaction};
+use uuid::Uuid;
+
+use crate::RunStatus;
+
+/// The advisory lock key of retention (`hashtext` of this name).
+const LOCK: &str = "flotilla.run-retention";
+
+/// Which finished runs a batch removes: those of `status` that finished
+/// before `cutoff`, of `workflow` only, or of every workflow but `except`.
+#[derive(Debug, Clone, Copy)]
+pub struct Removal<'a> {
+    pub status: RunStatus,
+    pub workflow: Option<&'a str>,
+    pub except: &'a [String],
+    pub cutoff: DateTime<Utc>,
+}
+
+/// What a removed run left behind.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct RemovedRun {
+    pub job_id: Uuid,
+    pub workflow_name: String,
+    pub request_digest: String,
+    pub status: RunStatus,
+    pub finished_at: DateTime<Utc>,
+    pub removed_at: DateTime<Utc>,
+}
+
+/// A transaction holding retention's lock; `None` (and nothing held) when
+/// another member holds it.
+async fn begin_alone(pool: &PgPool) -> Result<Option<PgTransaction<'static>>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+        .bind(LOCK)
+        .fetch_one(&mut *tx)
+        .await?;
+    if held {
+        Ok(Some(tx))
+    } else {
+        tx.rollback().await?;
+        Ok(None)
+    }
+}
+
+/// Removes up to `limit` runs that `removal` names, each with its record,
+/// at `now`; `None` when another member is removing runs right now.
+///
+/// # Errors
+/// Database errors (nothing is removed then).
+pub async fn remove_finished(
+    pool: &PgPool,
+    removal: Removal<'_>,
+    limit: i64,
+    now: DateTime<Utc>,
+) -> Result<Option<u64>, sqlx::Error> {
+    let Some(mut tx) = begin_alone(pool).await? else {
+        return Ok(None);
+    };
+    // `created_at < cutoff` adds nothing (a run finishes after it was
+    // made) but lets the status index order the candidates.
+    let removed = sqlx::query(
+        "WITH doomed AS (
+             SELECT job_id FROM workflow_run
+             WHERE status = $1 AND created_at < $2 AND updated_at < $2
+               AND ($3::text IS NULL OR workflow_name = $3)
+               AND workflow_name <> ALL($4::text[])
+             ORDER BY created_at
+             LIMIT $5
+             FOR UPDATE SKIP LOCKED),
+         gone AS (
+             DELETE FROM workflow_run r USING doomed d WHERE r.job_id = d.job_id
+             RETURNING r.job_id, r.workflow_name, r.request_digest, r.status, r.updated_at)
+         INSERT INTO workflow_run_removed
+             (job_id, workflow_name, request_digest, status, finished_at, removed_at)
+         SELECT job_id, workflow_name, request_digest, status, updated_at, $6 FROM gone
+         ON CONFLICT (job_id) DO NOTHING",
+    )
+    .bind(removal.status)
+    .bind(removal.cutoff)
+    .bind(removal.workflow)
+    .bind(removal.except)
+    .bind(limit)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(Some(removed))
+}
+
+/// Forgets up to `limit` records of runs removed before `before` whose
+/// events have all left the outbox (published, then deleted by the relay's
+/// retention); `None` when another member is removing right now.
+///
+/// # Errors
+/// Database errors.
+pub async fn forget_removed(
+    pool: &PgPool,
+    before: DateTime<Utc>,
+    limit: i64,
+) -> Result<Option<u64>, sqlx::Error> {
+    let Some(mut tx) = begin_alone(pool).await? else {
+        return Ok(None);
+    };
+    // A record whose job still has events in the outbox stays: the same id
+    // submitted as a new run would collide with them.
+    let forgotten = sqlx::query(
+        "DELETE FROM workflow_run_removed WHERE job_id IN (
+             SELECT rm.job_id FROM workflow_run_removed rm
+             WHERE rm.removed_at < $1
+               AND NOT EXISTS (SELECT 1 FROM workflow_run_outbox o WHERE o.job_id = rm.job_id)
+             ORDER BY rm.removed_at LIMIT $2)",
+    )
+    .bind(before)
+    .bind(limit)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(Some(forgotten))
+}
+
+/// The record of `job_id`, if its run was removed within the horizon.
+///
+/// # Errors
+/// Database errors.
+pub async fn removed(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> Result<Option<RemovedRun>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT job_id, workflow_name, request_digest, status, finished_at, removed_at
+         FROM workflow_run_removed WHERE job_id = $1",
+    )
+    .bind(job_id)
+    .fetch_optional(conn)
+    .await
+}
+
+/// How many runs of `status` finished before `cutoff` wait for removal,
+/// counted up to `cap` (the backlog metric need not read a million rows).
+///
+/// # Errors
+/// Database errors.
+pub async fn backlog(
+    pool: &PgPool,
+    status: RunStatus,
+    cutoff: DateTime<Utc>,
+    cap: i64,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM workflow_run
+             WHERE status = $1 AND created_at < $2 AND updated_at < $2 LIMIT $3) AS waiting",
+    )
+    .bind(status)
+    .bind(cutoff)
+    .bind(cap)
+    .fetch_one(pool)
+    .await
+}
