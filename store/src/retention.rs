@@ -53,6 +53,25 @@ async fn begin_alone(pool: &PgPool) -> Result<Option<PgTransaction<'static>>, sq
     }
 }
 
+/// Commits after a statement that succeeded, rolls back after one that
+/// failed (never merely dropped: a dropped transaction keeps its locks,
+/// retention's and the rows', until its connection is next used).
+async fn end(
+    tx: PgTransaction<'static>,
+    done: Result<sqlx::postgres::PgQueryResult, sqlx::Error>,
+) -> Result<u64, sqlx::Error> {
+    match done {
+        Ok(done) => {
+            tx.commit().await?;
+            Ok(done.rows_affected())
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
 /// Removes up to `limit` runs that `removal` names, each with its record,
 /// at `now`; `None` when another member is removing runs right now.
 ///
@@ -68,7 +87,10 @@ pub async fn remove_finished(
         return Ok(None);
     };
     // `created_at < cutoff` adds nothing (a run finishes after it was
-    // made) but lets the status index order the candidates.
+    // made) but lets an index order the candidates: the resting-status
+    // index for FAILED, DEAD and CANCELLED, `workflow_run_newest` for
+    // COMPLETED (no index names COMPLETED rows: each would cost every
+    // completion an index entry; docs/operations.md, "Retention").
     let removed = sqlx::query(
         "WITH doomed AS (
              SELECT job_id FROM workflow_run
@@ -93,9 +115,8 @@ pub async fn remove_finished(
     .bind(limit)
     .bind(now)
     .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    tx.commit().await?;
+    .await;
+    let removed = end(tx, removed).await?;
     Ok(Some(removed))
 }
 
@@ -125,9 +146,8 @@ pub async fn forget_removed(
     .bind(before)
     .bind(limit)
     .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    tx.commit().await?;
+    .await;
+    let forgotten = end(tx, forgotten).await?;
     Ok(Some(forgotten))
 }
 

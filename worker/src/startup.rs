@@ -60,6 +60,10 @@ pub enum StartupError {
         "the reply topic {0} of a Kafka target, or its dead-letter topic, does not exist and FLOTILLA_CREATE_TOPICS=false: create both, or let the worker create them"
     )]
     NoReplyTopic(String),
+    #[error(
+        "FLOTILLA_REPLY_CONSUMER_GROUP is {0}, the request consumer's group: the reply consumer needs a group of its own"
+    )]
+    SameReplyGroup(String),
     #[error("the run layout switches: {0}")]
     Switches(#[from] SwitchError),
     #[error("binding the API on {addr}: {source}")]
@@ -460,6 +464,9 @@ async fn subscribe(
             .reply_consumer_group
             .clone()
             .unwrap_or_else(|| format!("{}-replies", settings.group));
+        if group == settings.group {
+            return Err(StartupError::SameReplyGroup(group));
+        }
         let mut replies = settings.for_replies(&group);
         replies.reply_topics = reply_topics;
         tracing::info!(topics = ?replies.reply_topics, group = %replies.group, "consuming replies");

@@ -354,7 +354,7 @@ pub async fn insert_many<'a>(
     let json = |f: fn(&NewRun<'a>) -> &'a serde_json::Value| {
         runs.iter().map(|run| Json(f(run))).collect::<Vec<_>>()
     };
-    let inserted: Vec<RunRow> = sqlx::query_as(&format!(
+    let mut inserted: Vec<RunRow> = sqlx::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at)
          SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
@@ -389,6 +389,22 @@ pub async fn insert_many<'a>(
     .bind(runs.iter().map(|run| run.reader_level).collect::<Vec<_>>())
     .fetch_all(&mut **tx)
     .await?;
+    // A run that retention removed while this insert waited on its row:
+    // the NOT EXISTS above read the removals as the statement began, but
+    // this statement sees the one that committed meanwhile. The new row is
+    // taken back, and the id answered from its record.
+    if !inserted.is_empty() {
+        let ids: Vec<Uuid> = inserted.iter().map(|row| row.job_id).collect();
+        let raced: Vec<Uuid> = sqlx::query_scalar(
+            "DELETE FROM workflow_run r WHERE r.job_id = ANY($1)
+               AND EXISTS (SELECT 1 FROM workflow_run_removed rm WHERE rm.job_id = r.job_id)
+             RETURNING r.job_id",
+        )
+        .bind(&ids)
+        .fetch_all(&mut **tx)
+        .await?;
+        inserted.retain(|row| !raced.contains(&row.job_id));
+    }
     let mut by_job: std::collections::HashMap<Uuid, RunRow> =
         inserted.into_iter().map(|row| (row.job_id, row)).collect();
     // The first of a job id in `runs` is the one inserted; later ones are repeats.

@@ -228,7 +228,7 @@ pub async fn record_reply(
     .fetch_one(&mut *tx)
     .await?;
     // Answered: the request no longer holds a slot of a capped target.
-    super::target_slots::release_in(&mut tx, job_id, &step).await?;
+    super::target_slots::release_in(&mut tx, job_id, &step, correlation_id).await?;
     tx.commit().await?;
     Ok(ReplyMatch::Recorded {
         step,

@@ -20,23 +20,27 @@ pub enum Take {
     Full,
 }
 
-/// Who asks for a slot, and until when it is needed.
+/// Who asks for a slot, for which request, and until when it is needed.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     pub target: &'a str,
     pub job_id: Uuid,
     pub step: &'a str,
+    /// The request's correlation id: its reply gives the slot back.
+    pub correlation_id: Uuid,
     /// The request's deadline: past it the slot frees itself.
     pub expires_at: DateTime<Utc>,
 }
 
 /// Takes a slot of `claim.target` for `claim.step` of `claim.job_id` when
-/// fewer than `cap` are held by others at `now`. The step's own slot (an
-/// earlier attempt's, or a take whose park did not commit) is taken over,
-/// not counted twice.
+/// fewer than `cap` other jobs hold one at `now`. A job's own slots never
+/// block it (its parallel requests to one target count as one job, so a
+/// job waiting for a second slot can never wait on itself); the step's own
+/// slot (an earlier attempt's, or a take whose park did not commit) is
+/// taken over, not counted twice.
 ///
 /// # Errors
-/// Database errors (the transaction is rolled back).
+/// Database errors (the transaction is rolled back first).
 pub async fn take(
     pool: &PgPool,
     claim: Claim<'_>,
@@ -44,9 +48,29 @@ pub async fn take(
     now: DateTime<Utc>,
 ) -> Result<Take, sqlx::Error> {
     let mut tx = pool.begin().await?;
+    match take_in(&mut tx, claim, cap, now).await {
+        Ok(take) => {
+            tx.commit().await?;
+            Ok(take)
+        }
+        // Ended here, not dropped: a dropped transaction keeps the
+        // target's advisory lock until its connection is next used.
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+async fn take_in(
+    tx: &mut PgTransaction<'_>,
+    claim: Claim<'_>,
+    cap: usize,
+    now: DateTime<Utc>,
+) -> Result<Take, sqlx::Error> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('flotilla.target-slot:' || $1, 0))")
         .bind(claim.target)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     sqlx::query(
         "DELETE FROM workflow_target_slot s
@@ -58,39 +82,39 @@ pub async fn take(
     )
     .bind(claim.target)
     .bind(now)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
     let held: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM workflow_target_slot
-         WHERE target = $1 AND NOT (job_id = $2 AND step_name = $3)",
+        "SELECT count(DISTINCT job_id) FROM workflow_target_slot
+         WHERE target = $1 AND job_id <> $2",
     )
     .bind(claim.target)
     .bind(claim.job_id)
-    .bind(claim.step)
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut **tx)
     .await?;
     if usize::try_from(held).unwrap_or(usize::MAX) >= cap {
-        tx.commit().await?;
         return Ok(Take::Full);
     }
     sqlx::query(
-        "INSERT INTO workflow_target_slot (target, job_id, step_name, expires_at)
-         VALUES ($1, $2, $3, $4)
+        "INSERT INTO workflow_target_slot (target, job_id, step_name, correlation_id, expires_at)
+         VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (job_id, step_name)
-         DO UPDATE SET target = excluded.target, expires_at = excluded.expires_at",
+         DO UPDATE SET target = excluded.target, correlation_id = excluded.correlation_id,
+                       expires_at = excluded.expires_at",
     )
     .bind(claim.target)
     .bind(claim.job_id)
     .bind(claim.step)
+    .bind(claim.correlation_id)
     .bind(claim.expires_at)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    tx.commit().await?;
     Ok(Take::Taken)
 }
 
-/// Gives back the slot of `step` of `job_id`, if it holds one, in `tx` (the
-/// transaction that records its reply).
+/// Gives back the slot of the request `correlation_id` (of `step` of
+/// `job_id`), if it holds one, in `tx` (the transaction that records its
+/// reply).
 ///
 /// # Errors
 /// Database errors.
@@ -98,22 +122,27 @@ pub async fn release_in(
     tx: &mut PgTransaction<'_>,
     job_id: Uuid,
     step: &str,
+    correlation_id: Uuid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM workflow_target_slot WHERE job_id = $1 AND step_name = $2")
-        .bind(job_id)
-        .bind(step)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(
+        "DELETE FROM workflow_target_slot
+         WHERE job_id = $1 AND step_name = $2 AND correlation_id = $3",
+    )
+    .bind(job_id)
+    .bind(step)
+    .bind(correlation_id)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
-/// How many slots of `target` count at `now`.
+/// How many jobs hold slots of `target` at `now`.
 ///
 /// # Errors
 /// Database errors.
 pub async fn held(pool: &PgPool, target: &str, now: DateTime<Utc>) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT count(*) FROM workflow_target_slot s
+        "SELECT count(DISTINCT s.job_id) FROM workflow_target_slot s
          WHERE s.target = $1 AND s.expires_at > $2
            AND EXISTS (SELECT 1 FROM workflow_run r
                        WHERE r.job_id = s.job_id

@@ -256,7 +256,14 @@ impl RequestConsumer {
             let Some(rewound) = self.ride_out(&shutdown, || self.rewind()).await else {
                 break;
             };
-            batch.retain(|m| !rewound.contains(&(m.topic().to_owned(), m.partition())));
+            let read_again =
+                |m: &Received| rewound.contains(&(m.topic().to_owned(), m.partition()));
+            batch.retain(|m| !read_again(m));
+            // Also what an outage set aside meanwhile: the seek delivers it again.
+            self.carried
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|m| !read_again(m));
             if batch.is_empty() {
                 continue;
             }

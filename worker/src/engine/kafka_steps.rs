@@ -121,6 +121,8 @@ pub(super) struct SlotWait<'a> {
     pub target: &'a str,
     pub cap: usize,
     pub step: &'a str,
+    /// The request the slot is for.
+    pub correlation_id: Uuid,
     /// How long the request will wait for its reply (the slot's life).
     pub timeout: Duration,
     /// The wait gives up after this long (the segment's time left counts).
@@ -152,6 +154,7 @@ impl Engine {
                 target: wait.target,
                 job_id,
                 step: wait.step,
+                correlation_id: wait.correlation_id,
                 expires_at: now
                     + chrono::TimeDelta::from_std(wait.timeout).unwrap_or(chrono::TimeDelta::MAX),
             };
@@ -206,11 +209,10 @@ pub(super) fn outgoing(
     (step, step_timeout_ms): (&str, Option<u64>),
     (target, fleet): (&KafkaTarget, crate::target::kafka::Encoding),
     request: Json,
-    now: DateTime<Utc>,
+    (now, correlation_id): (DateTime<Utc>, Uuid),
 ) -> Result<OutgoingRequest, StepFailure> {
     let timeout = reply_timeout(step_timeout_ms, target);
     let deadline = now + chrono::TimeDelta::from_std(timeout).unwrap_or(chrono::TimeDelta::MAX);
-    let correlation_id = Uuid::new_v4();
     let contract = WorkflowStepRequest::new(StepRequestParts {
         job_id: row.job_id,
         step_name: step.to_owned(),

@@ -304,7 +304,10 @@ impl<'a> Nodes<'a> {
                     let scope = self.scope(index, &steps);
                     match self.holds(index, &scope).await {
                         Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
-                        Ok(true) => match self.kafka_step(index, &scope, &target).await {
+                        Ok(true) => match self
+                            .kafka_step(index, &scope, &target, writing.is_none())
+                            .await
+                        {
                             Ok(KafkaStep::Answered(result)) => {
                                 match self.judge(index, &result, &scope).await {
                                     Ok(()) => answered
@@ -568,6 +571,7 @@ impl<'a> Nodes<'a> {
         index: usize,
         scope: &Scope,
         target: &KafkaTarget,
+        may_wait: bool,
     ) -> Result<KafkaStep, StepFailure> {
         let step = &self.compiled.steps[index];
         let name = &step.definition.name;
@@ -595,7 +599,10 @@ impl<'a> Nodes<'a> {
             }
             Err(exhausted) => return Err(over_budget(name, "building the request", &exhausted)),
         };
-        // A capped target: the request's clock starts once its slot is taken.
+        // A capped target: the request's clock starts once its slot is
+        // taken. With a checkpoint write under way (its transaction holds
+        // the job's row, which the heartbeat renews) it tries once only.
+        let correlation_id = uuid::Uuid::new_v4();
         let now = match target.max_concurrent {
             None => now,
             Some(cap) => {
@@ -606,8 +613,13 @@ impl<'a> Nodes<'a> {
                     target: &step.definition.target,
                     cap,
                     step: name,
+                    correlation_id,
                     timeout,
-                    patience: patience.min(timeout),
+                    patience: if may_wait {
+                        patience.min(timeout)
+                    } else {
+                        Duration::ZERO
+                    },
                     interrupt: (self.lease_lost, self.cancel_asked),
                 };
                 match self.engine.slot_for(self.claimed.job_id(), wait).await? {
@@ -621,7 +633,7 @@ impl<'a> Nodes<'a> {
             (name, step.definition.timeout_ms),
             (target, self.engine.targets().fleet_encoding()),
             request,
-            now,
+            (now, correlation_id),
         )?;
         Ok(KafkaStep::Send(Box::new(request)))
     }

@@ -80,7 +80,13 @@ impl RetentionSettings {
     }
 }
 
-/// Parses `FLOTILLA_RETENTION_BY_WORKFLOW`:
+/// The shortest and the longest retention one may set.
+const KEEP_BOUNDS: (Duration, Duration) = (
+    Duration::from_secs(60),
+    Duration::from_secs(100 * 365 * 24 * 3600),
+);
+
+/// Parses `FLOTILLA_RETAIN_BY_WORKFLOW`:
 /// `<workflow>:<STATE>=<duration>[,<STATE>=<duration>…][;<workflow>:…]`,
 /// states among COMPLETED, FAILED, DEAD, CANCELLED.
 ///
@@ -112,6 +118,9 @@ pub fn parse_by_workflow(text: &str) -> Result<Vec<WorkflowRetention>, String> {
             }
             let keep =
                 humantime::parse_duration(keep.trim()).map_err(|e| format!("{keep:?}: {e}"))?;
+            if !(KEEP_BOUNDS.0..=KEEP_BOUNDS.1).contains(&keep) {
+                return Err(format!("{keep:?}: between a minute and 100 years, please"));
+            }
             rules.push(WorkflowRetention {
                 workflow: workflow.to_owned(),
                 status,
@@ -164,10 +173,10 @@ impl Engine {
                     status,
                     workflow: Some(rule.workflow.as_str()),
                     except: &[],
-                    cutoff: now - to_delta(rule.keep),
+                    cutoff: cutoff(now, rule.keep),
                 })
                 .collect();
-            let fleet_cutoff = now - to_delta(settings.fleet_keep(status));
+            let fleet_cutoff = cutoff(now, settings.fleet_keep(status));
             removals.push(Removal {
                 status,
                 workflow: None,
@@ -191,7 +200,7 @@ impl Engine {
             metrics::gauge!("flotilla_retention_backlog", "status" => status.as_str())
                 .set(waiting as f64);
         }
-        let horizon = now - to_delta(settings.removed_horizon);
+        let horizon = cutoff(now, settings.removed_horizon);
         for _ in 0..BATCHES_PER_PASS {
             match retention::forget_removed(self.pool(), horizon, settings.batch).await? {
                 None => {
@@ -259,8 +268,13 @@ impl Engine {
     }
 }
 
-fn to_delta(keep: Duration) -> chrono::TimeDelta {
-    chrono::TimeDelta::from_std(keep).unwrap_or(chrono::TimeDelta::MAX)
+/// `now - keep`, or the earliest instant when that is before it (nothing
+/// is that old: nothing is removed).
+fn cutoff(now: chrono::DateTime<chrono::Utc>, keep: Duration) -> chrono::DateTime<chrono::Utc> {
+    chrono::TimeDelta::from_std(keep)
+        .ok()
+        .and_then(|keep| now.checked_sub_signed(keep))
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC)
 }
 
 fn batch_size(limit: i64) -> u64 {
@@ -303,6 +317,11 @@ mod tests {
             ("payments:DONE=1d", "not a run state"),
             ("payments:RUNNING=1d", "only finished states"),
             ("payments:COMPLETED=soon", "soon"),
+            ("payments:COMPLETED=0s", "between a minute and 100 years"),
+            (
+                "payments:COMPLETED=1000000y",
+                "between a minute and 100 years",
+            ),
         ] {
             let error = parse_by_workflow(bad).unwrap_err();
             assert!(error.contains(named), "{bad}: {error}");

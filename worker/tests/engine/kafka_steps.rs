@@ -625,3 +625,65 @@ async fn a_job_cancelled_while_it_waits_for_a_slot_ends_cancelled_with_nothing_s
     assert_eq!(taken, 0, "no slot taken");
     assert_eq!(slots_held(&pool, &clock).await, 1, "the first's");
 }
+
+/// A late reply to an earlier request of the step frees nothing: the slot
+/// belongs to the request the step's current attempt took it for.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_late_reply_to_an_earlier_request_keeps_the_new_requests_slot(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, clock) = capped_engine(&pool, &calls, (1, 300), Duration::from_secs(60)).await;
+    let (job_id, first) = parked(&engine, &pool, 1).await;
+    // The step's next attempt took the slot for its own request, and has
+    // not parked yet: the row still names the first request.
+    let second = Uuid::new_v4();
+    let claim = flotilla_store::runs::target_slots::Claim {
+        target: "fraud",
+        job_id,
+        step: "score",
+        correlation_id: second,
+        expires_at: clock.now() + Duration::from_secs(30),
+    };
+    assert_eq!(
+        flotilla_store::runs::target_slots::take(&pool, claim, 1, clock.now())
+            .await
+            .unwrap(),
+        flotilla_store::runs::target_slots::Take::Taken,
+        "the job takes its own slot over"
+    );
+    assert!(matches!(
+        reply(&engine, job_id, first, json!({"score": 1})).await,
+        ReplyOutcome::Matched { .. }
+    ));
+    assert_eq!(
+        slots_held(&pool, &clock).await,
+        1,
+        "the second request's slot stays"
+    );
+}
+
+/// Two steps of one job to a target capped at 1 run side by side: a job's
+/// own slots never block it, so both requests leave with one park.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_jobs_parallel_requests_to_a_capped_target_count_as_one(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, clock) = capped_engine(&pool, &calls, (1, 30_000), Duration::from_secs(60)).await;
+    engine
+        .register_workflow(&json!({
+            "name": "pair", "input_schema": {},
+            "steps": [
+                {"name": "left", "target": "fraud", "method": "score", "needs": []},
+                {"name": "right", "target": "fraud", "method": "score", "needs": []}
+            ]
+        }))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "pair", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let sent: Vec<String> = outbox(&pool, job_id)
+        .await
+        .into_iter()
+        .map(|(_, request)| request.step_name().to_owned())
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(slots_held(&pool, &clock).await, 1, "one job");
+}
