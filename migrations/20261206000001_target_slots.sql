@@ -10,9 +10,6 @@ CREATE TABLE workflow_target_slot (
     target     text        NOT NULL,
     job_id     uuid        NOT NULL,
     step_name  text        NOT NULL,
-    -- The request the slot is for: only its reply gives the slot back (a
-    -- late reply to an earlier attempt does not free the new attempt's).
-    correlation_id uuid    NOT NULL,
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (job_id, step_name)
 );

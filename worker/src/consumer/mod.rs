@@ -30,7 +30,7 @@ use flotilla_runtime::BrokerConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 pub use context::RequestConsumerContext;
@@ -174,6 +174,9 @@ pub struct RequestConsumer {
     dead: std::sync::atomic::AtomicBool,
     /// Messages that arrived while riding out an outage, for the next batch.
     carried: std::sync::Mutex<Vec<Received>>,
+    /// The offset this consumer last wrote to the database, per partition:
+    /// the database holding less later means it lost commits (`offsets.rs`).
+    kept: std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>,
     /// Times librdkafka said this member went too long without polling.
     poll_interval_exceeded: std::sync::atomic::AtomicU64,
 }
@@ -240,6 +243,7 @@ impl RequestConsumer {
             stalled: std::sync::atomic::AtomicBool::new(false),
             dead: std::sync::atomic::AtomicBool::new(false),
             carried: std::sync::Mutex::new(Vec::new()),
+            kept: std::sync::Mutex::default(),
             poll_interval_exceeded: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -256,14 +260,7 @@ impl RequestConsumer {
             let Some(rewound) = self.ride_out(&shutdown, || self.rewind()).await else {
                 break;
             };
-            let read_again =
-                |m: &Received| rewound.contains(&(m.topic().to_owned(), m.partition()));
-            batch.retain(|m| !read_again(m));
-            // Also what an outage set aside meanwhile: the seek delivers it again.
-            self.carried
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .retain(|m| !read_again(m));
+            self.drop_read_again(&mut batch, &rewound);
             if batch.is_empty() {
                 continue;
             }
@@ -271,7 +268,10 @@ impl RequestConsumer {
                 break; // shut down mid-outage: nothing committed, the batch is redelivered
             };
             tracing::debug!(messages = batch.len(), ?report, "batch persisted");
-            self.keep_offsets(&batch).await;
+            // A partition the database went back on under this member is
+            // sought back: nothing of it is committed from this batch.
+            let went_back = self.keep_offsets(&batch).await;
+            self.drop_read_again(&mut batch, &went_back);
             self.commit(&batch);
             if self.is_stalled() || self.is_dead() {
                 // Keep the group seat (and the partitions paused) until told

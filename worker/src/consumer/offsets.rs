@@ -38,25 +38,132 @@ pub(super) fn next_offsets(batch: &[Received]) -> BTreeMap<Partition, i64> {
 }
 
 impl RequestConsumer {
-    /// Writes the offsets after `batch` (durable by now) to the database.
-    /// A failure costs nothing but a batch read again after a rebalance
-    /// (the database then stands behind Kafka), so it is logged and counted,
-    /// never retried in the way of the next batch.
-    pub(super) async fn keep_offsets(&self, batch: &[Received]) {
-        let offsets: Vec<PartitionOffset> = next_offsets(batch)
+    /// Writes the offsets after `batch` (durable by now) to the database,
+    /// after checking that the database still holds what this consumer
+    /// wrote last for those partitions. One where it holds less lost
+    /// commits under this member (a failover with no rebalance): it is
+    /// sought back to the database's offset and returned, its offsets not
+    /// written, so the caller commits nothing of it and the lost messages
+    /// are read again. A failure to read or write costs nothing but a batch
+    /// read again after a rebalance (the database then stands behind
+    /// Kafka), so it is logged and counted, never retried in the way of the
+    /// next batch.
+    pub(super) async fn keep_offsets(&self, batch: &[Received]) -> HashSet<Partition> {
+        let next = next_offsets(batch);
+        let partitions: Vec<Partition> = next.keys().cloned().collect();
+        let held = match consumer_offsets::next_offsets(
+            self.engine.pool(),
+            &self.settings.group,
+            &partitions,
+        )
+        .await
+        {
+            Ok(held) => held,
+            Err(e) => {
+                metrics::counter!("flotilla_consumer_offsets_unkept_total").increment(1);
+                tracing::warn!(error = %e, "reading the database's offsets failed; the batch's are not kept there");
+                return HashSet::new();
+            }
+        };
+        let held: BTreeMap<Partition, i64> = held
             .into_iter()
+            .map(|o| ((o.topic, o.partition), o.next_offset))
+            .collect();
+        let mut went_back = HashSet::new();
+        {
+            let kept = self.kept_offsets();
+            for partition in &partitions {
+                let Some(&mine) = kept.get(partition) else {
+                    continue;
+                };
+                // No row at all is as much a loss, with nothing to go
+                // back to: said loudly, and the partition reads on.
+                if let Some(&database) = held.get(partition)
+                    && database < mine
+                {
+                    if self.seek_back(partition, database) {
+                        went_back.insert(partition.clone());
+                    }
+                } else if !held.contains_key(partition) {
+                    tracing::error!(topic = %partition.0, partition = partition.1, mine,
+                        "the database holds no offset for a partition this member wrote one for: it lost commits, and there is no offset to go back to");
+                }
+            }
+        }
+        let offsets: Vec<PartitionOffset> = next
+            .into_iter()
+            .filter(|(partition, _)| !went_back.contains(partition))
             .map(|((topic, partition), next_offset)| PartitionOffset {
                 topic,
                 partition,
                 next_offset,
             })
             .collect();
-        if let Err(e) =
-            consumer_offsets::record(self.engine.pool(), &self.settings.group, &offsets).await
-        {
-            metrics::counter!("flotilla_consumer_offsets_unkept_total").increment(1);
-            tracing::warn!(error = %e, "keeping the batch's offsets in the database failed; it may be read again after a rebalance");
+        match consumer_offsets::record(self.engine.pool(), &self.settings.group, &offsets).await {
+            Ok(()) => {
+                let mut kept = self.kept_offsets();
+                for partition in &went_back {
+                    kept.remove(partition);
+                }
+                for o in offsets {
+                    kept.insert((o.topic, o.partition), o.next_offset);
+                }
+            }
+            Err(e) => {
+                metrics::counter!("flotilla_consumer_offsets_unkept_total").increment(1);
+                tracing::warn!(error = %e, "keeping the batch's offsets in the database failed; it may be read again after a rebalance");
+            }
         }
+        went_back
+    }
+
+    fn kept_offsets(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Partition, i64>> {
+        self.kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Seeks `partition` back to `offset`, counted and said; `false` when
+    /// the seek failed (then it reads on, and is checked again at its next
+    /// batch: the database still holds less).
+    fn seek_back(&self, partition: &Partition, offset: i64) -> bool {
+        match self.consumer.seek(
+            &partition.0,
+            partition.1,
+            Offset::Offset(offset),
+            SEEK_TIMEOUT,
+        ) {
+            Ok(()) => {
+                metrics::counter!("flotilla_consumer_rewinds_total", "topic" => partition.0.clone())
+                    .increment(1);
+                tracing::warn!(topic = %partition.0, partition = partition.1, database = offset,
+                    "the database holds an offset behind the one this member wrote (it lost its last commits?): reading those messages again");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, topic = %partition.0, partition = partition.1,
+                    "seeking back to the database's offset failed");
+                false
+            }
+        }
+    }
+
+    /// Drops from `batch`, and from what an outage set aside, the messages
+    /// of partitions sought back: the seek delivers them again.
+    pub(super) fn drop_read_again(
+        &self,
+        batch: &mut Vec<Received>,
+        partitions: &HashSet<Partition>,
+    ) {
+        if partitions.is_empty() {
+            return;
+        }
+        let read_again = |m: &Received| partitions.contains(&(m.topic().to_owned(), m.partition()));
+        batch.retain(|m| !read_again(m));
+        self.carried
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|m| !read_again(m));
     }
 
     /// Checks the partitions assigned since the last check: one whose
@@ -109,6 +216,13 @@ impl RequestConsumer {
             }
         }
         self.consumer.context().checked(&fresh);
+        // Assigned anew: what this member wrote before it held them last
+        // is no measure of the database now.
+        let mut kept = self.kept_offsets();
+        for partition in &fresh {
+            kept.remove(partition);
+        }
+        drop(kept);
         Ok(rewound)
     }
 

@@ -1,17 +1,18 @@
 //! Offsets kept with the rows: a database that comes back without its last
 //! commits (what an asynchronous standby promoted by a failover holds) has
-//! lost their offsets too, and the consumer newly assigned the partitions
-//! goes back to read those requests again, though Kafka's committed
-//! offsets are past them.
+//! lost their offsets too, and the consumer goes back to read those
+//! requests again, though Kafka's committed offsets are past them: on a
+//! new assignment, and under a member that keeps its partitions.
 
 use std::collections::HashSet;
 
 use flotilla_contracts::WorkflowRunRequest;
 use serde_json::json;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::support::{self, PARTITIONS, count, produce_raw, producer, topics};
+use super::support::{self, PARTITIONS, Topics, count, produce_raw, producer, topics};
 use super::{MIGRATOR, spawn, wait_rows, within_deadline};
 
 /// Produces a `greet` request as JSON; its job id and partition.
@@ -23,81 +24,123 @@ async fn produce(producer: &rdkafka::producer::FutureProducer, topic: &str) -> (
     (job_id, partition)
 }
 
+/// A running consumer, what a standby would hold and what only the
+/// primary had.
+struct Diverged {
+    stop: CancellationToken,
+    running: Option<tokio::task::JoinHandle<flotilla_worker::consumer::ConsumerStats>>,
+    /// Rows the standby holds (requests on every partition).
+    kept: i64,
+    /// The standby's offsets: (topic, partition, next offset).
+    standby: Vec<(String, i32, i64)>,
+    /// Requests whose rows and offsets only the primary had.
+    lost: Vec<Uuid>,
+    partitions: HashSet<i32>,
+}
+
+/// Runs a consumer through requests on every partition (the standby's
+/// state: rows and offsets), then eight more, all committed to Kafka.
+async fn diverged(pool: &PgPool, topics: &Topics) -> Diverged {
+    let engine = support::engine(pool);
+    support::register_greet(&engine).await;
+    let producer = producer();
+    let mut partitions = HashSet::new();
+    let mut kept = 0;
+    while kept < 12 || partitions.len() < usize::try_from(PARTITIONS).unwrap() {
+        partitions.insert(produce(&producer, &topics.requests).await.1);
+        kept += 1;
+    }
+    let (stop, running) = spawn(support::consumer(&engine, topics));
+    wait_rows(pool, kept).await;
+    support::wait_committed_to_end(&topics.requests, &topics.group).await;
+    let standby: Vec<(String, i32, i64)> = sqlx::query_as(
+        "SELECT topic, partition, next_offset FROM consumer_offset WHERE group_id = $1",
+    )
+    .bind(&topics.group)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(standby.len(), partitions.len(), "{standby:?}");
+    let mut lost = Vec::new();
+    for _ in 0..8 {
+        lost.push(produce(&producer, &topics.requests).await.0);
+    }
+    wait_rows(pool, kept + 8).await;
+    support::wait_committed_to_end(&topics.requests, &topics.group).await;
+    Diverged {
+        stop,
+        running: Some(running),
+        kept,
+        standby,
+        lost,
+        partitions,
+    }
+}
+
+impl Diverged {
+    async fn stop_consumer(&mut self) {
+        self.stop.cancel();
+        if let Some(running) = self.running.take() {
+            running.await.unwrap();
+        }
+    }
+
+    /// The failover: the last commits are gone, rows and offsets alike.
+    async fn fail_over(&self, pool: &PgPool, group: &str) {
+        for table in ["workflow_run_outbox", "workflow_run"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE job_id = ANY($1)"))
+                .bind(&self.lost)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        for (topic, partition, next_offset) in &self.standby {
+            sqlx::query(
+                "UPDATE consumer_offset SET next_offset = $4
+                 WHERE group_id = $1 AND topic = $2 AND partition = $3",
+            )
+            .bind(group)
+            .bind(topic)
+            .bind(partition)
+            .bind(next_offset)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+        assert_eq!(
+            count(pool, "SELECT count(*) FROM workflow_run").await,
+            self.kept
+        );
+    }
+
+    async fn lost_rows_back(&self, pool: &PgPool) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM workflow_run WHERE job_id = ANY($1)")
+            .bind(&self.lost)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn requests_whose_rows_the_database_lost_are_read_again_from_the_offsets_it_kept(
     pool: PgPool,
 ) {
     within_deadline(async {
         let topics = topics().await;
-        let engine = support::engine(&pool);
-        support::register_greet(&engine).await;
-        let producer = producer();
-
-        // What the standby has: requests on every partition, their rows
-        // and their offsets.
-        let mut partitions = HashSet::new();
-        let mut kept = 0;
-        while kept < 12 || partitions.len() < usize::try_from(PARTITIONS).unwrap() {
-            partitions.insert(produce(&producer, &topics.requests).await.1);
-            kept += 1;
-        }
-        let (stop, running) = spawn(support::consumer(&engine, &topics));
-        wait_rows(&pool, kept).await;
-        support::wait_committed_to_end(&topics.requests, &topics.group).await;
-        let standby: Vec<(String, i32, i64)> = sqlx::query_as(
-            "SELECT topic, partition, next_offset FROM consumer_offset WHERE group_id = $1",
-        )
-        .bind(&topics.group)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        assert_eq!(standby.len(), partitions.len(), "{standby:?}");
-
-        // What only the primary had: eight more, committed to Kafka.
-        let mut lost = Vec::new();
-        for _ in 0..8 {
-            lost.push(produce(&producer, &topics.requests).await.0);
-        }
-        wait_rows(&pool, kept + 8).await;
-        support::wait_committed_to_end(&topics.requests, &topics.group).await;
-        stop.cancel();
-        running.await.unwrap();
-
-        // The failover: the last commits are gone, rows and offsets alike.
-        sqlx::query("DELETE FROM workflow_run_outbox WHERE job_id = ANY($1)")
-            .bind(&lost)
-            .execute(&pool)
-            .await
-            .unwrap();
-        sqlx::query("DELETE FROM workflow_run WHERE job_id = ANY($1)")
-            .bind(&lost)
-            .execute(&pool)
-            .await
-            .unwrap();
-        for (topic, partition, next_offset) in &standby {
-            sqlx::query(
-                "UPDATE consumer_offset SET next_offset = $4
-                 WHERE group_id = $1 AND topic = $2 AND partition = $3",
-            )
-            .bind(&topics.group)
-            .bind(topic)
-            .bind(partition)
-            .bind(next_offset)
-            .execute(&pool)
-            .await
-            .unwrap();
-        }
-        assert_eq!(count(&pool, "SELECT count(*) FROM workflow_run").await, kept);
+        let mut diverged = diverged(&pool, &topics).await;
+        diverged.stop_consumer().await;
+        diverged.fail_over(&pool, &topics.group).await;
 
         // A consumer of the same group reads them again: none lost.
+        let engine = support::engine(&pool);
         let (stop, running) = spawn(support::consumer(&engine, &topics));
-        wait_rows(&pool, kept + 8).await;
-        let back: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run WHERE job_id = ANY($1)")
-            .bind(&lost)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(back, 8, "every request the database lost is a row again");
+        wait_rows(&pool, diverged.kept + 8).await;
+        assert_eq!(
+            diverged.lost_rows_back(&pool).await,
+            8,
+            "every request the database lost is a row again"
+        );
         support::wait_committed_to_end(&topics.requests, &topics.group).await;
         let ends: i64 = count(
             &pool,
@@ -107,9 +150,41 @@ async fn requests_whose_rows_the_database_lost_are_read_again_from_the_offsets_i
             ),
         )
         .await;
-        assert_eq!(ends, kept + 8, "the database's offsets are at the end again");
+        assert_eq!(ends, diverged.kept + 8, "the database's offsets are at the end again");
         stop.cancel();
         running.await.unwrap();
+    })
+    .await;
+}
+
+/// The same loss under a member that keeps its partitions (no rebalance):
+/// at its next batch it finds the database holding less than it wrote,
+/// seeks back and reads the lost requests again.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_member_that_keeps_its_partitions_reads_again_what_the_database_lost_under_it(
+    pool: PgPool,
+) {
+    within_deadline(async {
+        let topics = topics().await;
+        let mut diverged = diverged(&pool, &topics).await;
+        diverged.fail_over(&pool, &topics.group).await;
+        // One request on every partition: each partition's next batch
+        // finds the database behind what the member wrote.
+        let producer = producer();
+        let mut after = 0;
+        let mut reached = HashSet::new();
+        while reached.len() < diverged.partitions.len() {
+            reached.insert(produce(&producer, &topics.requests).await.1);
+            after += 1;
+        }
+        wait_rows(&pool, diverged.kept + 8 + after).await;
+        assert_eq!(
+            diverged.lost_rows_back(&pool).await,
+            8,
+            "every request the database lost is a row again"
+        );
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        diverged.stop_consumer().await;
     })
     .await;
 }
