@@ -11,9 +11,6 @@ use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
 use flotilla_runtime::kafka::TopicLayout;
 use flotilla_runtime::settings::{DAY, HOUR, MILLISECOND, SECOND, duration_between};
-
-const MINUTE: Duration = Duration::from_secs(60);
-const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
 use secrecy::SecretString;
@@ -244,15 +241,15 @@ pub struct RetentionConfig {
     pub retention: bool,
 
     /// How long a COMPLETED run is kept after it finished.
-    #[arg(long, env = "FLOTILLA_RETAIN_COMPLETED", default_value_t = engine::retention::DEFAULT_KEEP_COMPLETED.into(), value_parser = duration_between(MINUTE, 100 * YEAR))]
+    #[arg(long, env = "FLOTILLA_RETAIN_COMPLETED", default_value_t = engine::retention::DEFAULT_KEEP_COMPLETED.into(), value_parser = retention_between())]
     pub retain_completed: humantime::Duration,
 
     /// How long a FAILED or DEAD run is kept after it finished.
-    #[arg(long, env = "FLOTILLA_RETAIN_FAILED", default_value_t = engine::retention::DEFAULT_KEEP_FAILED.into(), value_parser = duration_between(MINUTE, 100 * YEAR))]
+    #[arg(long, env = "FLOTILLA_RETAIN_FAILED", default_value_t = engine::retention::DEFAULT_KEEP_FAILED.into(), value_parser = retention_between())]
     pub retain_failed: humantime::Duration,
 
     /// How long a CANCELLED run is kept after it finished.
-    #[arg(long, env = "FLOTILLA_RETAIN_CANCELLED", default_value_t = engine::retention::DEFAULT_KEEP_FAILED.into(), value_parser = duration_between(MINUTE, 100 * YEAR))]
+    #[arg(long, env = "FLOTILLA_RETAIN_CANCELLED", default_value_t = engine::retention::DEFAULT_KEEP_FAILED.into(), value_parser = retention_between())]
     pub retain_cancelled: humantime::Duration,
 
     /// Per workflow and final state, before the fleet's:
@@ -263,7 +260,7 @@ pub struct RetentionConfig {
 
     /// How long a removed run's job id is still answered as a repeat
     /// (its id and request digest are kept that long).
-    #[arg(long, env = "FLOTILLA_REMOVED_ID_HORIZON", default_value_t = engine::retention::DEFAULT_REMOVED_HORIZON.into(), value_parser = duration_between(MINUTE, 100 * YEAR))]
+    #[arg(long, env = "FLOTILLA_REMOVED_ID_HORIZON", default_value_t = engine::retention::DEFAULT_REMOVED_HORIZON.into(), value_parser = retention_between())]
     pub removed_id_horizon: humantime::Duration,
 
     /// Runs one retention batch removes.
@@ -278,6 +275,13 @@ pub struct RetentionConfig {
 /// Per-workflow retention, as parsed (clap wants a `Clone` value type).
 #[derive(Debug, Clone, Default)]
 pub struct ByWorkflow(pub Vec<engine::retention::WorkflowRetention>);
+
+/// A retention or horizon within the bounds every retention keeps to.
+fn retention_between()
+-> impl Fn(&str) -> Result<humantime::Duration, String> + Clone + Send + Sync + 'static {
+    let (shortest, longest) = engine::retention::KEEP_BOUNDS;
+    duration_between(shortest, longest)
+}
 
 fn parse_by_workflow(text: &str) -> Result<ByWorkflow, String> {
     engine::retention::parse_by_workflow(text).map(ByWorkflow)

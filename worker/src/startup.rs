@@ -326,6 +326,11 @@ fn check_settings(config: &WorkerConfig) -> Result<(String, api::Tokens), Startu
     if config.consumer.consume_requests {
         config.broker.validate().map_err(BrokerError::Settings)?;
     }
+    if let Some(group) = &config.consumer.reply_consumer_group
+        && *group == config.consumer.consumer_group
+    {
+        return Err(StartupError::SameReplyGroup(group.clone()));
+    }
     Ok((worker_id, tokens))
 }
 
@@ -464,9 +469,6 @@ async fn subscribe(
             .reply_consumer_group
             .clone()
             .unwrap_or_else(|| format!("{}-replies", settings.group));
-        if group == settings.group {
-            return Err(StartupError::SameReplyGroup(group));
-        }
         let mut replies = settings.for_replies(&group);
         replies.reply_topics = reply_topics;
         tracing::info!(topics = ?replies.reply_topics, group = %replies.group, "consuming replies");

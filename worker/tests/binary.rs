@@ -274,12 +274,35 @@ fn settings_that_would_panic_or_make_no_sense_are_refused_at_start_up_naming_the
             "--definition-by-reference",
         ),
         ("FLOTILLA_CHECKPOINT_ROWS", "1", "--checkpoint-rows"),
+        ("FLOTILLA_RETAIN_COMPLETED", "0s", "--retain-completed"),
+        (
+            "FLOTILLA_REMOVED_ID_HORIZON",
+            "1000years",
+            "--removed-id-horizon",
+        ),
+        (
+            "FLOTILLA_RETAIN_BY_WORKFLOW",
+            "payments:RUNNING=1d",
+            "--retain-by-workflow",
+        ),
+        ("FLOTILLA_RETENTION_BATCH", "0", "--retention-batch"),
     ];
     for (variable, value, flag) in cases {
         let mut command = worker("postgres://postgres@127.0.0.1:1/none");
         command.env(variable, value);
         flotilla_tests::process::assert_refused(command, flag, value);
     }
+}
+
+/// A reply group that is the request group would put two members with one
+/// `group.instance.id` in one group: refused before anything is reached.
+#[test]
+fn a_reply_consumer_group_that_is_the_request_group_is_refused_at_start_up() {
+    let mut command = worker("postgres://postgres@127.0.0.1:1/none");
+    command
+        .env("FLOTILLA_CONSUMER_GROUP", "fleet")
+        .env("FLOTILLA_REPLY_CONSUMER_GROUP", "fleet");
+    flotilla_tests::process::assert_refused(command, "FLOTILLA_REPLY_CONSUMER_GROUP", "fleet");
 }
 
 /// A pass-through property may not reach what Flotilla pins for its

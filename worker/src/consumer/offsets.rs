@@ -7,7 +7,9 @@
 //! database's offset is behind the group's committed one in Kafka (a
 //! failover lost the last commits, their offsets with them, while Kafka
 //! kept its own), the partition is sought back to the database's and those
-//! messages are read again.
+//! messages are read again. A member that keeps its partitions through the
+//! failover finds the database holding less than it wrote last, at its
+//! next batch, and goes back the same way.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -81,8 +83,14 @@ impl RequestConsumer {
                 if let Some(&database) = held.get(partition)
                     && database < mine
                 {
-                    if self.seek_back(partition, database) {
-                        went_back.insert(partition.clone());
+                    // A seek that fails reads on; the next batch finds the
+                    // database still behind and tries again.
+                    match self.seek_back(partition, database, mine) {
+                        Ok(()) => {
+                            went_back.insert(partition.clone());
+                        }
+                        Err(e) => tracing::warn!(error = %e, topic = %partition.0,
+                            partition = partition.1, "seeking back to the database's offset failed"),
                     }
                 } else if !held.contains_key(partition) {
                     tracing::error!(topic = %partition.0, partition = partition.1, mine,
@@ -123,29 +131,29 @@ impl RequestConsumer {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Seeks `partition` back to `offset`, counted and said; `false` when
-    /// the seek failed (then it reads on, and is checked again at its next
-    /// batch: the database still holds less).
-    fn seek_back(&self, partition: &Partition, offset: i64) -> bool {
-        match self.consumer.seek(
+    /// Seeks `partition` back to the database's offset, `database`, from
+    /// `ahead` (Kafka's committed one, or the one this member wrote last),
+    /// counted and said.
+    ///
+    /// # Errors
+    /// The seek failed: the partition reads on from where it was.
+    fn seek_back(
+        &self,
+        partition: &Partition,
+        database: i64,
+        ahead: i64,
+    ) -> Result<(), rdkafka::error::KafkaError> {
+        self.consumer.seek(
             &partition.0,
             partition.1,
-            Offset::Offset(offset),
+            Offset::Offset(database),
             SEEK_TIMEOUT,
-        ) {
-            Ok(()) => {
-                metrics::counter!("flotilla_consumer_rewinds_total", "topic" => partition.0.clone())
-                    .increment(1);
-                tracing::warn!(topic = %partition.0, partition = partition.1, database = offset,
-                    "the database holds an offset behind the one this member wrote (it lost its last commits?): reading those messages again");
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, topic = %partition.0, partition = partition.1,
-                    "seeking back to the database's offset failed");
-                false
-            }
-        }
+        )?;
+        metrics::counter!("flotilla_consumer_rewinds_total", "topic" => partition.0.clone())
+            .increment(1);
+        tracing::warn!(topic = %partition.0, partition = partition.1, database, ahead,
+            "the database's offset is behind (it lost its last commits?): reading those messages again");
+        Ok(())
     }
 
     /// Drops from `batch`, and from what an outage set aside, the messages
@@ -196,22 +204,11 @@ impl RequestConsumer {
                 if kept.next_offset >= kafka {
                     continue;
                 }
-                self.consumer
-                    .seek(
-                        &kept.topic,
-                        kept.partition,
-                        Offset::Offset(kept.next_offset),
-                        SEEK_TIMEOUT,
-                    )
+                self.seek_back(&key, kept.next_offset, kafka)
                     .map_err(|error| Outage::Seek {
                         partition: format!("{}/{}", kept.topic, kept.partition),
                         error,
                     })?;
-                metrics::counter!("flotilla_consumer_rewinds_total", "topic" => kept.topic.clone())
-                    .increment(1);
-                tracing::warn!(topic = %kept.topic, partition = kept.partition,
-                    database = kept.next_offset, kafka,
-                    "the database's offset is behind Kafka's committed one (it lost its last commits?): reading those messages again");
                 rewound.insert(key);
             }
         }

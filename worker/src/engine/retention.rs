@@ -80,8 +80,8 @@ impl RetentionSettings {
     }
 }
 
-/// The shortest and the longest retention one may set.
-const KEEP_BOUNDS: (Duration, Duration) = (
+/// The shortest and the longest retention (or horizon) one may set.
+pub const KEEP_BOUNDS: (Duration, Duration) = (
     Duration::from_secs(60),
     Duration::from_secs(100 * 365 * 24 * 3600),
 );
