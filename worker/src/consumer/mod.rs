@@ -177,6 +177,10 @@ pub struct RequestConsumer {
     /// The offset this consumer last wrote to the database, per partition:
     /// the database holding less later means it lost commits (`offsets.rs`).
     kept: std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>,
+    /// Where this consumer started each partition it was assigned: the
+    /// offset to go back to when the database lost even the one it wrote
+    /// at the assignment (`offsets.rs`).
+    started: std::sync::Mutex<std::collections::BTreeMap<(String, i32), i64>>,
     /// Times librdkafka said this member went too long without polling.
     poll_interval_exceeded: std::sync::atomic::AtomicU64,
 }
@@ -244,6 +248,7 @@ impl RequestConsumer {
             dead: std::sync::atomic::AtomicBool::new(false),
             carried: std::sync::Mutex::new(Vec::new()),
             kept: std::sync::Mutex::default(),
+            started: std::sync::Mutex::default(),
             poll_interval_exceeded: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -256,11 +261,16 @@ impl RequestConsumer {
 
     /// Consumes until `shutdown`: batch, persist (retrying through outages), commit.
     pub async fn run(self, shutdown: CancellationToken) -> ConsumerStats {
-        while let Some(mut batch) = self.take_batch(&shutdown, true).await {
+        let mut next_audit = tokio::time::Instant::now() + offsets::AUDIT_INTERVAL;
+        while let Some(mut batch) = self.take_batch(&shutdown, Some(next_audit)).await {
             let Some(rewound) = self.ride_out(&shutdown, || self.rewind()).await else {
                 break;
             };
             self.drop_read_again(&mut batch, &rewound);
+            if tokio::time::Instant::now() >= next_audit {
+                self.audit_kept_offsets().await;
+                next_audit = tokio::time::Instant::now() + offsets::AUDIT_INTERVAL;
+            }
             if batch.is_empty() {
                 continue;
             }
@@ -296,17 +306,20 @@ impl RequestConsumer {
     /// Waits for the next message, then takes more for up to `batch_wait`,
     /// `batch_size` messages or `batch_bytes` bytes. `None` on shutdown.
     pub async fn next_batch(&self, shutdown: &CancellationToken) -> Option<Vec<Received>> {
-        self.take_batch(shutdown, false).await
+        self.take_batch(shutdown, None).await
     }
 
-    /// [`RequestConsumer::next_batch`]; with `or_assigned`, an empty batch
-    /// as soon as partitions are assigned, for [`RequestConsumer::run`] to
-    /// check them against the database's offsets.
+    /// [`RequestConsumer::next_batch`]; with `audit_at`, an empty batch as
+    /// soon as partitions are assigned or, when nothing came, at `audit_at`,
+    /// for [`RequestConsumer::run`] to check the database's offsets.
     async fn take_batch(
         &self,
         shutdown: &CancellationToken,
-        or_assigned: bool,
+        audit_at: Option<tokio::time::Instant>,
     ) -> Option<Vec<Received>> {
+        let or_assigned = audit_at.is_some();
+        let audit = tokio::time::sleep_until(audit_at.unwrap_or_else(tokio::time::Instant::now));
+        tokio::pin!(audit);
         let limit = self.settings.max_request_bytes;
         let mut batch = std::mem::take(
             &mut *self
@@ -319,6 +332,7 @@ impl RequestConsumer {
                 // Newly assigned partitions are checked against the
                 // database's offsets before anything is read from them.
                 () = self.consumer.context().assigned(), if or_assigned => return Some(batch),
+                () = &mut audit, if or_assigned => return Some(batch),
                 received = self.consumer.recv() => match received {
                     Ok(message) => batch.push(Received::take(&message, limit)),
                     Err(e) if self.stall_on(&e) || self.dies_on(&e) => {

@@ -9,7 +9,9 @@
 //! kept its own), the partition is sought back to the database's and those
 //! messages are read again. A member that keeps its partitions through the
 //! failover finds the database holding less than it wrote last, at its
-//! next batch, and goes back the same way.
+//! next batch or at its next audit (every few seconds, so a partition that
+//! gets no new message after the failover is not left behind), and goes
+//! back the same way.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -23,6 +25,11 @@ use super::{Outage, Received, RequestConsumer};
 
 /// How long one seek may take.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a member checks, with no batch to bring it about, that the
+/// database still holds the offsets it wrote (see
+/// [`RequestConsumer::audit_kept_offsets`]): one small read per interval.
+pub(super) const AUDIT_INTERVAL: Duration = Duration::from_secs(3);
 
 /// A topic and a partition.
 pub(super) type Partition = (String, i32);
@@ -71,33 +78,7 @@ impl RequestConsumer {
             .into_iter()
             .map(|o| ((o.topic, o.partition), o.next_offset))
             .collect();
-        let mut went_back = HashSet::new();
-        {
-            let kept = self.kept_offsets();
-            for partition in &partitions {
-                let Some(&mine) = kept.get(partition) else {
-                    continue;
-                };
-                // No row at all is as much a loss, with nothing to go
-                // back to: said loudly, and the partition reads on.
-                if let Some(&database) = held.get(partition)
-                    && database < mine
-                {
-                    // A seek that fails reads on; the next batch finds the
-                    // database still behind and tries again.
-                    match self.seek_back(partition, database, mine) {
-                        Ok(()) => {
-                            went_back.insert(partition.clone());
-                        }
-                        Err(e) => tracing::warn!(error = %e, topic = %partition.0,
-                            partition = partition.1, "seeking back to the database's offset failed"),
-                    }
-                } else if !held.contains_key(partition) {
-                    tracing::error!(topic = %partition.0, partition = partition.1, mine,
-                        "the database holds no offset for a partition this member wrote one for: it lost commits, and there is no offset to go back to");
-                }
-            }
-        }
+        let went_back = self.go_back_where_behind(&partitions, &held);
         let offsets: Vec<PartitionOffset> = next
             .into_iter()
             .filter(|(partition, _)| !went_back.contains(partition))
@@ -123,6 +104,95 @@ impl RequestConsumer {
             }
         }
         went_back
+    }
+
+    /// Every [`AUDIT_INTERVAL`], with no batch to bring it about: checks
+    /// that the database still holds the offsets this member wrote last for
+    /// the partitions it holds, and seeks back those where it holds less.
+    /// Without it a partition that gets no new message after a failover
+    /// would never find its lost requests. A database that does not answer
+    /// is checked again at the next audit.
+    pub(super) async fn audit_kept_offsets(&self) {
+        let partitions: Vec<Partition> = self.kept_offsets().keys().cloned().collect();
+        if partitions.is_empty() {
+            return;
+        }
+        let held = match consumer_offsets::next_offsets(
+            self.engine.pool(),
+            &self.settings.group,
+            &partitions,
+        )
+        .await
+        {
+            Ok(held) => held
+                .into_iter()
+                .map(|o| ((o.topic, o.partition), o.next_offset))
+                .collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, "auditing the database's offsets failed; trying at the next audit");
+                return;
+            }
+        };
+        let went_back = self.go_back_where_behind(&partitions, &held);
+        let mut kept = self.kept_offsets();
+        for partition in &went_back {
+            kept.remove(partition);
+        }
+    }
+
+    /// Seeks back each of `partitions` where the database (`held`) stands
+    /// behind the offset this member wrote last; returns those sought back.
+    /// A partition the database has no offset for at all is as much a
+    /// loss, with nothing to go back to: said loudly, and it reads on.
+    fn go_back_where_behind(
+        &self,
+        partitions: &[Partition],
+        held: &BTreeMap<Partition, i64>,
+    ) -> HashSet<Partition> {
+        let mut went_back = HashSet::new();
+        let kept = self.kept_offsets();
+        for partition in partitions {
+            let Some(&mine) = kept.get(partition) else {
+                continue;
+            };
+            match held.get(partition) {
+                Some(&database) if database < mine => {
+                    // A seek that fails reads on; the next batch or audit
+                    // finds the database still behind and tries again.
+                    match self.seek_back(partition, database, mine) {
+                        Ok(()) => {
+                            went_back.insert(partition.clone());
+                        }
+                        Err(e) => tracing::warn!(error = %e, topic = %partition.0,
+                            partition = partition.1, "seeking back to the database's offset failed"),
+                    }
+                }
+                Some(_) => {}
+                // Even the offset written at assignment is lost: back to
+                // where this member started the partition.
+                None => match self.started_at(partition) {
+                    Some(start) => match self.seek_back(partition, start, mine) {
+                        Ok(()) => {
+                            went_back.insert(partition.clone());
+                        }
+                        Err(e) => tracing::warn!(error = %e, topic = %partition.0,
+                            partition = partition.1, "seeking back to where this member started failed"),
+                    },
+                    None => tracing::error!(topic = %partition.0, partition = partition.1, mine,
+                        "the database holds no offset for a partition this member wrote one for: it lost commits, and there is no offset to go back to"),
+                },
+            }
+        }
+        went_back
+    }
+
+    /// Where this member started reading `partition` when it was assigned.
+    fn started_at(&self, partition: &Partition) -> Option<i64> {
+        self.started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(partition)
+            .copied()
     }
 
     fn kept_offsets(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Partition, i64>> {
@@ -178,9 +248,14 @@ impl RequestConsumer {
     /// offset in the database is behind the group's committed offset in
     /// Kafka is sought back to it. Returns those sought back: their
     /// messages already in a batch are to be dropped (the seek delivers
-    /// them again). A partition the database has no offset for, or one at
-    /// or ahead of Kafka's, reads on (reading again is harmless, and an
-    /// operator who moved the group back to replay means it).
+    /// them again). A partition at or ahead of Kafka's reads on (reading
+    /// again is harmless, and an operator who moved the group back to
+    /// replay means it). A partition the database has no offset for gets
+    /// one now, where it starts (Kafka's committed offset, or 0: the
+    /// beginning), before any batch of it is persisted: a failover that
+    /// loses its first batches then finds an offset to go back to. Where
+    /// each partition started is also remembered, for a member that keeps
+    /// its partitions through a failover that lost even that.
     ///
     /// # Errors
     /// The database, the committed offsets or the seek failed: checked
@@ -190,28 +265,46 @@ impl RequestConsumer {
         if fresh.is_empty() {
             return Ok(HashSet::new());
         }
-        let kept = consumer_offsets::next_offsets(self.engine.pool(), &self.settings.group, &fresh)
+        let kept: BTreeMap<Partition, i64> =
+            consumer_offsets::next_offsets(self.engine.pool(), &self.settings.group, &fresh)
+                .await
+                .map_err(|e| Outage::Store(e.into()))?
+                .into_iter()
+                .map(|o| ((o.topic, o.partition), o.next_offset))
+                .collect();
+        let committed = self.committed(&fresh).await?;
+        let mut rewound = HashSet::new();
+        let mut starts = BTreeMap::new();
+        let mut baselines = Vec::new();
+        for partition in &fresh {
+            let kafka = committed.get(partition).copied();
+            let start = match (kept.get(partition).copied(), kafka) {
+                (Some(database), Some(kafka)) if database < kafka => {
+                    self.seek_back(partition, database, kafka)
+                        .map_err(|error| Outage::Seek {
+                            partition: format!("{}/{}", partition.0, partition.1),
+                            error,
+                        })?;
+                    rewound.insert(partition.clone());
+                    database
+                }
+                (Some(_), Some(kafka)) => kafka,
+                (Some(database), None) => database,
+                (None, kafka) => {
+                    let start = kafka.unwrap_or(0);
+                    baselines.push(PartitionOffset {
+                        topic: partition.0.clone(),
+                        partition: partition.1,
+                        next_offset: start,
+                    });
+                    start
+                }
+            };
+            starts.insert(partition.clone(), start);
+        }
+        consumer_offsets::record(self.engine.pool(), &self.settings.group, &baselines)
             .await
             .map_err(|e| Outage::Store(e.into()))?;
-        let mut rewound = HashSet::new();
-        if !kept.is_empty() {
-            let committed = self.committed(&kept).await?;
-            for kept in kept {
-                let key = (kept.topic.clone(), kept.partition);
-                let Some(&kafka) = committed.get(&key) else {
-                    continue;
-                };
-                if kept.next_offset >= kafka {
-                    continue;
-                }
-                self.seek_back(&key, kept.next_offset, kafka)
-                    .map_err(|error| Outage::Seek {
-                        partition: format!("{}/{}", kept.topic, kept.partition),
-                        error,
-                    })?;
-                rewound.insert(key);
-            }
-        }
         self.consumer.context().checked(&fresh);
         // Assigned anew: what this member wrote before it held them last
         // is no measure of the database now.
@@ -220,6 +313,10 @@ impl RequestConsumer {
             kept.remove(partition);
         }
         drop(kept);
+        self.started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(starts);
         Ok(rewound)
     }
 
@@ -227,11 +324,11 @@ impl RequestConsumer {
     /// without one left out), asked off the async runtime.
     async fn committed(
         &self,
-        partitions: &[PartitionOffset],
+        partitions: &[Partition],
     ) -> Result<BTreeMap<Partition, i64>, Outage> {
         let mut list = TopicPartitionList::new();
-        for p in partitions {
-            list.add_partition(&p.topic, p.partition);
+        for (topic, partition) in partitions {
+            list.add_partition(topic, *partition);
         }
         let consumer = self.consumer.clone();
         let asked =

@@ -188,3 +188,156 @@ async fn a_member_that_keeps_its_partitions_reads_again_what_the_database_lost_u
     })
     .await;
 }
+
+/// The same loss under a member that keeps its partitions, with nothing
+/// more produced after the failover (the requests stop with the primary):
+/// no next batch comes to find the database behind, so the member looks by
+/// itself, every few seconds, and reads the lost requests again.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_member_that_keeps_its_partitions_finds_a_loss_under_it_with_no_new_request(
+    pool: PgPool,
+) {
+    within_deadline(async {
+        let topics = topics().await;
+        let mut diverged = diverged(&pool, &topics).await;
+        diverged.fail_over(&pool, &topics.group).await;
+        wait_rows(&pool, diverged.kept + 8).await;
+        assert_eq!(
+            diverged.lost_rows_back(&pool).await,
+            8,
+            "every request the database lost is a row again"
+        );
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        diverged.stop_consumer().await;
+    })
+    .await;
+}
+
+/// Every offset row of `group`, as (topic, partition, next offset).
+async fn offsets_of(pool: &PgPool, group: &str) -> Vec<(String, i32, i64)> {
+    sqlx::query_as(
+        "SELECT topic, partition, next_offset FROM consumer_offset WHERE group_id = $1 ORDER BY 2",
+    )
+    .bind(group)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A consumer running from before any request, once it holds (and has
+/// written where it starts) every partition; its stop and its handle.
+async fn consumer_at_the_start(
+    pool: &PgPool,
+    topics: &Topics,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<flotilla_worker::consumer::ConsumerStats>,
+) {
+    let engine = support::engine(pool);
+    support::register_greet(&engine).await;
+    let running = spawn(support::consumer(&engine, topics));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while offsets_of(pool, &topics.group).await.len() < usize::try_from(PARTITIONS).unwrap() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the consumer wrote no starting offset for every partition it was assigned"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    running
+}
+
+/// Twelve requests through the running consumer, rows and commits done;
+/// their job ids.
+async fn twelve_through(pool: &PgPool, topics: &Topics) -> Vec<Uuid> {
+    let producer = producer();
+    let mut jobs = Vec::new();
+    for _ in 0..12 {
+        jobs.push(produce(&producer, &topics.requests).await.0);
+    }
+    wait_rows(pool, 12).await;
+    support::wait_committed_to_end(&topics.requests, &topics.group).await;
+    jobs
+}
+
+/// The failover of the tests below: every row gone.
+async fn lose_every_row(pool: &PgPool) {
+    for table in ["workflow_run_outbox", "workflow_run"] {
+        sqlx::query(&format!("DELETE FROM {table}"))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// Waits until the twelve `lost` are rows again.
+async fn twelve_back(pool: &PgPool, lost: &[Uuid]) {
+    wait_rows(pool, 12).await;
+    let back: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run WHERE job_id = ANY($1)")
+        .bind(lost)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(back, 12, "every request the database lost is a row again");
+}
+
+/// A failover that lost a partition's first batches, offsets and all: a
+/// new member finds the offset written at assignment, before any batch,
+/// behind Kafka's, and reads those requests again.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_database_that_lost_the_first_batches_still_holds_where_the_partitions_started(
+    pool: PgPool,
+) {
+    within_deadline(async {
+        let topics = topics().await;
+        let (stop, running) = consumer_at_the_start(&pool, &topics).await;
+        // What the standby holds: the offsets written at assignment, no row.
+        let standby = offsets_of(&pool, &topics.group).await;
+        assert!(
+            standby.iter().all(|(_, _, next)| *next == 0),
+            "a fresh group starts at the beginning: {standby:?}"
+        );
+        let lost = twelve_through(&pool, &topics).await;
+        stop.cancel();
+        running.await.unwrap();
+        // The failover: every row lost, the offsets back to the standby's.
+        lose_every_row(&pool).await;
+        sqlx::query("UPDATE consumer_offset SET next_offset = 0 WHERE group_id = $1")
+            .bind(&topics.group)
+            .execute(&pool)
+            .await
+            .unwrap();
+
+        let engine = support::engine(&pool);
+        let (stop, running) = spawn(support::consumer(&engine, &topics));
+        twelve_back(&pool, &lost).await;
+        stop.cancel();
+        running.await.unwrap();
+    })
+    .await;
+}
+
+/// A failover that lost everything the member wrote, even the offsets of
+/// its assignment, under a member that keeps its partitions: it goes back
+/// to where it started them.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_member_whose_database_lost_every_offset_it_wrote_goes_back_to_where_it_started(
+    pool: PgPool,
+) {
+    within_deadline(async {
+        let topics = topics().await;
+        let (stop, running) = consumer_at_the_start(&pool, &topics).await;
+        let lost = twelve_through(&pool, &topics).await;
+        // The failover, the member running: nothing of the group is left.
+        lose_every_row(&pool).await;
+        sqlx::query("DELETE FROM consumer_offset WHERE group_id = $1")
+            .bind(&topics.group)
+            .execute(&pool)
+            .await
+            .unwrap();
+        twelve_back(&pool, &lost).await;
+        stop.cancel();
+        running.await.unwrap();
+    })
+    .await;
+}
