@@ -25,19 +25,36 @@ pub async fn url_through(pool: &PgPool, proxy: &Proxy) -> String {
     format!("{scheme_and_user}@{}/{name}", proxy.address())
 }
 
+/// The address of `pool`'s server.
+///
+/// # Panics
+/// It cannot be resolved.
+pub async fn server_address(pool: &PgPool) -> std::net::SocketAddr {
+    let connect = pool.connect_options();
+    tokio::net::lookup_host(format!("{}:{}", connect.get_host(), connect.get_port()))
+        .await
+        .expect("resolving the database server")
+        .next()
+        .expect("the database server has an address")
+}
+
+/// The name of `pool`'s database.
+///
+/// # Panics
+/// The database does not answer.
+pub async fn name_of(pool: &PgPool) -> String {
+    sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(pool)
+        .await
+        .expect("the test database answers")
+}
+
 /// A proxy in front of `pool`'s server.
 ///
 /// # Panics
 /// The server's address cannot be resolved.
 pub async fn proxy_for(pool: &PgPool) -> Proxy {
-    let connect = pool.connect_options();
-    let upstream =
-        tokio::net::lookup_host(format!("{}:{}", connect.get_host(), connect.get_port()))
-            .await
-            .expect("resolving the database server")
-            .next()
-            .expect("the database server has an address");
-    Proxy::start(upstream).await
+    Proxy::start(server_address(pool).await).await
 }
 
 /// A proxy in front of `pool`'s server, and a pool (built from `options`) to

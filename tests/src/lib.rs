@@ -5,9 +5,12 @@
 //! fails with a message saying so instead of skipping.
 
 pub mod database;
+pub mod pgbouncer;
+pub mod postgres_server;
 pub mod process;
 pub mod proxy;
 pub mod registry_stub;
+pub mod replication;
 pub mod scratch;
 pub mod tansu;
 pub mod tls;

@@ -121,6 +121,12 @@ impl Running {
         }
     }
 
+    /// Takes in what the process printed so far, and returns every line.
+    pub fn output_so_far(&mut self) -> &[String] {
+        self.output.extend(self.lines.try_iter());
+        &self.output
+    }
+
     /// The value of `field` (as `field=value`) on the first printed line
     /// containing `message`, among the lines read so far.
     #[must_use]

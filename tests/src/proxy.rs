@@ -3,11 +3,12 @@
 //! and new ones refused) and `restore` it, without touching the server; or
 //! `hold` the connections open now (what their clients send waits in the
 //! proxy, as on a slow network, while new connections flow) and `release`
-//! them.
+//! them; or `repoint` it at another server, as a failover moves a service
+//! address to the standby.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -15,6 +16,8 @@ use tokio::sync::watch;
 #[derive(Debug)]
 pub struct Proxy {
     address: SocketAddr,
+    /// Where new connections go.
+    upstream: Arc<Mutex<SocketAddr>>,
     open: Arc<AtomicBool>,
     refused: Arc<AtomicU64>,
     accepted: Arc<AtomicU64>,
@@ -46,6 +49,8 @@ impl Proxy {
         let accept_held = held_below.clone();
         let held_bytes = Arc::new(AtomicU64::new(0));
         let accept_held_bytes = held_bytes.clone();
+        let upstream = Arc::new(Mutex::new(upstream));
+        let accept_upstream = upstream.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let number = accept_count.fetch_add(1, Ordering::SeqCst) + 1;
@@ -57,6 +62,7 @@ impl Proxy {
                 let mut cut = accept_generation.subscribe();
                 let held = accept_held.subscribe();
                 let waited = accept_held_bytes.clone();
+                let upstream = *accept_upstream.lock().unwrap();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
@@ -73,6 +79,7 @@ impl Proxy {
         });
         Self {
             address,
+            upstream,
             open,
             refused,
             accepted,
@@ -121,6 +128,12 @@ impl Proxy {
     #[must_use]
     pub fn connections(&self) -> u64 {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Sends connections opened from now on to `upstream`; open ones stay
+    /// where they are (`cut` first to move every client).
+    pub fn repoint(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap() = upstream;
     }
 
     pub fn restore(&self) {

@@ -7,10 +7,11 @@
 //! The server runs as the `postgres` user when the tests run as root (it
 //! refuses to run as root).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::postgres_server::{as_server_user, hand_to_server_user};
 use crate::process::Running;
 use crate::tls::TestCertificates;
 
@@ -23,49 +24,6 @@ pub struct TlsPostgres {
     pub certificates: TestCertificates,
     dir: PathBuf,
     server: Option<Running>,
-}
-
-/// The directory of the server's binaries (`initdb`, `postgres`), newest
-/// major version first.
-fn binaries() -> PathBuf {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("PostgreSQL's server binaries under /usr/lib/postgresql")
-        .filter_map(|entry| Some(entry.ok()?.path().join("bin")))
-        .filter(|bin| bin.join("initdb").exists())
-        .collect();
-    found.sort();
-    found
-        .pop()
-        .expect("an initdb under /usr/lib/postgresql/*/bin")
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.starts_with(b"0\n"))
-}
-
-/// `program` with `args`, as `postgres` when this process is root.
-fn as_server_user(program: &Path) -> Command {
-    if is_root() {
-        let mut command = Command::new("runuser");
-        command.args(["-u", "postgres", "--"]).arg(program);
-        command
-    } else {
-        Command::new(program)
-    }
-}
-
-fn hand_to_server_user(path: &Path) {
-    if is_root() {
-        let status = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(path)
-            .status()
-            .unwrap();
-        assert!(status.success(), "chown {}", path.display());
-    }
 }
 
 impl TlsPostgres {
@@ -90,8 +48,7 @@ impl TlsPostgres {
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
         hand_to_server_user(&dir);
-        let bin = binaries();
-        let initdb = as_server_user(&bin.join("initdb"))
+        let initdb = as_server_user("initdb")
             .args(["--auth=trust", "--username=postgres", "--no-sync", "-D"])
             .arg(&data)
             .output()
@@ -111,7 +68,7 @@ impl TlsPostgres {
         hand_to_server_user(&data);
 
         let port = crate::free_port();
-        let mut command = as_server_user(&bin.join("postgres"));
+        let mut command = as_server_user("postgres");
         command
             .arg("-D")
             .arg(&data)
