@@ -204,9 +204,11 @@ impl BucketLeases {
     /// # Errors
     /// Database errors (then nothing is assumed lost or kept: the marks are fenced).
     pub async fn renew(&self) -> Result<(), sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
         let sent = Instant::now();
-        let still = buckets::renew_held(&mut conn, &self.relay_id, self.ttl_ms()).await?;
+        let still = flotilla_store::sql::session(&self.pool, async |conn| {
+            buckets::renew_held(conn, &self.relay_id, self.ttl_ms()).await
+        })
+        .await?;
         let before = self.held.count();
         self.held.retain(&still, sent + self.ttl);
         if self.held.count() < before {

@@ -117,7 +117,9 @@ async fn route(
 async fn ready(pool: &PgPool, readiness: &Readiness) -> Response<Full<Bytes>> {
     let database = tokio::time::timeout(
         Duration::from_secs(2),
-        sqlx::query("SELECT 1").execute(pool),
+        flotilla_store::sql::session(pool, async |conn| {
+            flotilla_store::sql::query("SELECT 1").execute(conn).await
+        }),
     )
     .await;
     if let Some(reason) = readiness.stopped() {

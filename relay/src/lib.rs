@@ -73,7 +73,7 @@ pub(crate) async fn bound_transaction(
     lease: Duration,
 ) -> Result<(), sqlx::Error> {
     let ms = |d: Duration| format!("{}ms", d.as_millis().max(1));
-    sqlx::query(
+    flotilla_store::sql::query(
         "SELECT set_config('idle_in_transaction_session_timeout', $1, true),
                 set_config('lock_timeout', $2, true)",
     )

@@ -135,16 +135,26 @@ impl PartitionGuard {
             Ok(found) => found,
             Err(e) => return Ok(Checked::Unknown(e)),
         };
-        let mut conn = pool.acquire().await?;
-        let recorded = flotilla_store::topics::recorded_partitions(&mut conn, &self.topic).await?;
+        flotilla_store::sql::session(pool, async |conn| self.compare_recorded(conn, found).await)
+            .await
+    }
+
+    /// Compares the partitions `found` with those recorded for the topic,
+    /// recording them where none are (or the change is accepted).
+    async fn compare_recorded(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        found: i32,
+    ) -> Result<Checked, sqlx::Error> {
+        let recorded = flotilla_store::topics::recorded_partitions(conn, &self.topic).await?;
         let checked = match recorded {
             None => {
-                flotilla_store::topics::record_partitions(&mut conn, &self.topic, found).await?;
+                flotilla_store::topics::record_partitions(conn, &self.topic, found).await?;
                 Checked::Same(found)
             }
             Some(recorded) if recorded == found => Checked::Same(found),
             Some(recorded) if self.accept_change => {
-                flotilla_store::topics::record_partitions(&mut conn, &self.topic, found).await?;
+                flotilla_store::topics::record_partitions(conn, &self.topic, found).await?;
                 tracing::warn!(topic = %self.topic, from = recorded, to = found,
                     "the event topic's partition count changed; accepted and recorded");
                 Checked::Accepted {

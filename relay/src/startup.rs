@@ -79,8 +79,10 @@ pub async fn replay_failed(
     job_id: Option<Uuid>,
 ) -> Result<u64, sqlx::Error> {
     let pool = flotilla_store::connect(database).await?;
-    let mut conn = pool.acquire().await?;
-    let replayed = outbox::replay_failed(&mut conn, job_id, chrono::Utc::now()).await?;
+    let replayed = flotilla_store::sql::session(&pool, async |conn| {
+        outbox::replay_failed(conn, job_id, chrono::Utc::now()).await
+    })
+    .await?;
     tracing::info!(replayed, "FAILED outbox rows put back to PENDING");
     Ok(replayed)
 }

@@ -75,10 +75,11 @@ impl Relay {
         if buckets.is_empty() {
             return Ok(SentRequests::default());
         }
-        let rows = {
-            let mut conn = self.pool.acquire().await?;
-            outbox::pending(&mut conn, &buckets, self.clock.now(), BATCH).await?
-        };
+        let now = self.clock.now();
+        let rows = flotilla_store::sql::session(&self.pool, async |conn| {
+            outbox::pending(conn, &buckets, now, BATCH).await
+        })
+        .await?;
         let mut pass = SentRequests::default();
         let mut in_flight = FuturesUnordered::new();
         let mut refused: Vec<(PendingStepRequest, String, bool)> = Vec::new();
@@ -146,8 +147,11 @@ impl Relay {
                 Err(_) => refused.push((row, "the producer dropped the delivery".into(), false)),
             }
         }
-        let mut conn = self.pool.acquire().await?;
-        pass.sent = usize::try_from(outbox::delete_sent(&mut conn, &acked).await?).unwrap_or(0);
+        let sent = flotilla_store::sql::session(&self.pool, async |conn| {
+            outbox::delete_sent(conn, &acked).await
+        })
+        .await?;
+        pass.sent = usize::try_from(sent).unwrap_or(0);
         if pass.sent > 0 {
             metrics::counter!("flotilla_step_requests_published_total").increment(pass.sent as u64);
         }
@@ -169,7 +173,10 @@ impl Relay {
                     .min(RETRY_MAX);
                 now + chrono::TimeDelta::from_std(pause).unwrap_or(chrono::TimeDelta::MAX)
             };
-            outbox::defer(&mut conn, row.id, &reason, next).await?;
+            flotilla_store::sql::session(&self.pool, async |conn| {
+                outbox::defer(conn, row.id, &reason, next).await
+            })
+            .await?;
         }
         Ok(pass)
     }

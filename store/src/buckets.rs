@@ -17,7 +17,7 @@ pub const BUCKETS: i64 = 64;
 /// # Errors
 /// Database errors.
 pub async fn heartbeat(conn: &mut PgConnection, relay_id: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "INSERT INTO relay_member (relay_id, last_seen) VALUES ($1, now())
          ON CONFLICT (relay_id) DO UPDATE SET last_seen = now()",
     )
@@ -32,7 +32,7 @@ pub async fn heartbeat(conn: &mut PgConnection, relay_id: &str) -> Result<(), sq
 /// # Errors
 /// Database errors.
 pub async fn count_live(conn: &mut PgConnection, ttl_ms: i64) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
+    crate::sql::query_scalar(
         "SELECT count(*) FROM relay_member WHERE last_seen > now() - $1 * interval '1 millisecond'",
     )
     .bind(ttl_ms)
@@ -50,7 +50,7 @@ pub async fn renew_held(
     relay_id: &str,
     ttl_ms: i64,
 ) -> Result<Vec<i16>, sqlx::Error> {
-    sqlx::query_scalar(
+    crate::sql::query_scalar(
         "UPDATE relay_bucket SET lease_until = now() + $2 * interval '1 millisecond'
          WHERE owner = $1 AND lease_until > now()
          RETURNING bucket",
@@ -70,7 +70,7 @@ pub async fn release(
     relay_id: &str,
     buckets: &[i16],
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "UPDATE relay_bucket SET owner = NULL, lease_until = NULL WHERE bucket = ANY($1) AND owner = $2",
     )
     .bind(buckets)
@@ -90,7 +90,7 @@ pub async fn claim_free(
     ttl_ms: i64,
     count: i64,
 ) -> Result<Vec<i16>, sqlx::Error> {
-    sqlx::query_scalar(
+    crate::sql::query_scalar(
         "UPDATE relay_bucket SET owner = $1, lease_until = now() + $2 * interval '1 millisecond'
          WHERE bucket IN (
              SELECT bucket FROM relay_bucket
@@ -110,10 +110,12 @@ pub async fn claim_free(
 /// # Errors
 /// Database errors.
 pub async fn forget_departed(conn: &mut PgConnection, ttl_ms: i64) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM relay_member WHERE last_seen < now() - $1 * interval '1 millisecond'")
-        .bind(ttl_ms)
-        .execute(conn)
-        .await?;
+    crate::sql::query(
+        "DELETE FROM relay_member WHERE last_seen < now() - $1 * interval '1 millisecond'",
+    )
+    .bind(ttl_ms)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -123,11 +125,11 @@ pub async fn forget_departed(conn: &mut PgConnection, ttl_ms: i64) -> Result<(),
 /// # Errors
 /// Database errors.
 pub async fn leave(tx: &mut PgTransaction<'_>, relay_id: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE relay_bucket SET owner = NULL, lease_until = NULL WHERE owner = $1")
+    crate::sql::query("UPDATE relay_bucket SET owner = NULL, lease_until = NULL WHERE owner = $1")
         .bind(relay_id)
         .execute(&mut **tx)
         .await?;
-    sqlx::query("DELETE FROM relay_member WHERE relay_id = $1")
+    crate::sql::query("DELETE FROM relay_member WHERE relay_id = $1")
         .bind(relay_id)
         .execute(&mut **tx)
         .await?;
@@ -151,7 +153,7 @@ pub async fn members(
     conn: &mut PgConnection,
     ttl_ms: i64,
 ) -> Result<Vec<RelayMember>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT m.relay_id, count(b.bucket) AS buckets_held, m.last_seen
          FROM relay_member m
          LEFT JOIN relay_bucket b ON b.owner = m.relay_id AND b.lease_until > now()

@@ -30,18 +30,21 @@ pub async fn record(
     let topics: Vec<&str> = offsets.iter().map(|o| o.topic.as_str()).collect();
     let partitions: Vec<i32> = offsets.iter().map(|o| o.partition).collect();
     let next: Vec<i64> = offsets.iter().map(|o| o.next_offset).collect();
-    sqlx::query(
-        "INSERT INTO consumer_offset (group_id, topic, partition, next_offset)
-         SELECT $1, t, p, n FROM unnest($2::text[], $3::int[], $4::bigint[]) AS o(t, p, n)
-         ON CONFLICT (group_id, topic, partition) DO UPDATE
-             SET next_offset = greatest(consumer_offset.next_offset, excluded.next_offset),
-                 updated_at = now()",
-    )
-    .bind(group)
-    .bind(&topics)
-    .bind(&partitions)
-    .bind(&next)
-    .execute(pool)
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query(
+            "INSERT INTO consumer_offset (group_id, topic, partition, next_offset)
+             SELECT $1, t, p, n FROM unnest($2::text[], $3::int[], $4::bigint[]) AS o(t, p, n)
+             ON CONFLICT (group_id, topic, partition) DO UPDATE
+                 SET next_offset = greatest(consumer_offset.next_offset, excluded.next_offset),
+                     updated_at = now()",
+        )
+        .bind(group)
+        .bind(&topics)
+        .bind(&partitions)
+        .bind(&next)
+        .execute(conn)
+        .await
+    })
     .await?;
     Ok(())
 }
@@ -56,25 +59,28 @@ pub async fn next_offsets(
     group: &str,
     partitions: &[(String, i32)],
 ) -> Result<Vec<PartitionOffset>, sqlx::Error> {
-    let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
-    let numbers: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
-    let rows: Vec<(String, i32, i64)> = sqlx::query_as(
-        "SELECT c.topic, c.partition, c.next_offset
-         FROM consumer_offset c
-         JOIN unnest($2::text[], $3::int[]) AS w(t, p) ON c.topic = w.t AND c.partition = w.p
-         WHERE c.group_id = $1",
-    )
-    .bind(group)
-    .bind(&topics)
-    .bind(&numbers)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(topic, partition, next_offset)| PartitionOffset {
-            topic,
-            partition,
-            next_offset,
-        })
-        .collect())
+    crate::sql::session(pool, async |conn| {
+        let topics: Vec<&str> = partitions.iter().map(|(t, _)| t.as_str()).collect();
+        let numbers: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
+        let rows: Vec<(String, i32, i64)> = crate::sql::query_as(
+            "SELECT c.topic, c.partition, c.next_offset
+             FROM consumer_offset c
+             JOIN unnest($2::text[], $3::int[]) AS w(t, p) ON c.topic = w.t AND c.partition = w.p
+             WHERE c.group_id = $1",
+        )
+        .bind(group)
+        .bind(&topics)
+        .bind(&numbers)
+        .fetch_all(conn)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(topic, partition, next_offset)| PartitionOffset {
+                topic,
+                partition,
+                next_offset,
+            })
+            .collect())
+    })
+    .await
 }

@@ -23,7 +23,7 @@ pub async fn record(conn: &mut PgConnection, codes: &[&str]) -> Result<(), sqlx:
     if codes.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    crate::sql::query(
         "INSERT INTO dead_letter_tally (code, count, last_at)
          SELECT code, count(*), now() FROM unnest($1::text[]) AS letters(code) GROUP BY code
          ON CONFLICT (code) DO UPDATE
@@ -40,7 +40,7 @@ pub async fn record(conn: &mut PgConnection, codes: &[&str]) -> Result<(), sqlx:
 /// # Errors
 /// Database errors.
 pub async fn list(conn: &mut PgConnection) -> Result<Vec<Tally>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT code AS reason, count, last_at FROM dead_letter_tally ORDER BY count DESC, code",
     )
     .fetch_all(conn)

@@ -49,7 +49,7 @@ pub async fn register(
     max_versions: i32,
 ) -> Result<Registered, RegisterRefused> {
     // Serialise concurrent registrations of one name (two workers starting at once).
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('workflow_definition:' || $1))")
+    crate::sql::query("SELECT pg_advisory_xact_lock(hashtext('workflow_definition:' || $1))")
         .bind(name)
         .execute(&mut **tx)
         .await?;
@@ -72,7 +72,7 @@ pub async fn register(
             limit: max_versions,
         });
     }
-    let definition = sqlx::query_as(
+    let definition = crate::sql::query_as(
         "INSERT INTO workflow_definition (name, version, definition)
          SELECT $1, coalesce(max(version), 0) + 1, $2 FROM workflow_definition WHERE name = $1
          RETURNING name, version, definition, created_at",
@@ -95,7 +95,7 @@ pub async fn newest(
     conn: &mut PgConnection,
     name: &str,
 ) -> Result<Option<StoredDefinition>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT name, version, definition, created_at FROM workflow_definition
          WHERE name = $1 ORDER BY version DESC LIMIT 1",
     )
@@ -109,7 +109,7 @@ pub async fn newest(
 /// # Errors
 /// Database errors.
 pub async fn list_newest(conn: &mut PgConnection) -> Result<Vec<StoredDefinition>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT DISTINCT ON (name) name, version, definition, created_at FROM workflow_definition
          ORDER BY name, version DESC",
     )
@@ -128,7 +128,7 @@ pub async fn versions(
     before: Option<i32>,
     limit: i64,
 ) -> Result<Vec<StoredDefinition>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT name, version, definition, created_at FROM workflow_definition
          WHERE name = $1 AND version < coalesce($2, 2147483647)
          ORDER BY version DESC LIMIT $3",

@@ -38,7 +38,7 @@ impl Feature {
 /// # Errors
 /// Database errors.
 pub async fn enabled(conn: &mut PgConnection) -> Result<Vec<Feature>, sqlx::Error> {
-    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM fleet_feature")
+    let names: Vec<String> = crate::sql::query_scalar("SELECT name FROM fleet_feature")
         .fetch_all(conn)
         .await?;
     Ok(Feature::ALL
@@ -60,7 +60,7 @@ pub async fn older_workers(
     level: i16,
     ttl_ms: i64,
 ) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
+    crate::sql::query_scalar(
         "WITH fresh AS (SELECT worker_id, reader_level FROM worker_member
                         WHERE last_seen > now() - $3 * interval '1 millisecond')
          SELECT worker_id FROM fresh WHERE reader_level < $2 AND worker_id <> $1
@@ -86,7 +86,7 @@ pub async fn enable(
     feature: Feature,
     by: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "INSERT INTO fleet_feature (name, reader_level, enabled_by) VALUES ($1, $2, $3)
          ON CONFLICT (name) DO NOTHING",
     )

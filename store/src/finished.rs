@@ -25,7 +25,7 @@ pub async fn add(conn: &mut PgConnection, counts: &[FinishedInMinute]) -> Result
     let minutes: Vec<DateTime<Utc>> = counts.iter().map(|c| c.minute).collect();
     let statuses: Vec<&str> = counts.iter().map(|c| c.status.as_str()).collect();
     let numbers: Vec<i64> = counts.iter().map(|c| c.count).collect();
-    sqlx::query(
+    crate::sql::query(
         "INSERT INTO finished_tally (minute, status, count)
          SELECT * FROM unnest($1::timestamptz[], $2::text[], $3::bigint[])
          ON CONFLICT (minute, status) DO UPDATE SET count = finished_tally.count + EXCLUDED.count",
@@ -46,7 +46,7 @@ pub async fn since(
     conn: &mut PgConnection,
     since: DateTime<Utc>,
 ) -> Result<Vec<FinishedInMinute>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT minute, status, count FROM finished_tally WHERE minute >= $1 ORDER BY minute, status",
     )
     .bind(since)
@@ -62,7 +62,7 @@ pub async fn forget_before(
     conn: &mut PgConnection,
     before: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query("DELETE FROM finished_tally WHERE minute < $1")
+    let done = crate::sql::query("DELETE FROM finished_tally WHERE minute < $1")
         .bind(before)
         .execute(conn)
         .await?;

@@ -19,13 +19,14 @@ pub mod pool;
 pub mod retention;
 pub mod runs;
 pub mod schedules;
+pub mod sql;
 mod status;
 pub mod topics;
 pub mod wake;
 pub mod workers;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use pool::{DatabaseConfig, MIGRATOR, connect, migrate};
+pub use pool::{DatabaseConfig, MIGRATOR, Pooler, connect, migrate};
 pub use status::{OutboxStatus, RunStatus, UnknownStatus};
 
 /// A failure of the store: the database, or a row that breaks an invariant.

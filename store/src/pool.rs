@@ -30,6 +30,43 @@ pub struct DatabaseConfig {
     /// How long to wait for a connection from the pool.
     #[arg(long, env = "FLOTILLA_DB_ACQUIRE_TIMEOUT", default_value_t = DEFAULT_ACQUIRE_TIMEOUT.into(), value_parser = parse_acquire_timeout)]
     pub db_acquire_timeout: humantime::Duration,
+
+    /// What `DATABASE_URL` reaches: `none` (Postgres itself, or a pooler in
+    /// session mode) or `transaction` (a pooler in transaction mode, such
+    /// as PgBouncer's `pool_mode = transaction`: statements are prepared
+    /// for one execution inside their transaction, no session state is
+    /// kept, and `LISTEN` needs `--db-listen-url`).
+    #[arg(long, env = "FLOTILLA_DB_POOLER", value_enum, default_value_t = Pooler::None)]
+    pub db_pooler: Pooler,
+
+    /// Where the wake-ups' `LISTEN` connection goes, when not to
+    /// `DATABASE_URL`: Postgres itself (or a session-mode pooler), since a
+    /// transaction-mode pooler cannot carry a `LISTEN`. Behind one without
+    /// this, nothing listens and work is found at the next poll (a secret:
+    /// never printed).
+    #[arg(long, env = "FLOTILLA_DB_LISTEN_URL", hide_env_values = true, value_parser = parse_secret)]
+    pub db_listen_url: Option<SecretString>,
+}
+
+/// Where `LISTEN` connects, when set apart from the pool (`--db-listen-url`).
+static LISTEN_OPTIONS: std::sync::OnceLock<PgConnectOptions> = std::sync::OnceLock::new();
+
+/// The connection settings for `LISTEN` given apart from the pool's.
+#[must_use]
+pub fn listen_options() -> Option<&'static PgConnectOptions> {
+    LISTEN_OPTIONS.get()
+}
+
+/// What sits between this process and Postgres.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Pooler {
+    /// Postgres itself, or a pooler that gives a client one server
+    /// connection for its whole session.
+    #[default]
+    None,
+    /// A pooler that gives a client a server connection for one
+    /// transaction at a time.
+    Transaction,
 }
 
 impl DatabaseConfig {
@@ -40,6 +77,8 @@ impl DatabaseConfig {
             database_url: SecretString::from(url),
             db_max_connections: DEFAULT_MAX_CONNECTIONS,
             db_acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT.into(),
+            db_pooler: Pooler::None,
+            db_listen_url: None,
         }
     }
 }
@@ -72,11 +111,26 @@ fn parse_acquire_timeout(text: &str) -> Result<humantime::Duration, String> {
 /// A TLS file cannot be read, the URL is malformed, or the database does
 /// not answer in time.
 pub async fn connect(config: &DatabaseConfig) -> Result<PgPool, sqlx::Error> {
+    use std::str::FromStr as _;
     check_tls_files(config.database_url.expose_secret())?;
+    let mut options = PgConnectOptions::from_str(config.database_url.expose_secret())?;
+    if let Some(url) = &config.db_listen_url {
+        check_tls_files(url.expose_secret())?;
+        // The first pool opened sets it: one database path per process.
+        let _ = LISTEN_OPTIONS.set(PgConnectOptions::from_str(url.expose_secret())?);
+    }
+    if config.db_pooler == Pooler::Transaction {
+        // A statement kept prepared would outlive the transaction that
+        // holds its server connection; PgBouncer refuses startup
+        // parameters it does not know, as `extra_float_digits` (text
+        // floats only: every statement here is read in binary).
+        options = options.statement_cache_capacity(0).extra_float_digits(None);
+        crate::sql::prepare_for_one_execution();
+    }
     PgPoolOptions::new()
         .max_connections(config.db_max_connections)
         .acquire_timeout(*config.db_acquire_timeout)
-        .connect(config.database_url.expose_secret())
+        .connect_with(options)
         .await
 }
 

@@ -41,7 +41,7 @@ pub struct RemovedRun {
 /// another member holds it.
 async fn begin_alone(pool: &PgPool) -> Result<Option<PgTransaction<'static>>, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+    let held: bool = crate::sql::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
         .bind(LOCK)
         .fetch_one(&mut *tx)
         .await?;
@@ -91,7 +91,7 @@ pub async fn remove_finished(
     // index for FAILED, DEAD and CANCELLED, `workflow_run_newest` for
     // COMPLETED (no index names COMPLETED rows: each would cost every
     // completion an index entry; docs/operations.md, "Retention").
-    let removed = sqlx::query(
+    let removed = crate::sql::query(
         "WITH doomed AS (
              SELECT job_id FROM workflow_run
              WHERE status = $1 AND created_at < $2 AND updated_at < $2
@@ -136,7 +136,7 @@ pub async fn forget_removed(
     };
     // A record whose job still has events in the outbox stays: the same id
     // submitted as a new run would collide with them.
-    let forgotten = sqlx::query(
+    let forgotten = crate::sql::query(
         "DELETE FROM workflow_run_removed WHERE job_id IN (
              SELECT rm.job_id FROM workflow_run_removed rm
              WHERE rm.removed_at < $1
@@ -159,7 +159,7 @@ pub async fn removed(
     conn: &mut PgConnection,
     job_id: Uuid,
 ) -> Result<Option<RemovedRun>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT job_id, workflow_name, request_digest, status, finished_at, removed_at
          FROM workflow_run_removed WHERE job_id = $1",
     )
@@ -179,13 +179,16 @@ pub async fn backlog(
     cutoff: DateTime<Utc>,
     cap: i64,
 ) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM workflow_run
-             WHERE status = $1 AND created_at < $2 AND updated_at < $2 LIMIT $3) AS waiting",
-    )
-    .bind(status)
-    .bind(cutoff)
-    .bind(cap)
-    .fetch_one(pool)
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query_scalar(
+            "SELECT count(*) FROM (SELECT 1 FROM workflow_run
+                 WHERE status = $1 AND created_at < $2 AND updated_at < $2 LIMIT $3) AS waiting",
+        )
+        .bind(status)
+        .bind(cutoff)
+        .bind(cap)
+        .fetch_one(conn)
+        .await
+    })
     .await
 }

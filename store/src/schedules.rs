@@ -67,7 +67,7 @@ pub async fn put(
     schedule: &NewSchedule<'_>,
     now: DateTime<Utc>,
 ) -> Result<ScheduleRow, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "INSERT INTO workflow_schedule (name, schedule_id, workflow_name, input, cron, time_zone,
              interval_ms, missed, next_run_at, created_at, updated_at)
          VALUES ($1, gen_random_uuid(), $2, $3, $4, $5, $6, $7, $8, $9, $9)
@@ -100,7 +100,7 @@ pub async fn get(
     lock: bool,
 ) -> Result<Option<ScheduleRow>, sqlx::Error> {
     let lock = if lock { " FOR UPDATE" } else { "" };
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "SELECT {COLUMNS} FROM workflow_schedule WHERE name = $1{lock}"
     ))
     .bind(name)
@@ -113,7 +113,7 @@ pub async fn get(
 /// # Errors
 /// Database errors.
 pub async fn list(conn: &mut PgConnection) -> Result<Vec<ScheduleRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "SELECT {COLUMNS} FROM workflow_schedule ORDER BY name"
     ))
     .fetch_all(conn)
@@ -133,7 +133,7 @@ pub async fn set_paused(
     next_run_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Result<Option<ScheduleRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "UPDATE workflow_schedule SET paused = $2, updated_at = $4,
              next_run_at = CASE WHEN paused AND NOT $2 THEN coalesce($3, next_run_at) ELSE next_run_at END
          WHERE name = $1 RETURNING {COLUMNS}"
@@ -151,7 +151,7 @@ pub async fn set_paused(
 /// # Errors
 /// Database errors.
 pub async fn delete(conn: &mut PgConnection, name: &str) -> Result<bool, sqlx::Error> {
-    let deleted = sqlx::query("DELETE FROM workflow_schedule WHERE name = $1")
+    let deleted = crate::sql::query("DELETE FROM workflow_schedule WHERE name = $1")
         .bind(name)
         .execute(conn)
         .await?;
@@ -169,7 +169,7 @@ pub async fn take_due(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<ScheduleRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "SELECT {COLUMNS} FROM workflow_schedule WHERE NOT paused AND next_run_at <= $1
          ORDER BY next_run_at LIMIT $2 FOR UPDATE SKIP LOCKED"
     ))
@@ -191,7 +191,7 @@ pub async fn advance(
     started: Option<(DateTime<Utc>, Uuid)>,
     now: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "UPDATE workflow_schedule SET next_run_at = $2,
              last_tick_at = coalesce($3, last_tick_at), last_job_id = coalesce($4, last_job_id),
              updated_at = $5

@@ -11,7 +11,7 @@ pub async fn recorded_partitions(
     conn: &mut PgConnection,
     topic: &str,
 ) -> Result<Option<i32>, sqlx::Error> {
-    sqlx::query_scalar("SELECT partitions FROM event_topic WHERE topic = $1")
+    crate::sql::query_scalar("SELECT partitions FROM event_topic WHERE topic = $1")
         .bind(topic)
         .fetch_optional(conn)
         .await
@@ -26,7 +26,7 @@ pub async fn record_partitions(
     topic: &str,
     partitions: i32,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "INSERT INTO event_topic (topic, partitions) VALUES ($1, $2)
          ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, recorded_at = now()",
     )

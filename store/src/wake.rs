@@ -125,10 +125,13 @@ async fn ringer(pool: PgPool, channel: Channel, rung: Arc<Notify>, stop: Cancell
         if pool.is_closed() {
             return;
         }
-        let sent = sqlx::query("SELECT pg_notify($1, '')")
-            .bind(channel.name())
-            .execute(&pool)
-            .await;
+        let sent = crate::sql::session(&pool, async |conn| {
+            crate::sql::query("SELECT pg_notify($1, '')")
+                .bind(channel.name())
+                .execute(conn)
+                .await
+        })
+        .await;
         match sent {
             Ok(_) if failing => {
                 failing = false;
@@ -156,8 +159,22 @@ const RELISTEN_PAUSE: Duration = Duration::from_secs(1);
 /// Listens on `channel` until `stop`, calling `wake` for every notification
 /// and after every (re)connection, since notifications sent while the
 /// listener was away are lost. The listener's connection is one of its own,
-/// opened with `pool`'s settings.
+/// opened with `pool`'s settings, or with `--db-listen-url`'s when given
+/// (behind a transaction-mode pooler, which cannot carry a `LISTEN`;
+/// without one nothing listens there).
 pub async fn listen(pool: PgPool, channel: Channel, wake: impl Fn(), stop: CancellationToken) {
+    let pool = match crate::pool::listen_options() {
+        Some(options) => PgPool::connect_lazy_with(options.clone()),
+        None if crate::sql::behind_transaction_pooler() => {
+            tracing::info!(
+                channel = channel.name(),
+                "behind a transaction-mode pooler with no --db-listen-url: not listening for wake-ups; work from other processes is found at the next poll"
+            );
+            stop.cancelled().await;
+            return;
+        }
+        None => pool,
+    };
     let mut failing = false;
     loop {
         let connected = async {

@@ -29,7 +29,7 @@ pub async fn heartbeat(
     claim_loops: i32,
     started_at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "INSERT INTO worker_member (worker_id, claim_loops, started_at, last_seen, reader_level)
          VALUES ($1, $2, $3, now(), $4)
          ON CONFLICT (worker_id) DO UPDATE
@@ -50,7 +50,7 @@ pub async fn heartbeat(
 /// # Errors
 /// Database errors.
 pub async fn leave(conn: &mut PgConnection, worker_id: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM worker_member WHERE worker_id = $1")
+    crate::sql::query("DELETE FROM worker_member WHERE worker_id = $1")
         .bind(worker_id)
         .execute(conn)
         .await?;
@@ -65,7 +65,7 @@ pub async fn leave(conn: &mut PgConnection, worker_id: &str) -> Result<(), sqlx:
 /// Database errors.
 pub async fn list(conn: &mut PgConnection, ttl_ms: i64) -> Result<Vec<WorkerMember>, sqlx::Error> {
     // `held` reads the RUNNING rows through their partial index.
-    sqlx::query_as(
+    crate::sql::query_as(
         "WITH held AS (
              SELECT lease_owner AS worker_id, count(*) AS jobs_held
              FROM workflow_run WHERE status = 'RUNNING' AND lease_owner IS NOT NULL
@@ -90,7 +90,7 @@ pub async fn list(conn: &mut PgConnection, ttl_ms: i64) -> Result<Vec<WorkerMemb
 /// # Errors
 /// Database errors.
 pub async fn forget_departed(conn: &mut PgConnection, ttl_ms: i64) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = crate::sql::query(
         "DELETE FROM worker_member WHERE last_seen < now() - $1 * interval '1 millisecond'",
     )
     .bind(ttl_ms)
@@ -108,7 +108,7 @@ pub async fn last_seen(
     conn: &mut PgConnection,
     worker_id: &str,
 ) -> Result<Option<(DateTime<Utc>, f64)>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT last_seen, extract(epoch FROM now() - last_seen)::float8
          FROM worker_member WHERE worker_id = $1",
     )

@@ -9,6 +9,10 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let _telemetry = telemetry::init(&cli.worker.telemetry, "flotilla-worker")?;
     if let Some(Command::Migrate { database }) = cli.command {
+        anyhow::ensure!(
+            database.db_pooler == flotilla_store::Pooler::None,
+            "migrations take a session lock and run statements a transaction-mode pooler cannot carry: run `flotilla-worker migrate` against Postgres itself (FLOTILLA_DB_POOLER=none, DATABASE_URL without the pooler)"
+        );
         let pool = flotilla_store::connect(&database)
             .await
             .context("connecting to Postgres")?;

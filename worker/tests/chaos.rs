@@ -276,13 +276,28 @@ struct Fleet {
     registry: String,
     /// Off on the mock cluster: the case of a group without static members.
     static_membership: bool,
+    /// Behind a transaction-mode pooler: `worker_db` and `relay_db` reach
+    /// PgBouncers, and `LISTEN` goes straight to Postgres at this URL.
+    pooled_listen_db: Option<String>,
+}
+
+impl Fleet {
+    /// The database settings of a worker or relay on `url`.
+    fn database(&self, command: &mut Command, url: &str) {
+        command.env("DATABASE_URL", url);
+        if let Some(listen) = &self.pooled_listen_db {
+            command
+                .env("FLOTILLA_DB_POOLER", "transaction")
+                .env("FLOTILLA_DB_LISTEN_URL", listen);
+        }
+    }
 }
 
 impl Fleet {
     fn worker(&self, n: usize) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
+        self.database(&mut command, &self.worker_db);
         command
-            .env("DATABASE_URL", &self.worker_db)
             .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)
             .env("SCHEMA_REGISTRY_URL", &self.registry)
             .env("FLOTILLA_WORKER_ID", format!("chaos-worker-{n}"))
@@ -316,8 +331,8 @@ impl Fleet {
 
     fn relay(&self, n: usize) -> Command {
         let mut command = Command::new(flotilla_tests::process::workspace_binary("flotilla-relay"));
+        self.database(&mut command, &self.relay_db);
         command
-            .env("DATABASE_URL", &self.relay_db)
             .env("KAFKA_BOOTSTRAP_SERVERS", &self.bootstrap)
             .env("SCHEMA_REGISTRY_URL", &self.registry)
             .env("FLOTILLA_EVENT_TOPIC", &self.events)
@@ -561,10 +576,31 @@ async fn the_fleet_loses_nothing_with_dynamic_membership_on_the_mock_cluster(poo
         .expect("the chaos suite timed out");
 }
 
+/// On the mock cluster, the workers and relays behind PgBouncer in
+/// transaction mode (the workers' pooler behind the proxy the storm cuts):
+/// the same guarantees through a pooler.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_fleet_loses_nothing_behind_a_transaction_mode_pooler(pool: PgPool) {
+    tokio::time::timeout(size().deadline, chaos(pool, BrokerKind::MockPooled))
+        .await
+        .expect("the chaos suite timed out");
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum BrokerKind {
     Tansu,
     Mock,
+    /// The mock cluster, the database behind PgBouncer.
+    MockPooled,
+}
+
+/// PgBouncer in front of `upstream`, started off the runtime.
+async fn pooler(upstream: std::net::SocketAddr) -> flotilla_tests::pgbouncer::PgBouncer {
+    tokio::task::spawn_blocking(move || {
+        flotilla_tests::pgbouncer::PgBouncer::start(upstream, CLAIM_LOOPS)
+    })
+    .await
+    .unwrap()
 }
 
 #[allow(clippy::too_many_lines)]
@@ -583,7 +619,23 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
     let proxy = flotilla_tests::database::proxy_for(&pool).await;
     let mut broker = match kind {
         BrokerKind::Tansu => Broker::tansu(&dir).await,
-        BrokerKind::Mock => Broker::mock(),
+        BrokerKind::Mock | BrokerKind::MockPooled => Broker::mock(),
+    };
+    let direct = flotilla_tests::database::url_of(&pool).await;
+    let database = flotilla_tests::database::name_of(&pool).await;
+    // Kept to the end of the run: dropping one stops it.
+    let poolers = if kind == BrokerKind::MockPooled {
+        let server = flotilla_tests::database::server_address(&pool).await;
+        Some((pooler(proxy.address()).await, pooler(server).await))
+    } else {
+        None
+    };
+    let (worker_db, relay_db) = match &poolers {
+        Some((workers, relays)) => (workers.url(&database), relays.url(&database)),
+        None => (
+            flotilla_tests::database::url_through(&pool, &proxy).await,
+            direct.clone(),
+        ),
     };
     // Avro through the registry on both brokers: the registry is an HTTP
     // service of its own (`scripts/services`), not kept in the broker, so
@@ -595,11 +647,12 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
         topic: unique("chaos-requests"),
         events: unique("chaos-events"),
         group: unique("chaos-workers"),
-        worker_db: flotilla_tests::database::url_through(&pool, &proxy).await,
-        relay_db: flotilla_tests::database::url_of(&pool).await,
+        worker_db,
+        relay_db,
         registry,
         dir: dir.clone(),
         static_membership: kind == BrokerKind::Tansu,
+        pooled_listen_db: poolers.is_some().then_some(direct),
     });
     let kafka = flotilla_runtime::BrokerConfig::new(&fleet.bootstrap);
     let dead_letters = flotilla_contracts::topics::dead_letter_topic(&fleet.topic);
@@ -833,6 +886,8 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
         match kind {
             BrokerKind::Tansu => "test broker, static membership",
             BrokerKind::Mock => "mock cluster, dynamic membership",
+            BrokerKind::MockPooled =>
+                "mock cluster, dynamic membership, behind PgBouncer in transaction mode",
         },
         produced.len(),
         size.storm

@@ -42,7 +42,7 @@ pub async fn timeline(
     conn: &mut PgConnection,
     job_id: Uuid,
 ) -> Result<Vec<TimelineEntry>, sqlx::Error> {
-    let rows: Vec<TimelineRow> = sqlx::query_as(
+    let rows: Vec<TimelineRow> = crate::sql::query_as(
         "SELECT sequence, event_type, payload, status, created_at
          FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
     )
@@ -82,7 +82,7 @@ pub struct OutboxSummary {
 /// # Errors
 /// Database errors.
 pub async fn summary(conn: &mut PgConnection) -> Result<OutboxSummary, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT (SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING') AS pending,
                 (SELECT count(*) FROM workflow_run_outbox WHERE status = 'FAILED') AS failed,
                 (SELECT min(created_at) FROM workflow_run_outbox WHERE status = 'PENDING')

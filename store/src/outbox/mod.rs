@@ -105,7 +105,7 @@ pub async fn insert_many(
     let column = |f: fn(&(WorkflowRunEvent, &EventStamp)) -> Option<String>| {
         events.iter().map(f).collect::<Vec<_>>()
     };
-    sqlx::query(
+    crate::sql::query(
         "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload, traceparent, tracestate, created_at)
          SELECT event_id, job_id, sequence, event_type, payload, traceparent, tracestate, $8
          FROM UNNEST($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[], $7::text[])
@@ -168,7 +168,7 @@ pub async fn events_of(
     conn: &mut PgConnection,
     job_id: Uuid,
 ) -> Result<Vec<WorkflowRunEvent>, sqlx::Error> {
-    let rows: Vec<(Json<WorkflowRunEvent>,)> = sqlx::query_as(
+    let rows: Vec<(Json<WorkflowRunEvent>,)> = crate::sql::query_as(
         "SELECT payload FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
     )
     .bind(job_id)
@@ -183,10 +183,13 @@ pub async fn events_of(
 /// # Errors
 /// Database errors.
 pub async fn backlog(pool: &sqlx::PgPool) -> Result<(i64, f64), sqlx::Error> {
-    sqlx::query_as(
-        "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0) \
-         FROM workflow_run_outbox WHERE status = 'PENDING'",
-    )
-    .fetch_one(pool)
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query_as(
+            "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0) \
+             FROM workflow_run_outbox WHERE status = 'PENDING'",
+        )
+        .fetch_one(conn)
+        .await
+    })
     .await
 }

@@ -87,7 +87,7 @@ pub async fn publishable(
     let cap = limit.saturating_add(limit / 4).max(limit.saturating_add(1));
     let mut tx = sqlx::Connection::begin(conn).await?;
     prefer_indexes(&mut tx).await?;
-    let rows: Vec<PendingRow> = sqlx::query_as(PENDING_IN_ID_ORDER)
+    let rows: Vec<PendingRow> = crate::sql::query_as(PENDING_IN_ID_ORDER)
         .bind(buckets)
         .bind(limit)
         .bind(cap)
@@ -128,7 +128,7 @@ pub async fn publishable(
 /// # Errors
 /// Database errors.
 pub async fn prefer_indexes(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("SET LOCAL enable_seqscan = off")
+    crate::sql::query("SET LOCAL enable_seqscan = off")
         .execute(conn)
         .await?;
     Ok(())
@@ -137,7 +137,7 @@ pub async fn prefer_indexes(conn: &mut PgConnection) -> Result<(), sqlx::Error> 
 /// Takes the transaction-scoped advisory lock `name`, if no one holds it:
 /// the maintenance only one relay at a time does (retention, statistics).
 async fn try_lock(tx: &mut sqlx::PgTransaction<'_>, name: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+    crate::sql::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
         .bind(name)
         .fetch_one(&mut **tx)
         .await
@@ -159,7 +159,7 @@ pub async fn analyze_if_stale(
     if !try_lock(tx, "flotilla:outbox-statistics").await? {
         return Ok(None);
     }
-    let stale: bool = sqlx::query_scalar(
+    let stale: bool = crate::sql::query_scalar(
         "SELECT coalesce(s.n_live_tup > 2 * greatest(c.reltuples, 0) + 1000, false)
          FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
          WHERE c.oid = 'workflow_run_outbox'::regclass",
@@ -168,7 +168,7 @@ pub async fn analyze_if_stale(
     .await?
     .unwrap_or(false);
     if stale {
-        sqlx::query("ANALYZE workflow_run_outbox")
+        crate::sql::query("ANALYZE workflow_run_outbox")
             .execute(&mut **tx)
             .await?;
     }
@@ -209,7 +209,7 @@ pub async fn mark_published(
     ids: &[i64],
     now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(&mark_published_statement())
+    let done = crate::sql::query(&mark_published_statement())
         .bind(ids)
         .bind(now)
         .bind(relay_id)
@@ -233,7 +233,7 @@ pub async fn record_failure(
     error: &str,
     next_attempt_at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(&format!(
+    crate::sql::query(&format!(
         "UPDATE workflow_run_outbox o SET attempts = attempts + 1, last_error = $2, next_attempt_at = $3,
              status = CASE WHEN attempts + 1 >= $4 THEN 'FAILED' ELSE 'PENDING' END
          WHERE o.id = $1 AND o.status = 'PENDING' AND {}",
@@ -260,7 +260,7 @@ pub async fn fail_now(
     id: i64,
     error: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(&format!(
+    crate::sql::query(&format!(
         "UPDATE workflow_run_outbox o SET status = 'FAILED', attempts = attempts + 1, last_error = $2
          WHERE o.id = $1 AND o.status = 'PENDING' AND {}",
         HOLDS_BUCKET.replace("$9", "$3")
@@ -287,7 +287,7 @@ pub async fn delete_published_before(
     if !try_lock(tx, "flotilla:outbox-retention").await? {
         return Ok(None);
     }
-    let done = sqlx::query(
+    let done = crate::sql::query(
         "DELETE FROM workflow_run_outbox WHERE id IN (
              SELECT id FROM workflow_run_outbox WHERE status = 'PUBLISHED' AND published_at < $1
              ORDER BY published_at LIMIT $2)",
@@ -309,7 +309,7 @@ pub async fn replay_failed(
     job_id: Option<Uuid>,
     now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = crate::sql::query(
         "UPDATE workflow_run_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = $2
          WHERE status = 'FAILED' AND ($1::uuid IS NULL OR job_id = $1)",
     )

@@ -36,7 +36,7 @@ pub async fn pending(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<PendingStepRequest>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT id, job_id, step_name, correlation_id, topic, encoding, payload,
                 traceparent, tracestate, bucket, attempts
          FROM workflow_step_request_outbox
@@ -58,7 +58,7 @@ pub async fn delete_sent(conn: &mut PgConnection, ids: &[i64]) -> Result<u64, sq
     if ids.is_empty() {
         return Ok(0);
     }
-    let done = sqlx::query("DELETE FROM workflow_step_request_outbox WHERE id = ANY($1)")
+    let done = crate::sql::query("DELETE FROM workflow_step_request_outbox WHERE id = ANY($1)")
         .bind(ids)
         .execute(conn)
         .await?;
@@ -75,7 +75,7 @@ pub async fn defer(
     error: &str,
     next_attempt_at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "UPDATE workflow_step_request_outbox
          SET attempts = attempts + 1, last_error = $2, next_attempt_at = $3 WHERE id = $1",
     )

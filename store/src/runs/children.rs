@@ -72,7 +72,7 @@ pub async fn link(
     depth: i16,
     cancel_with_parent: bool,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "UPDATE workflow_run SET parent_job_id = $2, parent_step = $3, depth = $4, cancel_with_parent = $5
          WHERE job_id = $1 AND parent_job_id IS NULL",
     )
@@ -97,7 +97,7 @@ pub async fn record_outcome(
     (parent, step): (Uuid, &str),
     child: Uuid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "UPDATE workflow_run p SET children = coalesce(p.children, '{}'::jsonb) || jsonb_build_object($2::text,
              jsonb_build_object('job_id', c.job_id, 'status', c.status, 'result', c.result,
                  'error', c.error, 'verdict', c.verdict))
@@ -133,7 +133,7 @@ pub async fn status_of(
     conn: &mut PgConnection,
     child: Uuid,
 ) -> Result<Option<RunStatus>, sqlx::Error> {
-    sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
+    crate::sql::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
         .bind(child)
         .fetch_optional(conn)
         .await
@@ -152,7 +152,7 @@ pub async fn now_of(
     let (status, outcome): (
         Option<RunStatus>,
         Option<sqlx::types::Json<serde_json::Value>>,
-    ) = sqlx::query_as(
+    ) = crate::sql::query_as(
         "SELECT (SELECT status FROM workflow_run WHERE job_id = $3),
                     (SELECT children -> $2 FROM workflow_run WHERE job_id = $1)",
     )
@@ -176,7 +176,7 @@ pub async fn children_of(
     conn: &mut PgConnection,
     parent: Uuid,
 ) -> Result<Vec<RunRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "SELECT {COLUMNS} FROM workflow_run WHERE parent_job_id = $1 ORDER BY created_at, job_id"
     ))
     .bind(parent)
@@ -193,7 +193,7 @@ pub async fn orphaned_by_cancel(
     conn: &mut PgConnection,
     limit: i64,
 ) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT c.job_id, c.parent_job_id FROM workflow_run c
          JOIN workflow_run p ON p.job_id = c.parent_job_id
          WHERE c.parent_job_id IS NOT NULL AND c.cancel_with_parent

@@ -31,7 +31,7 @@ pub async fn resume_waiting(
          WHERE job_id = $1 AND status = 'WAITING'",
         layout.assignment("$2")
     );
-    let stamp: Option<EventStamp> = sqlx::query_as(&checkpoint_write(&update, "$2", 0))
+    let stamp: Option<EventStamp> = crate::sql::query_as(&checkpoint_write(&update, "$2", 0))
         .bind(job_id)
         .bind(Json(checkpoint))
         .bind(now)
@@ -85,7 +85,7 @@ pub async fn settle_idle(
             },
         ),
     };
-    let stamp: Option<EventStamp> = sqlx::query_as(&format!(
+    let stamp: Option<EventStamp> = crate::sql::query_as(&format!(
         "UPDATE workflow_run SET status = $2, error = $3, verdict = coalesce($4, verdict), outstanding_step = NULL,
              updated_at = $5, event_sequence = event_sequence + 1
          WHERE job_id = $1 AND status IN ('QUEUED', 'WAITING')
@@ -115,7 +115,7 @@ pub async fn retry(
     job_id: Uuid,
     now: DateTime<Utc>,
 ) -> Result<Option<RunRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
              lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,

@@ -31,7 +31,7 @@ pub async fn claim(
     lease_until: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<RunRow>, sqlx::Error> {
-    let mut rows: Vec<RunRow> = sqlx::query_as(&format!(
+    let mut rows: Vec<RunRow> = crate::sql::query_as(&format!(
         "WITH picked AS (
              SELECT job_id AS picked_id FROM workflow_run
              WHERE status = 'QUEUED' AND run_after <= $2 AND reader_level <= $5
@@ -67,7 +67,7 @@ pub async fn renew(
     now: DateTime<Utc>,
     lease_until: DateTime<Utc>,
 ) -> Result<Renewal, sqlx::Error> {
-    let renewed: Option<(Option<String>,)> = sqlx::query_as(
+    let renewed: Option<(Option<String>,)> = crate::sql::query_as(
         "UPDATE workflow_run SET lease_until = $4, updated_at = $3
          WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'
          RETURNING cancel_requested",
@@ -106,7 +106,7 @@ pub async fn request_cancel(
     job_id: Uuid,
     reason: &str,
 ) -> Result<Option<super::RunRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "UPDATE workflow_run SET cancel_requested = coalesce(cancel_requested, $2)
          WHERE job_id = $1 AND status = 'RUNNING'
          RETURNING {COLUMNS}"
@@ -398,7 +398,7 @@ pub async fn transition(
         Transition::CheckpointAndComplete { .. } => checkpoint_write(&update, "$5", 1),
         _ => format!("{update} RETURNING {STAMP}"),
     };
-    let query = sqlx::query_as(&sql)
+    let query = crate::sql::query_as(&sql)
         .bind(job_id)
         .bind(fence.token)
         .bind(now)
@@ -500,7 +500,7 @@ pub async fn held_elsewhere(
     tx: &mut PgTransaction<'_>,
     jobs: &[Uuid],
 ) -> Result<std::collections::HashSet<Uuid>, sqlx::Error> {
-    let locked: Vec<Uuid> = sqlx::query_scalar(
+    let locked: Vec<Uuid> = crate::sql::query_scalar(
         "SELECT job_id FROM workflow_run WHERE job_id = ANY($1)
          ORDER BY job_id FOR UPDATE SKIP LOCKED",
     )
@@ -516,7 +516,7 @@ pub async fn held_elsewhere(
         return Ok(std::collections::HashSet::new());
     }
     let existing: Vec<Uuid> =
-        sqlx::query_scalar("SELECT job_id FROM workflow_run WHERE job_id = ANY($1)")
+        crate::sql::query_scalar("SELECT job_id FROM workflow_run WHERE job_id = ANY($1)")
             .bind(&skipped)
             .fetch_all(&mut **tx)
             .await?;
@@ -576,7 +576,7 @@ pub async fn lapsed(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<Lapsed>, sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT job_id, workflow_name, workflow_version, traceparent, tracestate, created_at FROM workflow_run
          WHERE status = 'RUNNING' AND lease_until < $1
          ORDER BY lease_until LIMIT $2",
@@ -631,7 +631,7 @@ pub async fn sweep_one(
     let stale_ms = i64::try_from(policy.owner_stale_after.as_millis()).unwrap_or(i64::MAX);
     // Worker clocks agree with the database's to well within a lease
     // (docs/architecture.md), so `lease_until` and `last_seen` compare.
-    let lapsed: Option<LapsedRow> = sqlx::query_as(
+    let lapsed: Option<LapsedRow> = crate::sql::query_as(
         "SELECT r.attempt, r.lease_losses, r.lease_owner,
                 CASE WHEN m.worker_id IS NULL OR m.started_at > r.updated_at THEN 'gone'
                      WHEN m.last_seen >= r.lease_until THEN 'alive'
@@ -652,7 +652,7 @@ pub async fn sweep_one(
     };
     if state == "unknown" {
         let wait = chrono::Duration::from_std(policy.owner_grace).unwrap_or(chrono::Duration::MAX);
-        sqlx::query("UPDATE workflow_run SET lease_until = $2 WHERE job_id = $1")
+        crate::sql::query("UPDATE workflow_run SET lease_until = $2 WHERE job_id = $1")
             .bind(job_id)
             .bind(now + wait)
             .execute(&mut **tx)
@@ -662,7 +662,7 @@ pub async fn sweep_one(
     let owner_alive = state == "alive";
     if let Some(reason) = cancel_asked {
         // Cancelled as asked: nobody holds the job to do it.
-        let stamp: EventStamp = sqlx::query_as(&format!(
+        let stamp: EventStamp = crate::sql::query_as(&format!(
             "UPDATE workflow_run SET status = 'CANCELLED', error = $3, outstanding_step = NULL,
                  event_sequence = event_sequence + 1, lease_owner = NULL, lease_token = NULL,
                  lease_until = NULL, updated_at = $2
@@ -712,7 +712,7 @@ pub async fn sweep_one(
             ),
         )
     };
-    let stamp: EventStamp = sqlx::query_as(&format!(
+    let stamp: EventStamp = crate::sql::query_as(&format!(
         "UPDATE workflow_run SET {set}, error = $3, lease_losses = $4, lease_owner = NULL,
              lease_token = NULL, lease_until = NULL, updated_at = $2
          WHERE job_id = $1 RETURNING {STAMP}"
@@ -754,7 +754,7 @@ pub async fn hand_back_all(
     let (jobs, tokens): (Vec<Uuid>, Vec<Uuid>) = leases.iter().copied().unzip();
     // Rows are locked in job-id order, as group commit locks them, so the
     // two never wait on each other in a cycle.
-    let done = sqlx::query(
+    let done = crate::sql::query(
         "WITH held AS (
              SELECT r.job_id FROM workflow_run r
              JOIN unnest($1::uuid[], $2::uuid[]) AS h(job_id, token)
@@ -786,7 +786,7 @@ pub async fn defer_sweep(
     job_id: Uuid,
     until: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "UPDATE workflow_run SET lease_until = $2
          WHERE job_id = $1 AND status = 'RUNNING' AND lease_until < $2",
     )

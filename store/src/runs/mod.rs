@@ -273,7 +273,7 @@ async fn reread_checkpoint_rows(
     if ids.is_empty() {
         return Ok(());
     }
-    let lists: Vec<(Uuid, Json<serde_json::Value>)> = sqlx::query_as(concat!(
+    let lists: Vec<(Uuid, Json<serde_json::Value>)> = crate::sql::query_as(concat!(
         "SELECT job_id, ",
         checkpoint_list!(),
         " FROM workflow_run WHERE job_id = ANY($1)"
@@ -354,7 +354,7 @@ pub async fn insert_many<'a>(
     let json = |f: fn(&NewRun<'a>) -> &'a serde_json::Value| {
         runs.iter().map(|run| Json(f(run))).collect::<Vec<_>>()
     };
-    let mut inserted: Vec<RunRow> = sqlx::query_as(&format!(
+    let mut inserted: Vec<RunRow> = crate::sql::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at)
          SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
@@ -395,7 +395,7 @@ pub async fn insert_many<'a>(
     // taken back, and the id answered from its record.
     if !inserted.is_empty() {
         let ids: Vec<Uuid> = inserted.iter().map(|row| row.job_id).collect();
-        let raced: Vec<Uuid> = sqlx::query_scalar(
+        let raced: Vec<Uuid> = crate::sql::query_scalar(
             "DELETE FROM workflow_run r WHERE r.job_id = ANY($1)
                AND EXISTS (SELECT 1 FROM workflow_run_removed rm WHERE rm.job_id = r.job_id)
              RETURNING r.job_id",
@@ -460,7 +460,7 @@ pub async fn graft(
     steps: Vec<String>,
     now: DateTime<Utc>,
 ) -> Result<Option<i32>, StoreError> {
-    let stamp: Option<EventStamp> = sqlx::query_as(&format!(
+    let stamp: Option<EventStamp> = crate::sql::query_as(&format!(
         "UPDATE workflow_run SET definition = $3, revision = revision + 1,
              reader_level = greatest(reader_level, $4), event_sequence = event_sequence + 1,
              updated_at = $5
@@ -494,7 +494,7 @@ pub async fn timer_backlog(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
 ) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
-    sqlx::query_as(
+    crate::sql::query_as(
         "SELECT count(*) FILTER (WHERE run_after > $1), min(run_after) FILTER (WHERE run_after <= $1)
          FROM workflow_run WHERE status = 'QUEUED' AND timers IS NOT NULL",
     )
@@ -508,7 +508,7 @@ pub async fn timer_backlog(
 /// # Errors
 /// Database errors.
 pub async fn get(conn: &mut PgConnection, job_id: Uuid) -> Result<Option<RunRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
+    crate::sql::query_as(&format!(
         "SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1"
     ))
     .bind(job_id)
@@ -524,7 +524,7 @@ pub async fn get_for_update(
     conn: &mut PgConnection,
     job_id: Uuid,
 ) -> Result<Option<RunRow>, sqlx::Error> {
-    let mut row: Option<RunRow> = sqlx::query_as(&format!(
+    let mut row: Option<RunRow> = crate::sql::query_as(&format!(
         "SELECT {COLUMNS} FROM workflow_run WHERE job_id = $1 FOR UPDATE"
     ))
     .bind(job_id)
@@ -564,6 +564,7 @@ pub async fn list(
 ) -> Result<Vec<RunRow>, sqlx::Error> {
     list_statement(filter, limit)
         .build_query_as()
+        .persistent(crate::sql::keep_prepared())
         .fetch_all(conn)
         .await
 }

@@ -107,7 +107,7 @@ pub async fn write(
              status = 'QUEUED', outstanding_step = NULL, run_after = least(run_after, $3)"
         }
     };
-    let stamp: Option<EventStamp> = sqlx::query_as(&format!(
+    let stamp: Option<EventStamp> = crate::sql::query_as(&format!(
         "UPDATE workflow_run SET signals = $2, event_sequence = event_sequence + 1,
              foreign_events = foreign_events + 1, updated_at = $3{requeue}
          WHERE job_id = $1 AND status IN ('QUEUED', 'RUNNING', 'WAITING')

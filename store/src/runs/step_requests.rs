@@ -121,7 +121,7 @@ pub(super) async fn insert_outgoing(
     requests: &[OutgoingRequest],
 ) -> Result<(), sqlx::Error> {
     for request in requests {
-        sqlx::query(
+        crate::sql::query(
             "INSERT INTO workflow_step_request_outbox
                  (job_id, step_name, correlation_id, topic, encoding, payload, traceparent, tracestate)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -176,7 +176,7 @@ pub async fn record_reply(
     reply: &StoredReply,
 ) -> Result<ReplyMatch, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let found: Option<(RunStatus, Option<Json<serde_json::Value>>)> = sqlx::query_as(
+    let found: Option<(RunStatus, Option<Json<serde_json::Value>>)> = crate::sql::query_as(
         "SELECT status, step_requests FROM workflow_run WHERE job_id = $1 FOR UPDATE",
     )
     .bind(job_id)
@@ -210,7 +210,7 @@ pub async fn record_reply(
         tx.rollback().await?;
         return Ok(ReplyMatch::Finished(status));
     }
-    let woken: bool = sqlx::query_scalar(
+    let woken: bool = crate::sql::query_scalar(
         "UPDATE workflow_run SET
              step_requests = jsonb_set(step_requests, ARRAY[$2::text, 'reply'], $3::jsonb),
              status = CASE WHEN status = 'WAITING' THEN 'QUEUED' ELSE status END,
@@ -249,18 +249,21 @@ pub async fn requeue_past_deadline(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = $1,
-             attempt = greatest(attempt - 1, 0), reply_deadline = NULL, updated_at = $1
-         WHERE job_id IN (SELECT job_id FROM workflow_run
-                          WHERE status = 'WAITING' AND reply_deadline <= $1
-                          ORDER BY reply_deadline LIMIT $2
-                          FOR UPDATE SKIP LOCKED)
-           AND status = 'WAITING'
-         RETURNING job_id",
-    )
-    .bind(now)
-    .bind(limit)
-    .fetch_all(pool)
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query_scalar(
+            "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = $1,
+                 attempt = greatest(attempt - 1, 0), reply_deadline = NULL, updated_at = $1
+             WHERE job_id IN (SELECT job_id FROM workflow_run
+                              WHERE status = 'WAITING' AND reply_deadline <= $1
+                              ORDER BY reply_deadline LIMIT $2
+                              FOR UPDATE SKIP LOCKED)
+               AND status = 'WAITING'
+             RETURNING job_id",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(conn)
+        .await
+    })
     .await
 }

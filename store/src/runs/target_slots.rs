@@ -68,11 +68,13 @@ async fn take_in(
     cap: usize,
     now: DateTime<Utc>,
 ) -> Result<Take, sqlx::Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('flotilla.target-slot:' || $1, 0))")
-        .bind(claim.target)
-        .execute(&mut **tx)
-        .await?;
-    sqlx::query(
+    crate::sql::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended('flotilla.target-slot:' || $1, 0))",
+    )
+    .bind(claim.target)
+    .execute(&mut **tx)
+    .await?;
+    crate::sql::query(
         "DELETE FROM workflow_target_slot s
          WHERE s.target = $1
            AND (s.expires_at <= $2
@@ -84,7 +86,7 @@ async fn take_in(
     .bind(now)
     .execute(&mut **tx)
     .await?;
-    let held: i64 = sqlx::query_scalar(
+    let held: i64 = crate::sql::query_scalar(
         "SELECT count(DISTINCT job_id) FROM workflow_target_slot
          WHERE target = $1 AND job_id <> $2",
     )
@@ -95,7 +97,7 @@ async fn take_in(
     if usize::try_from(held).unwrap_or(usize::MAX) >= cap {
         return Ok(Take::Full);
     }
-    sqlx::query(
+    crate::sql::query(
         "INSERT INTO workflow_target_slot (target, job_id, step_name, correlation_id, expires_at)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (job_id, step_name)
@@ -124,7 +126,7 @@ pub async fn release_in(
     step: &str,
     correlation_id: Uuid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    crate::sql::query(
         "DELETE FROM workflow_target_slot
          WHERE job_id = $1 AND step_name = $2 AND correlation_id = $3",
     )
@@ -141,15 +143,18 @@ pub async fn release_in(
 /// # Errors
 /// Database errors.
 pub async fn held(pool: &PgPool, target: &str, now: DateTime<Utc>) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT count(DISTINCT s.job_id) FROM workflow_target_slot s
-         WHERE s.target = $1 AND s.expires_at > $2
-           AND EXISTS (SELECT 1 FROM workflow_run r
-                       WHERE r.job_id = s.job_id
-                         AND r.status IN ('QUEUED', 'RUNNING', 'WAITING'))",
-    )
-    .bind(target)
-    .bind(now)
-    .fetch_one(pool)
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query_scalar(
+            "SELECT count(DISTINCT s.job_id) FROM workflow_target_slot s
+             WHERE s.target = $1 AND s.expires_at > $2
+               AND EXISTS (SELECT 1 FROM workflow_run r
+                           WHERE r.job_id = s.job_id
+                             AND r.status IN ('QUEUED', 'RUNNING', 'WAITING'))",
+        )
+        .bind(target)
+        .bind(now)
+        .fetch_one(conn)
+        .await
+    })
     .await
 }

@@ -121,10 +121,9 @@ impl Engine {
             return Ok(state);
         }
         let child = child_id(parent.job_id, step);
-        let now = async {
-            let mut conn = self.pool().acquire().await?;
-            children::now_of(&mut conn, (parent.job_id, step), child).await
-        }
+        let now = flotilla_store::sql::session(self.pool(), async |conn| {
+            children::now_of(conn, (parent.job_id, step), child).await
+        })
         .await
         .map_err(|e| {
             StepFailure::retryable(
@@ -253,10 +252,10 @@ impl Engine {
     /// # Errors
     /// The store failed (the sweeper's cascade finishes the job later).
     pub async fn cancel_children_of(&self, parent: Uuid) -> Result<usize, OperatorError> {
-        let family = {
-            let mut conn = self.pool().acquire().await?;
-            children::children_of(&mut conn, parent).await?
-        };
+        let family = flotilla_store::sql::session(self.pool(), async |conn| {
+            children::children_of(conn, parent).await
+        })
+        .await?;
         let mut cancelled = 0;
         for child in family {
             if !child.cancel_with_parent || child.status.is_finished() {
@@ -285,10 +284,10 @@ impl Engine {
     /// still unfinished (their parent's worker was gone, or the first
     /// cascade failed), cancelled now.
     pub(super) async fn cascade_cancels(&self) -> Result<usize, OperatorError> {
-        let orphans = {
-            let mut conn = self.pool().acquire().await?;
-            children::orphaned_by_cancel(&mut conn, CASCADE_BATCH).await?
-        };
+        let orphans = flotilla_store::sql::session(self.pool(), async |conn| {
+            children::orphaned_by_cancel(conn, CASCADE_BATCH).await
+        })
+        .await?;
         let mut cancelled = 0;
         for (child, parent) in orphans {
             let reason = format!("its parent {parent} was cancelled");
@@ -306,8 +305,10 @@ impl Engine {
     /// # Errors
     /// Store errors.
     pub async fn children_of(&self, parent: Uuid) -> Result<Vec<ChildLink>, OperatorError> {
-        let mut conn = self.pool().acquire().await?;
-        let rows = children::children_of(&mut conn, parent).await?;
+        let rows = flotilla_store::sql::session(self.pool(), async |conn| {
+            children::children_of(conn, parent).await
+        })
+        .await?;
         Ok(rows.into_iter().map(ChildLink::from).collect())
     }
 }

@@ -87,8 +87,11 @@ impl Lease {
     async fn renew(&self) -> Result<Option<String>, SegmentStop> {
         let now = self.engine.now();
         let until = now + self.engine.settings().lease;
-        let mut conn = self.engine.inner.reserved.acquire().await?;
-        match lease::renew(&mut conn, self.job_id, self.token, now, until).await? {
+        let renewal = self
+            .engine
+            .on_reserved(async |conn| lease::renew(conn, self.job_id, self.token, now, until).await)
+            .await?;
+        match renewal {
             lease::Renewal::Held => Ok(None),
             lease::Renewal::CancelAsked(reason) => Ok(Some(reason)),
             lease::Renewal::Lost => Err(LeaseLost.into()),

@@ -114,9 +114,11 @@ impl Claimer {
     async fn claim(&self, limit: usize) -> Result<Vec<RunRow>, sqlx::Error> {
         let now = self.clock.now();
         let lease_until = now + self.lease;
-        let mut conn = self.pool.acquire().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        lease::claim(&mut conn, &self.worker_id, now, lease_until, limit).await
+        flotilla_store::sql::session(&self.pool, async |conn| {
+            lease::claim(conn, &self.worker_id, now, lease_until, limit).await
+        })
+        .await
     }
 }
 
@@ -128,7 +130,7 @@ mod tests {
 
     async fn queued(pool: &PgPool) -> Uuid {
         let job_id = Uuid::new_v4();
-        sqlx::query(
+        flotilla_store::sql::query(
             "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest,
                  status, max_attempts)
              VALUES ($1, 'claimed', '{}', '{}', 'd', 'QUEUED', 3)",

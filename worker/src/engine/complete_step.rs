@@ -116,8 +116,7 @@ impl Engine {
     ) -> Result<CompleteOutcome, CompleteError> {
         storable::check_json("response", &response)?;
         let row = {
-            let mut conn = self.pool().acquire().await?;
-            runs::get(&mut conn, job_id)
+            flotilla_store::sql::session(self.pool(), async |conn| runs::get(conn, job_id).await)
                 .await?
                 .ok_or(CompleteError::NotFound(job_id))?
         };

@@ -128,12 +128,12 @@ mod tests {
         assert_eq!(counts, [("COMPLETED", 2), ("FAILED", 1)]);
 
         finishes.record("DEAD", at("2026-12-02T10:02:00Z"));
-        sqlx::query("ALTER TABLE finished_tally RENAME TO gone")
+        flotilla_store::sql::query("ALTER TABLE finished_tally RENAME TO gone")
             .execute(&mut *conn)
             .await
             .unwrap();
         assert!(finishes.flush(&mut conn).await.is_err());
-        sqlx::query("ALTER TABLE gone RENAME TO finished_tally")
+        flotilla_store::sql::query("ALTER TABLE gone RENAME TO finished_tally")
             .execute(&mut *conn)
             .await
             .unwrap();

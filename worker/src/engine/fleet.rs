@@ -9,6 +9,7 @@ use flotilla_store::buckets::{self, RelayMember};
 use flotilla_store::dead_letters::{self, Tally};
 use flotilla_store::finished::{self, FinishedInMinute};
 use flotilla_store::outbox::history::{self, OutboxSummary};
+use flotilla_store::sql::session;
 use flotilla_store::workers::{self, WorkerMember};
 
 use super::Engine;
@@ -43,15 +44,18 @@ impl Engine {
     /// # Errors
     /// Database errors.
     pub async fn announce(&self) -> Result<(), StoreError> {
-        let mut conn = self.pool().acquire().await?;
         let loops = i32::try_from(self.settings().worker_count).unwrap_or(i32::MAX);
         let started_at = self.inner.started_at;
-        workers::heartbeat(&mut conn, &self.settings().worker_id, loops, started_at).await?;
-        self.inner.finishes.flush(&mut conn).await?;
-        workers::forget_departed(&mut conn, millis(FORGET_AFTER)).await?;
         let forget = chrono::Duration::from_std(FORGET_AFTER).unwrap_or(chrono::Duration::zero());
-        finished::forget_before(&mut conn, self.now() - forget).await?;
-        Ok(())
+        let forget_before = self.now() - forget;
+        session(self.pool(), async |conn| {
+            workers::heartbeat(conn, &self.settings().worker_id, loops, started_at).await?;
+            self.inner.finishes.flush(conn).await?;
+            workers::forget_departed(conn, millis(FORGET_AFTER)).await?;
+            finished::forget_before(conn, forget_before).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Removes this worker's row: it is stopping.
@@ -59,8 +63,10 @@ impl Engine {
     /// # Errors
     /// Database errors.
     pub async fn leave_fleet(&self) -> Result<(), StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        workers::leave(&mut conn, &self.settings().worker_id).await?;
+        session(self.pool(), async |conn| {
+            workers::leave(conn, &self.settings().worker_id).await
+        })
+        .await?;
         Ok(())
     }
 
@@ -71,17 +77,19 @@ impl Engine {
     /// # Errors
     /// Database errors.
     pub async fn fleet(&self) -> Result<FleetSnapshot, StoreError> {
-        let mut conn = self.pool().acquire().await?;
         let ttl = millis(MEMBER_TTL);
         let since = self.now()
             - chrono::Duration::from_std(FINISHED_WINDOW).unwrap_or(chrono::Duration::zero());
-        Ok(FleetSnapshot {
-            workers: workers::list(&mut conn, ttl).await?,
-            relays: buckets::members(&mut conn, ttl).await?,
-            outbox: history::summary(&mut conn).await?,
-            dead_letters: dead_letters::list(&mut conn).await?,
-            finished_per_minute: self.inner.finishes.since(&mut conn, since).await?,
+        session(self.pool(), async |conn| {
+            Ok(FleetSnapshot {
+                workers: workers::list(conn, ttl).await?,
+                relays: buckets::members(conn, ttl).await?,
+                outbox: history::summary(conn).await?,
+                dead_letters: dead_letters::list(conn).await?,
+                finished_per_minute: self.inner.finishes.since(conn, since).await?,
+            })
         })
+        .await
     }
 
     /// Counts dead letters by reason code.
@@ -89,8 +97,10 @@ impl Engine {
     /// # Errors
     /// Database errors.
     pub async fn tally_dead_letters(&self, codes: &[&str]) -> Result<(), StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        dead_letters::record(&mut conn, codes).await?;
+        session(self.pool(), async |conn| {
+            dead_letters::record(conn, codes).await
+        })
+        .await?;
         Ok(())
     }
 }
@@ -119,18 +129,21 @@ impl Engine {
         let worker_id = &self.settings().worker_id;
         let every = self.settings().sweep_interval;
         let fresh = (every * 2 + std::time::Duration::from_secs(1)).as_secs_f64();
-        let mut conn = self.pool().acquire().await?;
-        let Some((first, seconds)) = workers::last_seen(&mut conn, worker_id).await? else {
+        let seen = session(self.pool(), async |conn| {
+            workers::last_seen(conn, worker_id).await
+        });
+        let Some((first, seconds)) = seen.await? else {
             return Ok(());
         };
         if seconds > fresh {
             return Ok(());
         }
-        drop(conn);
         tracing::info!(%worker_id, seconds, "a worker of this id announced itself lately; waiting to see whether it is alive");
         tokio::time::sleep(every * 2 + std::time::Duration::from_secs(1)).await;
-        let mut conn = self.pool().acquire().await?;
-        match workers::last_seen(&mut conn, worker_id).await? {
+        let seen = session(self.pool(), async |conn| {
+            workers::last_seen(conn, worker_id).await
+        });
+        match seen.await? {
             Some((again, seconds)) if again > first => Err(Namesake::Alive {
                 worker_id: worker_id.clone(),
                 seconds,

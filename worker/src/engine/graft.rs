@@ -141,10 +141,10 @@ impl Engine {
         self.inner
             .doorbell
             .ring(flotilla_store::wake::Channel::Outbox);
-        let mut conn = self.pool().acquire().await?;
-        let row = runs::get(&mut conn, job_id)
-            .await?
-            .ok_or(GraftError::NotFound(job_id))?;
+        let row =
+            flotilla_store::sql::session(self.pool(), async |conn| runs::get(conn, job_id).await)
+                .await?
+                .ok_or(GraftError::NotFound(job_id))?;
         Ok(GraftOutcome::Grafted(Box::new(row)))
     }
 }

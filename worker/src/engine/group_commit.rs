@@ -65,6 +65,10 @@ pub(super) struct Committer {
     doorbell: Doorbell,
     /// Batches committed (or tried), for tests.
     batches: Arc<AtomicU64>,
+    /// Behind a transaction-mode pooler: the statement that sets the
+    /// reserved connections' timeouts for each transaction (they cannot
+    /// stay on a connection there).
+    local_timeouts: Option<String>,
     #[cfg(any(test, feature = "test-support"))]
     faults: CommitFaults,
 }
@@ -92,12 +96,18 @@ impl CommitFaults {
 
 impl GroupCommit {
     /// Writes on `pool`; one batch may take up to `bound`.
-    pub(super) fn new(pool: PgPool, bound: Duration, doorbell: Doorbell) -> Self {
+    pub(super) fn new(
+        pool: PgPool,
+        bound: Duration,
+        doorbell: Doorbell,
+        local_timeouts: Option<String>,
+    ) -> Self {
         Self(Gather::new(Committer {
             pool,
             bound,
             doorbell,
             batches: Arc::default(),
+            local_timeouts,
             #[cfg(any(test, feature = "test-support"))]
             faults: CommitFaults::default(),
         }))
@@ -244,6 +254,12 @@ impl Committer {
                 .begin()
                 .await
                 .map_err(|e| Failed::Before(e.into()))?;
+            if let Some(set) = &self.local_timeouts {
+                flotilla_store::sql::query(set)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| Failed::Before(e.into()))?;
+            }
             let held = if skip_held {
                 let ids: Vec<Uuid> = writes.iter().map(|w| w.job_id).collect();
                 lease::held_elsewhere(&mut tx, &ids)
@@ -304,6 +320,7 @@ mod tests {
             pool.clone(),
             Duration::from_secs(5),
             Doorbell::new(pool.clone()),
+            None,
         )
     }
 
@@ -315,7 +332,7 @@ mod tests {
     /// A RUNNING row leased with `token`.
     async fn running(pool: &PgPool, token: Uuid) -> Uuid {
         let job_id = Uuid::new_v4();
-        sqlx::query(
+        flotilla_store::sql::query(
             "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest,
                  status, max_attempts, attempt, lease_owner, lease_token, lease_until)
              VALUES ($1, 'shared', '{}', '{}', 'd', 'RUNNING', 3, 1, 'w', $2, now() + interval '1 minute')",
@@ -345,11 +362,13 @@ mod tests {
 
     /// The job's rows in `table`.
     async fn count(pool: &PgPool, table: &str, job_id: Uuid) -> i64 {
-        sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE job_id = $1"))
-            .bind(job_id)
-            .fetch_one(pool)
-            .await
-            .unwrap()
+        flotilla_store::sql::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE job_id = $1"
+        ))
+        .bind(job_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
     }
 
     /// Four writers at once: the first commits alone, the other three share
@@ -434,12 +453,13 @@ mod tests {
         assert!(outcomes.into_iter().all(|o| o.unwrap()));
         for (n, job) in jobs.iter().enumerate() {
             assert_eq!(count(&pool, "workflow_run_outbox", *job).await, 1);
-            let status: String =
-                sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
-                    .bind(job)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
+            let status: String = flotilla_store::sql::query_scalar(
+                "SELECT status FROM workflow_run WHERE job_id = $1",
+            )
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
             let expected = ["RUNNING", "WAITING", "FAILED", "COMPLETED"][n % 4];
             assert_eq!(status, expected, "{job}");
         }
@@ -533,14 +553,15 @@ mod tests {
                     .await
                     .unwrap()
             );
-            let (status, sequence): (String, i64) =
-                sqlx::query_as("SELECT status, event_sequence FROM workflow_run WHERE job_id = $1")
-                    .bind(job)
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
+            let (status, sequence): (String, i64) = flotilla_store::sql::query_as(
+                "SELECT status, event_sequence FROM workflow_run WHERE job_id = $1",
+            )
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
             assert_eq!((status.as_str(), sequence), ("COMPLETED", 2), "{layout:?}");
-            let events: Vec<(i64, String)> = sqlx::query_as(
+            let events: Vec<(i64, String)> = flotilla_store::sql::query_as(
                 "SELECT sequence, event_type FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
             )
             .bind(job)
@@ -565,7 +586,7 @@ mod tests {
                 "{layout:?}"
             );
             if layout == CheckpointLayout::Rows {
-                let kept: i64 = sqlx::query_scalar(
+                let kept: i64 = flotilla_store::sql::query_scalar(
                     "SELECT event_sequence FROM workflow_run_checkpoint WHERE job_id = $1",
                 )
                 .bind(job)
@@ -596,7 +617,12 @@ mod tests {
         let mut settings = crate::engine::EngineSettings::new("w");
         settings.lease = Duration::from_secs(2);
         let reserved = crate::engine::reserved_pool(&pool, &settings);
-        let group = GroupCommit::new(reserved, settings.lease / 3, Doorbell::new(pool.clone()));
+        let group = GroupCommit::new(
+            reserved,
+            settings.lease / 3,
+            Doorbell::new(pool.clone()),
+            None,
+        );
         let token = Uuid::new_v4();
         let mut jobs = Vec::new();
         for _ in 0..8 {
@@ -605,7 +631,7 @@ mod tests {
         jobs.sort();
         let blocked: Vec<Uuid> = jobs.iter().step_by(2).copied().collect();
         let mut operator = pool.begin().await.unwrap();
-        sqlx::query("SELECT 1 FROM workflow_run WHERE job_id = ANY($1) FOR UPDATE")
+        flotilla_store::sql::query("SELECT 1 FROM workflow_run WHERE job_id = ANY($1) FOR UPDATE")
             .bind(&blocked)
             .execute(&mut *operator)
             .await
@@ -657,6 +683,7 @@ mod tests {
             unreachable.clone(),
             Duration::from_secs(5),
             Doorbell::new(unreachable),
+            None,
         );
         let token = Uuid::new_v4();
         let started = std::time::Instant::now();

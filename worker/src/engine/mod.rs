@@ -214,25 +214,65 @@ struct Inner {
 /// `statement_timeout` a fifth of the lease, so a row another session
 /// holds, or a stuck statement, fails its own write long before any
 /// lease it fences could lapse. A connection is waited for at most a
-/// quarter of the lease. Opened lazily.
+/// quarter of the lease. Opened lazily. Behind a transaction-mode pooler
+/// the timeouts cannot stay on a connection (the next transaction may be
+/// another client's, on another server connection): each transaction on
+/// a reserved connection sets them for itself ([`reserved_timeouts`]).
 pub(super) fn reserved_pool(pool: &PgPool, settings: &EngineSettings) -> PgPool {
-    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
-    let lock_timeout = millis(settings.lease / 10);
-    let statement_timeout = millis(settings.lease / 5);
-    sqlx::postgres::PgPoolOptions::new()
+    let options = sqlx::postgres::PgPoolOptions::new()
         .max_connections(settings.reserved_connections.max(1))
-        .acquire_timeout((settings.lease / 4).max(Duration::from_millis(100)))
-        .after_connect(move |conn, _| {
+        .acquire_timeout((settings.lease / 4).max(Duration::from_millis(100)));
+    let options = if flotilla_store::sql::behind_transaction_pooler() {
+        options
+    } else {
+        let set = reserved_timeouts(settings, false);
+        options.after_connect(move |conn, _| {
+            let set = set.clone();
             Box::pin(async move {
-                let set = format!(
-                    "SELECT set_config('lock_timeout', '{lock_timeout}', false), \
-                            set_config('statement_timeout', '{statement_timeout}', false)"
-                );
-                sqlx::query(&set).execute(conn).await?;
+                flotilla_store::sql::query(&set).execute(conn).await?;
                 Ok(())
             })
         })
-        .connect_lazy_with((*pool.connect_options()).clone())
+    };
+    options.connect_lazy_with((*pool.connect_options()).clone())
+}
+
+/// The statement that sets the reserved connections' timeouts: for the
+/// session, or (`local`) for the transaction it runs in.
+pub(super) fn reserved_timeouts(settings: &EngineSettings, local: bool) -> String {
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+    let lock_timeout = millis(settings.lease / 10);
+    let statement_timeout = millis(settings.lease / 5);
+    format!(
+        "SELECT set_config('lock_timeout', '{lock_timeout}', {local}), \
+                set_config('statement_timeout', '{statement_timeout}', {local})"
+    )
+}
+
+impl Engine {
+    /// Runs `work` on a reserved connection, as [`flotilla_store::sql::session`]
+    /// does on the shared pool; behind a transaction-mode pooler its
+    /// transaction sets the reserved connections' timeouts for itself.
+    ///
+    /// # Errors
+    /// No reserved connection, the commit failed, or what `work` returned.
+    pub(super) async fn on_reserved<T, E>(
+        &self,
+        work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<sqlx::Error>,
+    {
+        let local = flotilla_store::sql::behind_transaction_pooler()
+            .then(|| reserved_timeouts(self.settings(), true));
+        flotilla_store::sql::session(&self.inner.reserved, async |conn| {
+            if let Some(set) = &local {
+                flotilla_store::sql::query(set).execute(&mut *conn).await?;
+            }
+            work(conn).await
+        })
+        .await
+    }
 }
 
 impl Engine {
@@ -255,6 +295,8 @@ impl Engine {
                     reserved.clone(),
                     settings.lease / 3,
                     doorbell.clone(),
+                    flotilla_store::sql::behind_transaction_pooler()
+                        .then(|| reserved_timeouts(&settings, true)),
                 ),
                 doorbell,
                 reserved,

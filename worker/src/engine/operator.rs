@@ -52,17 +52,19 @@ impl Engine {
     /// # Errors
     /// Unknown job, a job in another state, store errors.
     pub async fn retry(&self, job_id: Uuid) -> Result<RunRow, OperatorError> {
-        let mut conn = self.pool().acquire().await?;
-        match idle::retry(&mut conn, job_id, self.now()).await? {
-            Some(row) => {
-                tracing::info!(%job_id, workflow_name = %row.workflow_name, "job retried by an operator");
-                self.wake();
-                Ok(row)
+        let now = self.now();
+        let retried = flotilla_store::sql::session(self.pool(), async |conn| {
+            match idle::retry(conn, job_id, now).await? {
+                Some(row) => Ok(row),
+                None => Err(self
+                    .refusal(conn, job_id, "retry", "DEAD, FAILED or CANCELLED jobs")
+                    .await),
             }
-            None => Err(self
-                .refusal(&mut conn, job_id, "retry", "DEAD, FAILED or CANCELLED jobs")
-                .await),
-        }
+        })
+        .await?;
+        tracing::info!(%job_id, workflow_name = %retried.workflow_name, "job retried by an operator");
+        self.wake();
+        Ok(retried)
     }
 
     /// Cancels a QUEUED or WAITING job, with `reason` as its error; for a
@@ -82,20 +84,20 @@ impl Engine {
         let mut tx = self.pool().begin().await?;
         if !idle::settle_idle(&mut tx, job_id, IdleSettle::Cancel { reason }, now).await? {
             tx.rollback().await?;
-            let mut conn = self.pool().acquire().await?;
             let asked = format!("{reason} (asked while it ran)");
-            if let Some(row) = lease::request_cancel(&mut conn, job_id, &asked).await? {
-                tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "cancellation asked of a running job");
-                return Ok(Cancelled::Asked(Box::new(row)));
-            }
-            return Err(self
-                .refusal(
-                    &mut conn,
-                    job_id,
-                    "cancel",
-                    "QUEUED, WAITING or RUNNING jobs",
+            let row =
+                flotilla_store::sql::session(
+                    self.pool(),
+                    async |conn| match lease::request_cancel(conn, job_id, &asked).await? {
+                        Some(row) => Ok(row),
+                        None => Err(self
+                            .refusal(conn, job_id, "cancel", "QUEUED, WAITING or RUNNING jobs")
+                            .await),
+                    },
                 )
-                .await);
+                .await?;
+            tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "cancellation asked of a running job");
+            return Ok(Cancelled::Asked(Box::new(row)));
         }
         let row = runs::get(&mut tx, job_id)
             .await?

@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use flotilla_store::definitions::{self, StoredDefinition};
 use flotilla_store::outbox::history::{self, TimelineEntry};
 use flotilla_store::runs::{self, ListFilter, RunRow};
+use flotilla_store::sql::session;
 use flotilla_store::{RunStatus, StoreError};
 use uuid::Uuid;
 
@@ -65,8 +66,7 @@ impl Engine {
     /// # Errors
     /// Database errors.
     pub async fn job(&self, job_id: Uuid) -> Result<Option<RunRow>, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        Ok(runs::get(&mut conn, job_id).await?)
+        session(self.pool(), async |conn| Ok(runs::get(conn, job_id).await?)).await
     }
 
     /// Jobs asleep on a timer, and how long the oldest whose instant has
@@ -75,9 +75,11 @@ impl Engine {
     /// # Errors
     /// Database errors.
     pub async fn timer_backlog(&self) -> Result<(i64, Option<std::time::Duration>), StoreError> {
-        let mut conn = self.pool().acquire().await?;
         let now = self.now();
-        let (sleeping, oldest_due) = runs::timer_backlog(&mut conn, now).await?;
+        let (sleeping, oldest_due) = session(self.pool(), async |conn| {
+            runs::timer_backlog(conn, now).await
+        })
+        .await?;
         Ok((
             sleeping,
             oldest_due.map(|due| (now - due).to_std().unwrap_or_default()),
@@ -108,9 +110,11 @@ impl Engine {
             created_after: query.created_after,
             created_before: query.created_before,
         };
-        let mut conn = self.pool().acquire().await?;
         // One more than asked says whether a next page exists.
-        let mut jobs = runs::list(&mut conn, &filter, limit + 1).await?;
+        let mut jobs = session(self.pool(), async |conn| {
+            runs::list(conn, &filter, limit + 1).await
+        })
+        .await?;
         let page = usize::try_from(limit).unwrap_or(usize::MAX);
         let next_cursor = if jobs.len() > page {
             jobs.truncate(page);
@@ -127,8 +131,10 @@ impl Engine {
     /// A name the store cannot hold; database errors.
     pub async fn workflow(&self, name: &str) -> Result<Option<StoredDefinition>, ListError> {
         storable::check_workflow_name(name)?;
-        let mut conn = self.pool().acquire().await?;
-        Ok(definitions::newest(&mut conn, name).await?)
+        Ok(session(self.pool(), async |conn| {
+            definitions::newest(conn, name).await
+        })
+        .await?)
     }
 
     /// A page of the stored versions of `name` older than `before` (from
@@ -150,9 +156,11 @@ impl Engine {
             n => n.min(MAX_PAGE),
         };
         storable::check_workflow_name(name)?;
-        let mut conn = self.pool().acquire().await?;
         // One more than the page says whether another follows.
-        let mut versions = definitions::versions(&mut conn, name, before, limit + 1).await?;
+        let mut versions = session(self.pool(), async |conn| {
+            definitions::versions(conn, name, before, limit + 1).await
+        })
+        .await?;
         let next = if versions.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
             versions.pop();
             versions.last().map(|last| last.version)
@@ -171,14 +179,16 @@ impl Engine {
         &self,
         job_id: Uuid,
     ) -> Result<Option<Vec<TimelineEntry>>, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        let timeline = history::timeline(&mut conn, job_id).await?;
-        // Only an empty timeline (retention took every event, or no such
-        // job) needs the run row to tell the two apart.
-        if timeline.is_empty() && runs::get(&mut conn, job_id).await?.is_none() {
-            return Ok(None);
-        }
-        Ok(Some(timeline))
+        session(self.pool(), async |conn| {
+            let timeline = history::timeline(conn, job_id).await?;
+            // Only an empty timeline (retention took every event, or no
+            // such job) needs the run row to tell the two apart.
+            if timeline.is_empty() && runs::get(conn, job_id).await?.is_none() {
+                return Ok(None);
+            }
+            Ok(Some(timeline))
+        })
+        .await
     }
 
     /// The newest version of every stored workflow.
@@ -186,8 +196,10 @@ impl Engine {
     /// # Errors
     /// Database errors.
     pub async fn workflows(&self) -> Result<Vec<StoredDefinition>, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        Ok(definitions::list_newest(&mut conn).await?)
+        Ok(session(self.pool(), async |conn| {
+            definitions::list_newest(conn).await
+        })
+        .await?)
     }
 
     /// Whether the database answers (for readiness).
@@ -195,7 +207,10 @@ impl Engine {
     /// # Errors
     /// Database errors.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(self.pool()).await?;
+        session(self.pool(), async |conn| {
+            flotilla_store::sql::query("SELECT 1").execute(conn).await
+        })
+        .await?;
         Ok(())
     }
 }

@@ -14,6 +14,7 @@ use flotilla_runtime::backoff::Doubling;
 use flotilla_runtime::supervise::restart_on_panic;
 use flotilla_store::StoreError;
 use flotilla_store::runs::lease::{self, Lapsed, SweepPolicy, Swept, SweptLease};
+use flotilla_store::sql::session;
 use flotilla_store::wake::{self, Channel};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -111,10 +112,9 @@ impl Engine {
             "handed back by worker {} at the end of its shutdown grace",
             self.settings().worker_id
         );
-        let handed = async {
-            let mut conn = self.inner.reserved.acquire().await?;
-            lease::hand_back_all(&mut conn, held, self.now(), &reason).await
-        };
+        let now = self.now();
+        let handed =
+            self.on_reserved(async |conn| lease::hand_back_all(conn, held, now, &reason).await);
         // A database that does not answer must not hold the exit up.
         let bound = self.settings().lease / 4;
         let handed = tokio::time::timeout(bound, handed)
@@ -197,8 +197,11 @@ impl Engine {
     pub async fn sweep(&self) -> Result<u64, StoreError> {
         let now = self.now();
         let lapsed = {
-            let mut conn = self.pool().acquire().await?;
-            lease::lapsed(&mut conn, now, self.settings().sweep_batch).await?
+            let batch = self.settings().sweep_batch;
+            session(self.pool(), async |conn| {
+                lease::lapsed(conn, now, batch).await
+            })
+            .await?
         };
         let (mut requeued, mut dead, mut cancelled) = (0u64, 0u64, 0u64);
         for job in lapsed {
@@ -230,10 +233,12 @@ impl Engine {
             Err(e) if e.is_about_the_data() => {
                 span.record("flotilla.outcome", "deferred");
                 tracing::error!(%job_id, error = %e, "a lapsed lease cannot be settled; it waits behind the others");
-                let mut conn = self.pool().acquire().await?;
                 // A row that refuses even the deferral is skipped: the pass
                 // goes on to the others.
-                if let Err(e) = lease::defer_sweep(&mut conn, job_id, now + SWEEP_DEFER).await {
+                let deferred = session(self.pool(), async |conn| {
+                    lease::defer_sweep(conn, job_id, now + SWEEP_DEFER).await
+                });
+                if let Err(e) = deferred.await {
                     tracing::error!(%job_id, error = %e, "a lapsed lease cannot even be deferred; skipped in this pass");
                 }
                 return Ok(None);

@@ -21,6 +21,7 @@ use uuid::Uuid;
 
 use flotilla_store::definitions;
 use flotilla_store::schedules::{self, NewSchedule, ScheduleRow};
+use flotilla_store::sql::session;
 use flotilla_store::{RunStatus, StoreError};
 
 use super::storable::{self, Unstorable};
@@ -323,8 +324,10 @@ impl Engine {
     /// an input its schema refuses.
     async fn check_startable(&self, workflow: &str, input: &Json) -> Result<(), ScheduleError> {
         let stored = {
-            let mut conn = self.pool().acquire().await?;
-            definitions::newest(&mut conn, workflow).await?
+            session(self.pool(), async |conn| {
+                definitions::newest(conn, workflow).await
+            })
+            .await?
         };
         let Some(stored) = stored else {
             return Err(ScheduleError::Invalid(format!(
@@ -348,8 +351,7 @@ impl Engine {
     /// # Errors
     /// Store errors.
     pub async fn schedules(&self) -> Result<Vec<ScheduleView>, ScheduleError> {
-        let mut conn = self.pool().acquire().await?;
-        let rows = schedules::list(&mut conn).await?;
+        let rows = session(self.pool(), async |conn| schedules::list(conn).await).await?;
         Ok(rows.into_iter().map(ScheduleView::from).collect())
     }
 
@@ -359,11 +361,12 @@ impl Engine {
     /// Unknown schedule; store errors.
     pub async fn schedule(&self, name: &str) -> Result<ScheduleView, ScheduleError> {
         storable::check_text("name", name)?;
-        let mut conn = self.pool().acquire().await?;
-        schedules::get(&mut conn, name, false)
-            .await?
-            .map(ScheduleView::from)
-            .ok_or_else(|| ScheduleError::NotFound(name.to_owned()))
+        session(self.pool(), async |conn| {
+            schedules::get(conn, name, false).await
+        })
+        .await?
+        .map(ScheduleView::from)
+        .ok_or_else(|| ScheduleError::NotFound(name.to_owned()))
     }
 
     /// Pauses (no tick starts a job) or resumes `name`; a resumed schedule
@@ -379,19 +382,21 @@ impl Engine {
     ) -> Result<ScheduleView, ScheduleError> {
         storable::check_text("name", name)?;
         let now = self.now();
-        let mut conn = self.pool().acquire().await?;
-        let next = if paused {
-            None
-        } else {
-            let row = schedules::get(&mut conn, name, false)
+        session(self.pool(), async |conn| {
+            let next = if paused {
+                None
+            } else {
+                let row = schedules::get(conn, name, false)
+                    .await?
+                    .ok_or_else(|| ScheduleError::NotFound(name.to_owned()))?;
+                Every::of(&row).ok().and_then(|every| every.next_after(now))
+            };
+            schedules::set_paused(conn, name, paused, next, now)
                 .await?
-                .ok_or_else(|| ScheduleError::NotFound(name.to_owned()))?;
-            Every::of(&row).ok().and_then(|every| every.next_after(now))
-        };
-        schedules::set_paused(&mut conn, name, paused, next, now)
-            .await?
-            .map(ScheduleView::from)
-            .ok_or_else(|| ScheduleError::NotFound(name.to_owned()))
+                .map(ScheduleView::from)
+                .ok_or_else(|| ScheduleError::NotFound(name.to_owned()))
+        })
+        .await
     }
 
     /// Deletes `name` (the jobs it started stay).
@@ -400,8 +405,11 @@ impl Engine {
     /// Unknown schedule; store errors.
     pub async fn delete_schedule(&self, name: &str) -> Result<(), ScheduleError> {
         storable::check_text("name", name)?;
-        let mut conn = self.pool().acquire().await?;
-        if schedules::delete(&mut conn, name).await? {
+        if session(self.pool(), async |conn| {
+            schedules::delete(conn, name).await
+        })
+        .await?
+        {
             Ok(())
         } else {
             Err(ScheduleError::NotFound(name.to_owned()))
@@ -467,8 +475,10 @@ impl Engine {
                         tracing::error!(schedule = %row.name, error = %e,
                             "a tick's job cannot be submitted; the schedule is paused");
                         tx.rollback().await?;
-                        let mut conn = self.pool().acquire().await?;
-                        schedules::set_paused(&mut conn, &row.name, true, None, now).await?;
+                        session(self.pool(), async |conn| {
+                            schedules::set_paused(conn, &row.name, true, None, now).await
+                        })
+                        .await?;
                         continue;
                     }
                 }

@@ -254,8 +254,7 @@ impl Engine {
         // checking a schema must not hold the lock a running job's
         // checkpoint needs.
         let definition = {
-            let mut conn = self.pool().acquire().await?;
-            runs::get(&mut conn, job_id)
+            flotilla_store::sql::session(self.pool(), async |conn| runs::get(conn, job_id).await)
                 .await?
                 .ok_or(SignalError::NotFound(job_id))?
                 .definition
@@ -385,10 +384,10 @@ impl Engine {
     /// # Errors
     /// Unknown job; store errors.
     pub async fn signals(&self, job_id: Uuid) -> Result<Vec<SignalEntry>, SignalError> {
-        let mut conn = self.pool().acquire().await?;
-        let row = runs::get(&mut conn, job_id)
-            .await?
-            .ok_or(SignalError::NotFound(job_id))?;
+        let row =
+            flotilla_store::sql::session(self.pool(), async |conn| runs::get(conn, job_id).await)
+                .await?
+                .ok_or(SignalError::NotFound(job_id))?;
         let mut kept = signals::entries(&row)?;
         kept.reverse();
         Ok(kept)

@@ -119,8 +119,18 @@ impl Engine {
     /// At start (`starting`), a switch set `true` while an older worker is
     /// alive; database errors.
     pub async fn settle_switches(&self, starting: bool) -> Result<(), SwitchError> {
-        let mut conn = self.pool().acquire().await?;
-        let enabled = features::enabled(&mut conn).await?;
+        flotilla_store::sql::session(self.pool(), async |conn| {
+            self.settle_switches_on(conn, starting).await
+        })
+        .await
+    }
+
+    async fn settle_switches_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        starting: bool,
+    ) -> Result<(), SwitchError> {
+        let enabled = features::enabled(conn).await?;
         let worker_id = &self.settings().worker_id;
         let ttl = i64::try_from(MEMBER_TTL.as_millis()).unwrap_or(i64::MAX);
         for feature in Feature::ALL {
@@ -135,9 +145,9 @@ impl Engine {
                 continue;
             }
             let older =
-                features::older_workers(&mut conn, worker_id, feature.reader_level(), ttl).await?;
+                features::older_workers(conn, worker_id, feature.reader_level(), ttl).await?;
             if older.is_empty() {
-                features::enable(&mut conn, feature, worker_id).await?;
+                features::enable(conn, feature, worker_id).await?;
                 in_use.store(true, Ordering::Relaxed);
                 tracing::info!(
                     feature = feature.name(),
