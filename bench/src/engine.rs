@@ -31,6 +31,10 @@ struct Shape {
     /// A graph instead of a chain: a root, this many branches needing it,
     /// and a join needing every branch (`steps` is then ignored).
     fan_out: Option<usize>,
+    /// The finished history is past its retention (8 days old), and
+    /// retention passes remove it, one after another, from before the
+    /// measured claims to the last job's end.
+    retention_running: bool,
 }
 
 impl Shape {
@@ -43,6 +47,7 @@ impl Shape {
             checkpoint_rows: checkpoint_rows(),
             parks: false,
             fan_out: None,
+            retention_running: false,
         }
     }
 
@@ -101,8 +106,9 @@ fn switch(on: bool) -> Switch {
 /// The engine's histogram of the time from a claim to its segment's start.
 const CLAIM_TO_SEGMENT: &str = "flotilla_claim_to_segment_seconds";
 
-/// `rows` COMPLETED 3-step jobs, as the engine leaves them.
-async fn history(pool: &PgPool, rows: i64) -> anyhow::Result<()> {
+/// `rows` COMPLETED 3-step jobs, as the engine leaves them, finished
+/// `days_ago`.
+async fn history(pool: &PgPool, rows: i64, days_ago: i32) -> anyhow::Result<()> {
     let mut done = 0;
     while done < rows {
         let count = (rows - done).min(100_000);
@@ -113,10 +119,11 @@ async fn history(pool: &PgPool, rows: i64) -> anyhow::Result<()> {
              SELECT gen_random_uuid(), 'old', 1, '{\"name\": \"old\", \"steps\": []}', '{\"n\": 1}',
                  md5(n::text), 'COMPLETED', 1, 3,
                  '[{\"name\": \"one\", \"skipped\": false, \"response\": {}}]', '{}', 'done', 5,
-                 now() - interval '1 day', now() - interval '1 day'
+                 now() - make_interval(days => $2), now() - make_interval(days => $2)
              FROM generate_series(1, $1) n",
         )
         .bind(count)
+        .bind(days_ago)
         .execute(pool)
         .await?;
         done += count;
@@ -198,6 +205,9 @@ struct Run {
     wal_breakdown: Option<crate::wal::Breakdown>,
     /// Share of `workflow_run` updates that were HOT (no index touched).
     hot_share: f64,
+    /// Finished runs retention removed per second while the jobs ran (0
+    /// unless `Shape::retention_running`).
+    removed_per_second: f64,
 }
 
 /// `workflow_run`'s updates and HOT updates, once the counters settle
@@ -228,9 +238,26 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     let database =
         ScratchDatabase::create("bench_engine", u32::try_from(loops).unwrap_or(16) + 8).await?;
     let pool = database.pool.clone();
-    history(&pool, finished).await?;
+    history(&pool, finished, if shape.retention_running { 8 } else { 1 }).await?;
     let engine = engine(&pool, loops, shape);
     engine.settle_switches(true).await?;
+    // Retention passes back to back (the fleet's runs one every 10 s) from
+    // before the claims are measured to the last job's end.
+    let retention_stop = CancellationToken::new();
+    let retention = shape.retention_running.then(|| {
+        let (engine, stop) = (engine.clone(), retention_stop.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut removed = 0u64;
+            while !stop.is_cancelled() {
+                match engine.apply_retention().await {
+                    Ok(pass) => removed += pass.removed,
+                    Err(e) => eprintln!("bench: a retention pass failed: {e}"),
+                }
+            }
+            (removed, started.elapsed())
+        })
+    });
     let step = |name: &str| json!({"name": name, "target": "noop", "method": name});
     let mut steps: Vec<_> = (1..=shape.steps)
         .map(|n| step(&format!("step{n}")))
@@ -322,6 +349,15 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
         .unwrap_or_else(|_| started.elapsed());
     stop.cancel();
     runner.await?;
+    retention_stop.cancel();
+    let removed_per_second = match retention {
+        #[allow(clippy::cast_precision_loss)]
+        Some(retention) => {
+            let (removed, took) = retention.await?;
+            removed as f64 / took.as_secs_f64()
+        }
+        None => 0.0,
+    };
     let wal_end = wal_position(&pool).await?;
     let wal_bytes = wal_since(&pool, &wal).await?
         - wal_between(&pool, &claims_measured_from, &claims_measured_to).await?;
@@ -349,6 +385,7 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
         wal_bytes_per_job: wal_bytes / jobs as f64,
         wal_breakdown,
         hot_share: (hot - hot_before) as f64 / (updated - updated_before).max(1) as f64,
+        removed_per_second,
     })
 }
 
@@ -482,6 +519,49 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
         );
     }
     checkpoint_layouts(report, histories[0], loops, jobs / 10).await
+}
+
+/// What removing a backlog of finished runs costs the work beside it: a
+/// history of 1,000,000 COMPLETED runs (10,000 with `--smoke`), first
+/// within its retention (nothing removed), then past it, retention passes
+/// removing it back to back while the claims are measured and the jobs
+/// run.
+pub(crate) async fn retention(report: &mut Report, smoke: bool) -> anyhow::Result<()> {
+    let (finished, jobs) = if smoke { (10_000, 500) } else { (1_000_000, 5_000) };
+    let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
+    for retention_running in [false, true] {
+        let shape = Shape {
+            retention_running,
+            ..Shape::small(3)
+        };
+        let run = run(finished, loops, jobs, shape).await?;
+        let beside = if retention_running {
+            format!("retention removing {finished} finished rows")
+        } else {
+            format!("{finished} finished rows kept")
+        };
+        report.add(
+            "retention",
+            format!("claim p50 with its commit, {beside}"),
+            run.committed_claim_p50_ms,
+            "ms",
+        );
+        report.add(
+            "retention",
+            format!("3-step jobs/s, {loops} loops, {beside}"),
+            run.jobs_per_second,
+            "jobs/s",
+        );
+        if retention_running {
+            report.add(
+                "retention",
+                format!("finished runs removed/s beside the jobs, from {finished}"),
+                run.removed_per_second,
+                "runs/s",
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Jobs that run one step and park on an external one: a claim, a

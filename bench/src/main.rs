@@ -29,7 +29,7 @@ struct Args {
     /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
     #[arg(long)]
     smoke: bool,
-    /// Run only these parts (comma separated): ceiling, broker, e2e, engine, parking, fleet, graphile, relay.
+    /// Run only these parts (comma separated): ceiling, broker, e2e, engine, parking, retention, fleet, graphile, relay.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
@@ -133,6 +133,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("parking") {
         engine::parking(&mut report, args.smoke).await?;
+    }
+    if wanted("retention") {
+        engine::retention(&mut report, args.smoke).await?;
     }
     if wanted("fleet") {
         fleet::run(&mut report, args.smoke).await?;
