@@ -108,6 +108,7 @@ The secret references of the chart, as a YAML list, each item:
 - {ref: {{ toJson $v.database.tls.rootCert }}, key: postgres-ca.crt, store: database, env: PGSSLROOTCERT, file: postgres-ca.crt, who: database}
 - {ref: {{ toJson $v.database.tls.clientCert }}, key: postgres-tls.crt, store: database, env: PGSSLCERT, file: postgres-tls.crt, who: database}
 - {ref: {{ toJson $v.database.tls.clientKey }}, key: postgres-tls.key, store: database, env: PGSSLKEY, file: postgres-tls.key, who: database}
+- {ref: {{ toJson $v.database.listenUrl }}, key: FLOTILLA_DB_LISTEN_URL, store: credentials, env: FLOTILLA_DB_LISTEN_URL, file: "", who: all}
 - {ref: {{ toJson $v.kafka.sasl.password }}, key: kafka-sasl-password, store: credentials, env: KAFKA_SASL_PASSWORD_FILE, file: kafka-sasl-password, who: all}
 - {ref: {{ toJson $v.kafka.tls.ca }}, key: kafka-ca.crt, store: credentials, env: KAFKA_SSL_CA_LOCATION, file: kafka-ca.crt, who: all}
 - {ref: {{ toJson $v.kafka.tls.cert }}, key: kafka-tls.crt, store: credentials, env: KAFKA_SSL_CERTIFICATE_LOCATION, file: kafka-tls.crt, who: all}
@@ -231,6 +232,8 @@ migration. Call with (dict "root" $ "pod" ...).
 - name: PGSSLMODE
   value: {{ . | quote }}
 {{- end }}
+- name: FLOTILLA_DB_POOLER
+  value: {{ $v.database.pooler | quote }}
 - name: RUST_LOG
   value: {{ $v.logging.filter | quote }}
 - name: FLOTILLA_LOG_JSON
