@@ -153,6 +153,19 @@ struct Fleet {
 
 impl Fleet {
     async fn start(kind: BrokerKind, workers: usize, role: Role) -> anyhow::Result<Self> {
+        Self::start_on_history(kind, workers, role, 0).await
+    }
+
+    /// [`Fleet::start`] on a database that already holds `expired`
+    /// COMPLETED runs past their retention (8 days old), which the
+    /// workers' retention removes as it would in production (a pass every
+    /// 10 s, the defaults).
+    async fn start_on_history(
+        kind: BrokerKind,
+        workers: usize,
+        role: Role,
+        expired: i64,
+    ) -> anyhow::Result<Self> {
         let run = Uuid::new_v4().simple().to_string();
         let (requests, events) = (
             format!("bench-requests-{run}"),
@@ -180,6 +193,9 @@ impl Fleet {
         )
         .await?;
         let database = ScratchDatabase::create("bench_e2e", 2).await?;
+        if expired > 0 {
+            crate::engine::history(&database.pool, expired, 8).await?;
+        }
         let dir = std::env::temp_dir().join(format!("flotilla-bench-{run}"));
         let port = flotilla_tests::free_port();
         let target_addr = format!("127.0.0.1:{port}");
@@ -501,6 +517,56 @@ async fn throughput(
     #[allow(clippy::cast_precision_loss)]
     let rate = jobs as f64 / last.duration_since(started).as_secs_f64();
     Ok((rate, fleet))
+}
+
+/// 3-step jobs/s end to end (1 worker) while the worker's retention
+/// removes a backlog of finished runs past their retention (1,000,000, or
+/// 10,000 when the run is small), and the runs it removed meanwhile.
+pub(crate) async fn retention_running(
+    report: &mut Report,
+    kind: BrokerKind,
+    jobs: usize,
+) -> anyhow::Result<()> {
+    let broker = kind.label();
+    let jobs = match kind {
+        BrokerKind::Mock => jobs,
+        BrokerKind::Test => jobs.min(TEST_BROKER_JOBS),
+    };
+    let expired = if jobs < 1000 { 10_000 } else { 1_000_000 };
+    let fleet = Fleet::start_on_history(kind, 1, Role::Run, expired).await?;
+    let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
+    let reader = fleet.read_completed(ids.iter().copied().collect(), Duration::from_secs(1200))?;
+    let started = Instant::now();
+    fleet.produce("bench3", &ids, None).await?;
+    let done = tokio::select! {
+        done = reader => done??,
+        (ended, error) = ended_otherwise(&fleet) => anyhow::bail!(
+            "{ended} bench3 jobs ended without completing, e.g.: {error}"
+        ),
+    };
+    let last = done.values().map(|c| c.read).max().unwrap_or(started);
+    let took = last.duration_since(started).as_secs_f64();
+    let removed: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run_removed")
+        .fetch_one(&fleet.database.pool)
+        .await?;
+    #[allow(clippy::cast_precision_loss)]
+    {
+        report.add(
+            "retention",
+            format!("3-step end to end, {jobs} jobs, 1 worker, retention removing {expired} finished rows, {broker}"),
+            jobs as f64 / took,
+            "jobs/s",
+        );
+        report.add(
+            "retention",
+            format!(
+                "finished runs removed/s by the worker's retention (defaults) beside them, {broker}"
+            ),
+            removed as f64 / took,
+            "runs/s",
+        );
+    }
+    fleet.stop().await
 }
 
 /// Requests per second through ingestion alone: one worker with no claim

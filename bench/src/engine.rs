@@ -108,7 +108,7 @@ const CLAIM_TO_SEGMENT: &str = "flotilla_claim_to_segment_seconds";
 
 /// `rows` COMPLETED 3-step jobs, as the engine leaves them, finished
 /// `days_ago`.
-async fn history(pool: &PgPool, rows: i64, days_ago: i32) -> anyhow::Result<()> {
+pub(crate) async fn history(pool: &PgPool, rows: i64, days_ago: i32) -> anyhow::Result<()> {
     let mut done = 0;
     while done < rows {
         let count = (rows - done).min(100_000);
@@ -527,7 +527,11 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
 /// removing it back to back while the claims are measured and the jobs
 /// run.
 pub(crate) async fn retention(report: &mut Report, smoke: bool) -> anyhow::Result<()> {
-    let (finished, jobs) = if smoke { (10_000, 500) } else { (1_000_000, 5_000) };
+    let (finished, jobs) = if smoke {
+        (10_000, 500)
+    } else {
+        (1_000_000, 5_000)
+    };
     let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
     for retention_running in [false, true] {
         let shape = Shape {

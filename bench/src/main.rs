@@ -85,6 +85,15 @@ fn ratios(report: &mut report::Report) {
     }
 }
 
+/// The broker a `--brokers` name stands for.
+fn broker_kind(name: &str) -> anyhow::Result<e2e::BrokerKind> {
+    match name {
+        "mock" => Ok(e2e::BrokerKind::Mock),
+        "test" => Ok(e2e::BrokerKind::Test),
+        other => anyhow::bail!("--brokers: {other} is not mock or test"),
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -120,12 +129,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("e2e") {
         for broker in &args.brokers {
-            let kind = match broker.as_str() {
-                "mock" => e2e::BrokerKind::Mock,
-                "test" => e2e::BrokerKind::Test,
-                other => anyhow::bail!("--brokers: {other} is not mock or test"),
-            };
-            e2e::run(&mut report, kind, jobs).await?;
+            e2e::run(&mut report, broker_kind(broker)?, jobs).await?;
         }
     }
     if wanted("engine") {
@@ -136,6 +140,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("retention") {
         engine::retention(&mut report, args.smoke).await?;
+        for broker in &args.brokers {
+            e2e::retention_running(&mut report, broker_kind(broker)?, jobs).await?;
+        }
     }
     if wanted("fleet") {
         fleet::run(&mut report, args.smoke).await?;
