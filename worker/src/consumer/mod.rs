@@ -268,7 +268,10 @@ impl RequestConsumer {
             };
             self.drop_read_again(&mut batch, &rewound);
             if tokio::time::Instant::now() >= next_audit {
-                self.audit_kept_offsets().await;
+                // A partition sought back drops what the batch in hand
+                // holds of it: those come again after the lost ones.
+                let went_back = self.audit_kept_offsets().await;
+                self.drop_read_again(&mut batch, &went_back);
                 next_audit = tokio::time::Instant::now() + offsets::AUDIT_INTERVAL;
             }
             if batch.is_empty() {

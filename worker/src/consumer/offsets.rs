@@ -88,12 +88,18 @@ impl RequestConsumer {
                 next_offset,
             })
             .collect();
+        // Sought back: what this member wrote of them is behind it now,
+        // whether or not this batch's offsets are written (a partition left
+        // in `kept` would be sought back again at every batch).
+        {
+            let mut kept = self.kept_offsets();
+            for partition in &went_back {
+                kept.remove(partition);
+            }
+        }
         match consumer_offsets::record(self.engine.pool(), &self.settings.group, &offsets).await {
             Ok(()) => {
                 let mut kept = self.kept_offsets();
-                for partition in &went_back {
-                    kept.remove(partition);
-                }
                 for o in offsets {
                     kept.insert((o.topic, o.partition), o.next_offset);
                 }
@@ -112,10 +118,11 @@ impl RequestConsumer {
     /// Without it a partition that gets no new message after a failover
     /// would never find its lost requests. A database that does not answer
     /// is checked again at the next audit.
-    pub(super) async fn audit_kept_offsets(&self) {
+    pub(super) async fn audit_kept_offsets(&self) -> HashSet<Partition> {
+        self.forget_unassigned();
         let partitions: Vec<Partition> = self.kept_offsets().keys().cloned().collect();
         if partitions.is_empty() {
-            return;
+            return HashSet::new();
         }
         let held = match consumer_offsets::next_offsets(
             self.engine.pool(),
@@ -130,7 +137,7 @@ impl RequestConsumer {
                 .collect(),
             Err(e) => {
                 tracing::debug!(error = %e, "auditing the database's offsets failed; trying at the next audit");
-                return;
+                return HashSet::new();
             }
         };
         let went_back = self.go_back_where_behind(&partitions, &held);
@@ -138,6 +145,27 @@ impl RequestConsumer {
         for partition in &went_back {
             kept.remove(partition);
         }
+        went_back
+    }
+
+    /// Forgets what this member wrote and where it started for partitions
+    /// it no longer holds: they are no measure of anything now, and a seek
+    /// on one would fail at every audit.
+    fn forget_unassigned(&self) {
+        let Ok(assignment) = self.consumer.assignment() else {
+            return;
+        };
+        let held: HashSet<Partition> = assignment
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
+        self.kept_offsets()
+            .retain(|partition, _| held.contains(partition));
+        self.started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|partition, _| held.contains(partition));
     }
 
     /// Seeks back each of `partitions` where the database (`held`) stands

@@ -190,7 +190,7 @@ impl ClaimedRun {
         };
         let engine = self.engine();
         let now = engine.now();
-        let mut tx = engine.inner.reserved.begin().await?;
+        let mut tx = engine.begin_reserved().await?;
         // Each refusal below ends the transaction before returning: a
         // dropped one keeps the parent's row locked (its checkpoint
         // written) until its connection is next used, and the FAILED write

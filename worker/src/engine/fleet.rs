@@ -50,12 +50,17 @@ impl Engine {
         let forget_before = self.now() - forget;
         session(self.pool(), async |conn| {
             workers::heartbeat(conn, &self.settings().worker_id, loops, started_at).await?;
-            self.inner.finishes.flush(conn).await?;
             workers::forget_departed(conn, millis(FORGET_AFTER)).await?;
-            finished::forget_before(conn, forget_before).await?;
-            Ok(())
+            finished::forget_before(conn, forget_before).await
         })
-        .await
+        .await?;
+        // Alone: the counts it takes are put back only when its own
+        // statement fails, so nothing after it may roll it back.
+        session(self.pool(), async |conn| {
+            self.inner.finishes.flush(conn).await
+        })
+        .await?;
+        Ok(())
     }
 
     /// Removes this worker's row: it is stopping.

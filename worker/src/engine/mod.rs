@@ -250,6 +250,24 @@ pub(super) fn reserved_timeouts(settings: &EngineSettings, local: bool) -> Strin
 }
 
 impl Engine {
+    /// A transaction on a reserved connection, its timeouts set for itself
+    /// behind a transaction-mode pooler (where they cannot stay on the
+    /// connection).
+    ///
+    /// # Errors
+    /// No reserved connection, or the timeouts could not be set.
+    pub(super) async fn begin_reserved(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+        let mut tx = self.inner.reserved.begin().await?;
+        if flotilla_store::sql::behind_transaction_pooler() {
+            flotilla_store::sql::query(&reserved_timeouts(self.settings(), true))
+                .execute(&mut *tx)
+                .await?;
+        }
+        Ok(tx)
+    }
+
     /// Runs `work` on a reserved connection, as [`flotilla_store::sql::session`]
     /// does on the shared pool; behind a transaction-mode pooler its
     /// transaction sets the reserved connections' timeouts for itself.

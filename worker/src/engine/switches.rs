@@ -119,17 +119,33 @@ impl Engine {
     /// At start (`starting`), a switch set `true` while an older worker is
     /// alive; database errors.
     pub async fn settle_switches(&self, starting: bool) -> Result<(), SwitchError> {
-        flotilla_store::sql::session(self.pool(), async |conn| {
+        // Turned on for the database only once that is committed (behind a
+        // transaction-mode pooler the session commits at its end).
+        let turned_on = flotilla_store::sql::session(self.pool(), async |conn| {
             self.settle_switches_on(conn, starting).await
         })
-        .await
+        .await?;
+        for feature in turned_on {
+            self.inner
+                .switches
+                .flag(feature)
+                .store(true, Ordering::Relaxed);
+            tracing::info!(
+                feature = feature.name(),
+                "no worker of an earlier release is alive: turned on for the database"
+            );
+        }
+        Ok(())
     }
 
+    /// Settles each switch on `conn`; returns those this call turned on
+    /// for the database, for the caller to use once that is committed.
     async fn settle_switches_on(
         &self,
         conn: &mut sqlx::PgConnection,
         starting: bool,
-    ) -> Result<(), SwitchError> {
+    ) -> Result<Vec<Feature>, SwitchError> {
+        let mut turned_on = Vec::new();
         let enabled = features::enabled(conn).await?;
         let worker_id = &self.settings().worker_id;
         let ttl = i64::try_from(MEMBER_TTL.as_millis()).unwrap_or(i64::MAX);
@@ -148,11 +164,7 @@ impl Engine {
                 features::older_workers(conn, worker_id, feature.reader_level(), ttl).await?;
             if older.is_empty() {
                 features::enable(conn, feature, worker_id).await?;
-                in_use.store(true, Ordering::Relaxed);
-                tracing::info!(
-                    feature = feature.name(),
-                    "no worker of an earlier release is alive: turned on for the database"
-                );
+                turned_on.push(feature);
             } else if switch == Switch::True && starting {
                 return Err(SwitchRefused {
                     flag: flag(feature),
@@ -167,6 +179,6 @@ impl Engine {
                     "waiting for workers of an earlier release to stop before turning it on");
             }
         }
-        Ok(())
+        Ok(turned_on)
     }
 }
