@@ -173,7 +173,22 @@ impl Running {
     pub fn kill(&mut self) {
         self.child.kill().expect("killing the child");
         self.child.wait().expect("reaping the child");
-        self.output.extend(self.lines.try_iter());
+        self.take_last_lines();
+    }
+
+    /// After the exit: the lines still on their way from the pipes' reader
+    /// threads (which may not have read the last ones yet when the process
+    /// is reaped), until both pipes are closed, or for at most 5 s (a
+    /// child of the process may hold them open).
+    fn take_last_lines(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.output.push(line),
+                Err(_) => return,
+            }
+        }
     }
 
     /// Waits for the process to exit on its own.
@@ -184,7 +199,7 @@ impl Running {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().expect("polling the child") {
-                self.output.extend(self.lines.try_iter());
+                self.take_last_lines();
                 return status;
             }
             if Instant::now() >= deadline {

@@ -181,6 +181,9 @@ pub struct RequestConsumer {
     /// offset to go back to when the database lost even the one it wrote
     /// at the assignment (`offsets.rs`).
     started: std::sync::Mutex<std::collections::BTreeMap<(String, i32), i64>>,
+    /// Partitions assigned with no offset in the database, until their
+    /// first batch gives them one (`offsets.rs`, `anchor`).
+    unanchored: std::sync::Mutex<std::collections::HashSet<(String, i32)>>,
     /// Times librdkafka said this member went too long without polling.
     poll_interval_exceeded: std::sync::atomic::AtomicU64,
 }
@@ -249,6 +252,7 @@ impl RequestConsumer {
             carried: std::sync::Mutex::new(Vec::new()),
             kept: std::sync::Mutex::default(),
             started: std::sync::Mutex::default(),
+            unanchored: std::sync::Mutex::default(),
             poll_interval_exceeded: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -276,6 +280,13 @@ impl RequestConsumer {
             }
             if batch.is_empty() {
                 continue;
+            }
+            if self
+                .ride_out(&shutdown, || self.anchor(&batch))
+                .await
+                .is_none()
+            {
+                break; // shut down mid-outage: nothing persisted or committed
             }
             let Some(report) = self.persist_until_done(&batch, &shutdown).await else {
                 break; // shut down mid-outage: nothing committed, the batch is redelivered

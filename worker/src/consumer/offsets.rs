@@ -162,10 +162,10 @@ impl RequestConsumer {
             .collect();
         self.kept_offsets()
             .retain(|partition, _| held.contains(partition));
-        self.started
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.started_offsets()
             .retain(|partition, _| held.contains(partition));
+        self.unanchored_partitions()
+            .retain(|partition| held.contains(partition));
     }
 
     /// Seeks back each of `partitions` where the database (`held`) stands
@@ -216,11 +216,7 @@ impl RequestConsumer {
 
     /// Where this member started reading `partition` when it was assigned.
     fn started_at(&self, partition: &Partition) -> Option<i64> {
-        self.started
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(partition)
-            .copied()
+        self.started_offsets().get(partition).copied()
     }
 
     fn kept_offsets(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Partition, i64>> {
@@ -278,12 +274,9 @@ impl RequestConsumer {
     /// messages already in a batch are to be dropped (the seek delivers
     /// them again). A partition at or ahead of Kafka's reads on (reading
     /// again is harmless, and an operator who moved the group back to
-    /// replay means it). A partition the database has no offset for gets
-    /// one now, where it starts (Kafka's committed offset, or 0: the
-    /// beginning), before any batch of it is persisted: a failover that
-    /// loses its first batches then finds an offset to go back to. Where
-    /// each partition started is also remembered, for a member that keeps
-    /// its partitions through a failover that lost even that.
+    /// replay means it). A partition the database has no offset for is
+    /// noted, for `anchor` to give it one before its
+    /// first batch is persisted.
     ///
     /// # Errors
     /// The database, the committed offsets or the seek failed: checked
@@ -293,59 +286,111 @@ impl RequestConsumer {
         if fresh.is_empty() {
             return Ok(HashSet::new());
         }
-        let kept: BTreeMap<Partition, i64> =
-            consumer_offsets::next_offsets(self.engine.pool(), &self.settings.group, &fresh)
-                .await
-                .map_err(|e| Outage::Store(e.into()))?
-                .into_iter()
-                .map(|o| ((o.topic, o.partition), o.next_offset))
-                .collect();
-        let committed = self.committed(&fresh).await?;
-        let mut rewound = HashSet::new();
-        let mut starts = BTreeMap::new();
-        let mut baselines = Vec::new();
-        for partition in &fresh {
-            let kafka = committed.get(partition).copied();
-            let start = match (kept.get(partition).copied(), kafka) {
-                (Some(database), Some(kafka)) if database < kafka => {
-                    self.seek_back(partition, database, kafka)
-                        .map_err(|error| Outage::Seek {
-                            partition: format!("{}/{}", partition.0, partition.1),
-                            error,
-                        })?;
-                    rewound.insert(partition.clone());
-                    database
-                }
-                (Some(_), Some(kafka)) => kafka,
-                (Some(database), None) => database,
-                (None, kafka) => {
-                    let start = kafka.unwrap_or(0);
-                    baselines.push(PartitionOffset {
-                        topic: partition.0.clone(),
-                        partition: partition.1,
-                        next_offset: start,
-                    });
-                    start
-                }
-            };
-            starts.insert(partition.clone(), start);
-        }
-        consumer_offsets::record(self.engine.pool(), &self.settings.group, &baselines)
+        let kept = consumer_offsets::next_offsets(self.engine.pool(), &self.settings.group, &fresh)
             .await
             .map_err(|e| Outage::Store(e.into()))?;
+        let mut rewound = HashSet::new();
+        if !kept.is_empty() {
+            let partitions: Vec<Partition> = kept
+                .iter()
+                .map(|o| (o.topic.clone(), o.partition))
+                .collect();
+            let committed = self.committed(&partitions).await?;
+            for kept in &kept {
+                let key = (kept.topic.clone(), kept.partition);
+                let Some(&kafka) = committed.get(&key) else {
+                    continue;
+                };
+                if kept.next_offset >= kafka {
+                    continue;
+                }
+                self.seek_back(&key, kept.next_offset, kafka)
+                    .map_err(|error| Outage::Seek {
+                        partition: format!("{}/{}", kept.topic, kept.partition),
+                        error,
+                    })?;
+                rewound.insert(key);
+            }
+        }
+        let anchored: HashSet<Partition> =
+            kept.into_iter().map(|o| (o.topic, o.partition)).collect();
         self.consumer.context().checked(&fresh);
-        // Assigned anew: what this member wrote before it held them last
-        // is no measure of the database now.
+        // Assigned anew: what this member wrote before it held them last,
+        // and where it started them, are no measure of the database now.
         let mut kept = self.kept_offsets();
+        let mut started = self.started_offsets();
+        let mut unanchored = self.unanchored_partitions();
         for partition in &fresh {
             kept.remove(partition);
+            started.remove(partition);
+            if anchored.contains(partition) {
+                unanchored.remove(partition);
+            } else {
+                unanchored.insert(partition.clone());
+            }
         }
-        drop(kept);
+        Ok(rewound)
+    }
+
+    /// Before `batch` is persisted: notes where this member started each
+    /// of its partitions it had not read since their assignment (the
+    /// batch's first offset of it), and gives a partition the database has
+    /// no offset for one there, so a failover that loses its first batches
+    /// still leaves an offset behind Kafka's to go back to.
+    ///
+    /// # Errors
+    /// The database failed: tried again, the batch held back meanwhile.
+    pub(super) async fn anchor(&self, batch: &[Received]) -> Result<(), Outage> {
+        let mut first: BTreeMap<Partition, i64> = BTreeMap::new();
+        for message in batch {
+            let entry = first
+                .entry((message.topic().to_owned(), message.partition()))
+                .or_insert(message.offset());
+            *entry = (*entry).min(message.offset());
+        }
+        {
+            let mut started = self.started_offsets();
+            for (partition, offset) in &first {
+                started.entry(partition.clone()).or_insert(*offset);
+            }
+        }
+        let anchors: Vec<PartitionOffset> = {
+            let unanchored = self.unanchored_partitions();
+            first
+                .iter()
+                .filter(|(partition, _)| unanchored.contains(*partition))
+                .map(|((topic, partition), offset)| PartitionOffset {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    next_offset: *offset,
+                })
+                .collect()
+        };
+        if anchors.is_empty() {
+            return Ok(());
+        }
+        consumer_offsets::record(self.engine.pool(), &self.settings.group, &anchors)
+            .await
+            .map_err(|e| Outage::Store(e.into()))?;
+        let mut unanchored = self.unanchored_partitions();
+        for anchor in anchors {
+            unanchored.remove(&(anchor.topic, anchor.partition));
+        }
+        Ok(())
+    }
+
+    fn started_offsets(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<Partition, i64>> {
         self.started
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend(starts);
-        Ok(rewound)
+    }
+
+    fn unanchored_partitions(&self) -> std::sync::MutexGuard<'_, HashSet<Partition>> {
+        self.unanchored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The group's committed offsets in Kafka for these partitions (those

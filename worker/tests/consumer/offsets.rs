@@ -224,29 +224,6 @@ async fn offsets_of(pool: &PgPool, group: &str) -> Vec<(String, i32, i64)> {
     .unwrap()
 }
 
-/// A consumer running from before any request, once it holds (and has
-/// written where it starts) every partition; its stop and its handle.
-async fn consumer_at_the_start(
-    pool: &PgPool,
-    topics: &Topics,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<flotilla_worker::consumer::ConsumerStats>,
-) {
-    let engine = support::engine(pool);
-    support::register_greet(&engine).await;
-    let running = spawn(support::consumer(&engine, topics));
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while offsets_of(pool, &topics.group).await.len() < usize::try_from(PARTITIONS).unwrap() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the consumer wrote no starting offset for every partition it was assigned"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    running
-}
-
 /// Twelve requests through the running consumer, rows and commits done;
 /// their job ids.
 async fn twelve_through(pool: &PgPool, topics: &Topics) -> Vec<Uuid> {
@@ -281,36 +258,62 @@ async fn twelve_back(pool: &PgPool, lost: &[Uuid]) {
     assert_eq!(back, 12, "every request the database lost is a row again");
 }
 
-/// A failover that lost a partition's first batches, offsets and all: a
-/// new member finds the offset written at assignment, before any batch,
-/// behind Kafka's, and reads those requests again.
+/// Where a partition starts is in the database before any row of it, so
+/// a failover that loses a partition's first batches (their rows and the
+/// offsets after them) still leaves an offset behind Kafka's to go back
+/// to. Here the rows cannot be written at all (a trigger refuses them, an
+/// outage the consumer rides out), and the offsets are there already.
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn a_database_that_lost_the_first_batches_still_holds_where_the_partitions_started(
-    pool: PgPool,
-) {
+async fn a_partition_has_its_offset_in_the_database_before_its_first_rows(pool: PgPool) {
     within_deadline(async {
         let topics = topics().await;
-        let (stop, running) = consumer_at_the_start(&pool, &topics).await;
-        // What the standby holds: the offsets written at assignment, no row.
-        let standby = offsets_of(&pool, &topics.group).await;
-        assert!(
-            standby.iter().all(|(_, _, next)| *next == 0),
-            "a fresh group starts at the beginning: {standby:?}"
-        );
-        let lost = twelve_through(&pool, &topics).await;
-        stop.cancel();
-        running.await.unwrap();
-        // The failover: every row lost, the offsets back to the standby's.
-        lose_every_row(&pool).await;
-        sqlx::query("UPDATE consumer_offset SET next_offset = 0 WHERE group_id = $1")
-            .bind(&topics.group)
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        sqlx::raw_sql(
+            "CREATE FUNCTION refuse_rows() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN RAISE EXCEPTION 'rows are not being written'; END $$;
+             CREATE TRIGGER refuse_rows BEFORE INSERT ON workflow_run
+                 FOR EACH ROW EXECUTE FUNCTION refuse_rows();",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let producer = producer();
+        let mut partitions = HashSet::new();
+        let mut jobs = Vec::new();
+        while jobs.len() < 12 || partitions.len() < usize::try_from(PARTITIONS).unwrap() {
+            let (job, partition) = produce(&producer, &topics.requests).await;
+            jobs.push(job);
+            partitions.insert(partition);
+        }
+        let (stop, running) = spawn(support::consumer(&engine, &topics));
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            // The partitions of the first batch, whose rows wait.
+            let anchored = offsets_of(&pool, &topics.group).await;
+            if !anchored.is_empty() {
+                assert!(
+                    anchored.iter().all(|(_, _, next)| *next == 0),
+                    "each partition's offset is where it starts: {anchored:?}"
+                );
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no offset in the database for a partition whose rows are not written"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(count(&pool, "SELECT count(*) FROM workflow_run").await, 0);
+        sqlx::raw_sql("DROP TRIGGER refuse_rows ON workflow_run")
             .execute(&pool)
             .await
             .unwrap();
-
-        let engine = support::engine(&pool);
-        let (stop, running) = spawn(support::consumer(&engine, &topics));
-        twelve_back(&pool, &lost).await;
+        wait_rows(&pool, i64::try_from(jobs.len()).unwrap()).await;
+        assert_eq!(
+            offsets_of(&pool, &topics.group).await.len(),
+            partitions.len()
+        );
         stop.cancel();
         running.await.unwrap();
     })
@@ -326,7 +329,9 @@ async fn a_member_whose_database_lost_every_offset_it_wrote_goes_back_to_where_i
 ) {
     within_deadline(async {
         let topics = topics().await;
-        let (stop, running) = consumer_at_the_start(&pool, &topics).await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let (stop, running) = spawn(support::consumer(&engine, &topics));
         let lost = twelve_through(&pool, &topics).await;
         // The failover, the member running: nothing of the group is left.
         lose_every_row(&pool).await;
