@@ -94,6 +94,27 @@ async fn migrate_subcommand_applies_the_migrations(pool: PgPool) {
     assert_eq!(tables, 1);
 }
 
+/// Migrations hold a session lock a transaction-mode pooler cannot carry:
+/// told it is behind one, `migrate` refuses, naming the setting, and
+/// changes nothing.
+#[sqlx::test]
+async fn migrate_through_a_transaction_mode_pooler_is_refused(pool: PgPool) {
+    let url = flotilla_tests::database::url_of(&pool).await;
+    let mut migrate = Command::new(BINARY);
+    migrate
+        .arg("migrate")
+        .env("DATABASE_URL", &url)
+        .env("FLOTILLA_DB_POOLER", "transaction");
+    flotilla_tests::process::assert_refused(migrate, "FLOTILLA_DB_POOLER", "pooler");
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'workflow_run'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, 0, "nothing migrated");
+}
+
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
 async fn worker_exits_zero_on_sigterm(pool: PgPool) {
     let mut running = Running::start(worker(&flotilla_tests::database::url_of(&pool).await));
@@ -286,6 +307,9 @@ fn settings_that_would_panic_or_make_no_sense_are_refused_at_start_up_naming_the
             "--retain-by-workflow",
         ),
         ("FLOTILLA_RETENTION_BATCH", "0", "--retention-batch"),
+        // Only `none` or `transaction`: a pooler mode it does not know
+        // would leave statements that a pooler breaks.
+        ("FLOTILLA_DB_POOLER", "statement", "--db-pooler"),
     ];
     for (variable, value, flag) in cases {
         let mut command = worker("postgres://postgres@127.0.0.1:1/none");

@@ -177,9 +177,10 @@ pub struct RequestConsumer {
     /// The offset this consumer last wrote to the database, per partition:
     /// the database holding less later means it lost commits (`offsets.rs`).
     kept: std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>,
-    /// Where this consumer started each partition it was assigned: the
-    /// offset to go back to when the database lost even the one it wrote
-    /// at the assignment (`offsets.rs`).
+    /// Where this consumer started each partition it was assigned (the
+    /// first offset it read of it): where to go back to when the database
+    /// lost every offset of it, the one written before its first rows
+    /// included (`offsets.rs`).
     started: std::sync::Mutex<std::collections::BTreeMap<(String, i32), i64>>,
     /// Partitions assigned with no offset in the database, until their
     /// first batch gives them one (`offsets.rs`, `anchor`).

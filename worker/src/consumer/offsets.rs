@@ -60,25 +60,14 @@ impl RequestConsumer {
     pub(super) async fn keep_offsets(&self, batch: &[Received]) -> HashSet<Partition> {
         let next = next_offsets(batch);
         let partitions: Vec<Partition> = next.keys().cloned().collect();
-        let held = match consumer_offsets::next_offsets(
-            self.engine.pool(),
-            &self.settings.group,
-            &partitions,
-        )
-        .await
-        {
-            Ok(held) => held,
+        let went_back = match self.go_back_where_the_database_is_behind(&partitions).await {
+            Ok(went_back) => went_back,
             Err(e) => {
                 metrics::counter!("flotilla_consumer_offsets_unkept_total").increment(1);
                 tracing::warn!(error = %e, "reading the database's offsets failed; the batch's are not kept there");
                 return HashSet::new();
             }
         };
-        let held: BTreeMap<Partition, i64> = held
-            .into_iter()
-            .map(|o| ((o.topic, o.partition), o.next_offset))
-            .collect();
-        let went_back = self.go_back_where_behind(&partitions, &held);
         let offsets: Vec<PartitionOffset> = next
             .into_iter()
             .filter(|(partition, _)| !went_back.contains(partition))
@@ -88,15 +77,6 @@ impl RequestConsumer {
                 next_offset,
             })
             .collect();
-        // Sought back: what this member wrote of them is behind it now,
-        // whether or not this batch's offsets are written (a partition left
-        // in `kept` would be sought back again at every batch).
-        {
-            let mut kept = self.kept_offsets();
-            for partition in &went_back {
-                kept.remove(partition);
-            }
-        }
         match consumer_offsets::record(self.engine.pool(), &self.settings.group, &offsets).await {
             Ok(()) => {
                 let mut kept = self.kept_offsets();
@@ -124,28 +104,39 @@ impl RequestConsumer {
         if partitions.is_empty() {
             return HashSet::new();
         }
-        let held = match consumer_offsets::next_offsets(
-            self.engine.pool(),
-            &self.settings.group,
-            &partitions,
-        )
-        .await
-        {
-            Ok(held) => held
-                .into_iter()
-                .map(|o| ((o.topic, o.partition), o.next_offset))
-                .collect(),
+        match self.go_back_where_the_database_is_behind(&partitions).await {
+            Ok(went_back) => went_back,
             Err(e) => {
                 tracing::debug!(error = %e, "auditing the database's offsets failed; trying at the next audit");
-                return HashSet::new();
+                HashSet::new()
             }
-        };
-        let went_back = self.go_back_where_behind(&partitions, &held);
+        }
+    }
+
+    /// Reads the database's offsets of `partitions` and seeks back those
+    /// where it stands behind what this member wrote last
+    /// ([`RequestConsumer::go_back_where_behind`]); what this member wrote
+    /// of those is forgotten (it is ahead of the database now, and would
+    /// send the partition back again at every check). Returns them.
+    ///
+    /// # Errors
+    /// The database's offsets could not be read: nothing was sought.
+    async fn go_back_where_the_database_is_behind(
+        &self,
+        partitions: &[Partition],
+    ) -> Result<HashSet<Partition>, sqlx::Error> {
+        let held: BTreeMap<Partition, i64> =
+            consumer_offsets::next_offsets(self.engine.pool(), &self.settings.group, partitions)
+                .await?
+                .into_iter()
+                .map(|o| ((o.topic, o.partition), o.next_offset))
+                .collect();
+        let went_back = self.go_back_where_behind(partitions, &held);
         let mut kept = self.kept_offsets();
         for partition in &went_back {
             kept.remove(partition);
         }
-        went_back
+        Ok(went_back)
     }
 
     /// Forgets what this member wrote and where it started for partitions
