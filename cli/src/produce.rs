@@ -1,16 +1,12 @@
 //! `flotilla produce` and `produce-signal`: one WorkflowRunRequest or
-//! WorkflowRunSignal to Kafka, keyed by job id.
-
-use std::time::Duration;
+//! WorkflowRunSignal to Kafka, keyed by job id, through `flotilla-client`.
 
 use anyhow::Context as _;
 use clap::Args;
-use flotilla_codec::Codec;
-use flotilla_contracts::avro::AvroMessage;
-use flotilla_contracts::{WorkflowRunRequest, WorkflowRunSignal, json, topics};
+use flotilla_client::{Receipt, Submission, SubmitError, Submitter, WorkflowRunSignal};
+use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use flotilla_runtime::registry::RegistryConfig;
 use uuid::Uuid;
 
 use crate::Failure;
@@ -40,7 +36,6 @@ pub(crate) struct ProduceArgs {
 }
 
 pub(crate) async fn run(args: ProduceArgs) -> Result<(), Failure> {
-    args.kafka.validate().map_err(Failure::usage)?;
     let text = match args.input.strip_prefix('@') {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("reading {path}"))
@@ -50,65 +45,48 @@ pub(crate) async fn run(args: ProduceArgs) -> Result<(), Failure> {
     let input: serde_json::Value = serde_json::from_str(&text)
         .context("--input is not JSON")
         .map_err(Failure::usage)?;
-    let job_id = args.job_id.unwrap_or_else(Uuid::new_v4);
-    let request = WorkflowRunRequest::new(job_id, &args.workflow, input).map_err(Failure::usage)?;
-
-    let (partition, offset) = send(
-        &args.kafka,
-        (&args.topic, args.json),
-        &job_id,
-        &request,
-        args.traceparent.as_deref(),
-    )
-    .await?;
-    println!("{job_id}");
-    eprintln!(
-        "produced to {} partition {partition} offset {offset}",
-        args.topic
-    );
+    let mut submission = Submission::new(&args.workflow, &input).map_err(failure)?;
+    if let Some(job_id) = args.job_id {
+        submission = submission.with_job_id(job_id);
+    }
+    if let Some(traceparent) = args.traceparent {
+        submission = submission.with_traceparent(traceparent, None);
+    }
+    let receipt = submitter(&args.kafka, args.json)?
+        .with_request_topic(&args.topic)
+        .submit(&submission)
+        .await
+        .map_err(failure)?;
+    println!("{}", receipt.job_id());
+    if let Receipt::Kafka {
+        partition, offset, ..
+    } = receipt
+    {
+        eprintln!(
+            "produced to {} partition {partition} offset {offset}",
+            args.topic
+        );
+    }
     Ok(())
 }
 
-/// Encodes `message` (Avro when a registry is configured and `json_only`
-/// is not set, JSON otherwise) and produces it to `topic` keyed by
-/// `job_id`, waiting for the broker's acknowledgement: its partition and
-/// offset.
-pub(crate) async fn send<M: AvroMessage>(
-    kafka: &BrokerConfig,
-    (topic, json_only): (&str, bool),
-    job_id: &Uuid,
-    message: &M,
-    traceparent: Option<&str>,
-) -> Result<(i32, i64), Failure> {
-    let registry = (!json_only).then_some(&kafka.registry);
-    let codec = match registry {
-        Some(registry) => Codec::from_config(registry).map_err(Failure::usage)?,
-        None => Codec::json(),
-    };
-    let bytes = match codec {
-        codec if registry.is_some_and(|r| r.url().is_some()) => codec
-            .encode(topic, message)
-            .await
-            .map_err(Failure::delivery)?,
-        _ => json::encode(message).map_err(Failure::usage)?,
-    };
-    let producer: FutureProducer = kafka
-        .idempotent_producer()
-        .create()
-        .map_err(Failure::delivery)?;
-    let key = job_id.to_string();
-    let mut record = FutureRecord::to(topic).key(&key).payload(&bytes);
-    if let Some(traceparent) = traceparent {
-        record = record.headers(OwnedHeaders::new().insert(Header {
-            key: "traceparent",
-            value: Some(traceparent.as_bytes()),
-        }));
+/// The client library's Kafka submitter; JSON on the wire when `json_only`
+/// even where a registry is configured.
+fn submitter(kafka: &BrokerConfig, json_only: bool) -> Result<Submitter, Failure> {
+    let mut broker = kafka.clone();
+    if json_only {
+        broker.registry = RegistryConfig::default();
     }
-    let delivery = producer
-        .send(record, Duration::from_secs(30))
-        .await
-        .map_err(|(e, _)| Failure::delivery(anyhow::anyhow!("producing to {topic}: {e}")))?;
-    Ok((delivery.partition, delivery.offset))
+    Submitter::kafka(&broker).map_err(failure)
+}
+
+/// Exit codes: the request's own fault is bad input (2), the rest is the
+/// world's (1).
+fn failure(error: SubmitError) -> Failure {
+    match error {
+        SubmitError::Rejected(_) | SubmitError::Settings(_) => Failure::usage(error),
+        SubmitError::Unavailable(_) => Failure::delivery(error),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -147,14 +125,11 @@ pub(crate) async fn run_signal(args: ProduceSignalArgs) -> Result<(), Failure> {
     };
     let signal = WorkflowRunSignal::new(args.job_id, &args.name, payload, source, args.key)
         .map_err(Failure::usage)?;
-    let (partition, offset) = send(
-        &args.kafka,
-        (&args.topic, args.json),
-        &args.job_id,
-        &signal,
-        None,
-    )
-    .await?;
+    let (partition, offset) = submitter(&args.kafka, args.json)?
+        .with_signal_topic(&args.topic)
+        .signal(&signal)
+        .await
+        .map_err(failure)?;
     eprintln!(
         "produced signal {} to {} partition {partition} offset {offset}",
         args.name, args.topic

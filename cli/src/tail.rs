@@ -1,13 +1,14 @@
-//! `flotilla tail`: follow the event topic, decoding either encoding.
+//! `flotilla tail`: follow the event topic through `flotilla-client`'s
+//! `EventStream` (either encoding, each job's events once and in order).
 
 use std::time::Duration;
 
 use clap::Args;
-use flotilla_codec::Codec;
-use flotilla_contracts::{WorkflowRunEvent, topics};
+use flotilla_client::{
+    EventStream, EventStreamOptions, StartAt, StreamError, WorkflowRunEventType,
+};
+use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
-use rdkafka::Message;
-use rdkafka::consumer::{Consumer, StreamConsumer};
 use uuid::Uuid;
 
 use crate::Failure;
@@ -38,31 +39,21 @@ pub(crate) struct TailArgs {
 }
 
 pub(crate) async fn run(args: TailArgs) -> Result<(), Failure> {
-    args.kafka.validate().map_err(Failure::usage)?;
-    let codec = Codec::from_config(&args.kafka.registry).map_err(Failure::usage)?;
-    let consumer: StreamConsumer = args
-        .kafka
-        .client()
-        .set(
-            "group.id",
-            format!("flotilla-tail-{}", Uuid::new_v4().simple()),
-        )
-        .set("enable.auto.commit", "false")
-        .set(
-            "auto.offset.reset",
-            if args.from_beginning || args.job.is_some() {
-                "earliest"
-            } else {
-                "latest"
-            },
-        )
-        .create()
-        .map_err(Failure::delivery)?;
-    consumer
-        .subscribe(&[&args.topic])
-        .map_err(Failure::delivery)?;
-    let follow = follow(&consumer, &codec, &args);
-    let result = match args.timeout {
+    // A group of its own, never committed by anyone else: each `tail`
+    // sees the whole stream from where it starts.
+    let options = EventStreamOptions::new(&format!("flotilla-tail-{}", Uuid::new_v4().simple()))
+        .topic(&args.topic)
+        .start_at(if args.from_beginning || args.job.is_some() {
+            StartAt::Earliest
+        } else {
+            StartAt::Latest
+        });
+    let mut stream = EventStream::subscribe(&args.kafka, &options).map_err(|e| match e {
+        StreamError::Settings(_) => Failure::usage(e),
+        _ => Failure::delivery(e),
+    })?;
+    let follow = follow(&mut stream, &args);
+    match args.timeout {
         Some(limit) => tokio::time::timeout(limit, follow)
             .await
             .unwrap_or_else(|_| {
@@ -71,16 +62,34 @@ pub(crate) async fn run(args: TailArgs) -> Result<(), Failure> {
                 )))
             }),
         None => follow.await,
-    };
-    consumer.unsubscribe();
-    std::thread::spawn(move || drop(consumer));
-    result
+    }
 }
 
-async fn follow(consumer: &StreamConsumer, codec: &Codec, args: &TailArgs) -> Result<(), Failure> {
+/// Prints each job's events once and in order (the client library drops
+/// repeats), a skipped sequence as a warning, until a terminal event when
+/// asked.
+async fn follow(stream: &mut EventStream, args: &TailArgs) -> Result<(), Failure> {
     loop {
-        let message = match consumer.recv().await {
-            Ok(message) => message,
+        let delivery = match stream.next().await {
+            Ok(delivery) => delivery,
+            Err(StreamError::Gap {
+                job_id,
+                expected,
+                got,
+                delivery,
+            }) => {
+                if args.job.is_none_or(|job| job == job_id) {
+                    eprintln!(
+                        "flotilla: job {job_id}: events {expected}..{} never arrived",
+                        got - 1
+                    );
+                }
+                *delivery
+            }
+            Err(e @ StreamError::Undecodable { .. }) => {
+                eprintln!("flotilla: skipping: {e}");
+                continue;
+            }
             Err(e) => {
                 // e.g. the topic does not exist yet: keep following.
                 eprintln!("flotilla: {e}; still following");
@@ -88,20 +97,8 @@ async fn follow(consumer: &StreamConsumer, codec: &Codec, args: &TailArgs) -> Re
                 continue;
             }
         };
-        let Some(payload) = message.payload() else {
-            continue;
-        };
-        let event: WorkflowRunEvent = match codec.decode(payload).await {
-            Ok(event) => event,
-            Err(e) => {
-                eprintln!(
-                    "flotilla: skipping undecodable event at {}/{}: {e}",
-                    message.partition(),
-                    message.offset()
-                );
-                continue;
-            }
-        };
+        stream.ack(&delivery);
+        let event = delivery.into_event();
         if args.job.is_some_and(|job| job != event.job_id()) {
             continue;
         }
@@ -123,7 +120,7 @@ async fn follow(consumer: &StreamConsumer, codec: &Codec, args: &TailArgs) -> Re
             );
         }
         if args.until_terminal && event.event_type().is_terminal() {
-            return if event.event_type() == flotilla_contracts::WorkflowRunEventType::Completed {
+            return if event.event_type() == WorkflowRunEventType::Completed {
                 Ok(())
             } else {
                 Err(Failure {

@@ -79,11 +79,19 @@ pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>, tracestat
 /// recorded (no OpenTelemetry layer, or the span is not sampled into one).
 #[must_use]
 pub fn headers_of(span: &tracing::Span) -> Option<(String, Option<String>)> {
-    use opentelemetry::trace::TraceContextExt as _;
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     if !crate::telemetry::exporting() {
         return None;
     }
+    context_headers(span)
+}
+
+/// The `traceparent` and `tracestate` of `span` under whatever OpenTelemetry
+/// layer and propagator the program installed (a library's callers set up
+/// their own); `None` when the span is in no recorded trace.
+#[must_use]
+pub fn context_headers(span: &tracing::Span) -> Option<(String, Option<String>)> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     let context = span.context();
     if !context.span().span_context().is_valid() {
         return None;

@@ -1,0 +1,55 @@
+//! Talk to a Flotilla fleet from your own service: submit workflow runs,
+//! and consume what happens to them.
+//!
+//! - [`Submitter`] sends a `WorkflowRunRequest` through Kafka (an
+//!   idempotent producer waiting for every in-sync replica, keyed by job
+//!   id, Avro through the Schema Registry or JSON, the current span's
+//!   `traceparent` attached) or through a worker's HTTP API, and returns
+//!   once the request is durable.
+//! - [`EventStream`] consumes `workflow-run-events` and yields each job's
+//!   events once and in `sequence` order: repeats are dropped, a skipped
+//!   sequence is reported as [`StreamError::Gap`], both encodings decode to
+//!   the same [`WorkflowRunEvent`], and offsets are committed only past
+//!   events you [acknowledged](EventStream::ack).
+//!
+//! ```no_run
+//! use flotilla_client::{BrokerConfig, EventStream, EventStreamOptions, Submission, Submitter};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = BrokerConfig::new("localhost:9092");
+//! let submitter = Submitter::kafka(&broker)?;
+//! let receipt = submitter
+//!     .submit(&Submission::new("order-fulfilment", &serde_json::json!({"order": 42}))?)
+//!     .await?;
+//! println!("submitted {}", receipt.job_id());
+//!
+//! let mut events = EventStream::subscribe(&broker, &EventStreamOptions::new("billing"))?;
+//! loop {
+//!     let delivery = events.next().await?;
+//!     let event = delivery.event();
+//!     println!("{} #{} {}", event.job_id(), event.sequence(), event.event_type());
+//!     events.ack(&delivery);
+//! }
+//! # }
+//! ```
+//!
+//! **Exactly-once effects downstream.** Kafka delivers at least once and
+//! the fleet may publish an event twice, so the stream's in-memory
+//! de-duplication is not enough across restarts. Keep the last sequence
+//! applied for each job in your own database, read and write it in the
+//! same transaction as the event's effect, judge each event with
+//! [`classify`], and acknowledge only after that transaction commits. A
+//! consumer killed between its commit and the acknowledgement reads the
+//! event again and finds it applied. `examples/rust/src/bin/outcomes.rs`
+//! in the repository does exactly that with Postgres.
+
+mod acks;
+mod order;
+mod stream;
+mod submit;
+
+pub use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunSignal};
+pub use flotilla_runtime::BrokerConfig;
+pub use order::{JobSequences, Verdict, classify};
+pub use stream::{Delivery, EventStream, EventStreamOptions, StartAt, StreamError};
+pub use submit::{Receipt, Submission, SubmitError, Submitter};

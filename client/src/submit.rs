@@ -1,0 +1,407 @@
+//! [`Submitter`]: a `WorkflowRunRequest` to the fleet, through Kafka or the
+//! HTTP API, returning once the request is durable.
+
+use std::time::Duration;
+
+use flotilla_codec::{Codec, CodecError};
+use flotilla_contracts::avro::AvroMessage;
+use flotilla_contracts::{WorkflowRunRequest, WorkflowRunSignal, topics};
+use flotilla_runtime::BrokerConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use reqwest::StatusCode;
+use secrecy::{ExposeSecret as _, SecretString};
+use serde::Serialize;
+use uuid::Uuid;
+
+/// How long a record may wait for room in the producer's queue.
+const QUEUE_WAIT: Duration = Duration::from_secs(30);
+/// How long one HTTP submission may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a submission did not happen. Each error is about one thing:
+/// the request itself, the world, or this client's settings.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The request can never be accepted as it is (a rule it breaks, a
+    /// 4xx from the API, a record too large): fix it, do not retry it.
+    #[error("the request was refused: {0}")]
+    Rejected(String),
+    /// The broker, the registry or the API could not take it now: the same
+    /// request (with the same job id) may be retried; a repeat is harmless.
+    #[error("the fleet could not be reached: {0}")]
+    Unavailable(String),
+    /// This client's settings cannot work (credentials refused, a schema
+    /// the registry refuses, a bad CA file).
+    #[error("client settings: {0}")]
+    Settings(String),
+}
+
+impl SubmitError {
+    /// Whether sending the same request again later can succeed.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+impl From<CodecError> for SubmitError {
+    fn from(error: CodecError) -> Self {
+        match error {
+            CodecError::Decode(_) | CodecError::Rule(_) => Self::Rejected(error.to_string()),
+            CodecError::RegistryUnavailable(_) => Self::Unavailable(error.to_string()),
+            CodecError::RegistryRefused { .. }
+            | CodecError::Settings(_)
+            | CodecError::NoRegistry(_) => Self::Settings(error.to_string()),
+        }
+    }
+}
+
+/// One run request: the workflow, its input and the job id (the
+/// idempotency key: the same id twice is one job).
+#[derive(Debug, Clone)]
+pub struct Submission {
+    job_id: Uuid,
+    workflow_name: String,
+    input: serde_json::Value,
+    traceparent: Option<(String, Option<String>)>,
+}
+
+impl Submission {
+    /// A request to run `workflow_name` on `input` (any serializable value,
+    /// or a `serde_json::Value`), under a new job id.
+    ///
+    /// # Errors
+    /// [`SubmitError::Rejected`] when `input` does not serialize to JSON.
+    pub fn new(workflow_name: &str, input: &impl Serialize) -> Result<Self, SubmitError> {
+        let input = serde_json::to_value(input)
+            .map_err(|e| SubmitError::Rejected(format!("the input is not JSON: {e}")))?;
+        Ok(Self {
+            job_id: Uuid::new_v4(),
+            workflow_name: workflow_name.to_owned(),
+            input,
+            traceparent: None,
+        })
+    }
+
+    /// Uses `job_id` instead of a new one: a retry after
+    /// [`SubmitError::Unavailable`] must use the same id.
+    #[must_use]
+    pub fn with_job_id(mut self, job_id: Uuid) -> Self {
+        self.job_id = job_id;
+        self
+    }
+
+    /// Joins the run to this W3C trace context instead of the current
+    /// span's.
+    #[must_use]
+    pub fn with_traceparent(mut self, traceparent: String, tracestate: Option<String>) -> Self {
+        self.traceparent = Some((traceparent, tracestate));
+        self
+    }
+
+    /// The job id.
+    #[must_use]
+    pub fn job_id(&self) -> Uuid {
+        self.job_id
+    }
+
+    fn request(&self) -> Result<WorkflowRunRequest, SubmitError> {
+        WorkflowRunRequest::new(self.job_id, &self.workflow_name, self.input.clone())
+            .map_err(|e| SubmitError::Rejected(e.to_string()))
+    }
+
+    /// The trace context to send: the one given, or the current span's
+    /// when the program records traces with OpenTelemetry.
+    fn trace_context(&self) -> Option<(String, Option<String>)> {
+        self.traceparent
+            .clone()
+            .or_else(|| flotilla_runtime::trace::context_headers(&tracing::Span::current()))
+    }
+}
+
+/// Where a submission landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Receipt {
+    /// Acknowledged by every in-sync replica of the request topic.
+    Kafka {
+        job_id: Uuid,
+        partition: i32,
+        offset: i64,
+    },
+    /// Committed by a worker's API: `created` is false for a repeat of a
+    /// job id the fleet already had with the same content.
+    Api { job_id: Uuid, created: bool },
+}
+
+impl Receipt {
+    /// The job id.
+    #[must_use]
+    pub fn job_id(&self) -> Uuid {
+        match self {
+            Self::Kafka { job_id, .. } | Self::Api { job_id, .. } => *job_id,
+        }
+    }
+}
+
+/// Sends run requests to the fleet. Cheap to share: one per process.
+pub struct Submitter {
+    route: Route,
+}
+
+impl std::fmt::Debug for Submitter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.route {
+            Route::Kafka { request_topic, .. } => f
+                .debug_struct("Submitter")
+                .field("request_topic", request_topic)
+                .finish_non_exhaustive(),
+            Route::Api { base_url, .. } => f
+                .debug_struct("Submitter")
+                .field("api", base_url)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+enum Route {
+    Kafka {
+        producer: FutureProducer,
+        // Boxed: the codec's registry clients are large beside the API route.
+        codec: Box<Codec>,
+        request_topic: String,
+        signal_topic: String,
+    },
+    Api {
+        client: reqwest::Client,
+        base_url: String,
+        token: Option<SecretString>,
+    },
+}
+
+impl Submitter {
+    /// Produces to Kafka with the settings the contract needs: an
+    /// idempotent producer waiting for every in-sync replica, keyed by job
+    /// id (so a job's messages keep their order), Avro through the Schema
+    /// Registry when `broker` names one, JSON otherwise.
+    ///
+    /// # Errors
+    /// [`SubmitError::Settings`] for settings that cannot work.
+    pub fn kafka(broker: &BrokerConfig) -> Result<Self, SubmitError> {
+        broker
+            .validate()
+            .map_err(|e| SubmitError::Settings(e.to_string()))?;
+        let codec = Box::new(Codec::from_config(&broker.registry)?);
+        let producer = broker
+            .idempotent_producer()
+            .create()
+            .map_err(|e| SubmitError::Settings(format!("creating the producer: {e}")))?;
+        Ok(Self {
+            route: Route::Kafka {
+                producer,
+                codec,
+                request_topic: topics::REQUEST_TOPIC.to_owned(),
+                signal_topic: topics::SIGNAL_TOPIC.to_owned(),
+            },
+        })
+    }
+
+    /// Submits through a worker's HTTP API (`POST /v1/jobs`) at `base_url`,
+    /// with a bearer token when the fleet requires one.
+    ///
+    /// # Errors
+    /// [`SubmitError::Settings`] when no HTTP client can be built.
+    pub fn api(base_url: &str, token: Option<SecretString>) -> Result<Self, SubmitError> {
+        let client = flotilla_runtime::tls::http_client()
+            .timeout(HTTP_TIMEOUT)
+            .build()
+            .map_err(|e| SubmitError::Settings(format!("building the HTTP client: {e}")))?;
+        Ok(Self {
+            route: Route::Api {
+                client,
+                base_url: base_url.trim_end_matches('/').to_owned(),
+                token,
+            },
+        })
+    }
+
+    /// Produces requests to `topic` instead of `workflow-run-requests`
+    /// (Kafka only).
+    #[must_use]
+    pub fn with_request_topic(mut self, topic: &str) -> Self {
+        if let Route::Kafka { request_topic, .. } = &mut self.route {
+            topic.clone_into(request_topic);
+        }
+        self
+    }
+
+    /// Produces signals to `topic` instead of `workflow-run-signals`
+    /// (Kafka only).
+    #[must_use]
+    pub fn with_signal_topic(mut self, topic: &str) -> Self {
+        if let Route::Kafka { signal_topic, .. } = &mut self.route {
+            topic.clone_into(signal_topic);
+        }
+        self
+    }
+
+    /// Sends `submission` and waits until it is durable: acknowledged by
+    /// the broker, or committed by the API.
+    ///
+    /// # Errors
+    /// See [`SubmitError`]: only [`SubmitError::Unavailable`] is worth a
+    /// retry, with the same job id.
+    pub async fn submit(&self, submission: &Submission) -> Result<Receipt, SubmitError> {
+        let request = submission.request()?;
+        let trace = submission.trace_context();
+        match &self.route {
+            Route::Kafka {
+                producer,
+                codec,
+                request_topic,
+                ..
+            } => {
+                let (partition, offset) = produce(
+                    producer,
+                    codec,
+                    request_topic,
+                    request.job_id(),
+                    &request,
+                    trace,
+                )
+                .await?;
+                Ok(Receipt::Kafka {
+                    job_id: request.job_id(),
+                    partition,
+                    offset,
+                })
+            }
+            Route::Api {
+                client,
+                base_url,
+                token,
+            } => submit_to_api(client, base_url, token.as_ref(), &request, trace).await,
+        }
+    }
+
+    /// Produces a signal for a waiting job (Kafka only; over HTTP use the
+    /// API's signal endpoint). Returns the record's partition and offset.
+    ///
+    /// # Errors
+    /// As [`Submitter::submit`]; [`SubmitError::Settings`] on the API route.
+    pub async fn signal(&self, signal: &WorkflowRunSignal) -> Result<(i32, i64), SubmitError> {
+        match &self.route {
+            Route::Kafka {
+                producer,
+                codec,
+                signal_topic,
+                ..
+            } => produce(producer, codec, signal_topic, signal.job_id(), signal, None).await,
+            Route::Api { .. } => Err(SubmitError::Settings(
+                "signals are produced to Kafka; this submitter talks to the HTTP API".to_owned(),
+            )),
+        }
+    }
+}
+
+async fn produce<M: AvroMessage>(
+    producer: &FutureProducer,
+    codec: &Codec,
+    topic: &str,
+    job_id: Uuid,
+    message: &M,
+    trace: Option<(String, Option<String>)>,
+) -> Result<(i32, i64), SubmitError> {
+    let payload = codec.encode(topic, message).await?;
+    let key = job_id.to_string();
+    let mut record = FutureRecord::to(topic).key(&key).payload(&payload);
+    if let Some((traceparent, tracestate)) = &trace {
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: "traceparent",
+            value: Some(traceparent.as_bytes()),
+        });
+        if let Some(tracestate) = tracestate {
+            headers = headers.insert(Header {
+                key: "tracestate",
+                value: Some(tracestate.as_bytes()),
+            });
+        }
+        record = record.headers(headers);
+    }
+    let delivery = producer
+        .send(record, QUEUE_WAIT)
+        .await
+        .map_err(|(e, _)| delivery_error(topic, &e))?;
+    Ok((delivery.partition, delivery.offset))
+}
+
+/// A record the broker will never take is about the record; anything else
+/// is about the broker.
+fn delivery_error(topic: &str, error: &KafkaError) -> SubmitError {
+    let text = format!("producing to {topic}: {error}");
+    match error.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidMessage,
+        ) => SubmitError::Rejected(text),
+        Some(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::Authentication,
+        ) => SubmitError::Settings(text),
+        _ => SubmitError::Unavailable(text),
+    }
+}
+
+async fn submit_to_api(
+    client: &reqwest::Client,
+    base_url: &str,
+    token: Option<&SecretString>,
+    request: &WorkflowRunRequest,
+    trace: Option<(String, Option<String>)>,
+) -> Result<Receipt, SubmitError> {
+    let url = format!("{base_url}/v1/jobs");
+    let body = serde_json::json!({
+        "job_id": request.job_id(),
+        "workflow_name": request.workflow_name(),
+        "input": request.input(),
+    });
+    let mut call = client.post(&url).json(&body);
+    if let Some(token) = token {
+        call = call.bearer_auth(token.expose_secret());
+    }
+    if let Some((traceparent, tracestate)) = trace {
+        call = call.header("traceparent", traceparent);
+        if let Some(tracestate) = tracestate {
+            call = call.header("tracestate", tracestate);
+        }
+    }
+    let response = call
+        .send()
+        .await
+        .map_err(|e| SubmitError::Unavailable(format!("{url}: {e}")))?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(Receipt::Api {
+            job_id: request.job_id(),
+            created: status == StatusCode::CREATED,
+        });
+    }
+    let detail = response
+        .json::<serde_json::Value>()
+        .await
+        .ok()
+        .and_then(|body| body["detail"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let text = format!("{url}: {status} {detail}");
+    Err(match status.as_u16() {
+        401 | 403 => SubmitError::Settings(text),
+        408 | 429 => SubmitError::Unavailable(text),
+        400..=499 => SubmitError::Rejected(text),
+        _ => SubmitError::Unavailable(text),
+    })
+}

@@ -1,0 +1,289 @@
+//! The client against a running fleet (worker and relay binaries on the
+//! test broker, Avro through the registry): submissions through Kafka and
+//! the API, their events once and in order; the runnable examples in
+//! `examples/rust`, the consumer killed between its write and its
+//! acknowledgement; and the Python package's tests (pytest) against the
+//! same kind of fleet.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use flotilla_client::{Receipt, Submission, SubmitError, Submitter, WorkflowRunEventType};
+use flotilla_tests::process::{Running, workspace_binary};
+use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, schema_registry_url, unique};
+use secrecy::SecretString;
+use sqlx::PgPool;
+use support::{Fleet, TOKEN, WORKFLOW, until_completed};
+use uuid::Uuid;
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn requests_through_kafka_and_the_api_complete_and_their_events_come_once_in_order(
+    pool: PgPool,
+) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let fleet = Fleet::start(&pool).await;
+        let kafka = Submitter::kafka(&support::broker())
+            .unwrap()
+            .with_request_topic(&fleet.request_topic);
+        let api = Submitter::api(&fleet.api_url, Some(SecretString::from(TOKEN))).unwrap();
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+        let mut jobs = Vec::new();
+        for n in 0..3 {
+            let mut submission = Submission::new(WORKFLOW, &serde_json::json!({ "n": n })).unwrap();
+            if n == 0 {
+                submission = submission.with_traceparent(traceparent.to_owned(), None);
+            }
+            let receipt = kafka.submit(&submission).await.unwrap();
+            assert!(matches!(receipt, Receipt::Kafka { .. }), "{receipt:?}");
+            jobs.push(receipt.job_id());
+        }
+        let by_api = Submission::new(WORKFLOW, &serde_json::json!({ "n": 99 })).unwrap();
+        let first = api.submit(&by_api).await.unwrap();
+        let again = api.submit(&by_api).await.unwrap();
+        assert_eq!(
+            first,
+            Receipt::Api {
+                job_id: by_api.job_id(),
+                created: true
+            }
+        );
+        assert_eq!(
+            again,
+            Receipt::Api {
+                job_id: by_api.job_id(),
+                created: false
+            },
+            "the same job id twice is one job"
+        );
+        jobs.push(by_api.job_id());
+
+        let mut stream = fleet.events();
+        let seen = until_completed(&mut stream, &jobs).await;
+        for (job, events) in &seen {
+            let sequences: Vec<i64> = events.iter().map(|e| e.sequence()).collect();
+            assert_eq!(
+                sequences,
+                (1..=events.len() as i64).collect::<Vec<_>>(),
+                "job {job}"
+            );
+            let kinds: Vec<WorkflowRunEventType> = events.iter().map(|e| e.event_type()).collect();
+            assert_eq!(
+                kinds.first(),
+                Some(&WorkflowRunEventType::Accepted),
+                "job {job}"
+            );
+        }
+        // The request's trace context reached the run.
+        let stored: Option<String> =
+            sqlx::query_scalar("SELECT traceparent FROM workflow_run WHERE job_id = $1")
+                .bind(jobs[0])
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(stored.as_deref(), Some(traceparent));
+        fleet.stop().await;
+    })
+    .await
+    .expect("the test timed out");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn each_refusal_is_classified_once_rejected_or_unavailable(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let fleet = Fleet::start(&pool).await;
+        let api = Submitter::api(&fleet.api_url, Some(SecretString::from(TOKEN))).unwrap();
+        // About the request: an unknown workflow (422), a blank name (a
+        // rule, refused before anything is sent).
+        let unknown = Submission::new(&unique("no-such-workflow"), &serde_json::json!({})).unwrap();
+        let refused = api.submit(&unknown).await.unwrap_err();
+        assert!(
+            matches!(&refused, SubmitError::Rejected(text) if text.contains("422")),
+            "{refused}"
+        );
+        assert!(!refused.is_retryable());
+        let kafka = Submitter::kafka(&support::broker())
+            .unwrap()
+            .with_request_topic(&fleet.request_topic);
+        let blank = Submission::new(" ", &serde_json::json!({})).unwrap();
+        assert!(matches!(
+            kafka.submit(&blank).await,
+            Err(SubmitError::Rejected(_))
+        ));
+        // About the credentials: a wrong token.
+        let stranger = Submitter::api(&fleet.api_url, Some(SecretString::from("nope"))).unwrap();
+        let denied = stranger
+            .submit(&Submission::new(WORKFLOW, &1).unwrap())
+            .await
+            .unwrap_err();
+        assert!(matches!(denied, SubmitError::Settings(_)), "{denied}");
+        // About the world: nothing listens.
+        let nowhere = format!("http://127.0.0.1:{}", flotilla_tests::free_port());
+        let down = Submitter::api(&nowhere, None).unwrap();
+        let away = down
+            .submit(&Submission::new(WORKFLOW, &1).unwrap())
+            .await
+            .unwrap_err();
+        assert!(away.is_retryable(), "{away}");
+        fleet.stop().await;
+    })
+    .await
+    .expect("the test timed out");
+}
+
+/// Runs an example binary to its end; returns (exit code, output lines).
+async fn example(
+    name: &'static str,
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+) -> (Option<i32>, Vec<String>) {
+    tokio::task::spawn_blocking(move || {
+        let mut command = Command::new(workspace_binary(name));
+        command
+            .args(args)
+            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
+            .env("SCHEMA_REGISTRY_URL", schema_registry_url())
+            .env_remove("OUTCOMES_DIE_AFTER_WRITES")
+            .envs(env);
+        let mut running = Running::start(command);
+        let status = running.wait(Duration::from_secs(90));
+        (status.code(), std::mem::take(&mut running.output))
+    })
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_example_consumer_killed_between_its_write_and_its_ack_applies_each_event_once(
+    pool: PgPool,
+) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let fleet = Fleet::start(&pool).await;
+        let s = |v: &str| v.to_owned();
+        let (code, out) = example(
+            "flotilla-example-produce",
+            vec![
+                s("--workflow"),
+                s(WORKFLOW),
+                s("--count"),
+                s("4"),
+                s("--topic"),
+                fleet.request_topic.clone(),
+            ],
+            vec![],
+        )
+        .await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let jobs: Vec<Uuid> = out
+            .iter()
+            .filter_map(|line| Uuid::parse_str(line.trim()).ok())
+            .collect();
+        assert_eq!(jobs.len(), 4, "{out:?}");
+        // Each job's whole stream, to compare the consumer's table with.
+        let expected = until_completed(&mut fleet.events(), &jobs).await;
+
+        let group = unique("outcomes");
+        let consumer = |die_after: Option<u32>| {
+            let mut env = vec![("OUTCOMES_DATABASE_URL", fleet.database_url.clone())];
+            if let Some(n) = die_after {
+                env.push(("OUTCOMES_DIE_AFTER_WRITES", n.to_string()));
+            }
+            let args = vec![
+                s("--group"),
+                group.clone(),
+                s("--topic"),
+                fleet.event_topic.clone(),
+                s("--until-finished"),
+                s("4"),
+                // The same static member each time: the test broker does not
+                // hand a killed dynamic member's partitions on.
+                s("--instance-id"),
+                format!("{group}-member"),
+            ];
+            example("flotilla-example-outcomes", args, env)
+        };
+        let (code, out) = consumer(Some(3)).await;
+        assert_ne!(code, Some(0), "the consumer was to die: {out:?}");
+        assert!(
+            out.iter().any(|l| l.contains("dying after 3 writes")),
+            "{out:?}"
+        );
+        let (code, out) = consumer(None).await;
+        assert_eq!(code, Some(0), "{out:?}");
+        let summary = out
+            .iter()
+            .find(|l| l.contains("repeats skipped"))
+            .unwrap_or_else(|| panic!("{out:?}"));
+        let repeats: u64 = summary.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(
+            repeats >= 1,
+            "the event written just before the kill came again: {summary}"
+        );
+
+        let rows: Vec<(Uuid, String, i32, i64, i32)> = sqlx::query_as(
+            "SELECT job_id, status, events_applied, last_sequence, gaps FROM job_outcome",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(rows.len(), 4, "{rows:?}");
+        for (job, status, applied, last, gaps) in rows {
+            let count = expected[&job].len();
+            assert_eq!(
+                (status.as_str(), applied as usize, last as usize, gaps),
+                ("COMPLETED", count, count, 0),
+                "job {job}: every event applied once"
+            );
+        }
+        fleet.stop().await;
+    })
+    .await
+    .expect("the test timed out");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_python_package_passes_its_tests_against_the_fleet(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let (python, examples) = flotilla_tests::examples_python();
+        let package = examples.parent().unwrap().join("clients/python");
+        let fleet = Fleet::start(&pool).await;
+        let mut command = Command::new(python);
+        command
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .current_dir(&package)
+            .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
+            .env("SCHEMA_REGISTRY_URL", schema_registry_url())
+            .env("FLOTILLA_REQUEST_TOPIC", &fleet.request_topic)
+            .env("FLOTILLA_EVENT_TOPIC", &fleet.event_topic)
+            .env("FLOTILLA_URL", &fleet.api_url)
+            .env("FLOTILLA_TOKEN", TOKEN)
+            .env("FLOTILLA_WORKFLOW", WORKFLOW)
+            .env("PYTHONPATH", &package)
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        let (status, output) = tokio::task::spawn_blocking(move || {
+            let mut pytest = Running::start(command);
+            let status = pytest.wait(Duration::from_secs(150));
+            (status, std::mem::take(&mut pytest.output))
+        })
+        .await
+        .unwrap();
+        assert!(status.success(), "pytest failed:\n{}", output.join("\n"));
+        eprintln!("{}", output.join("\n"));
+        let summary = output
+            .iter()
+            .rev()
+            .find(|l| l.contains("passed"))
+            .unwrap_or_else(|| panic!("{output:?}"));
+        assert!(
+            !summary.contains("failed") && !summary.contains("skipped"),
+            "{summary}"
+        );
+        fleet.stop().await;
+    })
+    .await
+    .expect("the test timed out");
+}

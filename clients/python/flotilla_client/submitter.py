@@ -1,0 +1,194 @@
+"""Submitter: a WorkflowRunRequest to the fleet through Kafka or the HTTP
+API, returning once it is durable."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from .wire import schema_text
+
+REQUEST_TOPIC = "workflow-run-requests"
+
+
+class SubmitError(Exception):
+    """A submission that did not happen. ``retryable`` says whether the same
+    request (with the same job id) may be sent again."""
+
+    retryable = False
+
+
+class Rejected(SubmitError):
+    """The request can never be accepted as it is: fix it, do not retry."""
+
+
+class Unavailable(SubmitError):
+    """The broker, registry or API could not take it now: retry with the
+    same job id (a repeat is one job)."""
+
+    retryable = True
+
+
+class SettingsError(SubmitError):
+    """This client's settings cannot work (credentials, a refused schema)."""
+
+
+@dataclass(frozen=True)
+class Receipt:
+    job_id: uuid.UUID
+    #: Kafka: where the record landed; None through the API.
+    partition: Optional[int] = None
+    offset: Optional[int] = None
+    #: API: False for a repeat of a job id the fleet already had.
+    created: Optional[bool] = None
+
+
+def _trace_headers(traceparent: Optional[str]) -> dict:
+    """The given trace context, else the current OpenTelemetry span's when
+    the program uses OpenTelemetry."""
+    if traceparent:
+        return {"traceparent": traceparent}
+    try:
+        from opentelemetry.propagate import inject  # optional dependency
+    except ImportError:
+        return {}
+    carrier: dict = {}
+    inject(carrier)
+    return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate") and v}
+
+
+def _request(workflow_name: str, input: Any, job_id: Optional[uuid.UUID]) -> dict:
+    if not isinstance(workflow_name, str) or not workflow_name.strip():
+        raise Rejected("workflow_name must be non-blank text")
+    try:
+        text = json.dumps(input)
+    except (TypeError, ValueError) as e:
+        raise Rejected(f"the input is not JSON: {e}") from None
+    job_id = job_id or uuid.uuid4()
+    if job_id.int == 0:
+        raise Rejected("job_id must not be the nil UUID")
+    return {"job_id": job_id, "workflow_name": workflow_name, "input": input, "input_text": text}
+
+
+class KafkaSubmitter:
+    """Produces requests with the settings the contract needs: idempotent,
+    acks=all, keyed by job id (a job's messages keep their order), Avro
+    through the registry when ``registry_url`` is given, JSON otherwise.
+
+    ``config`` is extra librdkafka configuration (security settings)."""
+
+    def __init__(self, bootstrap_servers: str, registry_url: Optional[str] = None,
+                 topic: str = REQUEST_TOPIC, config: Optional[dict] = None):
+        settings = dict(config or {})
+        settings.update({
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            # The fleet's own producers' partitioner: one job, one partition.
+            "partitioner": "consistent_random",
+        })
+        try:
+            self._producer = Producer(settings)
+        except KafkaException as e:
+            raise SettingsError(f"creating the producer: {e}") from None
+        self._topic = topic
+        self._avro = None
+        if registry_url:
+            registry = SchemaRegistryClient({"url": registry_url})
+            self._avro = AvroSerializer(registry, schema_text("WorkflowRunRequest"))
+
+    def submit(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID] = None,
+               traceparent: Optional[str] = None, timeout: float = 30.0) -> Receipt:
+        """Sends one request and waits for the broker's acknowledgement."""
+        request = _request(workflow_name, input, job_id)
+        fields = {"job_id": str(request["job_id"]), "workflow_name": workflow_name,
+                  "input": request["input_text"]}
+        if self._avro:
+            try:
+                value = self._avro(fields, SerializationContext(self._topic, MessageField.VALUE))
+            except Exception as e:  # the registry's client raises several kinds
+                status = getattr(e, "http_status_code", None)
+                if status in (401, 403, 409, 422):
+                    raise SettingsError(f"the registry refused the request schema: {e}") from None
+                raise Unavailable(f"the registry: {e}") from None
+        else:
+            value = json.dumps({"job_id": fields["job_id"], "workflow_name": workflow_name,
+                                "input": request["input"]}).encode()
+        outcome: dict = {}
+
+        def delivered(error, message):
+            outcome["error"], outcome["message"] = error, message
+
+        headers = list(_trace_headers(traceparent).items())
+        try:
+            self._producer.produce(self._topic, key=fields["job_id"], value=value,
+                                   headers=headers or None, on_delivery=delivered)
+        except BufferError:
+            raise Unavailable("the producer's queue is full") from None
+        except KafkaException as e:
+            raise _delivery_error(e.args[0]) from None
+        self._producer.flush(timeout)
+        if "error" not in outcome:
+            raise Unavailable(f"no acknowledgement within {timeout} s")
+        if outcome["error"] is not None:
+            raise _delivery_error(outcome["error"])
+        message = outcome["message"]
+        return Receipt(job_id=request["job_id"], partition=message.partition(), offset=message.offset())
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._producer.flush(timeout)
+
+
+def _delivery_error(error: KafkaError) -> SubmitError:
+    text = f"producing: {error}"
+    if error.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD,
+                        KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE):
+        return Rejected(text)
+    if error.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._AUTHENTICATION,
+                        KafkaError.SASL_AUTHENTICATION_FAILED):
+        return SettingsError(text)
+    return Unavailable(text)
+
+
+class ApiSubmitter:
+    """Submits through a worker's HTTP API (``POST /v1/jobs``)."""
+
+    def __init__(self, base_url: str, token: Optional[str] = None):
+        self._url = base_url.rstrip("/") + "/v1/jobs"
+        self._token = token
+
+    def submit(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID] = None,
+               traceparent: Optional[str] = None, timeout: float = 30.0) -> Receipt:
+        """Sends one request and waits until a worker committed it."""
+        request = _request(workflow_name, input, job_id)
+        body = json.dumps({"job_id": str(request["job_id"]), "workflow_name": workflow_name,
+                           "input": request["input"]}).encode()
+        headers = {"content-type": "application/json", **_trace_headers(traceparent)}
+        if self._token:
+            headers["authorization"] = f"Bearer {self._token}"
+        call = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(call, timeout=timeout) as response:
+                return Receipt(job_id=request["job_id"], created=response.status == 201)
+        except urllib.error.HTTPError as e:
+            try:
+                detail = json.loads(e.read()).get("detail", "")
+            except ValueError:
+                detail = ""
+            text = f"{self._url}: {e.code} {detail}"
+            if e.code in (401, 403):
+                raise SettingsError(text) from None
+            if e.code in (408, 429) or e.code >= 500:
+                raise Unavailable(text) from None
+            raise Rejected(text) from None
+        except (urllib.error.URLError, OSError) as e:
+            raise Unavailable(f"{self._url}: {e}") from None
