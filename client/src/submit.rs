@@ -405,3 +405,37 @@ async fn submit_to_api(
         _ => SubmitError::Unavailable(text),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_current_spans_trace_goes_with_the_request_unless_one_is_given() {
+        use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+
+        opentelemetry::global::set_text_map_propagator(
+            opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+        );
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("client-test")));
+        let submission = Submission::new("shipping", &serde_json::json!({})).unwrap();
+        assert_eq!(submission.trace_context(), None, "no span, no trace");
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("checkout");
+            let _entered = span.enter();
+            let trace_id = span.context().span().span_context().trace_id();
+            let (traceparent, _) = submission.trace_context().expect("the span's trace");
+            assert_eq!(
+                traceparent.split('-').nth(1),
+                Some(trace_id.to_string().as_str())
+            );
+            let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+            let explicit = submission.clone().with_traceparent(given.to_owned(), None);
+            assert_eq!(explicit.trace_context(), Some((given.to_owned(), None)));
+        });
+    }
+}
