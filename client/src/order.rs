@@ -58,15 +58,16 @@ pub fn classify(last_applied: Option<i64>, sequence: i64) -> Verdict {
     }
 }
 
-/// The last sequence delivered per job, for at most `capacity` jobs (the
-/// ones seen longest ago are forgotten first).
+/// The last sequence delivered per job, and the partition it came from, for
+/// at most `capacity` jobs (those first seen longest ago are forgotten
+/// first).
 ///
 /// A forgotten job counts as never seen: a repeat of its last event after
-/// that is delivered again. The capacity bounds memory (about 60 bytes a
+/// that is delivered again. The capacity bounds memory (about 70 bytes a
 /// job); keep it above the number of jobs whose events can still repeat.
 #[derive(Debug)]
 pub struct JobSequences {
-    last: HashMap<Uuid, i64>,
+    last: HashMap<Uuid, (i64, i32)>,
     /// Jobs in the order they were first seen, for forgetting.
     seen: VecDeque<Uuid>,
     capacity: usize,
@@ -83,12 +84,12 @@ impl JobSequences {
         }
     }
 
-    /// Judges `sequence` of `job` and, unless it is a repeat, moves the
-    /// job's last sequence to it (after a gap the stream goes on from
-    /// what came).
-    pub fn observe(&mut self, job: Uuid, sequence: i64) -> Verdict {
-        let verdict = classify(self.last.get(&job).copied(), sequence);
-        if verdict != Verdict::Repeat && self.last.insert(job, sequence).is_none() {
+    /// Judges `sequence` of `job`, read from `partition`, and, unless it is
+    /// a repeat, moves the job's last sequence to it (after a gap the stream
+    /// goes on from what came).
+    pub fn observe(&mut self, job: Uuid, sequence: i64, partition: i32) -> Verdict {
+        let verdict = classify(self.last.get(&job).map(|&(last, _)| last), sequence);
+        if verdict != Verdict::Repeat && self.last.insert(job, (sequence, partition)).is_none() {
             self.seen.push_back(job);
             while self.seen.len() > self.capacity {
                 if let Some(oldest) = self.seen.pop_front() {
@@ -97,6 +98,16 @@ impl JobSequences {
             }
         }
         verdict
+    }
+
+    /// Forgets the jobs last read from `partition`: it was taken away, and
+    /// what comes of it later (from this member or another, from the
+    /// group's last commit) is delivered again rather than judged against
+    /// events that may never have been acknowledged.
+    pub fn forget_partition(&mut self, partition: i32) {
+        self.last.retain(|_, &mut (_, from)| from != partition);
+        let last = &self.last;
+        self.seen.retain(|job| last.contains_key(job));
     }
 
     /// How many jobs are remembered.
@@ -147,7 +158,7 @@ mod tests {
         ];
         let applied: Vec<_> = arrivals
             .into_iter()
-            .filter(|&(job, sequence)| jobs.observe(job, sequence) == Verdict::Next)
+            .filter(|&(job, sequence)| jobs.observe(job, sequence, 0) == Verdict::Next)
             .collect();
         assert_eq!(applied, [(a, 1), (a, 2), (b, 1), (a, 3), (b, 2)]);
     }
@@ -156,29 +167,45 @@ mod tests {
     fn after_a_gap_the_job_goes_on_from_the_sequence_that_came() {
         let mut jobs = JobSequences::new(10);
         let job = Uuid::new_v4();
-        assert_eq!(jobs.observe(job, 1), Verdict::Next);
+        assert_eq!(jobs.observe(job, 1, 0), Verdict::Next);
         assert_eq!(
-            jobs.observe(job, 4),
+            jobs.observe(job, 4, 0),
             Verdict::Gap {
                 expected: 2,
                 got: 4
             }
         );
-        assert_eq!(jobs.observe(job, 3), Verdict::Repeat);
-        assert_eq!(jobs.observe(job, 5), Verdict::Next);
+        assert_eq!(jobs.observe(job, 3, 0), Verdict::Repeat);
+        assert_eq!(jobs.observe(job, 5, 0), Verdict::Next);
     }
 
     #[test]
     fn the_jobs_seen_longest_ago_are_forgotten_beyond_the_capacity() {
         let mut jobs = JobSequences::new(2);
         let [a, b, c] = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
-        jobs.observe(a, 1);
-        jobs.observe(b, 1);
-        jobs.observe(a, 2);
-        jobs.observe(c, 1);
+        jobs.observe(a, 1, 0);
+        jobs.observe(b, 1, 0);
+        jobs.observe(a, 2, 0);
+        jobs.observe(c, 1, 0);
         assert_eq!(jobs.len(), 2);
         // `a` was seen first, so it went: its repeat counts as new.
-        assert_eq!(jobs.observe(a, 2), Verdict::Next);
-        assert_eq!(jobs.observe(c, 1), Verdict::Repeat);
+        assert_eq!(jobs.observe(a, 2, 0), Verdict::Next);
+        assert_eq!(jobs.observe(c, 1, 0), Verdict::Repeat);
+    }
+
+    #[test]
+    fn the_jobs_of_a_partition_taken_away_are_forgotten_so_their_events_come_again() {
+        let mut jobs = JobSequences::new(10);
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        jobs.observe(a, 3, 0);
+        jobs.observe(b, 5, 1);
+        jobs.forget_partition(0);
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(
+            jobs.observe(a, 3, 0),
+            Verdict::Next,
+            "read again after a rebalance"
+        );
+        assert_eq!(jobs.observe(b, 5, 1), Verdict::Repeat);
     }
 }

@@ -1,11 +1,12 @@
 //! [`EventStream`]: `workflow-run-events`, each job's events once and in
 //! order, offsets committed only past what the caller acknowledged.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use flotilla_codec::Codec;
-use flotilla_contracts::{WorkflowRunEvent, topics};
+use flotilla_codec::{Codec, CodecError};
+use flotilla_contracts::{DecodeError, WorkflowRunEvent, topics};
 use flotilla_runtime::BrokerConfig;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
@@ -153,7 +154,10 @@ pub enum StreamError {
     /// again).
     #[error("the event stream is unavailable: {0}")]
     Unavailable(String),
-    /// The settings cannot work.
+    /// The settings cannot work: from [`EventStream::subscribe`], or from
+    /// [`EventStream::next`] an Avro record with no registry configured
+    /// (the record stays in hand, unsettled, until a stream with the
+    /// registry reads it).
     #[error("event stream settings: {0}")]
     Settings(String),
 }
@@ -180,9 +184,16 @@ pub struct EventStream {
     topic: String,
     jobs: JobSequences,
     acks: Arc<Mutex<Acks>>,
-    /// A record whose decoding found the registry away, decoded again first.
-    held: Option<OwnedMessage>,
+    /// Partitions taken away since the stream last looked.
+    revoked: Arc<Mutex<Vec<i32>>>,
+    revocations: Arc<AtomicU64>,
+    /// The record being judged, with the revocation count when it was
+    /// read: kept here until it is yielded or settled, so a cancelled
+    /// `next()` or a registry outage decodes it again.
+    held: Option<(OwnedMessage, u64)>,
     repeats: u64,
+    /// Set by [`EventStream::close`], which leaves the group itself.
+    closed: bool,
 }
 
 impl std::fmt::Debug for EventStream {
@@ -195,10 +206,13 @@ impl std::fmt::Debug for EventStream {
     }
 }
 
-/// Forgets what was outstanding of partitions taken away, so their next
-/// member reads it again and this one does not store offsets for them.
+/// What a rebalance took away: forgotten in the offsets at once, and in the
+/// job memory by the stream before it judges its next record.
 struct Context {
     acks: Arc<Mutex<Acks>>,
+    revoked: Arc<Mutex<Vec<i32>>>,
+    /// Counts revocations: a record read before one is another reading's.
+    revocations: Arc<AtomicU64>,
 }
 
 impl ClientContext for Context {}
@@ -207,9 +221,12 @@ impl ConsumerContext for Context {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
             let mut acks = self.acks.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut revoked = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
             for element in partitions.elements() {
                 acks.forget(element.partition());
+                revoked.push(element.partition());
             }
+            self.revocations.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
@@ -250,9 +267,13 @@ impl EventStream {
             config.set("fetch.wait.max.ms", wait.as_millis().max(1).to_string());
         }
         let acks = Arc::new(Mutex::new(Acks::default()));
+        let revoked = Arc::new(Mutex::new(Vec::new()));
+        let revocations = Arc::new(AtomicU64::new(0));
         let consumer: StreamConsumer<Context> = config
             .create_with_context(Context {
                 acks: Arc::clone(&acks),
+                revoked: Arc::clone(&revoked),
+                revocations: Arc::clone(&revocations),
             })
             .map_err(|e| StreamError::Settings(format!("creating the consumer: {e}")))?;
         consumer
@@ -264,51 +285,64 @@ impl EventStream {
             topic: options.topic.clone(),
             jobs: JobSequences::new(options.remember_jobs),
             acks,
+            revoked,
+            revocations,
             held: None,
             repeats: 0,
+            closed: false,
         })
     }
 
     /// The next event that is neither a repeat nor undecodable, waiting
-    /// for one.
+    /// for one. Cancel-safe: a call dropped while it waits (a timeout
+    /// around it) loses nothing; the record in hand is judged again by the
+    /// next call.
     ///
     /// # Errors
     /// See [`StreamError`]; each is about one record or one moment, and the
     /// next call goes on.
     pub async fn next(&mut self) -> Result<Delivery, StreamError> {
         loop {
-            let message = match self.held.take() {
-                Some(message) => message,
-                None => {
-                    let message = self
-                        .consumer
-                        .recv()
-                        .await
-                        .map_err(|e| StreamError::Unavailable(e.to_string()))?
-                        .detach();
-                    self.lock_acks().read(message.partition(), message.offset());
-                    message
-                }
+            if self.held.is_none() {
+                let message = self
+                    .consumer
+                    .recv()
+                    .await
+                    .map_err(|e| StreamError::Unavailable(e.to_string()))?
+                    .detach();
+                let read_at = self.revocations.load(Ordering::SeqCst);
+                self.lock_acks().read(message.partition(), message.offset());
+                self.held = Some((message, read_at));
+            }
+            let Some((message, read_at)) = &self.held else {
+                continue;
             };
-            let (partition, offset) = (message.partition(), message.offset());
-            let decoded = match message.payload() {
+            let (partition, offset, read_at) = (message.partition(), message.offset(), *read_at);
+            let payload = message.payload().map(<[u8]>::to_vec);
+            let decoded = match &payload {
                 Some(payload) => self.codec.decode::<WorkflowRunEvent>(payload).await,
-                None => {
-                    self.settle(partition, offset);
-                    return Err(StreamError::Undecodable {
-                        partition,
-                        offset,
-                        reason: "the record has no value".to_owned(),
-                    });
-                }
+                None => Err(CodecError::Decode(DecodeError::Empty)),
             };
+            // Jobs of partitions a rebalance took away are forgotten before
+            // anything is judged, and a record read before the rebalance is
+            // dropped unsettled: its partition is read again from the
+            // group's last commit, by whichever member holds it now.
+            self.forget_revoked();
+            if self.revocations.load(Ordering::SeqCst) != read_at {
+                self.held = None;
+                continue;
+            }
             let event = match decoded {
                 Ok(event) => event,
-                Err(e) if e.is_transient() => {
-                    self.held = Some(message);
-                    return Err(StreamError::Unavailable(e.to_string()));
+                Err(e) if e.is_transient() => return Err(StreamError::Unavailable(e.to_string())),
+                Err(e @ CodecError::NoRegistry(_)) => {
+                    // Not the record's fault: it stays in hand, unsettled.
+                    return Err(StreamError::Settings(format!(
+                        "{e}: give the stream the fleet's registry (SCHEMA_REGISTRY_URL)"
+                    )));
                 }
                 Err(e) => {
+                    self.held = None;
                     self.settle(partition, offset);
                     return Err(StreamError::Undecodable {
                         partition,
@@ -317,15 +351,17 @@ impl EventStream {
                     });
                 }
             };
+            self.held = None;
             let delivery = Delivery {
                 partition,
                 offset,
                 event,
             };
-            match self
-                .jobs
-                .observe(delivery.event.job_id(), delivery.event.sequence())
-            {
+            match self.jobs.observe(
+                delivery.event.job_id(),
+                delivery.event.sequence(),
+                partition,
+            ) {
                 Verdict::Next => return Ok(delivery),
                 Verdict::Repeat => {
                     self.repeats += 1;
@@ -340,6 +376,15 @@ impl EventStream {
                     });
                 }
             }
+        }
+    }
+
+    /// Forgets the jobs of partitions revoked since the last look.
+    fn forget_revoked(&mut self) {
+        let revoked =
+            std::mem::take(&mut *self.revoked.lock().unwrap_or_else(PoisonError::into_inner));
+        for taken in revoked {
+            self.jobs.forget_partition(taken);
         }
     }
 
@@ -366,6 +411,28 @@ impl EventStream {
             Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => Ok(()),
             Err(e) => Err(StreamError::Unavailable(format!("committing: {e}"))),
         }
+    }
+
+    /// Leaves the group after committing what was acknowledged, waiting
+    /// for both. Dropping the stream also leaves, without waiting: a
+    /// process that exits right after may not have committed its last
+    /// acknowledgements (they are read again, as repeats).
+    ///
+    /// # Errors
+    /// [`StreamError::Unavailable`] when the final commit failed.
+    pub async fn close(mut self) -> Result<(), StreamError> {
+        let committed = self.commit().await;
+        self.closed = true;
+        let consumer = Arc::clone(&self.consumer);
+        drop(self);
+        // The last reference: leaving the group happens here, off the
+        // async runtime's threads.
+        let _ = tokio::task::spawn_blocking(move || {
+            consumer.unsubscribe();
+            drop(consumer);
+        })
+        .await;
+        committed
     }
 
     /// How many repeats were dropped so far.
@@ -407,6 +474,9 @@ impl EventStream {
 
 impl Drop for EventStream {
     fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
         // Leaving the group commits the stored offsets and can wait on the
         // broker: not on an async runtime's thread.
         let consumer = Arc::clone(&self.consumer);

@@ -32,8 +32,13 @@ pub enum SubmitError {
     /// request (with the same job id) may be retried; a repeat is harmless.
     #[error("the fleet could not be reached: {0}")]
     Unavailable(String),
-    /// This client's settings cannot work (credentials refused, a schema
-    /// the registry refuses, a bad CA file).
+    /// This client's settings cannot work (the API refused the token, a
+    /// schema the registry refuses, a bad CA file or URL, a producer
+    /// librdkafka declared fatal). A registry refusing credentials is
+    /// [`SubmitError::Unavailable`], as it is for the fleet (credentials
+    /// rotated in come back); so are Kafka credentials the broker refuses,
+    /// which librdkafka reports only when the record's delivery times out
+    /// (`message.timeout.ms`, 300 s by default).
     #[error("client settings: {0}")]
     Settings(String),
 }
@@ -351,7 +356,9 @@ fn delivery_error(topic: &str, error: &KafkaError) -> SubmitError {
             RDKafkaErrorCode::TopicAuthorizationFailed
             | RDKafkaErrorCode::ClusterAuthorizationFailed
             | RDKafkaErrorCode::SaslAuthenticationFailed
-            | RDKafkaErrorCode::Authentication,
+            | RDKafkaErrorCode::Authentication
+            | RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::Fatal,
         ) => SubmitError::Settings(text),
         _ => SubmitError::Unavailable(text),
     }
@@ -380,10 +387,13 @@ async fn submit_to_api(
             call = call.header("tracestate", tracestate);
         }
     }
-    let response = call
-        .send()
-        .await
-        .map_err(|e| SubmitError::Unavailable(format!("{url}: {e}")))?;
+    let response = call.send().await.map_err(|e| {
+        if e.is_builder() {
+            SubmitError::Settings(format!("{url}: {e}"))
+        } else {
+            SubmitError::Unavailable(format!("{url}: {e}"))
+        }
+    })?;
     let status = response.status();
     if status.is_success() {
         return Ok(Receipt::Api {

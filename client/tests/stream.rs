@@ -11,6 +11,8 @@ use flotilla_codec::Codec;
 use flotilla_contracts::EventHeader;
 use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, create_topic, unique};
 use rdkafka::ClientConfig;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use uuid::Uuid;
 
@@ -47,8 +49,12 @@ struct Writer {
 
 impl Writer {
     async fn new() -> Self {
+        Self::with_partitions(3).await
+    }
+
+    async fn with_partitions(partitions: i32) -> Self {
         let topic = unique("client-stream");
-        create_topic(&topic, 3).await.unwrap();
+        create_topic(&topic, partitions).await.unwrap();
         let producer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap_servers())
             .set("partitioner", "consistent_random")
@@ -76,10 +82,14 @@ impl Writer {
     }
 
     fn stream(&self, group: &str) -> EventStream {
+        self.stream_through(group, &broker())
+    }
+
+    fn stream_through(&self, group: &str, broker: &flotilla_client::BrokerConfig) -> EventStream {
         let options = EventStreamOptions::new(group)
             .topic(&self.topic)
             .fetch_wait(Duration::from_millis(100));
-        EventStream::subscribe(&broker(), &options).unwrap()
+        EventStream::subscribe(broker, &options).unwrap()
     }
 }
 
@@ -294,6 +304,155 @@ async fn only_acknowledged_events_are_committed_and_the_rest_come_again_to_the_n
             "read again from the first one not acknowledged"
         );
         nothing_more(&mut second, Duration::from_secs(2)).await;
+    })
+    .await
+    .expect("the test timed out");
+}
+
+#[tokio::test]
+async fn an_avro_record_read_without_a_registry_is_a_settings_error_and_is_not_committed() {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let writer = Writer::new().await;
+        let registry = Codec::with_registry(&flotilla_tests::schema_registry_url()).unwrap();
+        let event = checkpoint(Uuid::new_v4(), 1);
+        writer.write(&registry, &[&event]).await;
+        let group = unique("g");
+        let no_registry = flotilla_client::BrokerConfig::new(&bootstrap_servers());
+        let mut blind = writer.stream_through(&group, &no_registry);
+        for _ in 0..2 {
+            let error = blind.next().await.unwrap_err();
+            assert!(matches!(error, StreamError::Settings(_)), "{error}");
+            assert_eq!(
+                blind.outstanding(),
+                1,
+                "the record stays in hand, unsettled"
+            );
+        }
+        blind.close().await.unwrap();
+        // The same group with the registry: the record was not committed.
+        let mut seeing = writer.stream(&group);
+        let (got, reported) = read(&mut seeing, 1, true).await;
+        assert!(reported.is_empty(), "{reported:?}");
+        assert_eq!(got[0].event(), &event);
+    })
+    .await
+    .expect("the test timed out");
+}
+
+#[tokio::test]
+async fn a_registry_outage_holds_the_record_and_the_next_call_decodes_it() {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let writer = Writer::new().await;
+        let registry = Codec::with_registry(&flotilla_tests::schema_registry_url()).unwrap();
+        let event = checkpoint(Uuid::new_v4(), 1);
+        writer.write(&registry, &[&event]).await;
+        // A registry that fails twice, then knows the schema.
+        let schema = serde_json::json!({
+            "schema": <WorkflowRunEvent as flotilla_contracts::Message>::schema_text()
+        })
+        .to_string();
+        let stub = flotilla_tests::registry_stub::RegistryStub::start(vec![
+            (500, r#"{"error_code":50001,"message":"down"}"#.to_owned()),
+            (503, "{}".to_owned()),
+            (200, schema),
+        ])
+        .await;
+        let mut through_stub = flotilla_client::BrokerConfig::new(&bootstrap_servers());
+        through_stub.registry = flotilla_runtime::registry::RegistryConfig::new(&stub.url());
+        let mut stream = writer.stream_through(&unique("g"), &through_stub);
+        let mut outages = 0;
+        let delivery = loop {
+            match stream.next().await {
+                Ok(delivery) => break delivery,
+                Err(StreamError::Unavailable(_)) => {
+                    outages += 1;
+                    assert_eq!(stream.outstanding(), 1, "the record stays in hand");
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert!(outages >= 1, "the stub's failures were seen");
+        assert_eq!(delivery.event(), &event);
+    })
+    .await
+    .expect("the test timed out");
+}
+
+/// A member that keeps an event unacknowledged through a rebalance sees it
+/// again, from whichever member holds its partition: the event is never
+/// taken for a repeat of itself and committed unseen. Both members are
+/// read in one `select!`, which also drops the losing `next()` each time
+/// (the stream is cancel-safe). On librdkafka's mock cluster: the test
+/// broker lets a joining member wait for the others' session timeout.
+#[tokio::test]
+async fn an_event_unacknowledged_through_a_rebalance_is_delivered_again() {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
+        let topic = unique("client-rebalance");
+        cluster.create_topic(&topic, 1, 1).unwrap();
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create()
+            .unwrap();
+        let job = Uuid::new_v4();
+        for sequence in 1..=3 {
+            let payload = Codec::json().encode(&topic, &checkpoint(job, sequence)).await.unwrap();
+            producer
+                .send(FutureRecord::to(&topic).key(&job.to_string()).payload(&payload), Duration::from_secs(10))
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+        let mut broker = flotilla_client::BrokerConfig::new(&cluster.bootstrap_servers());
+        // The mock cluster waits a second less than the session timeout for
+        // members to rejoin a rebalance: 45 s by default.
+        broker
+            .security
+            .kafka_property
+            .push(("session.timeout.ms".to_owned(), "6000".to_owned()));
+        let group = unique("g");
+        let member = || {
+            let options = EventStreamOptions::new(&group).topic(&topic).fetch_wait(Duration::from_millis(20));
+            EventStream::subscribe(&broker, &options).unwrap()
+        };
+        let mut first = member();
+        let (got, _) = read(&mut first, 3, false).await;
+        first.ack(&got[0]);
+        first.ack(&got[1]);
+        first.commit().await.unwrap();
+
+        // A second member joins (a rebalance), then leaves (another): the
+        // first member ends up holding the partition again.
+        let mut second = member();
+        let third = |d: &Delivery| d.event().sequence() == 3;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+        loop {
+            tokio::select! {
+                next = first.next() => {
+                    if let Ok(d) = next && third(&d) { break; }
+                }
+                next = second.next() => {
+                    if let Ok(d) = next && third(&d) { break; }
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    panic!("after the rebalance neither member read the unacknowledged event again");
+                }
+            }
+        }
+        second.close().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(40), async {
+            loop {
+                if let Ok(d) = first.next().await
+                    && third(&d)
+                {
+                    return d;
+                }
+            }
+        })
+        .await
+        .expect("after the second member left, the first never read the unacknowledged event again");
+        assert_eq!(next.event(), &got[2].event().clone());
+        drop(first);
     })
     .await
     .expect("the test timed out");

@@ -2,7 +2,7 @@
 (``KafkaSubmitter``, ``ApiSubmitter``) and consume each job's events once
 and in order (``EventStream``). See docs/clients.md in the repository."""
 
-from .events import Delivery, EventStream, Gap, StreamError, Undecodable
+from .events import Delivery, EventStream, Gap, Misconfigured, StreamError, Undecodable
 from .events import Unavailable as StreamUnavailable
 from .order import JobSequences, Next, Repeat, Skipped, classify
 from .submitter import ApiSubmitter, KafkaSubmitter, Receipt, Rejected, SettingsError, SubmitError, Unavailable
@@ -10,7 +10,7 @@ from .wire import EventType, NotAnEvent, WorkflowRunEvent, event_from_json, even
 
 __all__ = [
     "ApiSubmitter", "Delivery", "EventStream", "EventType", "Gap", "JobSequences", "KafkaSubmitter",
-    "Next", "NotAnEvent", "Receipt", "Rejected", "Repeat", "SettingsError", "Skipped", "StreamError",
+    "Misconfigured", "Next", "NotAnEvent", "Receipt", "Rejected", "Repeat", "SettingsError", "Skipped", "StreamError",
     "StreamUnavailable", "SubmitError", "Unavailable", "Undecodable", "WorkflowRunEvent", "classify",
     "event_from_json", "event_to_avro_fields", "event_to_json",
 ]

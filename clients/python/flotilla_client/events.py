@@ -9,6 +9,7 @@ from typing import Optional
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -54,6 +55,12 @@ class Undecodable(StreamError):
 class Unavailable(StreamError):
     """The broker or the registry could not be used just now; poll again
     (the record in hand is decoded again)."""
+
+
+class Misconfigured(StreamError):
+    """The settings cannot work: an Avro record and no ``registry_url``. The
+    record stays in hand, unsettled, until a stream with the registry reads
+    it."""
 
 
 class _Acks:
@@ -120,15 +127,21 @@ class EventStream:
         })
         self._consumer = Consumer(settings)
         self._topic = topic
-        self._avro = AvroDeserializer(SchemaRegistryClient({"url": registry_url})) if registry_url else None
+        self._registry = SchemaRegistryClient({"url": registry_url}) if registry_url else None
+        self._avro = AvroDeserializer(self._registry) if self._registry else None
         self._jobs = JobSequences(remember_jobs)
         self._acks = _Acks()
+        # The record in hand with the revocation count when it was read.
         self._held = None
+        self._revoked: list = []
+        self._revocations = 0
         self.repeats_dropped = 0
 
         def revoked(_consumer, partitions):
             for partition in partitions:
                 self._acks.forget(partition.partition)
+                self._revoked.append(partition.partition)
+            self._revocations += 1
 
         self._consumer.subscribe([topic], on_revoke=revoked, on_lost=revoked)
 
@@ -138,26 +151,35 @@ class EventStream:
         Raises ``Gap``, ``Undecodable`` or ``Unavailable``; each is about one
         record or one moment, and the next call goes on."""
         while True:
-            message = self._held
-            self._held = None
-            if message is None:
+            if self._held is None:
                 message = self._consumer.poll(timeout)
                 if message is None:
                     return None
                 if message.error():
                     raise Unavailable(str(message.error()))
                 self._acks.read(message.partition(), message.offset())
+                self._held = (message, self._revocations)
+            message, read_at = self._held
             partition, offset = message.partition(), message.offset()
+            # A rebalance since the record was read: its partition is read
+            # again from the group's last commit, by whoever holds it now.
+            for taken in self._revoked:
+                self._jobs.forget_partition(taken)
+            self._revoked.clear()
+            if read_at != self._revocations:
+                self._held = None
+                continue
             try:
                 event = self._decode(message)
-            except Unavailable:
-                self._held = message
-                raise
+            except (Unavailable, Misconfigured):
+                raise  # the record stays in hand
             except NotAnEvent as e:
+                self._held = None
                 self._settle(partition, offset)
                 raise Undecodable(partition, offset, str(e)) from None
+            self._held = None
             delivery = Delivery(event=event, partition=partition, offset=offset)
-            verdict = self._jobs.observe(event.job_id, event.sequence)
+            verdict = self._jobs.observe(event.job_id, event.sequence, partition)
             if isinstance(verdict, Repeat):
                 self.repeats_dropped += 1
                 self._settle(partition, offset)
@@ -173,15 +195,23 @@ class EventStream:
         if not is_avro(value):
             return event_from_json(value)
         if self._avro is None:
-            raise NotAnEvent("an Avro record, and no registry_url to read it")
+            raise Misconfigured("an Avro record, and no registry_url to read it")
+        if len(value) < 5:
+            raise NotAnEvent("Avro framing shorter than its 5-byte header")
+        schema_id = int.from_bytes(value[1:5], "big")
+        # Asking the registry is about the world, except a definite "no
+        # such schema"; decoding the datum is about the record.
+        try:
+            self._registry.get_schema(schema_id)
+        except SchemaRegistryError as e:
+            if e.http_status_code == 404 and e.error_code == 40403:
+                raise NotAnEvent(f"the registry has no schema {schema_id}") from None
+            raise Unavailable(f"the registry: {e}") from None
+        except Exception as e:  # transport errors of the registry's HTTP client
+            raise Unavailable(f"the registry: {e}") from None
         try:
             fields = self._avro(value, SerializationContext(message.topic(), MessageField.VALUE))
-        except Exception as e:  # the registry client and fastavro raise many kinds
-            status = getattr(e, "http_status_code", None)
-            if status is not None and status >= 500 or isinstance(e, (OSError, ConnectionError)):
-                raise Unavailable(f"the registry: {e}") from None
-            if status is None and "connection" in str(e).lower():
-                raise Unavailable(f"the registry: {e}") from None
+        except Exception as e:  # fastavro raises many kinds for a bad datum
             raise NotAnEvent(f"Avro: {e}") from None
         return event_from_fields(fields, result_is_text=True)
 

@@ -66,24 +66,32 @@ def classify(last_applied: Optional[int], sequence: int) -> Verdict:
 
 
 class JobSequences:
-    """The last sequence delivered per job, for at most ``capacity`` jobs
-    (those first seen longest ago are forgotten first; a forgotten job
-    counts as never seen)."""
+    """The last sequence delivered per job and the partition it came from,
+    for at most ``capacity`` jobs (those first seen longest ago are
+    forgotten first; a forgotten job counts as never seen)."""
 
     def __init__(self, capacity: int = 100_000):
-        self._last: OrderedDict[UUID, int] = OrderedDict()
+        self._last: OrderedDict[UUID, tuple] = OrderedDict()
         self._capacity = max(1, capacity)
 
-    def observe(self, job_id: UUID, sequence: int) -> Verdict:
+    def observe(self, job_id: UUID, sequence: int, partition: int = 0) -> Verdict:
         """Judges the event and, unless it is a repeat, moves the job on to it."""
-        verdict = classify(self._last.get(job_id), sequence)
+        last = self._last.get(job_id)
+        verdict = classify(None if last is None else last[0], sequence)
         if not isinstance(verdict, Repeat):
             known = job_id in self._last
-            self._last[job_id] = sequence
+            self._last[job_id] = (sequence, partition)
             if not known:
                 while len(self._last) > self._capacity:
                     self._last.popitem(last=False)
         return verdict
+
+    def forget_partition(self, partition: int) -> None:
+        """Forgets the jobs last read from ``partition``: it was taken away,
+        and what comes of it later is delivered again rather than judged
+        against events that may never have been acknowledged."""
+        for job_id in [job for job, (_, p) in self._last.items() if p == partition]:
+            del self._last[job_id]
 
     def __len__(self) -> int:
         return len(self._last)

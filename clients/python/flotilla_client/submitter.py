@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -70,7 +71,8 @@ def _request(workflow_name: str, input: Any, job_id: Optional[uuid.UUID]) -> dic
     if not isinstance(workflow_name, str) or not workflow_name.strip():
         raise Rejected("workflow_name must be non-blank text")
     try:
-        text = json.dumps(input)
+        # NaN and infinities are not JSON: the fleet would dead-letter them.
+        text = json.dumps(input, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise Rejected(f"the input is not JSON: {e}") from None
     job_id = job_id or uuid.uuid4()
@@ -116,13 +118,15 @@ class KafkaSubmitter:
             try:
                 value = self._avro(fields, SerializationContext(self._topic, MessageField.VALUE))
             except Exception as e:  # the registry's client raises several kinds
-                status = getattr(e, "http_status_code", None)
-                if status in (401, 403, 409, 422):
+                # A schema the registry refuses is the settings' fault;
+                # refused credentials are an outage, as for the fleet
+                # (rotated credentials come back).
+                if getattr(e, "http_status_code", None) in (409, 422):
                     raise SettingsError(f"the registry refused the request schema: {e}") from None
                 raise Unavailable(f"the registry: {e}") from None
         else:
             value = json.dumps({"job_id": fields["job_id"], "workflow_name": workflow_name,
-                                "input": request["input"]}).encode()
+                                "input": request["input"]}, allow_nan=False).encode()
         outcome: dict = {}
 
         def delivered(error, message):
@@ -153,8 +157,10 @@ def _delivery_error(error: KafkaError) -> SubmitError:
     if error.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD,
                         KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE):
         return Rejected(text)
-    if error.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._AUTHENTICATION,
-                        KafkaError.SASL_AUTHENTICATION_FAILED):
+    if error.fatal() or error.code() in (
+            KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+            KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
+            KafkaError.TOPIC_EXCEPTION, KafkaError._FATAL):
         return SettingsError(text)
     return Unavailable(text)
 
@@ -163,6 +169,9 @@ class ApiSubmitter:
     """Submits through a worker's HTTP API (``POST /v1/jobs``)."""
 
     def __init__(self, base_url: str, token: Optional[str] = None):
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise SettingsError(f"the API URL {base_url!r} is not an http:// or https:// URL")
         self._url = base_url.rstrip("/") + "/v1/jobs"
         self._token = token
 
@@ -171,7 +180,7 @@ class ApiSubmitter:
         """Sends one request and waits until a worker committed it."""
         request = _request(workflow_name, input, job_id)
         body = json.dumps({"job_id": str(request["job_id"]), "workflow_name": workflow_name,
-                           "input": request["input"]}).encode()
+                           "input": request["input"]}, allow_nan=False).encode()
         headers = {"content-type": "application/json", **_trace_headers(traceparent)}
         if self._token:
             headers["authorization"] = f"Bearer {self._token}"
@@ -181,7 +190,8 @@ class ApiSubmitter:
                 return Receipt(job_id=request["job_id"], created=response.status == 201)
         except urllib.error.HTTPError as e:
             try:
-                detail = json.loads(e.read()).get("detail", "")
+                problem = json.loads(e.read())
+                detail = problem.get("detail", "") if isinstance(problem, dict) else ""
             except ValueError:
                 detail = ""
             text = f"{self._url}: {e.code} {detail}"

@@ -1,6 +1,7 @@
-"""What the tests run against, from the environment. `cargo nextest run -p
-flotilla-client --test python` starts a fleet (worker and relay binaries on
-topics of their own) and runs these tests with every variable set."""
+"""What the tests run against, from the environment.
+`client/tests/fleet.rs::the_python_package_passes_its_tests_against_the_fleet`
+starts a fleet (worker and relay binaries on topics of their own) and runs
+these tests with every variable set (`scripts/test` runs it)."""
 
 import os
 import sys
@@ -34,7 +35,7 @@ def _need(name: str) -> str:
     value = os.environ.get(name)
     if not value:
         pytest.fail(f"{name} is not set: run these tests through "
-                    "`cargo nextest run -p flotilla-client --test python` (scripts/test does)")
+                    "`cargo nextest run -p flotilla-client --test fleet python` (scripts/test does)")
     return value
 
 

@@ -12,7 +12,8 @@ import time
 import urllib.request
 import uuid
 
-from flotilla_client import (ApiSubmitter, EventStream, EventType, Gap, KafkaSubmitter, Rejected)
+from flotilla_client import (ApiSubmitter, EventStream, EventType, Gap, KafkaSubmitter, Rejected, SettingsError,
+                             StreamUnavailable, Unavailable)
 
 from conftest import REPOSITORY
 
@@ -31,6 +32,9 @@ def follow(fleet, services, jobs):
                 delivery = stream.poll(0.5)
             except Gap as e:
                 raise AssertionError(f"the fleet skipped a sequence: {e}")
+            except StreamUnavailable as e:
+                print(f"unavailable: {e}")
+                continue
             if delivery is None:
                 continue
             if delivery.event.job_id in seen:
@@ -54,8 +58,10 @@ def test_requests_through_kafka_and_the_api_complete_and_their_events_come_once_
         assert len({e.event_id for e in events}) == len(events)
 
 
-def test_a_request_the_fleet_refuses_is_rejected_through_the_api_and_not_retryable(fleet):
+def test_each_refusal_is_classified_once_rejected_unavailable_or_settings(services, fleet):
     api = ApiSubmitter(fleet.api_url, token=fleet.token)
+    # About the request: an unknown workflow (422), an input that is not
+    # JSON (refused before anything is sent).
     try:
         api.submit(f"no-such-workflow-{uuid.uuid4().hex}", {})
     except Rejected as e:
@@ -63,6 +69,34 @@ def test_a_request_the_fleet_refuses_is_rejected_through_the_api_and_not_retryab
         assert "422" in str(e), e
     else:
         raise AssertionError("an unknown workflow was accepted")
+    kafka = KafkaSubmitter(services.bootstrap, registry_url=services.registry, topic=fleet.request_topic)
+    for submitter in (api, kafka):
+        try:
+            submitter.submit(fleet.workflow, {"total": float("nan")})
+        except Rejected:
+            pass
+        else:
+            raise AssertionError("NaN was sent as JSON")
+    # About the settings: a wrong token, a URL that is no URL.
+    try:
+        ApiSubmitter(fleet.api_url, token="nope").submit(fleet.workflow, {})
+    except SettingsError as e:
+        assert not e.retryable
+    else:
+        raise AssertionError("a refused token was accepted")
+    try:
+        ApiSubmitter("127.0.0.1:8080")
+    except SettingsError:
+        pass
+    else:
+        raise AssertionError("a URL without a scheme was taken")
+    # About the world: nothing listens.
+    try:
+        ApiSubmitter("http://127.0.0.1:9").submit(fleet.workflow, {})
+    except Unavailable as e:
+        assert e.retryable
+    else:
+        raise AssertionError("a refused connection was not an outage")
 
 
 def own_workflow(fleet) -> str:

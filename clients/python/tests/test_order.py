@@ -32,3 +32,14 @@ def test_the_jobs_seen_longest_ago_are_forgotten_beyond_the_capacity():
     assert len(jobs) == 2
     assert jobs.observe(a, 2) == Next(), "a was seen first, so it was forgotten"
     assert jobs.observe(c, 1) == Repeat()
+
+
+def test_the_jobs_of_a_partition_taken_away_are_forgotten_so_their_events_come_again():
+    jobs = JobSequences()
+    a, b = uuid.uuid4(), uuid.uuid4()
+    jobs.observe(a, 3, partition=0)
+    jobs.observe(b, 5, partition=1)
+    jobs.forget_partition(0)
+    assert len(jobs) == 1
+    assert jobs.observe(a, 3, partition=0) == Next(), "read again after a rebalance"
+    assert jobs.observe(b, 5, partition=1) == Repeat()

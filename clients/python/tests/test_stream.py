@@ -11,8 +11,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from flotilla_client import (EventStream, EventType, Gap, Undecodable, WorkflowRunEvent,
-                             event_to_avro_fields, event_to_json)
+from flotilla_client import (EventStream, EventType, Gap, Misconfigured, StreamUnavailable, Undecodable,
+                             WorkflowRunEvent, event_to_avro_fields, event_to_json)
 from flotilla_client.wire import schema_text
 
 from conftest import new_topic
@@ -64,6 +64,9 @@ def read(stream, count, gaps=None, undecodable=None):
         except Undecodable as e:
             assert undecodable is not None, f"an unexpected undecodable record: {e}"
             undecodable.append(e)
+            continue
+        except StreamUnavailable as e:
+            print(f"unavailable: {e}")
             continue
         if delivery is not None:
             got.append(delivery.event)
@@ -124,7 +127,8 @@ def test_a_record_that_is_not_an_event_is_reported_and_does_not_stall_the_partit
     job = uuid.uuid4()
     writer.write([event(job, 1)])
     writer.write_raw(str(job), b'{"job_id": "not a uuid"}')
-    writer.write_raw(str(job), b"\x00\x00\x00\x00\x07garbage")
+    # Avro framing naming a schema id the registry does not have.
+    writer.write_raw(str(job), b"\x00\x7f\xff\xff\x01garbage")
     writer.write([event(job, 2)])
     undecodable = []
     with EventStream(services.bootstrap, f"g-{uuid.uuid4().hex}", registry_url=services.registry,
@@ -133,3 +137,23 @@ def test_a_record_that_is_not_an_event_is_reported_and_does_not_stall_the_partit
         assert [e.sequence for e in got] == [1, 2]
         assert len(undecodable) == 2
         assert stream.outstanding() == 0
+
+
+def test_an_avro_record_read_without_a_registry_is_misconfigured_and_not_committed(services, topic):
+    writer = Writer(services, topic)
+    done = event(uuid.uuid4(), 1)
+    writer.write([done], avro=True)
+    group = f"g-{uuid.uuid4().hex}"
+    with EventStream(services.bootstrap, group, topic=topic) as blind:
+        deadline = time.monotonic() + DEADLINE
+        failures = 0
+        while failures < 2:
+            assert time.monotonic() < deadline, "the record never came"
+            try:
+                assert blind.poll(0.5) is None
+            except Misconfigured:
+                failures += 1
+                assert blind.outstanding() == 1, "the record stays in hand, unsettled"
+        blind.commit()
+    with EventStream(services.bootstrap, group, registry_url=services.registry, topic=topic) as seeing:
+        assert read(seeing, 1) == [done], "the record was not committed past"
