@@ -39,9 +39,10 @@ pub(crate) struct TailArgs {
 }
 
 pub(crate) async fn run(args: TailArgs) -> Result<(), Failure> {
-    // A group of its own, never committed by anyone else: each `tail`
-    // sees the whole stream from where it starts.
+    // A throwaway group of its own that never commits: each `tail` sees
+    // the whole stream from where it starts, and leaves nothing behind.
     let options = EventStreamOptions::new(&format!("flotilla-tail-{}", Uuid::new_v4().simple()))
+        .without_commits()
         .topic(&args.topic)
         .start_at(if args.from_beginning || args.job.is_some() {
             StartAt::Earliest

@@ -38,6 +38,7 @@ pub struct EventStreamOptions {
     remember_jobs: usize,
     fetch_wait: Option<Duration>,
     instance_id: Option<String>,
+    commits: bool,
 }
 
 impl EventStreamOptions {
@@ -53,6 +54,7 @@ impl EventStreamOptions {
             remember_jobs: 100_000,
             fetch_wait: None,
             instance_id: None,
+            commits: true,
         }
     }
 
@@ -75,6 +77,15 @@ impl EventStreamOptions {
     #[must_use]
     pub fn remember_jobs(mut self, jobs: usize) -> Self {
         self.remember_jobs = jobs;
+        self
+    }
+
+    /// Never commits offsets (a viewer in a throwaway group, such as
+    /// `flotilla tail`): acknowledgements are still tracked, and
+    /// [`EventStream::commit`] does nothing.
+    #[must_use]
+    pub fn without_commits(mut self) -> Self {
+        self.commits = false;
         self
     }
 
@@ -191,6 +202,7 @@ pub struct EventStream {
     /// read: kept here until it is yielded or settled, so a cancelled
     /// `next()` or a registry outage decodes it again.
     held: Option<(OwnedMessage, u64)>,
+    commits: bool,
     repeats: u64,
     /// Set by [`EventStream::close`], which leaves the group itself.
     closed: bool,
@@ -250,7 +262,7 @@ impl EventStream {
         // librdkafka commits what was stored, every second and when
         // partitions move; only acknowledged offsets are ever stored.
         config
-            .set("enable.auto.commit", "true")
+            .set("enable.auto.commit", options.commits.to_string())
             .set("enable.auto.offset.store", "false")
             .set("auto.commit.interval.ms", "1000")
             .set(
@@ -288,6 +300,7 @@ impl EventStream {
             revoked,
             revocations,
             held: None,
+            commits: options.commits,
             repeats: 0,
             closed: false,
         })
@@ -400,6 +413,9 @@ impl EventStream {
     /// # Errors
     /// [`StreamError::Unavailable`] when the broker did not take it.
     pub async fn commit(&self) -> Result<(), StreamError> {
+        if !self.commits {
+            return Ok(());
+        }
         let consumer = Arc::clone(&self.consumer);
         let result =
             tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync))

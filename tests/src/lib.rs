@@ -85,8 +85,16 @@ pub fn unique(prefix: &str) -> String {
 /// # Errors
 /// The broker refuses or does not answer.
 pub async fn create_topic(topic: &str, partitions: i32) -> anyhow::Result<()> {
+    create_topic_on(&bootstrap_servers(), topic, partitions).await
+}
+
+/// As [`create_topic`], on the broker at `bootstrap` (a test's own).
+///
+/// # Errors
+/// The broker refuses or does not answer.
+pub async fn create_topic_on(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers())
+        .set("bootstrap.servers", bootstrap)
         .create()?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
