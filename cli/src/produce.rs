@@ -117,7 +117,6 @@ pub(crate) struct ProduceSignalArgs {
 
 /// `flotilla produce-signal`: one WorkflowRunSignal to Kafka, keyed by job id.
 pub(crate) async fn run_signal(args: ProduceSignalArgs) -> Result<(), Failure> {
-    args.kafka.validate().map_err(Failure::usage)?;
     let payload = crate::jobs::json_arg(&args.payload, "the payload")?;
     let source = match &args.source {
         Some(source) => crate::jobs::json_arg(source, "--source")?,

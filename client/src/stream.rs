@@ -331,8 +331,7 @@ impl EventStream {
                 continue;
             };
             let (partition, offset, read_at) = (message.partition(), message.offset(), *read_at);
-            let payload = message.payload().map(<[u8]>::to_vec);
-            let decoded = match &payload {
+            let decoded = match message.payload() {
                 Some(payload) => self.codec.decode::<WorkflowRunEvent>(payload).await,
                 None => Err(CodecError::Decode(DecodeError::Empty)),
             };

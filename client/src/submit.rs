@@ -7,6 +7,7 @@ use flotilla_codec::{Codec, CodecError};
 use flotilla_contracts::avro::AvroMessage;
 use flotilla_contracts::{WorkflowRunRequest, WorkflowRunSignal, topics};
 use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::kafka::security::{is_refused_access, is_refused_for_itself};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -341,25 +342,17 @@ async fn produce<M: AvroMessage>(
     Ok((delivery.partition, delivery.offset))
 }
 
-/// A record the broker will never take is about the record; anything else
-/// is about the broker.
+/// A record the broker will never take is about the record; refused
+/// access or a dead producer is about the settings; anything else is about
+/// the broker.
 fn delivery_error(topic: &str, error: &KafkaError) -> SubmitError {
     let text = format!("producing to {topic}: {error}");
     match error.rdkafka_error_code() {
-        Some(
-            RDKafkaErrorCode::MessageSizeTooLarge
-            | RDKafkaErrorCode::InvalidMessageSize
-            | RDKafkaErrorCode::InvalidRecord
-            | RDKafkaErrorCode::InvalidMessage,
-        ) => SubmitError::Rejected(text),
-        Some(
-            RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::ClusterAuthorizationFailed
-            | RDKafkaErrorCode::SaslAuthenticationFailed
-            | RDKafkaErrorCode::Authentication
-            | RDKafkaErrorCode::InvalidTopic
-            | RDKafkaErrorCode::Fatal,
-        ) => SubmitError::Settings(text),
+        Some(code) if is_refused_for_itself(code) => SubmitError::Rejected(text),
+        _ if is_refused_access(error) => SubmitError::Settings(text),
+        Some(RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::Fatal) => {
+            SubmitError::Settings(text)
+        }
         _ => SubmitError::Unavailable(text),
     }
 }

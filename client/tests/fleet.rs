@@ -129,10 +129,54 @@ async fn each_refusal_is_classified_once_rejected_or_unavailable(pool: PgPool) {
             .await
             .unwrap_err();
         assert!(away.is_retryable(), "{away}");
+        // A URL that is no URL is the settings' fault, found before sending.
+        let schemeless = Submitter::api("127.0.0.1:8080", None).unwrap();
+        let unusable = schemeless
+            .submit(&Submission::new(WORKFLOW, &1).unwrap())
+            .await
+            .unwrap_err();
+        assert!(matches!(unusable, SubmitError::Settings(_)), "{unusable}");
+        // Hostile answers: bodies that are no problem document, a 400 and
+        // a 503, each classed by its status alone.
+        let hostile = hostile_api().await;
+        let answered = Submitter::api(&hostile, None).unwrap();
+        for (workflow, expected_retryable) in [("bad", false), ("busy", true)] {
+            let error = answered
+                .submit(&Submission::new(workflow, &1).unwrap())
+                .await
+                .unwrap_err();
+            assert_eq!(error.is_retryable(), expected_retryable, "{error}");
+            assert!(
+                matches!(
+                    (&error, expected_retryable),
+                    (SubmitError::Rejected(_), false) | (SubmitError::Unavailable(_), true)
+                ),
+                "{error}"
+            );
+        }
         fleet.stop().await;
     })
     .await
     .expect("the test timed out");
+}
+
+/// An API that answers a submission of workflow `bad` with a 400 and of any
+/// other with a 503, both with an HTML body and a wrong content type.
+async fn hostile_api() -> String {
+    use axum::routing::post;
+    let answer = |axum::Json(body): axum::Json<serde_json::Value>| async move {
+        let status = if body["workflow_name"] == "bad" {
+            axum::http::StatusCode::BAD_REQUEST
+        } else {
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        };
+        (status, "<html>\u{0}not json</html>")
+    };
+    let app = axum::Router::new().route("/v1/jobs", post(answer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
 }
 
 /// Runs an example binary to its end; returns (exit code, output lines).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use flotilla_codec::{Codec, CodecError};
 use flotilla_contracts::{WorkflowRunEvent, json};
-use flotilla_runtime::kafka::security::is_refused_access;
+use flotilla_runtime::kafka::security::{is_refused_access, is_refused_for_itself};
 use flotilla_store::outbox::relay::{self as outbox, PendingEvent};
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
@@ -143,18 +143,6 @@ enum Miss {
     World(Reason, String),
 }
 
-/// Whether the broker refused this record for itself.
-fn refused_for_itself(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::MessageSizeTooLarge
-            | RDKafkaErrorCode::InvalidMessageSize
-            | RDKafkaErrorCode::InvalidMessage
-            | RDKafkaErrorCode::InvalidRecord
-            | RDKafkaErrorCode::MessageBatchTooLarge
-    )
-}
-
 impl From<Miss> for Outcome {
     fn from(miss: Miss) -> Self {
         match miss {
@@ -177,7 +165,7 @@ fn classify(error: &KafkaError) -> Miss {
         code.map_or(Reason::Other, Reason::of)
     };
     match code {
-        Some(code) if refused_for_itself(code) => Miss::Message(reason, error.to_string()),
+        Some(code) if is_refused_for_itself(code) => Miss::Message(reason, error.to_string()),
         _ => Miss::World(reason, error.to_string()),
     }
 }

@@ -353,6 +353,21 @@ pub fn is_refused_access(error: &KafkaError) -> bool {
     })
 }
 
+/// Whether the broker refused a record for the record itself (too large,
+/// invalid): sending the same bytes again will fail again.
+#[must_use]
+pub fn is_refused_for_itself(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        code,
+        Code::MessageSizeTooLarge
+            | Code::InvalidMessageSize
+            | Code::InvalidMessage
+            | Code::InvalidRecord
+            | Code::MessageBatchTooLarge
+    )
+}
+
 fn property(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.trim().is_empty() => {
