@@ -117,7 +117,8 @@ pub struct ConsumerConfig {
     #[arg(long, env = "FLOTILLA_REQUEST_BATCH_BYTES", default_value_t = consumer::DEFAULT_BATCH_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub request_batch_bytes: usize,
 
-    /// How long a batch waits to fill once its first request arrived.
+    /// How long a batch waits to fill once its first request arrived (0:
+    /// it takes what has arrived).
     #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value_t = consumer::DEFAULT_BATCH_WAIT.into(), value_parser = duration_between(Duration::ZERO, Duration::from_secs(60)))]
     pub request_batch_wait: humantime::Duration,
 

@@ -132,3 +132,50 @@ async fn a_consumer_killed_between_row_commit_and_offset_commit_loses_and_duplic
     })
     .await;
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn with_no_batch_wait_a_batch_still_takes_everything_already_fetched(pool: PgPool) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        let settings = flotilla_worker::consumer::ConsumerSettings::new(
+            flotilla_tests::broker(),
+            &topics.requests,
+            &topics.group,
+        );
+        assert_eq!(
+            settings.batch_wait,
+            Duration::ZERO,
+            "the default waits for nothing"
+        );
+        let producer = producer();
+        // Twenty requests in the partition before the consumer's first fetch:
+        // they come in one fetch, so one batch takes them all.
+        for n in 0..20 {
+            support::produce_to(
+                &producer,
+                &topics.requests,
+                0,
+                format!("r{n}").as_bytes(),
+                None,
+            )
+            .await;
+        }
+        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
+            engine,
+            support::codec(),
+            settings,
+        )
+        .unwrap();
+        let never = CancellationToken::new();
+        let first = consumer.next_batch(&never).await.unwrap();
+        assert_eq!(first.len(), 20, "one batch took the whole fetch");
+        // A request produced alone is a batch of its own.
+        support::produce_to(&producer, &topics.requests, 1, b"alone", None).await;
+        let second = consumer.next_batch(&never).await.unwrap();
+        assert_eq!(second.len(), 1);
+        assert_eq!(rdkafka::Message::payload(&*second[0]), Some(&b"alone"[..]));
+        consumer.close();
+    })
+    .await;
+}
