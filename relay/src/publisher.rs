@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flotilla_codec::{Codec, CodecError};
-use flotilla_contracts::{WorkflowRunEvent, json};
+use flotilla_contracts::WorkflowRunEvent;
 use flotilla_runtime::kafka::security::{is_refused_access, is_refused_for_itself};
 use flotilla_store::outbox::relay::{self as outbox, PendingEvent};
 use futures_util::StreamExt as _;
@@ -440,7 +440,7 @@ impl Publisher {
         row: PendingEvent,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Delivery, (PendingEvent, Outcome)> {
-        let event = match json::decode_stored_text::<WorkflowRunEvent>(row.payload.0.get()) {
+        let event = match row.event() {
             Ok(event) => event,
             Err(e) => {
                 let error = format!("the stored event does not decode: {e}");

@@ -43,7 +43,7 @@ pub async fn timeline(
     job_id: Uuid,
 ) -> Result<Vec<TimelineEntry>, sqlx::Error> {
     let rows: Vec<TimelineRow> = crate::sql::query_as(
-        "SELECT sequence, event_type, payload, status, created_at
+        "SELECT sequence, event_type, coalesce(payload, body) AS payload, status, created_at
          FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
     )
     .bind(job_id)

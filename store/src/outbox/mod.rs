@@ -1,6 +1,7 @@
 //! `workflow_run_outbox`: one row per commit point of a job, written in the
 //! same transaction as the run row's change. A row holds the finished event
-//! (its JSON form) and its trace context, so the relay never reads the run.
+//! (its JSON form, without what the row's columns hold: [`stored`]) and its
+//! trace context, so the relay never reads the run.
 //! Rows are written by the commit points of [`crate::runs`]; what the relay
 //! does with them is in [`relay`].
 
@@ -15,6 +16,7 @@ use crate::StoreError;
 pub mod history;
 pub mod relay;
 pub mod step_requests;
+pub mod stored;
 
 pub use relay::{MAX_PUBLISH_ATTEMPTS, PendingEvent};
 
@@ -105,17 +107,22 @@ pub async fn insert_many(
     let column = |f: fn(&(WorkflowRunEvent, &EventStamp)) -> Option<String>| {
         events.iter().map(f).collect::<Vec<_>>()
     };
+    let bodies = events
+        .iter()
+        .map(|(event, _)| stored::compact(event).map(Json))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
     crate::sql::query(
-        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload, traceparent, tracestate, created_at)
-         SELECT event_id, job_id, sequence, event_type, payload, traceparent, tracestate, $8
+        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, body, traceparent, tracestate, created_at)
+         SELECT event_id, job_id, sequence, event_type, body, traceparent, tracestate, $8
          FROM UNNEST($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[], $7::text[])
-             AS e(event_id, job_id, sequence, event_type, payload, traceparent, tracestate)",
+             AS e(event_id, job_id, sequence, event_type, body, traceparent, tracestate)",
     )
     .bind(events.iter().map(|(e, _)| e.event_id()).collect::<Vec<_>>())
     .bind(events.iter().map(|(e, _)| e.job_id()).collect::<Vec<_>>())
     .bind(events.iter().map(|(e, _)| e.sequence()).collect::<Vec<_>>())
     .bind(column(|(e, _)| Some(e.event_type().as_str().to_owned())))
-    .bind(events.iter().map(|(e, _)| Json(e)).collect::<Vec<_>>())
+    .bind(bodies)
     .bind(column(|(_, stamp)| stamp.traceparent.clone()))
     .bind(column(|(_, stamp)| stamp.tracestate.clone()))
     .bind(now)
@@ -163,18 +170,31 @@ fn build(
 /// A job's events in sequence order (for tests and the API's debugging views).
 ///
 /// # Errors
-/// Database errors.
+/// Database errors, or a stored event that does not decode.
 pub async fn events_of(
     conn: &mut PgConnection,
     job_id: Uuid,
 ) -> Result<Vec<WorkflowRunEvent>, sqlx::Error> {
-    let rows: Vec<(Json<WorkflowRunEvent>,)> = crate::sql::query_as(
-        "SELECT payload FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
+    type Row = (Uuid, i64, String, Option<String>, Option<String>);
+    let rows: Vec<Row> = crate::sql::query_as(
+        "SELECT event_id, sequence, event_type, payload::text, body::text
+         FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
     )
     .bind(job_id)
     .fetch_all(conn)
     .await?;
-    Ok(rows.into_iter().map(|(Json(event),)| event).collect())
+    rows.into_iter()
+        .map(|(event_id, sequence, event_type, payload, body)| {
+            let columns = stored::Columns {
+                event_id,
+                job_id,
+                sequence,
+                event_type: &event_type,
+            };
+            stored::event(payload.as_deref(), body.as_deref(), columns)
+                .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+        })
+        .collect()
 }
 
 /// The relay's backlog: PENDING rows and the age in seconds of the oldest

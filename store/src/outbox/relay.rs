@@ -2,6 +2,7 @@
 //! marking, failure backoff, retention and the operator's replay.
 
 use chrono::{DateTime, Utc};
+use flotilla_contracts::{DecodeError, WorkflowRunEvent};
 use sqlx::PgConnection;
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -16,10 +17,12 @@ pub struct PendingEvent {
     pub event_type: String,
     /// The row's bucket (of job ids), which a relay must hold to publish it.
     pub bucket: i16,
-    /// The stored event as its JSON text, decoded only when sent: one row a
-    /// newer or broken writer left must not fail the whole read (see
-    /// `flotilla_contracts::json::decode_stored_text`).
-    pub payload: Json<Box<serde_json::value::RawValue>>,
+    /// The stored event as its JSON text, decoded only when sent ([`PendingEvent::event`]):
+    /// one row a newer or broken writer left must not fail the whole read.
+    /// The whole event, from a writer before compact bodies.
+    pub payload: Option<Json<Box<serde_json::value::RawValue>>>,
+    /// The event without what the columns hold ([`super::stored`]).
+    pub body: Option<Json<Box<serde_json::value::RawValue>>>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
     pub attempts: i32,
@@ -30,13 +33,33 @@ pub struct PendingEvent {
 pub const PENDING_IN_ID_ORDER: &str =
     "SELECT pending.* FROM unnest($1::smallint[]) AS owned(bucket)
          CROSS JOIN LATERAL (
-             SELECT o.id, o.event_id, o.job_id, o.sequence, o.event_type, o.bucket, o.payload,
+             SELECT o.id, o.event_id, o.job_id, o.sequence, o.event_type, o.bucket, o.payload, o.body,
                     o.traceparent, o.tracestate, o.attempts, o.next_attempt_at
              FROM workflow_run_outbox o
              WHERE o.status = 'PENDING' AND o.bucket = owned.bucket
              ORDER BY o.id
              LIMIT $2) pending
          LIMIT $3";
+
+impl PendingEvent {
+    /// The row's event, decoded and checked as the contract's message.
+    ///
+    /// # Errors
+    /// The stored event does not decode.
+    pub fn event(&self) -> Result<WorkflowRunEvent, DecodeError> {
+        let columns = super::stored::Columns {
+            event_id: self.event_id,
+            job_id: self.job_id,
+            sequence: self.sequence,
+            event_type: &self.event_type,
+        };
+        super::stored::event(
+            self.payload.as_ref().map(|p| p.0.get()),
+            self.body.as_ref().map(|b| b.0.get()),
+            columns,
+        )
+    }
+}
 
 #[derive(sqlx::FromRow)]
 struct PendingRow {

@@ -99,7 +99,8 @@ async fn a_jobs_timeline_lists_its_events_in_sequence_with_their_publication(poo
     // A row another version wrote, its payload not this version's event:
     // the timeline still shows it, from the row's own columns.
     sqlx::query(
-        "UPDATE workflow_run_outbox SET payload = '{\"nonsense\": true}' WHERE job_id = $1 AND sequence = 2",
+        "UPDATE workflow_run_outbox SET payload = '{\"nonsense\": true}', body = NULL
+         WHERE job_id = $1 AND sequence = 2",
     )
     .bind(job_id)
     .execute(&pool)
