@@ -31,9 +31,10 @@ fn template() -> anyhow::Result<serde_json::Value> {
         attempt: 1,
         occurred_at: Utc::now(),
     };
-    Ok(serde_json::to_value(WorkflowRunEvent::step_checkpoint(
-        header, "step", None,
-    )?)?)
+    // As a worker of this release keeps it: the row's columns hold the rest.
+    Ok(flotilla_store::outbox::stored::compact(
+        &WorkflowRunEvent::step_checkpoint(header, "step", None)?,
+    )?)
 }
 
 /// Inserts `jobs × 5` rows with `status`, jobs interleaved as concurrent
@@ -51,9 +52,8 @@ async fn insert_rows(pool: &PgPool, jobs: i64, status: &str) -> anyhow::Result<(
                           FROM generate_series(1, $2) AS s(sequence), job
                           ORDER BY s.sequence, job.n)
              INSERT INTO workflow_run_outbox
-                 (event_id, job_id, sequence, event_type, payload, status, published_at)
-             SELECT event_id, job_id, sequence, 'STEP_CHECKPOINT',
-                    $3::jsonb || jsonb_build_object('event_id', event_id, 'job_id', job_id, 'sequence', sequence),
+                 (event_id, job_id, sequence, event_type, body, status, published_at)
+             SELECT event_id, job_id, sequence, 'STEP_CHECKPOINT', $3::jsonb,
                     $4, CASE WHEN $4 = 'PUBLISHED' THEN now() END
              FROM row",
         )
