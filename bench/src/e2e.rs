@@ -6,7 +6,6 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
@@ -328,19 +327,19 @@ impl Fleet {
             // this wait, even when records arrive meanwhile: keep it short.
             .set("fetch.wait.max.ms", "10")
             .create()?;
-        let consumer = Arc::new(consumer);
         let events = self.events.clone();
-        let asking = consumer.clone();
-        let ends = tokio::task::spawn_blocking(move || {
-            (0..PARTITIONS)
+        let (consumer, ends) = tokio::task::spawn_blocking(move || {
+            let ends = (0..PARTITIONS)
                 .map(|partition| {
-                    asking
+                    consumer
                         .fetch_watermarks(&events, partition, Duration::from_secs(10))
                         .map(|(_, high)| (partition, high))
                 })
-                .collect::<Result<Vec<_>, _>>()
+                .collect::<Result<Vec<_>, _>>();
+            (consumer, ends)
         })
-        .await??;
+        .await?;
+        let ends = ends?;
         let mut assignment = rdkafka::TopicPartitionList::new();
         for (partition, end) in ends {
             assignment.add_partition_offset(

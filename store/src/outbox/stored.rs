@@ -5,7 +5,7 @@
 //! whole event in `payload`. Readers take both (migration
 //! `20261207000001_compact_events.sql`).
 
-use flotilla_contracts::{DecodeError, WorkflowRunEvent, json};
+use flotilla_contracts::{DecodeError, Message, WorkflowRunEvent, json};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -59,7 +59,7 @@ pub fn event(
         return json::decode_stored_text(payload);
     }
     let mismatch = |reason: String| DecodeError::JsonMismatch {
-        schema: "WorkflowRunEvent",
+        schema: WorkflowRunEvent::AVRO_NAME,
         reason,
     };
     let body = body.ok_or_else(|| mismatch("the row holds no event".into()))?;
