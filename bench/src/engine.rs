@@ -35,6 +35,9 @@ struct Shape {
     /// retention passes remove it, one after another, from before the
     /// measured claims to the last job's end.
     retention_running: bool,
+    /// Once the jobs are done, a relay publishes their events (to the
+    /// mock cluster), its WAL measured apart from the engine's.
+    publish: bool,
 }
 
 impl Shape {
@@ -48,6 +51,7 @@ impl Shape {
             parks: false,
             fan_out: None,
             retention_running: false,
+            publish: false,
         }
     }
 
@@ -208,6 +212,9 @@ struct Run {
     /// Finished runs retention removed per second while the jobs ran (0
     /// unless `Shape::retention_running`).
     removed_per_second: f64,
+    /// The relay's WAL per job publishing the jobs' events, and where it
+    /// went (only with `Shape::publish`).
+    published: Option<(f64, Option<crate::wal::Breakdown>)>,
 }
 
 /// `workflow_run`'s updates and HOT updates, once the counters settle
@@ -374,6 +381,18 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
         }
     }
     let (updated, hot) = updates(&pool).await?;
+    let published = if shape.publish {
+        crate::relay::publish_all(&pool).await?;
+        let published_end = wal_position(&pool).await?;
+        #[allow(clippy::cast_precision_loss)]
+        let bytes = wal_between(&pool, &wal_end, &published_end).await? / jobs as f64;
+        Some((
+            bytes,
+            crate::wal::breakdown(&pool, &wal_end, &published_end).await?,
+        ))
+    } else {
+        None
+    };
     database.drop_now().await?;
     let claim_to_segment = crate::metrics::histogram(CLAIM_TO_SEGMENT);
     #[allow(clippy::cast_precision_loss)]
@@ -386,6 +405,7 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
         wal_breakdown,
         hot_share: (hot - hot_before) as f64 / (updated - updated_before).max(1) as f64,
         removed_per_second,
+        published,
     })
 }
 
@@ -474,7 +494,16 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
     );
     // A claim and a completion per job: the claim path with the least
     // around it (a workflow has at least one step).
-    let claims = run(histories[0], loops, jobs, Shape::small(1)).await?;
+    let claims = run(
+        histories[0],
+        loops,
+        jobs,
+        Shape {
+            publish: true,
+            ..Shape::small(1)
+        },
+    )
+    .await?;
     report.add(
         "components",
         format!("claims/s, 1-step no-op jobs, {loops} loops, in process"),
@@ -507,6 +536,25 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
                 bytes as f64 / jobs as f64,
                 "bytes",
             );
+        }
+    }
+    if let Some((published, shares)) = &claims.published {
+        // graphile-worker's job ends at its completion; Flotilla's ends once
+        // its events are on the topic, which the relay's marks record.
+        report.add(
+            "components",
+            "WAL per 1-step no-op job, its events published (relay)",
+            *published,
+            "bytes",
+        );
+        report.add(
+            "components",
+            "WAL per 1-step no-op job, engine and relay",
+            claims.wal_bytes_per_job + published,
+            "bytes",
+        );
+        if let Some(shares) = shares {
+            crate::wal::print("of publishing a 1-step job's events", shares, jobs);
         }
     }
     for loops in [1, 2, 4, 8, 16] {

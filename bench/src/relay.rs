@@ -85,6 +85,17 @@ async fn drain(backlog: i64, history: i64) -> anyhow::Result<f64> {
     let pool = database.pool.clone();
     insert_rows(&pool, history / EVENTS_PER_JOB, "PUBLISHED").await?;
     insert_rows(&pool, backlog / EVENTS_PER_JOB, "PENDING").await?;
+    let total = pending(&pool).await?;
+    let elapsed = publish_all(&pool).await?;
+    database.drop_now().await?;
+    #[allow(clippy::cast_precision_loss)]
+    Ok(total as f64 / elapsed.as_secs_f64())
+}
+
+/// Publishes every PENDING row of `pool`'s outbox with one relay to
+/// librdkafka's mock cluster, and stops it; returns the time from its start
+/// to the last row's mark.
+pub(crate) async fn publish_all(pool: &PgPool) -> anyhow::Result<Duration> {
     let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1)?;
     let topic = "workflow-run-events";
     cluster.create_topic(topic, 12, 1)?;
@@ -94,7 +105,6 @@ async fn drain(backlog: i64, history: i64) -> anyhow::Result<f64> {
         "bench-relay",
     );
     let relay = Relay::new(pool.clone(), Arc::new(SystemClock), settings)?;
-    let total = pending(&pool).await?;
     let stop = CancellationToken::new();
     let started = Instant::now();
     let started_at = Utc::now();
@@ -103,7 +113,7 @@ async fn drain(backlog: i64, history: i64) -> anyhow::Result<f64> {
         tokio::spawn(async move { relay.run(stop, Duration::from_secs(10)).await })
     };
     let deadline = started + Duration::from_secs(600);
-    while pending(&pool).await? > 0 {
+    while pending(pool).await? > 0 {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the relay did not drain in 10 minutes"
@@ -116,7 +126,7 @@ async fn drain(backlog: i64, history: i64) -> anyhow::Result<f64> {
         "SELECT max(published_at) FROM workflow_run_outbox WHERE status = 'PUBLISHED' AND published_at >= $1",
     )
     .bind(started_at)
-    .fetch_one(&pool)
+    .fetch_one(pool)
     .await?;
     let elapsed = (finished_at - started_at)
         .to_std()
@@ -124,9 +134,7 @@ async fn drain(backlog: i64, history: i64) -> anyhow::Result<f64> {
     stop.cancel();
     running.await?;
     drop(cluster);
-    database.drop_now().await?;
-    #[allow(clippy::cast_precision_loss)]
-    Ok(total as f64 / elapsed.as_secs_f64())
+    Ok(elapsed)
 }
 
 /// The relay's figures: events/s with a backlog, then with history.

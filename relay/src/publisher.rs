@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use flotilla_codec::{Codec, CodecError};
 use flotilla_contracts::WorkflowRunEvent;
 use flotilla_runtime::kafka::security::{is_refused_access, is_refused_for_itself};
-use flotilla_store::outbox::relay::{self as outbox, PendingEvent};
+use flotilla_store::outbox::relay::{self as outbox, EventKey, PendingEvent};
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -203,8 +203,8 @@ pub enum Outcome {
 /// Rows whose send has ended, waiting to be marked in one transaction.
 #[derive(Debug, Default)]
 pub struct Marks {
-    /// Acknowledged: `(id, bucket)`.
-    acked: Vec<(i64, i16)>,
+    /// Acknowledged: `(key, bucket)`.
+    acked: Vec<(EventKey, i16)>,
     /// Refused for themselves: these count toward FAILED.
     refused: Vec<(PendingEvent, Reason, String)>,
     /// Held back by the world: nothing is written for them; their buckets.
@@ -217,7 +217,7 @@ impl Marks {
     /// Records how `row`'s send ended.
     pub fn record(&mut self, row: PendingEvent, outcome: Outcome) {
         match outcome {
-            Outcome::Acked => self.acked.push((row.id, row.bucket)),
+            Outcome::Acked => self.acked.push((row.key(), row.bucket)),
             Outcome::Refused(reason, error) => self.refused.push((row, reason, error)),
             Outcome::Deferred(reason, error) => {
                 tracing::debug!(event_id = %row.event_id, reason = reason.label(), %error,
@@ -292,7 +292,7 @@ impl Marks {
         backoff_base: Duration,
         lease: Duration,
     ) -> Result<DrainReport, sqlx::Error> {
-        let acked: Vec<i64> = self.acked.iter().map(|(id, _)| *id).collect();
+        let acked: Vec<EventKey> = self.acked.iter().map(|(key, _)| *key).collect();
         let mut tx = pool.begin().await?;
         crate::bound_transaction(&mut tx, lease).await?;
         outbox::prefer_indexes(&mut tx).await?;
@@ -309,12 +309,12 @@ impl Marks {
             let delay = flotilla_runtime::backoff::exponential(backoff_base, row.attempts + 1);
             let next = now + chrono::TimeDelta::from_std(delay).unwrap_or(chrono::TimeDelta::MAX);
             tracing::warn!(event_id = %row.event_id, job_id = %row.job_id, sequence = row.sequence, attempt = row.attempts + 1, reason = reason.label(), %error, "publish failed");
-            outbox::record_failure(&mut tx, relay_id, row.id, error, next).await?;
+            outbox::record_failure(&mut tx, relay_id, row.key(), error, next).await?;
         }
         for (row, error) in &self.unreadable {
             tracing::error!(event_id = %row.event_id, job_id = %row.job_id, sequence = row.sequence, %error,
                 "stored event does not decode; the row is FAILED");
-            outbox::fail_now(&mut tx, relay_id, row.id, error).await?;
+            outbox::fail_now(&mut tx, relay_id, row.key(), error).await?;
         }
         tx.commit().await?;
         Ok(DrainReport {

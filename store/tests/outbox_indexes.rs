@@ -19,13 +19,14 @@ async fn every_index_of_the_outbox_serves_a_statement(pool: PgPool) {
         [
             // The operator's count and replay of FAILED rows.
             "workflow_run_outbox_failed",
-            // One job's events in order: the timeline, and one sequence
-            // number per event of a job.
+            // The key: one job's events in order (the timeline), one
+            // sequence number per event of a job, and the row a mark, a
+            // failure or retention's delete reaches. No index on `id`:
+            // it would take an entry for every row written and another
+            // for every mark, for no statement the key cannot serve.
             "workflow_run_outbox_job_id_sequence_key",
             // The relay's read of the heads of its buckets.
             "workflow_run_outbox_pending",
-            // Marks and failures, by row id.
-            "workflow_run_outbox_pkey",
             // Retention, oldest published first.
             "workflow_run_outbox_published",
         ]

@@ -4,7 +4,8 @@
 
 use chrono::Utc;
 use flotilla_store::outbox::relay::{
-    PENDING_IN_ID_ORDER, analyze_if_stale, mark_published_statement, prefer_indexes, publishable,
+    DELETE_PUBLISHED_BEFORE, PENDING_IN_ID_ORDER, analyze_if_stale, mark_published_statement,
+    prefer_indexes, publishable,
 };
 use sqlx::PgPool;
 
@@ -106,9 +107,7 @@ async fn the_read_is_one_ordered_index_scan_per_bucket_on_a_table_never_analyzed
 }
 
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
-async fn a_table_whose_statistics_lag_is_analyzed_then_marking_reaches_rows_by_primary_key(
-    pool: PgPool,
-) {
+async fn a_table_whose_statistics_lag_is_analyzed_then_marking_reaches_rows_by_key(pool: PgPool) {
     let analyzed = || async {
         let mut tx = pool.begin().await.unwrap();
         let analyzed = analyze_if_stale(&mut tx).await.unwrap();
@@ -125,37 +124,55 @@ async fn a_table_whose_statistics_lag_is_analyzed_then_marking_reaches_rows_by_p
     }
     assert!(!analyzed().await, "once analyzed, not again");
     // Not the whole outbox.
-    marks_by_primary_key(&pool, "Seq Scan on workflow_run_outbox").await;
+    marks_by_key(&pool, "Seq Scan on workflow_run_outbox").await;
 }
 
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
-async fn marking_reaches_rows_by_primary_key_before_the_table_is_ever_analyzed(pool: PgPool) {
+async fn marking_reaches_rows_by_key_before_the_table_is_ever_analyzed(pool: PgPool) {
     // A fresh outbox with a backlog and no statistics: the planner takes
     // the index of PENDING rows for empty, and a plan through it reads the
     // whole backlog per mark (measured: 125 ms for 500 rows of 100,000).
     backlog(&pool, 20_000).await;
     // Not through the backlog's index.
-    marks_by_primary_key(&pool, "workflow_run_outbox_pending").await;
+    marks_by_key(&pool, "workflow_run_outbox_pending").await;
 }
 
-/// Every plan of the mark reaches its rows by primary key, none through
-/// `avoided`.
-async fn marks_by_primary_key(pool: &PgPool, avoided: &str) {
+/// Every plan of the mark reaches its rows by their key, `(job_id,
+/// sequence)`, none through `avoided`.
+async fn marks_by_key(pool: &PgPool, avoided: &str) {
     for plan in mark_plans(pool).await {
+        // By index scan or bitmap, as the planner likes: one probe a row.
         assert!(
-            plan.contains("workflow_run_outbox_pkey"),
-            "the rows by primary key:\n{plan}"
+            plan.contains("workflow_run_outbox_job_id_sequence_key"),
+            "the rows by their key:\n{plan}"
         );
         assert!(!plan.contains(avoided), "not {avoided}:\n{plan}");
     }
+}
+
+/// The keys of `count` rows of the backlog, as SQL arrays.
+async fn keys(pool: &PgPool, count: i64) -> (String, String) {
+    let keys: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT job_id, sequence FROM workflow_run_outbox LIMIT $1")
+            .bind(count)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(keys.len(), usize::try_from(count).unwrap());
+    let jobs: Vec<String> = keys.iter().map(|(job, _)| format!("'{job}'")).collect();
+    let sequences: Vec<String> = keys.iter().map(|(_, s)| s.to_string()).collect();
+    (
+        format!("ARRAY[{}]::uuid[]", jobs.join(",")),
+        format!("ARRAY[{}]::bigint[]", sequences.join(",")),
+    )
 }
 
 /// The plans of a 500-row mark, as the relay runs it (indexes preferred,
 /// a prepared statement): the one planned for the values, then the generic
 /// one a connection settles on.
 async fn mark_plans(pool: &PgPool) -> Vec<String> {
-    let ids: Vec<String> = (1..=500).map(|id: i64| id.to_string()).collect();
-    let arguments = format!("ARRAY[{}]::bigint[], now(), 'relay'", ids.join(","));
+    let (jobs, sequences) = keys(pool, 500).await;
+    let arguments = format!("{jobs}, {sequences}, now(), 'relay'");
     let mut tx = pool.begin().await.unwrap();
     prefer_indexes(&mut tx).await.unwrap();
     prepared_plans(&mut tx, &mark_published_statement(), &arguments)
@@ -163,4 +180,34 @@ async fn mark_plans(pool: &PgPool) -> Vec<String> {
         .into_iter()
         .map(|(mode, plan)| format!("{mode}:\n{plan}"))
         .collect()
+}
+
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn retention_reaches_published_rows_by_age_and_deletes_them_by_key(pool: PgPool) {
+    backlog(&pool, 20_000).await;
+    sqlx::query(
+        "UPDATE workflow_run_outbox SET status = 'PUBLISHED', published_at = now() - interval '8 days'
+         WHERE sequence <= 2",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    prefer_indexes(&mut tx).await.unwrap();
+    for (mode, plan) in prepared_plans(
+        &mut tx,
+        DELETE_PUBLISHED_BEFORE,
+        "now() - interval '7 days', 1000",
+    )
+    .await
+    {
+        // The key by index scan or bitmap, as the planner likes: one probe a row.
+        for index in [
+            "workflow_run_outbox_published",
+            "workflow_run_outbox_job_id_sequence_key",
+        ] {
+            assert!(plan.contains(index), "{mode}: through {index}:\n{plan}");
+        }
+        assert!(!plan.contains("Seq Scan"), "{mode}: no Seq Scan:\n{plan}");
+    }
 }

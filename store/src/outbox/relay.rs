@@ -142,7 +142,7 @@ pub async fn publishable(
 
 /// Tells the planner, for the rest of the transaction on `conn`, to reach
 /// the outbox through its indexes. Every relay statement is built on one
-/// (the PENDING rows by bucket, the primary key), but on a table whose
+/// (the PENDING rows by bucket, the rows' key), but on a table whose
 /// statistics lag behind its size (a fresh database, the first minute of a
 /// burst, before autovacuum analyzes it) the planner takes the indexes for
 /// empty and may scan the whole outbox instead: a mark of 500 rows took
@@ -203,21 +203,42 @@ pub async fn analyze_if_stale(
 const HOLDS_BUCKET: &str = "EXISTS (SELECT 1 FROM relay_bucket b
     WHERE b.bucket = o.bucket AND b.owner = $9 AND b.lease_until > now())";
 
-/// The statement of [`mark_published`]: `$1` the ids, `$2` now, `$3` the
-/// relay. Public so tests can look at its plan.
+/// The statement of [`mark_published`]: `$1` the rows' jobs and `$2` their
+/// sequences (their keys, pairwise), `$3` now, `$4` the relay. Public so
+/// tests can look at its plan.
 ///
 /// "Still PENDING" is written as neither PUBLISHED nor FAILED (the same
 /// rows, by the table's CHECK) so that the planner cannot prove the
 /// predicate of the index of PENDING rows and use it: on a table not yet
 /// analyzed it takes that index for empty and walked the whole backlog,
-/// bucket by bucket, for every mark. The only way left is the primary key.
+/// bucket by bucket, for every mark. The only way left is the key.
 #[must_use]
 pub fn mark_published_statement() -> String {
     format!(
-        "UPDATE workflow_run_outbox o SET status = 'PUBLISHED', published_at = $2, last_error = NULL
-         WHERE o.id = ANY($1) AND o.status NOT IN ('PUBLISHED', 'FAILED') AND {}",
-        HOLDS_BUCKET.replace("$9", "$3")
+        "UPDATE workflow_run_outbox o SET status = 'PUBLISHED', published_at = $3, last_error = NULL
+         FROM unnest($1::uuid[], $2::bigint[]) AS acked(job_id, sequence)
+         WHERE o.job_id = acked.job_id AND o.sequence = acked.sequence
+           AND o.status NOT IN ('PUBLISHED', 'FAILED') AND {}",
+        HOLDS_BUCKET.replace("$9", "$4")
     )
+}
+
+/// An outbox row's key: its job and its place in the job's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventKey {
+    pub job_id: Uuid,
+    pub sequence: i64,
+}
+
+impl PendingEvent {
+    /// The row's key, by which the relay's writes reach it.
+    #[must_use]
+    pub fn key(&self) -> EventKey {
+        EventKey {
+            job_id: self.job_id,
+            sequence: self.sequence,
+        }
+    }
 }
 
 /// Marks rows PUBLISHED (the broker acknowledged them), only those of
@@ -229,11 +250,14 @@ pub fn mark_published_statement() -> String {
 pub async fn mark_published(
     conn: &mut PgConnection,
     relay_id: &str,
-    ids: &[i64],
+    rows: &[EventKey],
     now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
+    let (jobs, sequences): (Vec<Uuid>, Vec<i64>) =
+        rows.iter().map(|key| (key.job_id, key.sequence)).unzip();
     let done = crate::sql::query(&mark_published_statement())
-        .bind(ids)
+        .bind(jobs)
+        .bind(sequences)
         .bind(now)
         .bind(relay_id)
         .execute(conn)
@@ -244,7 +268,7 @@ pub async fn mark_published(
 /// Publish attempts a row gets before it lands FAILED.
 pub const MAX_PUBLISH_ATTEMPTS: i32 = 10;
 
-/// Counts a failed publish of row `id`: backs it off (`base × 2^(attempts−1)`)
+/// Counts a failed publish of `row`: backs it off (`base × 2^(attempts−1)`)
 /// or, at the tenth attempt, lands it FAILED with the error.
 ///
 /// # Errors
@@ -252,17 +276,18 @@ pub const MAX_PUBLISH_ATTEMPTS: i32 = 10;
 pub async fn record_failure(
     conn: &mut PgConnection,
     relay_id: &str,
-    id: i64,
+    row: EventKey,
     error: &str,
     next_attempt_at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
     crate::sql::query(&format!(
-        "UPDATE workflow_run_outbox o SET attempts = attempts + 1, last_error = $2, next_attempt_at = $3,
-             status = CASE WHEN attempts + 1 >= $4 THEN 'FAILED' ELSE 'PENDING' END
-         WHERE o.id = $1 AND o.status = 'PENDING' AND {}",
-        HOLDS_BUCKET.replace("$9", "$5")
+        "UPDATE workflow_run_outbox o SET attempts = attempts + 1, last_error = $3, next_attempt_at = $4,
+             status = CASE WHEN attempts + 1 >= $5 THEN 'FAILED' ELSE 'PENDING' END
+         WHERE o.job_id = $1 AND o.sequence = $2 AND o.status = 'PENDING' AND {}",
+        HOLDS_BUCKET.replace("$9", "$6")
     ))
-    .bind(id)
+    .bind(row.job_id)
+    .bind(row.sequence)
     .bind(error)
     .bind(next_attempt_at)
     .bind(MAX_PUBLISH_ATTEMPTS)
@@ -272,7 +297,7 @@ pub async fn record_failure(
     Ok(())
 }
 
-/// Lands row `id` FAILED at once: it can never be published as it is (its
+/// Lands `row` FAILED at once: it can never be published as it is (its
 /// payload does not decode). An operator's replay puts it back.
 ///
 /// # Errors
@@ -280,21 +305,32 @@ pub async fn record_failure(
 pub async fn fail_now(
     conn: &mut PgConnection,
     relay_id: &str,
-    id: i64,
+    row: EventKey,
     error: &str,
 ) -> Result<(), sqlx::Error> {
     crate::sql::query(&format!(
-        "UPDATE workflow_run_outbox o SET status = 'FAILED', attempts = attempts + 1, last_error = $2
-         WHERE o.id = $1 AND o.status = 'PENDING' AND {}",
-        HOLDS_BUCKET.replace("$9", "$3")
+        "UPDATE workflow_run_outbox o SET status = 'FAILED', attempts = attempts + 1, last_error = $3
+         WHERE o.job_id = $1 AND o.sequence = $2 AND o.status = 'PENDING' AND {}",
+        HOLDS_BUCKET.replace("$9", "$4")
     ))
-    .bind(id)
+    .bind(row.job_id)
+    .bind(row.sequence)
     .bind(error)
     .bind(relay_id)
     .execute(conn)
     .await?;
     Ok(())
 }
+
+/// The statement of [`delete_published_before`]: `$1` the cutoff, `$2` the
+/// most rows. The oldest published rows through the index of PUBLISHED
+/// rows by age, each deleted through the key. Public so tests can look at
+/// its plan.
+pub const DELETE_PUBLISHED_BEFORE: &str = "DELETE FROM workflow_run_outbox o
+     USING (SELECT job_id, sequence FROM workflow_run_outbox
+            WHERE status = 'PUBLISHED' AND published_at < $1
+            ORDER BY published_at LIMIT $2) oldest
+     WHERE o.job_id = oldest.job_id AND o.sequence = oldest.sequence";
 
 /// Deletes up to `limit` PUBLISHED rows published before `cutoff`, if no
 /// other relay is doing so right now (a transaction-scoped advisory lock):
@@ -310,15 +346,11 @@ pub async fn delete_published_before(
     if !try_lock(tx, "flotilla:outbox-retention").await? {
         return Ok(None);
     }
-    let done = crate::sql::query(
-        "DELETE FROM workflow_run_outbox WHERE id IN (
-             SELECT id FROM workflow_run_outbox WHERE status = 'PUBLISHED' AND published_at < $1
-             ORDER BY published_at LIMIT $2)",
-    )
-    .bind(cutoff)
-    .bind(limit)
-    .execute(&mut **tx)
-    .await?;
+    let done = crate::sql::query(DELETE_PUBLISHED_BEFORE)
+        .bind(cutoff)
+        .bind(limit)
+        .execute(&mut **tx)
+        .await?;
     Ok(Some(done.rows_affected()))
 }
 
