@@ -355,7 +355,12 @@ async fn fail_over(mode: Replication) {
                     .unwrap();
             for (n, worker) in workers.iter_mut().enumerate() {
                 for line in worker.output_so_far() {
-                    if line.contains("WARN") || line.contains("ERROR") {
+                    // Problems, and the consumer's story (assignments,
+                    // revocations, outages): which member held what, when.
+                    if line.contains("WARN")
+                        || line.contains("ERROR")
+                        || line.contains("flotilla_worker::consumer")
+                    {
                         println!("worker {n}: {line}");
                     }
                 }

@@ -179,10 +179,13 @@ pub enum Transition {
     },
     /// The last step's checkpoint and the completion in one write (events:
     /// STEP_CHECKPOINT, then COMPLETED): one commit, one row version and
-    /// one lock of the row fewer than the two written apart.
+    /// one lock of the row fewer than the two written apart. The checkpoint
+    /// goes where the run's others are, whatever the engine's layout: a
+    /// row after its rows, or, for a run with none (a 1-step job), its
+    /// array, which this write rewrites anyway; so a 1-step job writes no
+    /// checkpoint row nor its index entry.
     CheckpointAndComplete {
         checkpoint: Checkpoint,
-        layout: CheckpointLayout,
         result: serde_json::Value,
         verdict: String,
     },
@@ -330,11 +333,11 @@ impl Transition {
             Self::Complete { .. } => format!(
                 "status = 'COMPLETED', result = $5, verdict = $6, error = NULL, {RELEASE}, {NEXT}"
             ),
-            Self::CheckpointAndComplete { layout, .. } => format!(
+            Self::CheckpointAndComplete { .. } => format!(
                 "{}, {}, status = 'COMPLETED', result = $6, verdict = $7, error = NULL, {RELEASE}, \
                  event_sequence = event_sequence + 2, lease_losses = 0, hand_backs = 0, \
                  unplaced_since = NULL",
-                layout.assignment("$5"),
+                CheckpointLayout::Array.assignment("$5"),
                 super::signals::TAKE_SIGNAL
             ),
             Self::Fail { .. } => {

@@ -490,7 +490,6 @@ impl ClaimedRun {
         let span = tracing::info_span!("checkpoint", job_id = %self.job_id());
         let change = Transition::CheckpointAndComplete {
             checkpoint: checkpoint.clone(),
-            layout: self.lease.engine.checkpoint_layout(),
             result: result.clone(),
             verdict: verdict.to_owned(),
         };

@@ -523,36 +523,55 @@ mod tests {
         }
     }
 
+    /// A checkpoint named `name` answering `n`.
+    fn named_checkpoint(name: &str, n: i64) -> Checkpoint {
+        Checkpoint {
+            name: name.into(),
+            skipped: false,
+            item: None,
+            page: None,
+            signal: None,
+            child: None,
+            response: serde_json::json!({ "n": n }),
+        }
+    }
+
     /// The last step's checkpoint and the completion share one write: the
-    /// STEP_CHECKPOINT and COMPLETED events take the next two sequences, a
-    /// checkpoint row (when the run keeps them as rows) the first of them;
-    /// the same write again at the old sequence writes nothing.
+    /// STEP_CHECKPOINT and COMPLETED events take the next two sequences;
+    /// the same write again at the old sequence writes nothing. Where the
+    /// checkpoint goes follows the run, not the engine's layout: a run with
+    /// no checkpoint row yet (a 1-step job, or one whose earlier
+    /// checkpoints are in its array) keeps it in its array, which the
+    /// completion rewrites anyway, instead of a row and an index entry of
+    /// its own; a run that has rows gets one more, after them.
     #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
     async fn the_last_checkpoint_and_the_completion_are_one_write(pool: PgPool) {
         let group = committer(&pool);
-        for layout in [CheckpointLayout::Array, CheckpointLayout::Rows] {
+        for earlier in [
+            None,
+            Some(CheckpointLayout::Array),
+            Some(CheckpointLayout::Rows),
+        ] {
             let token = Uuid::new_v4();
             let job = running(&pool, token).await;
+            let mut at = fence(token);
+            let mut names = vec![];
+            if let Some(layout) = earlier {
+                let first = Transition::Checkpoint {
+                    checkpoint: named_checkpoint("first", 1),
+                    layout,
+                };
+                assert!(group.write(job, at, Utc::now(), first).await.unwrap());
+                at.sequence += 1;
+                names.push("first");
+            }
+            names.push("last");
             let change = || Transition::CheckpointAndComplete {
-                checkpoint: Checkpoint {
-                    name: "last".into(),
-                    skipped: false,
-                    item: None,
-                    page: None,
-                    signal: None,
-                    child: None,
-                    response: serde_json::json!({"n": 3}),
-                },
-                layout,
+                checkpoint: named_checkpoint("last", 3),
                 result: serde_json::json!({"total": 3}),
                 verdict: "done".into(),
             };
-            assert!(
-                group
-                    .write(job, fence(token), Utc::now(), change())
-                    .await
-                    .unwrap()
-            );
+            assert!(group.write(job, at, Utc::now(), change()).await.unwrap());
             let (status, sequence): (String, i64) = flotilla_store::sql::query_as(
                 "SELECT status, event_sequence FROM workflow_run WHERE job_id = $1",
             )
@@ -560,7 +579,12 @@ mod tests {
             .fetch_one(&pool)
             .await
             .unwrap();
-            assert_eq!((status.as_str(), sequence), ("COMPLETED", 2), "{layout:?}");
+            let last = at.sequence + 2;
+            assert_eq!(
+                (status.as_str(), sequence),
+                ("COMPLETED", last),
+                "{earlier:?}"
+            );
             let events: Vec<(i64, String)> = flotilla_store::sql::query_as(
                 "SELECT sequence, event_type FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
             )
@@ -568,11 +592,11 @@ mod tests {
             .fetch_all(&pool)
             .await
             .unwrap();
-            assert_eq!(
-                events,
-                [(1, "STEP_CHECKPOINT".into()), (2, "COMPLETED".into())],
-                "{layout:?}"
-            );
+            let mut expected: Vec<(i64, String)> = (1..last)
+                .map(|sequence| (sequence, "STEP_CHECKPOINT".to_owned()))
+                .collect();
+            expected.push((last, "COMPLETED".into()));
+            assert_eq!(events, expected, "{earlier:?}");
             let read = {
                 let mut conn = pool.acquire().await.unwrap();
                 flotilla_store::runs::get(&mut conn, job)
@@ -580,29 +604,36 @@ mod tests {
                     .unwrap()
                     .unwrap()
             };
-            assert_eq!(
-                read.checkpoints.0,
-                serde_json::json!([{"name": "last", "skipped": false, "response": {"n": 3}}]),
-                "{layout:?}"
-            );
-            if layout == CheckpointLayout::Rows {
-                let kept: i64 = flotilla_store::sql::query_scalar(
-                    "SELECT event_sequence FROM workflow_run_checkpoint WHERE job_id = $1",
-                )
-                .bind(job)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-                assert_eq!(kept, 1);
-            }
+            let listed: Vec<&str> = read
+                .checkpoints
+                .0
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(listed, names, "every checkpoint, in order: {earlier:?}");
+            let rows: Vec<i64> = flotilla_store::sql::query_scalar(
+                "SELECT event_sequence FROM workflow_run_checkpoint WHERE job_id = $1 ORDER BY 1",
+            )
+            .bind(job)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            let expected_rows: Vec<i64> = if earlier == Some(CheckpointLayout::Rows) {
+                vec![1, 2]
+            } else {
+                vec![]
+            };
+            assert_eq!(rows, expected_rows, "{earlier:?}");
             assert!(
-                !group
-                    .write(job, fence(token), Utc::now(), change())
-                    .await
-                    .unwrap(),
+                !group.write(job, at, Utc::now(), change()).await.unwrap(),
                 "a repeat at the old sequence writes nothing"
             );
-            assert_eq!(count(&pool, "workflow_run_outbox", job).await, 2);
+            assert_eq!(
+                count(&pool, "workflow_run_outbox", job).await,
+                i64::try_from(expected.len()).unwrap()
+            );
         }
     }
 
