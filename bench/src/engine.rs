@@ -382,13 +382,16 @@ async fn run(finished: i64, loops: usize, jobs: usize, shape: Shape) -> anyhow::
     }
     let (updated, hot) = updates(&pool).await?;
     let published = if shape.publish {
+        // From here, not from the engine's end: the wait for the counters
+        // above is not the relay's.
+        let published_from = wal_position(&pool).await?;
         crate::relay::publish_all(&pool).await?;
         let published_end = wal_position(&pool).await?;
         #[allow(clippy::cast_precision_loss)]
-        let bytes = wal_between(&pool, &wal_end, &published_end).await? / jobs as f64;
+        let bytes = wal_between(&pool, &published_from, &published_end).await? / jobs as f64;
         Some((
             bytes,
-            crate::wal::breakdown(&pool, &wal_end, &published_end).await?,
+            crate::wal::breakdown(&pool, &published_from, &published_end).await?,
         ))
     } else {
         None

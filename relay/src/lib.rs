@@ -200,6 +200,9 @@ impl Relay {
         loop {
             let mut tx = self.pool.begin().await?;
             bound_transaction(&mut tx, self.settings.lease).await?;
+            // Through the published rows' index and the key, as the marks
+            // are, even before the table's statistics catch up.
+            outbox::prefer_indexes(&mut tx).await?;
             let Some(count) = outbox::delete_published_before(&mut tx, cutoff, batch).await? else {
                 tx.rollback().await?;
                 return Ok(deleted); // another relay holds the retention lock
