@@ -7,10 +7,17 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 use uuid::Uuid;
 
+/// An outbox row's key: its job and its place in the job's events. The
+/// relay's writes reach a row by it (the table has no other key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventKey {
+    pub job_id: Uuid,
+    pub sequence: i64,
+}
+
 /// A PENDING row as the relay publishes it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PendingEvent {
-    pub id: i64,
     pub event_id: Uuid,
     pub job_id: Uuid,
     pub sequence: i64,
@@ -33,7 +40,7 @@ pub struct PendingEvent {
 pub const PENDING_IN_ID_ORDER: &str =
     "SELECT pending.* FROM unnest($1::smallint[]) AS owned(bucket)
          CROSS JOIN LATERAL (
-             SELECT o.id, o.event_id, o.job_id, o.sequence, o.event_type, o.bucket, o.payload, o.body,
+             SELECT o.event_id, o.job_id, o.sequence, o.event_type, o.bucket, o.payload, o.body,
                     o.traceparent, o.tracestate, o.attempts, o.next_attempt_at
              FROM workflow_run_outbox o
              WHERE o.status = 'PENDING' AND o.bucket = owned.bucket
@@ -42,6 +49,15 @@ pub const PENDING_IN_ID_ORDER: &str =
          LIMIT $3";
 
 impl PendingEvent {
+    /// The row's key.
+    #[must_use]
+    pub fn key(&self) -> EventKey {
+        EventKey {
+            job_id: self.job_id,
+            sequence: self.sequence,
+        }
+    }
+
     /// The row's event, decoded and checked as the contract's message.
     ///
     /// # Errors
@@ -221,24 +237,6 @@ pub fn mark_published_statement() -> String {
            AND o.status NOT IN ('PUBLISHED', 'FAILED') AND {}",
         HOLDS_BUCKET.replace("$9", "$4")
     )
-}
-
-/// An outbox row's key: its job and its place in the job's events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct EventKey {
-    pub job_id: Uuid,
-    pub sequence: i64,
-}
-
-impl PendingEvent {
-    /// The row's key, by which the relay's writes reach it.
-    #[must_use]
-    pub fn key(&self) -> EventKey {
-        EventKey {
-            job_id: self.job_id,
-            sequence: self.sequence,
-        }
-    }
 }
 
 /// Marks rows PUBLISHED (the broker acknowledged them), only those of
