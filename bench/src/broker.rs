@@ -2,8 +2,10 @@
 //! into an idle partition reaches a subscribed consumer, whether a member
 //! killed with SIGKILL loses its partitions to the survivor (dynamic and
 //! static membership), which compression codecs survive the round trip, and
-//! how long an admin topic creation takes. Measured on the test broker
-//! (`KAFKA_BOOTSTRAP_SERVERS`) and on librdkafka's mock cluster beside it.
+//! how long an admin topic creation takes. Measured on Apache Kafka
+//! (`KAFKA_BOOTSTRAP_SERVERS`, `scripts/services`) and on librdkafka's mock
+//! cluster beside it; and how long a Kafka node of `scripts/kafka-node`
+//! takes to serve, and its memory once it has.
 //!
 //! The killed member is this binary started again with `--group-member`
 //! ([`serve_member`]): a process of its own, so SIGKILL is a real crash.
@@ -37,31 +39,31 @@ const READ_BACK: usize = 2_000;
 
 /// Which broker, and how to make topics on it.
 enum Broker {
-    Test(String),
+    Kafka(String),
     Mock(MockCluster<'static, DefaultProducerContext>),
 }
 
 impl Broker {
     fn label(&self) -> &'static str {
         match self {
-            Self::Test(_) => "test broker",
+            Self::Kafka(_) => "Apache Kafka",
             Self::Mock(_) => "mock cluster",
         }
     }
 
     fn bootstrap(&self) -> String {
         match self {
-            Self::Test(bootstrap) => bootstrap.clone(),
+            Self::Kafka(bootstrap) => bootstrap.clone(),
             Self::Mock(cluster) => cluster.bootstrap_servers(),
         }
     }
 
-    /// A fresh topic; on the test broker through the admin API, timed.
+    /// A fresh topic; on Kafka through the admin API, timed.
     async fn topic(&self, prefix: &str, partitions: i32) -> anyhow::Result<(String, Duration)> {
         let name = flotilla_tests::unique(prefix);
         let started = Instant::now();
         match self {
-            Self::Test(bootstrap) => {
+            Self::Kafka(bootstrap) => {
                 let admin: AdminClient<DefaultClientContext> =
                     flotilla_runtime::BrokerConfig::new(bootstrap)
                         .client()
@@ -78,13 +80,14 @@ impl Broker {
 }
 
 pub(crate) async fn run(report: &mut Report, smoke: bool) -> anyhow::Result<()> {
+    start_up(report).await?;
     let brokers = [
-        Broker::Test(flotilla_tests::bootstrap_servers()),
+        Broker::Kafka(flotilla_tests::bootstrap_servers()),
         Broker::Mock(MockCluster::new(1)?),
     ];
     for broker in &brokers {
         let label = broker.label();
-        if let Broker::Test(_) = broker {
+        if let Broker::Kafka(_) = broker {
             let (_, took) = broker.topic("bench-broker-admin", FETCH_PARTITIONS).await?;
             report.add(
                 "broker",
@@ -99,7 +102,7 @@ pub(crate) async fn run(report: &mut Report, smoke: bool) -> anyhow::Result<()> 
             let name = format!("idle partition → consumer, fetch.wait.max.ms={wait_ms}, {label}");
             latencies.report(report, &name);
         }
-        if let (Broker::Test(_), false) = (broker, smoke) {
+        if let (Broker::Kafka(_), false) = (broker, smoke) {
             // What a day of tests leaves behind: records with headers (the
             // relay's trace context), then the same measurement again.
             let filled = fill(broker, FILL_RECORDS).await?;
@@ -122,7 +125,6 @@ pub(crate) async fn run(report: &mut Report, smoke: bool) -> anyhow::Result<()> 
         if !smoke {
             group_figures(report, broker).await;
         }
-        // Last: snappy takes the test broker's connection down.
         for codec in ["gzip", "lz4", "zstd", "snappy"] {
             let survived = codec_round_trip(broker, codec).await;
             if let Err(error) = &survived {
@@ -132,6 +134,37 @@ pub(crate) async fn run(report: &mut Report, smoke: bool) -> anyhow::Result<()> 
             report.add("broker", name, f64::from(u8::from(survived.is_ok())), "ok");
         }
     }
+    Ok(())
+}
+
+/// A Kafka node of `scripts/kafka-node` (one KRaft process, the heap it
+/// is given by default), from its start to serving, and its resident
+/// memory then and after a topic's round trip.
+async fn start_up(report: &mut Report) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("flotilla-bench-kafka-{}", uuid::Uuid::new_v4()));
+    let started = Instant::now();
+    let kafka = flotilla_tests::kafka::OwnKafka::started(
+        &dir,
+        flotilla_tests::kafka::KafkaOptions::default(),
+    )
+    .await;
+    report.add(
+        "broker",
+        "Apache Kafka node (scripts/kafka-node): start to serving, storage formatted first",
+        started.elapsed().as_secs_f64(),
+        "s",
+    );
+    if let Some(kib) = kafka.resident_kib() {
+        #[allow(clippy::cast_precision_loss)]
+        report.add(
+            "broker",
+            "Apache Kafka node: resident memory once serving",
+            kib as f64 / 1024.0,
+            "MiB",
+        );
+    }
+    drop(kafka);
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -35,8 +35,9 @@ struct Args {
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
     #[arg(long)]
     jobs: Option<usize>,
-    /// Brokers for the end-to-end runs (comma separated): mock, test.
-    #[arg(long, value_delimiter = ',', default_values_t = vec!["mock".to_owned(), "test".to_owned()])]
+    /// Brokers for the end-to-end runs (comma separated): mock (librdkafka's
+    /// mock cluster), kafka (the Apache Kafka of `scripts/services`).
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["mock".to_owned(), "kafka".to_owned()])]
     brokers: Vec<String>,
     /// Internal: serve as a consumer-group member until killed (the broker
     /// part's SIGKILL measurement): bootstrap, topic, group, instance id.
@@ -65,7 +66,7 @@ fn machine() -> String {
 /// ceiling, and 1-step against graphile-worker, per broker.
 fn ratios(report: &mut report::Report) {
     let graphile = report.best("comparison", |name| name.starts_with("graphile-worker"));
-    for broker in ["mock cluster", "test broker"] {
+    for broker in ["mock cluster", "Apache Kafka"] {
         for steps in [3, 1] {
             let prefix = format!("{steps}-step");
             let flotilla = report.best("end to end", |name| {
@@ -89,8 +90,8 @@ fn ratios(report: &mut report::Report) {
 fn broker_kind(name: &str) -> anyhow::Result<e2e::BrokerKind> {
     match name {
         "mock" => Ok(e2e::BrokerKind::Mock),
-        "test" => Ok(e2e::BrokerKind::Test),
-        other => anyhow::bail!("--brokers: {other} is not mock or test"),
+        "kafka" => Ok(e2e::BrokerKind::Kafka),
+        other => anyhow::bail!("--brokers: {other} is not mock or kafka"),
     }
 }
 

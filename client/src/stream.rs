@@ -8,6 +8,7 @@ use std::time::Duration;
 use flotilla_codec::{Codec, CodecError};
 use flotilla_contracts::{DecodeError, WorkflowRunEvent, topics};
 use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::kafka::GroupProtocol;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -39,6 +40,7 @@ pub struct EventStreamOptions {
     fetch_wait: Option<Duration>,
     instance_id: Option<String>,
     commits: bool,
+    group_protocol: GroupProtocol,
 }
 
 impl EventStreamOptions {
@@ -55,6 +57,7 @@ impl EventStreamOptions {
             fetch_wait: None,
             instance_id: None,
             commits: true,
+            group_protocol: GroupProtocol::Classic,
         }
     }
 
@@ -95,6 +98,18 @@ impl EventStreamOptions {
     #[must_use]
     pub fn static_member(mut self, id: &str) -> Self {
         self.instance_id = Some(id.to_owned());
+        self
+    }
+
+    /// The consumer group protocol: classic (librdkafka's own assignors;
+    /// the default) or KIP-848's consumer protocol (Kafka 4.0 and later:
+    /// the broker assigns partitions and owns the session timeout, so
+    /// `session.timeout.ms` and `heartbeat.interval.ms` are refused as
+    /// pass-through properties). Every member of one group should use the
+    /// same one.
+    #[must_use]
+    pub fn group_protocol(mut self, protocol: GroupProtocol) -> Self {
+        self.group_protocol = protocol;
         self
     }
 
@@ -255,6 +270,7 @@ impl EventStream {
     ) -> Result<Self, StreamError> {
         broker
             .validate()
+            .and_then(|()| options.group_protocol.check(&broker.security))
             .map_err(|e| StreamError::Settings(e.to_string()))?;
         let codec = Codec::from_config(&broker.registry)
             .map_err(|e| StreamError::Settings(e.to_string()))?;
@@ -272,6 +288,10 @@ impl EventStream {
                     StartAt::Latest => "latest",
                 },
             );
+        // The assignor is left to librdkafka (and the group's other
+        // members) under the classic protocol: a changed one would split a
+        // group of this release and the one before during a rolling update.
+        config.set("group.protocol", options.group_protocol.as_str());
         if let Some(id) = &options.instance_id {
             config.set("group.instance.id", id);
         }

@@ -1,5 +1,5 @@
-//! The client against a running fleet (worker and relay binaries on the
-//! test broker, Avro through the registry): submissions through Kafka and
+//! The client against a running fleet (worker and relay binaries on
+//! Apache Kafka, Avro through the registry): submissions through Kafka and
 //! the API, their events once and in order; the runnable examples in
 //! `examples/rust`, the consumer killed between its write and its
 //! acknowledgement; and the Python package's tests (pytest) against the
@@ -243,8 +243,9 @@ async fn the_example_consumer_killed_between_its_write_and_its_ack_applies_each_
                 fleet.event_topic.clone(),
                 s("--until-finished"),
                 s("4"),
-                // The same static member each time: the test broker does not
-                // hand a killed dynamic member's partitions on.
+                // The same static member each time: restarted with its id,
+                // it holds the killed one's partitions at once instead of
+                // after that member's session timeout.
                 s("--instance-id"),
                 format!("{group}-member"),
             ];

@@ -1,4 +1,4 @@
-//! `EventStream` against the test broker and registry, reading events
+//! `EventStream` against Apache Kafka and the registry, reading events
 //! written into a topic of the test's own: repeats and a late duplicate,
 //! a gap, both encodings, a record that is no event, and offsets committed
 //! only past what was acknowledged.
@@ -11,8 +11,6 @@ use flotilla_codec::Codec;
 use flotilla_contracts::EventHeader;
 use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, create_topic, unique};
 use rdkafka::ClientConfig;
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::DefaultProducerContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use uuid::Uuid;
 
@@ -86,9 +84,7 @@ impl Writer {
     }
 
     fn stream_through(&self, group: &str, broker: &flotilla_client::BrokerConfig) -> EventStream {
-        let options = EventStreamOptions::new(group)
-            .topic(&self.topic)
-            .fetch_wait(Duration::from_millis(100));
+        let options = EventStreamOptions::new(group).topic(&self.topic);
         EventStream::subscribe(broker, &options).unwrap()
     }
 }
@@ -382,16 +378,14 @@ async fn a_registry_outage_holds_the_record_and_the_next_call_decodes_it() {
 /// again, from whichever member holds its partition: the event is never
 /// taken for a repeat of itself and committed unseen. Both members are
 /// read in one `select!`, which also drops the losing `next()` each time
-/// (the stream is cancel-safe). On librdkafka's mock cluster: the test
-/// broker lets a joining member wait for the others' session timeout.
+/// (the stream is cancel-safe).
 #[tokio::test]
 async fn an_event_unacknowledged_through_a_rebalance_is_delivered_again() {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
         let topic = unique("client-rebalance");
-        cluster.create_topic(&topic, 1, 1).unwrap();
+        flotilla_tests::create_topic(&topic, 1).await.unwrap();
         let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("bootstrap.servers", flotilla_tests::bootstrap_servers())
             .create()
             .unwrap();
         let job = Uuid::new_v4();
@@ -403,16 +397,10 @@ async fn an_event_unacknowledged_through_a_rebalance_is_delivered_again() {
                 .map_err(|(e, _)| e)
                 .unwrap();
         }
-        let mut broker = flotilla_client::BrokerConfig::new(&cluster.bootstrap_servers());
-        // The mock cluster waits a second less than the session timeout for
-        // members to rejoin a rebalance: 45 s by default.
-        broker
-            .security
-            .kafka_property
-            .push(("session.timeout.ms".to_owned(), "6000".to_owned()));
+        let broker = broker();
         let group = unique("g");
         let member = || {
-            let options = EventStreamOptions::new(&group).topic(&topic).fetch_wait(Duration::from_millis(20));
+            let options = EventStreamOptions::new(&group).topic(&topic);
             EventStream::subscribe(&broker, &options).unwrap()
         };
         let mut first = member();

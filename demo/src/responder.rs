@@ -34,18 +34,10 @@ pub fn answer(request: &WorkflowStepRequest) -> Value {
 /// # Errors
 /// The clients cannot be created or subscribed.
 pub async fn respond(broker: BrokerConfig, codec: Codec, topic: String) -> anyhow::Result<()> {
-    // A group of its own per process: the test broker never hands a killed
-    // member's partitions to a newcomer of its group (docs/operations.md,
-    // "The test broker"), so a fixed group outlived by an earlier run's
-    // target would leave the requests unread. A new process reads the topic
-    // from its start; answering a request again is harmless.
-    let group = format!("flotilla-demo-target-{}", uuid::Uuid::new_v4().simple());
+    // One group for every run of the target: a restarted target goes on
+    // from what its group committed, as a real service would.
     let consumer: StreamConsumer = broker
-        .manual_commit_consumer(&group)
-        // The test broker and librdkafka's mock cluster hold an empty fetch
-        // for the whole wait even when a record arrives (a real Kafka
-        // answers at once): a short wait keeps a request's answer prompt.
-        .set("fetch.wait.max.ms", "20")
+        .manual_commit_consumer("flotilla-demo-target")
         .create()?;
     consumer.subscribe(&[topic.as_str()])?;
     let producer: FutureProducer = broker.idempotent_producer().create()?;

@@ -64,7 +64,7 @@ def main() -> int:
     db = sqlite3.connect(args.database, isolation_level=None)
     db.execute(SCHEMA)
     writes = repeats = 0
-    config = {"fetch.wait.max.ms": 100}
+    config = {}
     if args.instance_id:
         config["group.instance.id"] = args.instance_id
     stream = EventStream(args.bootstrap, args.group, registry_url=args.registry, topic=args.topic,

@@ -127,7 +127,7 @@ async fn measure(pool: &PgPool, bootstrap: &str, backlog: i64) -> anyhow::Result
     Ok(())
 }
 
-/// Three partitions, one replica: the single test broker.
+/// Three partitions, one replica: the single broker of `scripts/services`.
 fn layout() -> flotilla_runtime::kafka::TopicLayout {
     flotilla_runtime::kafka::TopicLayout {
         create_topics: true,

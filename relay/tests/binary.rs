@@ -31,7 +31,7 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
-/// The relay on `database_url` and the test broker, its health routes on a
+/// The relay on `database_url` and the shared broker, its health routes on a
 /// free port.
 fn relay(database_url: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));

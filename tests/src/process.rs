@@ -87,6 +87,16 @@ impl Running {
         self.child.id()
     }
 
+    /// The exit status, once the process has exited on its own.
+    ///
+    /// # Panics
+    /// The child cannot be polled.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.try_wait().expect("polling the child")?;
+        self.take_last_lines();
+        Some(status)
+    }
+
     /// The process's peak resident memory so far in KiB (`VmHWM`), while it runs.
     #[must_use]
     pub fn peak_rss_kib(&self) -> Option<u64> {
@@ -115,6 +125,35 @@ impl Running {
                 }
                 Err(_) => panic!(
                     "no line containing {needle:?} within {timeout:?}; output:\n{}",
+                    self.output.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits until a printed line satisfies `matches`, and returns it.
+    ///
+    /// # Panics
+    /// No such line within `timeout` (the output so far is shown).
+    pub fn wait_for_matching(
+        &mut self,
+        what: &str,
+        matches: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = matches(&line);
+                    self.output.push(line.clone());
+                    if found {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no line of {what} within {timeout:?}; output:\n{}",
                     self.output.join("\n")
                 ),
             }

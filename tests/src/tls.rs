@@ -1,8 +1,7 @@
 //! TLS endpoints made in the tests: a certificate authority of the test's
 //! own with a server certificate for `localhost` / `127.0.0.1` and a client
 //! certificate, an HTTPS server for an axum router (optionally requiring a
-//! client certificate), and a TLS-terminating proxy in front of a plaintext
-//! TCP service (the test broker speaks no TLS of its own).
+//! client certificate).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -170,31 +169,4 @@ pub async fn serve_https(router: axum::Router, config: rustls::ServerConfig) -> 
     };
     tokio::spawn(async move { axum::serve(listener, router).await });
     format!("https://localhost:{port}")
-}
-
-/// A TLS-terminating proxy on a free port in front of `upstream`: each
-/// connection's handshake is completed here, then its bytes are copied to
-/// and from a new plaintext connection to `upstream`.
-///
-/// # Panics
-/// No port can be bound.
-pub async fn terminating_proxy(upstream: String, config: rustls::ServerConfig) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let acceptor = TlsAcceptor::from(Arc::new(config));
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let (acceptor, upstream) = (acceptor.clone(), upstream.clone());
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(stream).await else {
-                    return;
-                };
-                let Ok(mut plain) = TcpStream::connect(&upstream).await else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
-            });
-        }
-    });
-    address
 }

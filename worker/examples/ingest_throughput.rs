@@ -136,7 +136,7 @@ fn committed(watcher: &BaseConsumer, topic: &str) -> anyhow::Result<i64> {
         .sum())
 }
 
-/// Three partitions, one replica: the single test broker.
+/// Three partitions, one replica: the single broker of `scripts/services`.
 fn layout() -> flotilla_runtime::kafka::TopicLayout {
     flotilla_runtime::kafka::TopicLayout {
         create_topics: true,

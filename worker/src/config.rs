@@ -9,7 +9,7 @@ use clap::builder::{RangedI64ValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, Subcommand};
 use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
-use flotilla_runtime::kafka::TopicLayout;
+use flotilla_runtime::kafka::{GroupProtocol, TopicLayout};
 use flotilla_runtime::settings::{DAY, HOUR, MILLISECOND, SECOND, duration_between};
 use flotilla_runtime::telemetry::TelemetryConfig;
 use flotilla_store::DatabaseConfig;
@@ -104,6 +104,12 @@ pub struct ConsumerConfig {
     /// live workers must never share an id then.
     #[arg(long, env = "FLOTILLA_STATIC_MEMBERSHIP", default_value_t = true, action = clap::ArgAction::Set)]
     pub static_membership: bool,
+
+    /// The consumer group protocol: `classic` (client-side cooperative
+    /// assignment; every Kafka) or `consumer` (KIP-848: the broker assigns
+    /// partitions and owns the session timeout; Kafka 4.0 and later).
+    #[arg(long, env = "FLOTILLA_GROUP_PROTOCOL", value_enum, default_value_t = GroupProtocol::Classic)]
+    pub group_protocol: GroupProtocol,
 
     /// Consume the request topic in this process.
     #[arg(long, env = "FLOTILLA_CONSUME_REQUESTS", default_value_t = true, action = clap::ArgAction::Set)]

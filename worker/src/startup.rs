@@ -325,6 +325,11 @@ fn check_settings(config: &WorkerConfig) -> Result<(String, api::Tokens), Startu
     }
     if config.consumer.consume_requests {
         config.broker.validate().map_err(BrokerError::Settings)?;
+        config
+            .consumer
+            .group_protocol
+            .check(&config.broker.security)
+            .map_err(BrokerError::Settings)?;
     }
     if let Some(group) = &config.consumer.reply_consumer_group
         && *group == config.consumer.consumer_group
@@ -419,6 +424,7 @@ async fn subscribe(
     settings.batch_wait = *consumer.request_batch_wait;
     settings.batch_bytes = consumer.request_batch_bytes;
     settings.group_instance_id = consumer.static_membership.then(|| worker_id.to_owned());
+    settings.group_protocol = consumer.group_protocol;
     settings.max_request_bytes = consumer.max_request_bytes;
     settings.signal_topic = Some(consumer.signal_topic.clone()).filter(|t| !t.trim().is_empty());
     let reply_topics = engine.targets().reply_topics();

@@ -10,10 +10,12 @@
 //! of every partition, every step called with one idempotency key, and
 //! repeated calls no more than injected 503s and worker faults explain.
 //!
-//! It runs twice: on the test broker with static group membership (which
-//! that broker needs: it never hands a dead member's partitions to another),
-//! and on librdkafka's mock cluster with static membership off, where a
-//! killed worker's partitions move to the survivor after the session timeout.
+//! Every run has an Apache Kafka broker of its own, killed and restarted on
+//! its storage halfway through the storm. It runs three times: with static
+//! group membership (the worker's default), with dynamic membership under
+//! the consumer group protocol (KIP-848), where a killed worker's
+//! partitions move to the survivor after the broker's session timeout, and
+//! with dynamic classic membership behind a transaction-mode pooler.
 //!
 //! CI runs it sized down; `FLOTILLA_CHAOS_FULL=1` runs 2,000 requests and a
 //! longer storm. `FLOTILLA_CHAOS_SEED` picks the sequence of faults.
@@ -30,13 +32,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use flotilla_codec::Codec;
 use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
+use flotilla_tests::kafka::{KafkaOptions, OwnKafka};
 use flotilla_tests::process::Running;
-use flotilla_tests::tansu::OwnBroker;
 use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::DefaultProducerContext;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -170,59 +170,31 @@ async fn start_target(recorder: Recorder) -> String {
     url
 }
 
-/// The broker a run storms against.
-enum Broker {
-    /// The shared test broker, when `scripts/services` reused one without
-    /// saying where its binary is (`FLOTILLA_TANSU_BIN`): never restarted.
-    Shared(String),
-    /// tansu of the suite's own (a free port, its own SQLite file), so it can
-    /// be restarted on its storage without disturbing the tests beside it.
-    /// `None` only while a restart has it on a blocking thread.
-    Tansu(Option<OwnBroker>),
-    /// librdkafka's mock cluster, served on a local port from this process:
-    /// ordinary (dynamic) group semantics, which the test broker lacks.
-    Mock(MockCluster<'static, DefaultProducerContext>),
-}
+/// The Apache Kafka broker a run storms against: one of the run's own (a
+/// free port, its own storage), so it can be killed and started again on
+/// its storage without disturbing the tests beside it. `None` only while a
+/// restart has it on a blocking thread.
+struct Broker(Option<OwnKafka>);
 
 impl Broker {
-    /// tansu of the suite's own, or the shared broker without `FLOTILLA_TANSU_BIN`.
-    async fn tansu(dir: &Path) -> Self {
-        let Some(bin) = flotilla_tests::tansu::binary() else {
-            return Self::Shared(flotilla_tests::bootstrap_servers());
-        };
-        let dir = dir.to_owned();
-        let tansu = tokio::task::spawn_blocking(move || OwnBroker::start(&bin, &dir, None, &[]))
-            .await
-            .unwrap();
-        Self::Tansu(Some(tansu))
-    }
-
-    fn mock() -> Self {
-        Self::Mock(MockCluster::new(1).expect("librdkafka's mock cluster starts"))
+    /// Starts the run's broker (`scripts/kafka-node` gives members of the
+    /// consumer group protocol a 10 s session, as the classic members of a
+    /// dynamic run ask for).
+    async fn start(dir: &Path) -> Self {
+        Self(Some(OwnKafka::started(dir, KafkaOptions::default()).await))
     }
 
     fn address(&self) -> String {
-        match self {
-            Self::Shared(address) => address.clone(),
-            Self::Tansu(tansu) => tansu.as_ref().unwrap().address.clone(),
-            Self::Mock(cluster) => cluster.bootstrap_servers(),
-        }
+        self.0.as_ref().unwrap().address.clone()
     }
 
-    /// Creates the topics, `partitions` each: through the admin API, or
-    /// directly on the mock cluster (whose admin API does not answer).
+    /// Creates the topics, `partitions` each, as an operator would.
     async fn create_topics(
         &self,
         kafka: &flotilla_runtime::BrokerConfig,
         topics: &[&str],
         partitions: i32,
     ) {
-        if let Self::Mock(cluster) = self {
-            for topic in topics {
-                cluster.create_topic(topic, partitions, 1).unwrap();
-            }
-            return;
-        }
         let layout = flotilla_runtime::kafka::TopicLayout {
             create_topics: true,
             topic_partitions: partitions,
@@ -234,32 +206,10 @@ impl Broker {
             .unwrap();
     }
 
-    /// Takes the broker away for a while and brings it back: tansu is killed
-    /// and started again on its storage; the mock cluster's broker goes down
-    /// (connections cut, new ones refused) and up. What happened, for the
-    /// tally, or `None` for the shared broker, which is never restarted.
-    async fn restart(&mut self) -> Option<&'static str> {
-        match self {
-            Self::Shared(_) => None,
-            Self::Tansu(slot) => {
-                let mut tansu = slot.take().unwrap();
-                *slot = Some(
-                    tokio::task::spawn_blocking(move || {
-                        tansu.restart_with(&[]);
-                        tansu
-                    })
-                    .await
-                    .unwrap(),
-                );
-                Some("broker restarted on its storage")
-            }
-            Self::Mock(cluster) => {
-                cluster.broker_down(1).unwrap();
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                cluster.broker_up(1).unwrap();
-                Some("broker taken down for 3 s")
-            }
-        }
+    /// Kills the broker (SIGKILL) and starts it again on its storage.
+    async fn restart(&mut self) -> &'static str {
+        self.0 = Some(self.0.take().unwrap().restarted().await);
+        "broker killed and restarted on its storage"
     }
 }
 
@@ -274,8 +224,8 @@ struct Fleet {
     /// The schema registry: workers read Avro requests and relays write Avro
     /// events through it.
     registry: String,
-    /// Off on the mock cluster: the case of a group without static members.
-    static_membership: bool,
+    /// How the workers join their group.
+    membership: Membership,
     /// Behind a transaction-mode pooler: `worker_db` and `relay_db` reach
     /// PgBouncers, and `LISTEN` goes straight to Postgres at this URL.
     pooled_listen_db: Option<String>,
@@ -315,12 +265,20 @@ impl Fleet {
             .env("FLOTILLA_SHUTDOWN_GRACE", "5s")
             .env(
                 "FLOTILLA_STATIC_MEMBERSHIP",
-                self.static_membership.to_string(),
+                (self.membership == Membership::Static).to_string(),
+            )
+            .env(
+                "FLOTILLA_GROUP_PROTOCOL",
+                if self.membership == Membership::ConsumerProtocol {
+                    "consumer"
+                } else {
+                    "classic"
+                },
             )
             // The suite creates the topics itself (see `Broker::create_topics`).
             .env("FLOTILLA_CREATE_TOPICS", "false")
             .env("NO_COLOR", "1");
-        if !self.static_membership {
+        if self.membership == Membership::Dynamic {
             // A dead dynamic member's partitions move after the session
             // timeout: 10 s instead of librdkafka's 45 s keeps the run short
             // (and shows the pass-through reaching the consumer).
@@ -557,41 +515,64 @@ fn call_figures(calls: &Calls) -> CallFigures {
     figures
 }
 
-/// On the test broker, with static membership (its default): a killed worker
-/// restarted with its id gets its partitions back at once.
+/// Static membership (the worker's default): a killed worker restarted with
+/// its id gets its partitions back at once.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn the_fleet_loses_nothing_through_kills_pauses_and_outages(pool: PgPool) {
-    tokio::time::timeout(size().deadline, chaos(pool, BrokerKind::Tansu))
+    let run = Run {
+        membership: Membership::Static,
+        pooled: false,
+    };
+    tokio::time::timeout(size().deadline, chaos(pool, run))
         .await
         .expect("the chaos suite timed out");
 }
 
-/// On librdkafka's mock cluster, with static membership off: a killed
-/// worker's partitions go to the survivor after the session timeout, and
-/// every rebalance (kills, restarts, pauses) finishes.
+/// Dynamic membership under the consumer group protocol (KIP-848): a
+/// killed worker's partitions go to the survivor after the broker's session
+/// timeout, and every reassignment (kills, restarts, pauses) finishes.
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn the_fleet_loses_nothing_with_dynamic_membership_on_the_mock_cluster(pool: PgPool) {
-    tokio::time::timeout(size().deadline, chaos(pool, BrokerKind::Mock))
+async fn the_fleet_loses_nothing_with_the_consumer_group_protocol(pool: PgPool) {
+    let run = Run {
+        membership: Membership::ConsumerProtocol,
+        pooled: false,
+    };
+    tokio::time::timeout(size().deadline, chaos(pool, run))
         .await
         .expect("the chaos suite timed out");
 }
 
-/// On the mock cluster, the workers and relays behind PgBouncer in
-/// transaction mode (the workers' pooler behind the proxy the storm cuts):
-/// the same guarantees through a pooler.
+/// Dynamic membership under the classic protocol, the workers and relays
+/// behind PgBouncer in transaction mode (the workers' pooler behind the
+/// proxy the storm cuts): the same guarantees through a pooler.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn the_fleet_loses_nothing_behind_a_transaction_mode_pooler(pool: PgPool) {
-    tokio::time::timeout(size().deadline, chaos(pool, BrokerKind::MockPooled))
+    let run = Run {
+        membership: Membership::Dynamic,
+        pooled: true,
+    };
+    tokio::time::timeout(size().deadline, chaos(pool, run))
         .await
         .expect("the chaos suite timed out");
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum BrokerKind {
-    Tansu,
-    Mock,
-    /// The mock cluster, the database behind PgBouncer.
-    MockPooled,
+/// How the workers of a run join their consumer group.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Membership {
+    /// Classic protocol, `group.instance.id` keyed on the worker id.
+    Static,
+    /// Classic protocol, no instance id: a dead member's partitions move
+    /// after its session timeout.
+    Dynamic,
+    /// The consumer group protocol (KIP-848), no instance id.
+    ConsumerProtocol,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    membership: Membership,
+    /// The database behind PgBouncer in transaction mode.
+    pooled: bool,
 }
 
 /// PgBouncer in front of `upstream`, started off the runtime.
@@ -604,7 +585,7 @@ async fn pooler(upstream: std::net::SocketAddr) -> flotilla_tests::pgbouncer::Pg
 }
 
 #[allow(clippy::too_many_lines)]
-async fn chaos(pool: PgPool, kind: BrokerKind) {
+async fn chaos(pool: PgPool, run: Run) {
     let size = size();
     let seed = std::env::var("FLOTILLA_CHAOS_SEED")
         .ok()
@@ -617,14 +598,11 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
     write_fleet_files(&dir, &target);
 
     let proxy = flotilla_tests::database::proxy_for(&pool).await;
-    let mut broker = match kind {
-        BrokerKind::Tansu => Broker::tansu(&dir).await,
-        BrokerKind::Mock | BrokerKind::MockPooled => Broker::mock(),
-    };
+    let mut broker = Broker::start(&dir).await;
     let direct = flotilla_tests::database::url_of(&pool).await;
     let database = flotilla_tests::database::name_of(&pool).await;
     // Kept to the end of the run: dropping one stops it.
-    let poolers = if kind == BrokerKind::MockPooled {
+    let poolers = if run.pooled {
         let server = flotilla_tests::database::server_address(&pool).await;
         Some((pooler(proxy.address()).await, pooler(server).await))
     } else {
@@ -637,9 +615,7 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
             direct.clone(),
         ),
     };
-    // Avro through the registry on both brokers: the registry is an HTTP
-    // service of its own (`scripts/services`), not kept in the broker, so
-    // the mock cluster's runs reach it as well.
+    // Avro through the registry of `scripts/services`.
     let registry = flotilla_tests::schema_registry_url();
     let codec = Arc::new(Codec::with_registry(&registry).unwrap());
     let fleet = Arc::new(Fleet {
@@ -651,7 +627,7 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
         relay_db,
         registry,
         dir: dir.clone(),
-        static_membership: kind == BrokerKind::Tansu,
+        membership: run.membership,
         pooled_listen_db: poolers.is_some().then_some(direct),
     });
     let kafka = flotilla_runtime::BrokerConfig::new(&fleet.bootstrap);
@@ -685,14 +661,12 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
         let codec = codec.clone();
         let (requests, storm) = (size.requests, size.storm);
         tokio::spawn(async move {
-            // Not the idempotent producer: its inference that a later
-            // acknowledgement proves an earlier record was written does not
-            // hold on the mock cluster (see `acknowledged_producer`), where a
-            // request retried across the broker's outage could be reported
-            // delivered and be lost. This one may repeat a request instead;
-            // workers keep one row per job id, and the run counts repeats.
+            // As a client should: the idempotent producer, whose retries
+            // across the broker's restart the broker drops as repeats.
+            // Workers keep one row per job id anyway, and the run counts
+            // any repeat that lands.
             let producer: rdkafka::producer::FutureProducer =
-                kafka.acknowledged_producer().create().unwrap();
+                kafka.idempotent_producer().create().unwrap();
             let gap = storm / u32::try_from(requests).unwrap();
             let mut asked = Vec::with_capacity(requests);
             let mut deliveries = Vec::with_capacity(requests);
@@ -734,14 +708,9 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
     while Instant::now() < storm_end {
         if !broker_restarted && Instant::now() >= midpoint {
             broker_restarted = true;
-            if let Some(what) = broker.restart().await {
-                *tally.entry(what).or_default() += 1;
-                broker_restarts += 1;
-            } else {
-                println!(
-                    "chaos: the shared broker is in use (FLOTILLA_TANSU_BIN unset); not restarting it"
-                );
-            }
+            let what = broker.restart().await;
+            *tally.entry(what).or_default() += 1;
+            broker_restarts += 1;
         }
         if round.is_multiple_of(5) {
             for i in (1..kinds.len()).rev() {
@@ -882,12 +851,16 @@ async fn chaos(pool: PgPool, kind: BrokerKind) {
     let distinct_events = seen_events.len();
 
     println!(
-        "chaos (seed {seed:#x}, {}, Avro through the registry): {} requests over {:?}, {asked_to_fail} asking to fail",
-        match kind {
-            BrokerKind::Tansu => "test broker, static membership",
-            BrokerKind::Mock => "mock cluster, dynamic membership",
-            BrokerKind::MockPooled =>
-                "mock cluster, dynamic membership, behind PgBouncer in transaction mode",
+        "chaos (seed {seed:#x}, {}{}, Avro through the registry): {} requests over {:?}, {asked_to_fail} asking to fail",
+        match run.membership {
+            Membership::Static => "Apache Kafka, static membership",
+            Membership::Dynamic => "Apache Kafka, dynamic membership (classic protocol)",
+            Membership::ConsumerProtocol => "Apache Kafka, consumer group protocol (KIP-848)",
+        },
+        if run.pooled {
+            ", behind PgBouncer in transaction mode"
+        } else {
+            ""
         },
         produced.len(),
         size.storm

@@ -18,8 +18,8 @@
 //! flight at the stop (a segment interrupted by a crash runs again, as the
 //! contract allows).
 //!
-//! Kafka is librdkafka's mock cluster, in this process: the subject is the
-//! database, and it keeps the run to well under a minute. The figures are
+//! Kafka is the shared broker of `scripts/services`, with topics and a group
+//! of the run's own: the subject is the database. The figures are
 //! printed: requests produced, rows, lost commits, repeats, seconds until
 //! the fleet completed jobs again.
 
@@ -39,8 +39,6 @@ use flotilla_tests::replication::{ReplicatedPostgres, Replication};
 use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::DefaultProducerContext;
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -216,11 +214,9 @@ async fn fail_over(mode: Replication) {
     let target = start_target(calls.clone()).await;
     let dir = std::env::temp_dir().join(format!("flotilla-failover-{}", Uuid::new_v4()));
     write_fleet_files(&dir, &target);
-    let cluster: MockCluster<'static, DefaultProducerContext> =
-        MockCluster::new(1).expect("librdkafka's mock cluster starts");
     let fleet = Arc::new(Fleet {
         dir: dir.clone(),
-        bootstrap: cluster.bootstrap_servers(),
+        bootstrap: flotilla_tests::bootstrap_servers(),
         topic: unique("failover-requests"),
         events: unique("failover-events"),
         group: unique("failover-workers"),
@@ -228,7 +224,9 @@ async fn fail_over(mode: Replication) {
     });
     let dead_letters = flotilla_contracts::topics::dead_letter_topic(&fleet.topic);
     for topic in [&fleet.topic, &dead_letters, &fleet.events] {
-        cluster.create_topic(topic, PARTITIONS, 1).unwrap();
+        flotilla_tests::create_topic(topic, PARTITIONS)
+            .await
+            .unwrap();
     }
     let kafka = flotilla_runtime::BrokerConfig::new(&fleet.bootstrap);
     let (mut workers, mut relay) = {

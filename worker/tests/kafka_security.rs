@@ -3,11 +3,11 @@
 //! client speaking TLS and SCRAM-SHA-512 with the settings a managed cluster
 //! needs (`KAFKA_SECURITY_PROTOCOL`, `KAFKA_SASL_*`, `KAFKA_SSL_CA_LOCATION`).
 //!
-//! The test broker (tansu 0.6.0) authenticates SCRAM users but its own TLS
-//! listener does not work, so TLS is terminated by a proxy made here in front
-//! of it (with a CA of the test's own), which the broker advertises: every
-//! connection, bootstrap or not, goes through TLS. A proxy that requires a
-//! client certificate stands for a broker with mutual TLS (`ssl.client.auth`).
+//! The broker is an Apache Kafka node of the test's own with a listener of
+//! that kind beside its plaintext one: SASL_SSL with a SCRAM-SHA-512 user
+//! created when its storage is formatted, or SSL requiring a client
+//! certificate (`ssl.client.auth=required`), each presenting a certificate
+//! from a CA of the test's own (PEM files, no Java keystore).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -17,9 +17,9 @@ use axum::routing::post;
 use flotilla_runtime::BrokerConfig;
 use flotilla_runtime::kafka::security::{SaslMechanism, SecurityProtocol};
 use flotilla_tests::free_port;
+use flotilla_tests::kafka::{KafkaOptions, OwnKafka};
 use flotilla_tests::process::Running;
-use flotilla_tests::tansu::OwnBroker;
-use flotilla_tests::tls::{TestCertificates, terminating_proxy};
+use flotilla_tests::tls::TestCertificates;
 use flotilla_tests::{close_consumer, unique};
 use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -34,44 +34,66 @@ const PASSWORD: &str = "s3cret-scram";
 const DATABASE_PASSWORD: &str = "s3cret-database";
 const API_TOKEN: &str = "s3cret-api-token";
 
-/// The secured broker: tansu with SCRAM users, behind a TLS proxy.
+/// The secured broker: Kafka over TLS with one user, who may sign in with
+/// PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
 struct SecuredBroker {
     bootstrap: String,
     certs: TestCertificates,
     password_file: PathBuf,
-    _broker: OwnBroker,
+    _broker: OwnKafka,
+}
+
+/// A Kafka node whose listener `kind` (`SASL_SSL`, `SSL`) on `localhost`
+/// (the name in the certificate) presents the test's server certificate,
+/// with `settings` beside; returns the node and that listener's address.
+async fn tls_broker(
+    dir: &Path,
+    certs: &TestCertificates,
+    kind: &str,
+    settings: &[String],
+    format_args: &[String],
+) -> (OwnKafka, String) {
+    // Kafka reads a PEM key store as one file: the key, then the chain.
+    let keystore = certs.dir.join("server-keystore.pem");
+    let key = std::fs::read_to_string(&certs.server_key).unwrap();
+    let chain = std::fs::read_to_string(&certs.server_certificate).unwrap();
+    std::fs::write(&keystore, format!("{key}{chain}")).unwrap();
+    let address = format!("localhost:{}", free_port());
+    let mut options = KafkaOptions {
+        extra_listeners: vec![format!("{kind}://{address}")],
+        format_args: format_args.to_vec(),
+        ..KafkaOptions::default()
+    }
+    .set("ssl.keystore.type=PEM")
+    .set(&format!("ssl.keystore.location={}", keystore.display()));
+    options.settings.extend_from_slice(settings);
+    let dir = dir.to_owned();
+    let broker = tokio::task::spawn_blocking(move || OwnKafka::start_with(&dir, options))
+        .await
+        .unwrap();
+    (broker, address)
 }
 
 async fn secured_broker(dir: &Path) -> SecuredBroker {
-    let bin = flotilla_tests::tansu::binary()
-        .expect("FLOTILLA_TANSU_BIN is unset: run the tests through scripts/test");
     let certs = TestCertificates::generate(&dir.join("certs"), "client");
-    let broker_address = format!("127.0.0.1:{}", free_port());
-    let proxy = terminating_proxy(broker_address.clone(), certs.server_config(false)).await;
-    // Clients connect to `localhost` (the name in the certificate).
-    let bootstrap = format!("localhost:{}", proxy.port());
-    let (dir, advertised) = (dir.to_owned(), bootstrap.clone());
-    let broker = tokio::task::spawn_blocking(move || {
-        // Users are created while authentication is off (tansu gates its
-        // user API behind it), then the broker restarts with it on.
-        let mut broker = OwnBroker::start_on(&bin, &dir, &broker_address, Some(&advertised), &[]);
-        let created = broker
-            .command()
-            .args(["user", "create", "--broker"])
-            .arg(format!("tcp://{broker_address}"))
-            .args(["--mechanism", "scram512", USER, PASSWORD])
-            .output()
-            .unwrap();
-        assert!(
-            created.status.success(),
-            "tansu user create: {}",
-            String::from_utf8_lossy(&created.stderr)
-        );
-        broker.restart_with(&["--authentication"]);
-        broker
-    })
-    .await
-    .unwrap();
+    let (broker, bootstrap) = tls_broker(
+        dir,
+        &certs,
+        "SASL_SSL",
+        &[
+            "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512".into(),
+            format!("listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_{USER}=\"{PASSWORD}\";"),
+            "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;".into(),
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;".into(),
+        ],
+        &[
+            "--add-scram".into(),
+            format!("SCRAM-SHA-512=[name={USER},password={PASSWORD}]"),
+            "--add-scram".into(),
+            format!("SCRAM-SHA-256=[name={USER},password={PASSWORD}]"),
+        ],
+    )
+    .await;
     let password_file = certs.dir.join("kafka-password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
     SecuredBroker {
@@ -293,6 +315,40 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// PLAIN and SCRAM-SHA-256 as the broker checks them: a worker signing in
+/// with each reaches the broker, creates its topics and joins its group.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_signs_in_with_plain_and_with_scram_sha_256(pool: PgPool) {
+    tokio::time::timeout(Duration::from_secs(120), other_mechanisms(pool))
+        .await
+        .expect("the other mechanisms timed out");
+}
+
+async fn other_mechanisms(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("flotilla-sasl-mechanisms-{}", Uuid::new_v4()));
+    let broker = secured_broker(&dir).await;
+    write_fleet_files(&dir, "http://127.0.0.1:9");
+    let database = flotilla_tests::database::url_of(&pool).await;
+    for mechanism in ["PLAIN", "SCRAM-SHA-256"] {
+        let mut command = worker(&broker, &database, &dir, &unique("mechanism"));
+        command.env("KAFKA_SASL_MECHANISM", mechanism);
+        let mut running = flotilla_tests::process::started(command, "worker ready").await;
+        let status = tokio::task::spawn_blocking(move || {
+            let status = running.terminate(Duration::from_secs(20));
+            (status, running)
+        })
+        .await
+        .unwrap();
+        assert!(
+            status.0.success(),
+            "{mechanism}: {}",
+            status.1.output.join("\n")
+        );
+    }
+    drop(broker);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn an_untrusted_broker_certificate_a_missing_or_a_wrong_password_stops_start_up(
     pool: PgPool,
@@ -340,27 +396,28 @@ async fn refusals(pool: PgPool) {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// The test broker (no SASL) behind a TLS proxy that lets through only
-/// clients presenting a certificate from the test CA.
+/// A Kafka node whose TLS listener lets through only clients presenting a
+/// certificate from the test CA (no SASL).
 struct CertificateBroker {
     bootstrap: String,
     certs: TestCertificates,
-    _broker: OwnBroker,
+    _broker: OwnKafka,
 }
 
 async fn certificate_broker(dir: &Path) -> CertificateBroker {
-    let bin = flotilla_tests::tansu::binary()
-        .expect("FLOTILLA_TANSU_BIN is unset: run the tests through scripts/test");
     let certs = TestCertificates::generate(&dir.join("certs"), "flotilla");
-    let broker_address = format!("127.0.0.1:{}", free_port());
-    let proxy = terminating_proxy(broker_address.clone(), certs.server_config(true)).await;
-    let bootstrap = format!("localhost:{}", proxy.port());
-    let (dir, advertised) = (dir.to_owned(), bootstrap.clone());
-    let broker = tokio::task::spawn_blocking(move || {
-        OwnBroker::start_on(&bin, &dir, &broker_address, Some(&advertised), &[])
-    })
-    .await
-    .unwrap();
+    let (broker, bootstrap) = tls_broker(
+        dir,
+        &certs,
+        "SSL",
+        &[
+            "ssl.client.auth=required".into(),
+            "ssl.truststore.type=PEM".into(),
+            format!("ssl.truststore.location={}", certs.ca.display()),
+        ],
+        &[],
+    )
+    .await;
     CertificateBroker {
         bootstrap,
         certs,
@@ -437,11 +494,12 @@ async fn client_certificates(pool: PgPool) {
         String::from_utf8_lossy(&produced.stderr)
     );
 
-    // Without it the handshake is refused, and start-up says so.
+    // Without it the handshake is refused (Kafka's JSSE answers a missing
+    // certificate with the bad_certificate alert), and start-up says so.
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "no certificate was let in");
     assert!(stderr.contains("reaching the Kafka broker"), "{stderr}");
-    assert!(stderr.contains("certificate required"), "{stderr}");
+    assert!(stderr.contains("alert bad certificate"), "{stderr}");
     drop(broker);
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -1,10 +1,19 @@
-//! Static group membership: a worker killed with SIGKILL and restarted with
-//! the same id gets its partitions back at once. (On the test broker a new
-//! dynamic member is never given a killed member's partitions, so without
-//! static membership this test would stall for good.)
+//! Group membership on Apache Kafka under both consumer group protocols
+//! (`FLOTILLA_GROUP_PROTOCOL`: classic, and KIP-848's consumer protocol):
+//! a worker joining a group (scale-out), leaving it on SIGTERM (a rollout or
+//! a scale-in), killed with SIGKILL (dynamic membership: its partitions move
+//! after the session timeout), and killed and restarted with its id (static
+//! membership: it gets its partitions back at once). Each test times the
+//! handover, from the event to the line in which a member says it was
+//! assigned the partitions, prints it, and then checks that what is produced
+//! afterwards becomes rows.
+//!
+//! The workers only ingest (no claim loops): rows stay QUEUED. The shared
+//! broker's session for consumer-protocol members is 10 s
+//! (`scripts/kafka-node`), the one classic members are given here.
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flotilla_tests::process::Running;
 use flotilla_tests::{KAFKA_TEST_TIMEOUT, unique};
@@ -13,75 +22,130 @@ use uuid::Uuid;
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
-/// A worker that only ingests: no claim loops, so rows stay QUEUED.
-fn ingesting_worker(
-    database_url: &str,
-    topic: &str,
-    group: &str,
-    dir: &std::path::Path,
-) -> Command {
-    ingesting_worker_on(
-        &flotilla_tests::bootstrap_servers(),
-        database_url,
-        topic,
-        group,
-        dir,
-    )
+/// Partitions of each test's request topic.
+const PARTITIONS: i32 = 4;
+
+/// The session a classic member asks for, as the shared broker gives
+/// consumer-protocol members.
+const CLASSIC_SESSION_MS: &str = "10000";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    Classic,
+    Consumer,
 }
 
-/// As [`ingesting_worker`], on the broker at `bootstrap`.
-fn ingesting_worker_on(
-    bootstrap: &str,
-    database_url: &str,
-    topic: &str,
-    group: &str,
-    dir: &std::path::Path,
-) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
-    command
-        .env("DATABASE_URL", database_url)
-        .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap)
-        .env("FLOTILLA_WORKER_ID", "static-member")
-        .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
-        .env("FLOTILLA_API_TOKENS", "t")
-        .env("FLOTILLA_REQUEST_TOPIC", topic)
-        .env("FLOTILLA_CONSUMER_GROUP", group)
-        .env("FLOTILLA_WORKER_COUNT", "0")
-        .env("FLOTILLA_WORKFLOWS_DIR", dir)
-        .env("FLOTILLA_TARGETS_FILE", dir.with_extension("targets.yaml"))
-        .env("NO_COLOR", "1");
-    command
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Classic => "classic",
+            Self::Consumer => "consumer",
+        }
+    }
 }
 
-async fn produce(topic: &str, count: usize) {
-    produce_on(&flotilla_tests::bootstrap_servers(), topic, count).await;
+/// One test's group: its topic, its workflow files, its database.
+struct Group {
+    dir: std::path::PathBuf,
+    topic: String,
+    group: String,
+    database: String,
+    protocol: Protocol,
 }
 
-async fn produce_on(bootstrap: &str, topic: &str, count: usize) {
-    let producer: rdkafka::producer::FutureProducer =
-        flotilla_runtime::BrokerConfig::new(bootstrap)
+impl Group {
+    async fn new(pool: &PgPool, protocol: Protocol) -> Self {
+        let dir = std::env::temp_dir().join(format!("flotilla-membership-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(dir.join("workflows")).unwrap();
+        let noop = serde_json::json!({"name": "noop", "input_schema": {},
+            "steps": [{"name": "never", "target": "svc", "method": "m"}]});
+        std::fs::write(dir.join("workflows/noop.json"), noop.to_string()).unwrap();
+        std::fs::write(
+            dir.join("targets.yaml"),
+            "targets:\n  svc:\n    kind: http\n    base_url: http://127.0.0.1:1\n",
+        )
+        .unwrap();
+        let topic = unique("membership-requests");
+        flotilla_tests::create_topic(&topic, PARTITIONS)
+            .await
+            .unwrap();
+        Self {
+            dir,
+            topic,
+            group: unique("membership-workers"),
+            database: flotilla_tests::database::url_of(pool).await,
+            protocol,
+        }
+    }
+
+    /// A worker that only ingests, with id `id`; a static member when
+    /// `static_member`.
+    fn worker(&self, id: &str, static_member: bool) -> Command {
+        self.worker_speaking(id, static_member, self.protocol)
+    }
+
+    /// As [`Group::worker`], joining with `protocol`.
+    fn worker_speaking(&self, id: &str, static_member: bool, protocol: Protocol) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla-worker"));
+        command
+            .env("DATABASE_URL", &self.database)
+            .env(
+                "KAFKA_BOOTSTRAP_SERVERS",
+                flotilla_tests::bootstrap_servers(),
+            )
+            .env("SCHEMA_REGISTRY_URL", "")
+            .env("FLOTILLA_WORKER_ID", id)
+            .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
+            .env("FLOTILLA_API_TOKENS", "t")
+            .env("FLOTILLA_REQUEST_TOPIC", &self.topic)
+            .env("FLOTILLA_CONSUMER_GROUP", &self.group)
+            .env("FLOTILLA_GROUP_PROTOCOL", protocol.name())
+            .env("FLOTILLA_STATIC_MEMBERSHIP", static_member.to_string())
+            .env("FLOTILLA_WORKER_COUNT", "0")
+            .env("FLOTILLA_WORKFLOWS_DIR", self.dir.join("workflows"))
+            .env("FLOTILLA_TARGETS_FILE", self.dir.join("targets.yaml"))
+            .env("NO_COLOR", "1");
+        if protocol == Protocol::Classic && !static_member {
+            command.args([
+                "--kafka-property",
+                &format!("session.timeout.ms={CLASSIC_SESSION_MS}"),
+            ]);
+        }
+        command
+    }
+
+    /// Produces `count` requests, spread over every partition by their keys.
+    async fn produce(&self, count: usize) {
+        let producer: rdkafka::producer::FutureProducer = flotilla_tests::broker()
             .idempotent_producer()
             .create()
             .unwrap();
-    for _ in 0..count {
-        let request = flotilla_contracts::WorkflowRunRequest::new(
-            Uuid::new_v4(),
-            "noop",
-            serde_json::json!({}),
-        )
-        .unwrap();
-        let payload = flotilla_contracts::json::encode(&request).unwrap();
-        let key = request.job_id().to_string();
-        producer
-            .send(
-                rdkafka::producer::FutureRecord::to(topic)
-                    .key(&key)
-                    .payload(&payload),
-                Duration::from_secs(10),
+        for _ in 0..count {
+            let request = flotilla_contracts::WorkflowRunRequest::new(
+                Uuid::new_v4(),
+                "noop",
+                serde_json::json!({}),
             )
-            .await
-            .map_err(|(e, _)| e)
             .unwrap();
+            let payload = flotilla_contracts::json::encode(&request).unwrap();
+            let key = request.job_id().to_string();
+            producer
+                .send(
+                    rdkafka::producer::FutureRecord::to(&self.topic)
+                        .key(&key)
+                        .payload(&payload),
+                    Duration::from_secs(10),
+                )
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -107,129 +171,250 @@ async fn start(command: Command) -> Running {
     flotilla_tests::process::started(command, "worker ready").await
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
-async fn a_worker_killed_and_restarted_with_its_id_gets_its_partitions_back(pool: PgPool) {
-    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let dir = std::env::temp_dir().join(format!("flotilla-membership-{}", Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let noop = serde_json::json!({"name": "noop", "input_schema": {},
-            "steps": [{"name": "never", "target": "svc", "method": "m"}]});
-        std::fs::write(dir.join("noop.json"), noop.to_string()).unwrap();
-        let targets = dir.with_extension("targets.yaml");
-        std::fs::write(
-            &targets,
-            "targets:\n  svc:\n    kind: http\n    base_url: http://127.0.0.1:1\n",
-        )
-        .unwrap();
-        let (topic, group) = (unique("membership-requests"), unique("membership-workers"));
-        flotilla_tests::create_topic(&topic, 3).await.unwrap();
-        let url = flotilla_tests::database::url_of(&pool).await;
-
-        let mut first = start(ingesting_worker(&url, &topic, &group, &dir)).await;
-        produce(&topic, 6).await;
-        wait_rows(&pool, 6, Duration::from_secs(60)).await;
-        first.kill();
-
-        produce(&topic, 6).await;
-        let mut second = start(ingesting_worker(&url, &topic, &group, &dir)).await;
-        // Well inside the 45 s session timeout: no rebalance was waited for.
-        wait_rows(&pool, 12, Duration::from_secs(40)).await;
-        let status = tokio::task::spawn_blocking(move || second.terminate(Duration::from_secs(30)))
-            .await
-            .unwrap();
-        assert!(status.success());
-        std::fs::remove_dir_all(&dir).unwrap();
-        std::fs::remove_file(dir.with_extension("targets.yaml")).unwrap();
+/// Waits off the runtime until `member` says it was assigned partitions
+/// of `topic` (a line printed after the call), and returns the member.
+async fn assigned(mut member: Running, topic: &str, within: Duration) -> Running {
+    let topic = format!("{topic}/");
+    tokio::task::spawn_blocking(move || {
+        member.wait_for_matching(
+            "an assignment",
+            |line| line.contains("partitions assigned") && line.contains(&topic),
+            within,
+        );
+        member
     })
     .await
-    .expect("the membership test timed out");
+    .unwrap()
 }
 
-/// Dynamic membership, the chart's default (Deployment pod names never come
-/// back): a worker stopped gracefully (a rollout, a scale-in) leaves the
-/// group, and its partitions are read by the survivor within seconds, not
-/// after a session timeout. Prints how long the partitions went unread.
-///
-/// On a test broker of its own: the shared one, after a suite's worth of
-/// groups (and right after the test above left a static member in its
-/// session), sometimes never told the survivor to rejoin (two CI runs
-/// waited 40 s for the handover; alone on the same broker it took 2 s).
-#[sqlx::test(migrator = "MIGRATOR")]
-async fn a_worker_scaled_in_with_dynamic_membership_hands_its_partitions_over_at_once(
-    pool: PgPool,
-) {
-    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let dir = std::env::temp_dir().join(format!("flotilla-scale-in-{}", Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let noop = serde_json::json!({"name": "noop", "input_schema": {},
-            "steps": [{"name": "never", "target": "svc", "method": "m"}]});
-        std::fs::write(dir.join("noop.json"), noop.to_string()).unwrap();
-        std::fs::write(
-            dir.with_extension("targets.yaml"),
-            "targets:\n  svc:\n    kind: http\n    base_url: http://127.0.0.1:1\n",
-        )
-        .unwrap();
-        let bin = flotilla_tests::tansu::binary()
-            .expect("FLOTILLA_TANSU_BIN is unset: run the tests through scripts/test");
-        let broker = {
-            let dir = dir.clone();
-            tokio::task::spawn_blocking(move || {
-                flotilla_tests::tansu::OwnBroker::start(&bin, &dir, None, &[])
-            })
-            .await
-            .unwrap()
-        };
-        let bootstrap = broker.address.clone();
-        let (topic, group) = (unique("scale-in-requests"), unique("scale-in-workers"));
-        flotilla_tests::create_topic_on(&bootstrap, &topic, 4)
-            .await
-            .unwrap();
-        let url = flotilla_tests::database::url_of(&pool).await;
-        let member = |id: &str| {
-            let mut command = ingesting_worker_on(&bootstrap, &url, &topic, &group, &dir);
-            command
-                .env("FLOTILLA_WORKER_ID", id)
-                .env("FLOTILLA_STATIC_MEMBERSHIP", "false");
-            command
-        };
-        let mut leaving = start(member("leaving")).await;
-        let mut staying = start(member("staying")).await;
-        // Both members hold partitions once every partition is read.
-        produce_on(&bootstrap, &topic, 40).await;
-        wait_rows(&pool, 40, Duration::from_secs(60)).await;
-        let status =
-            tokio::task::spawn_blocking(move || leaving.terminate(Duration::from_secs(30)))
-                .await
-                .unwrap();
-        assert!(status.success());
-        let stopped = std::time::Instant::now();
-        produce_on(&bootstrap, &topic, 40).await;
-        let handed_over = tokio::time::timeout(
-            Duration::from_secs(40),
-            wait_rows(&pool, 80, Duration::from_secs(60)),
-        )
-        .await;
-        if handed_over.is_err() {
-            panic!(
-                "the survivor did not read the leaver's partitions within 40 s; its log:\n{}",
-                staying.output_so_far().join("\n")
-            );
-        }
-        let unread = stopped.elapsed();
-        println!("partitions unread after a graceful scale-in (dynamic membership): {unread:?}");
-        assert!(
-            unread < Duration::from_secs(30),
-            "{unread:?}: a session timeout was waited for"
-        );
-        let status =
-            tokio::task::spawn_blocking(move || staying.terminate(Duration::from_secs(30)))
-                .await
-                .unwrap();
-        assert!(status.success());
-        drop(broker);
-        std::fs::remove_dir_all(&dir).unwrap();
-        std::fs::remove_file(dir.with_extension("targets.yaml")).unwrap();
+/// Drains what `member` printed so far, so the next wait sees only new lines.
+fn settle(member: &mut Running) {
+    let _ = member.output_so_far();
+}
+
+async fn terminate(member: Running) {
+    let (status, member) = tokio::task::spawn_blocking(move || {
+        let mut member = member;
+        (member.terminate(Duration::from_secs(30)), member)
     })
     .await
+    .unwrap();
+    assert!(status.success(), "{}", member.output.join("\n"));
+}
+
+// Scale-out --------------------------------------------------------------------
+
+async fn scale_out(pool: PgPool, protocol: Protocol) {
+    let group = Group::new(&pool, protocol).await;
+    let first = start(group.worker("first", false)).await;
+    let mut first = assigned(first, &group.topic, Duration::from_secs(60)).await;
+    group.produce(8).await;
+    wait_rows(&pool, 8, Duration::from_secs(30)).await;
+    settle(&mut first);
+
+    let second = start(group.worker("second", false)).await;
+    let joined = Instant::now();
+    let second = assigned(second, &group.topic, Duration::from_secs(60)).await;
+    let took = joined.elapsed();
+    println!(
+        "scale-out ({}): the newcomer held partitions {took:?} after it was ready",
+        protocol.name()
+    );
+    group.produce(40).await;
+    wait_rows(&pool, 48, Duration::from_secs(30)).await;
+    terminate(second).await;
+    terminate(first).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_joining_a_group_takes_a_share_of_its_partitions_classic(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, scale_out(pool, Protocol::Classic))
+        .await
+        .expect("the scale-out test timed out");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_joining_a_group_takes_a_share_of_its_partitions_consumer_protocol(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, scale_out(pool, Protocol::Consumer))
+        .await
+        .expect("the scale-out test timed out");
+}
+
+// Graceful scale-in and SIGKILL ------------------------------------------------
+
+/// How the leaving member goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leaving {
+    /// SIGTERM: it leaves the group on its way out.
+    Gracefully,
+    /// SIGKILL: the group hears of it only when its session times out.
+    Killed,
+}
+
+async fn handover(pool: PgPool, protocol: Protocol, leaving: Leaving) {
+    let group = Group::new(&pool, protocol).await;
+    let staying = start(group.worker("staying", false)).await;
+    let staying = assigned(staying, &group.topic, Duration::from_secs(60)).await;
+    let leaver = start(group.worker("leaving", false)).await;
+    let mut leaver = assigned(leaver, &group.topic, Duration::from_secs(60)).await;
+    // Both members read: every partition's request became a row.
+    group.produce(40).await;
+    wait_rows(&pool, 40, Duration::from_secs(30)).await;
+    let mut staying = staying;
+    settle(&mut staying);
+
+    let stopped = Instant::now();
+    match leaving {
+        Leaving::Gracefully => terminate(leaver).await,
+        Leaving::Killed => leaver.kill(),
+    }
+    let staying = assigned(staying, &group.topic, Duration::from_secs(60)).await;
+    let took = stopped.elapsed();
+    println!(
+        "{} ({}): the survivor held the leaver's partitions {took:?} after it {}",
+        match leaving {
+            Leaving::Gracefully => "graceful scale-in",
+            Leaving::Killed => "SIGKILL",
+        },
+        protocol.name(),
+        match leaving {
+            Leaving::Gracefully => "was sent SIGTERM",
+            Leaving::Killed => "was killed",
+        },
+    );
+    if leaving == Leaving::Gracefully {
+        // A member that leaves says so: no session timeout is waited for.
+        assert!(took < Duration::from_secs(8), "{took:?}");
+    }
+    group.produce(40).await;
+    wait_rows(&pool, 80, Duration::from_secs(30)).await;
+    terminate(staying).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_scaled_in_hands_its_partitions_over_at_once_classic(pool: PgPool) {
+    tokio::time::timeout(
+        KAFKA_TEST_TIMEOUT,
+        handover(pool, Protocol::Classic, Leaving::Gracefully),
+    )
+    .await
     .expect("the scale-in test timed out");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_scaled_in_hands_its_partitions_over_at_once_consumer_protocol(pool: PgPool) {
+    tokio::time::timeout(
+        KAFKA_TEST_TIMEOUT,
+        handover(pool, Protocol::Consumer, Leaving::Gracefully),
+    )
+    .await
+    .expect("the scale-in test timed out");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_killed_workers_partitions_move_after_its_session_timeout_classic(pool: PgPool) {
+    tokio::time::timeout(
+        KAFKA_TEST_TIMEOUT,
+        handover(pool, Protocol::Classic, Leaving::Killed),
+    )
+    .await
+    .expect("the SIGKILL test timed out");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_killed_workers_partitions_move_after_its_session_timeout_consumer_protocol(
+    pool: PgPool,
+) {
+    tokio::time::timeout(
+        KAFKA_TEST_TIMEOUT,
+        handover(pool, Protocol::Consumer, Leaving::Killed),
+    )
+    .await
+    .expect("the SIGKILL test timed out");
+}
+
+// Static membership ------------------------------------------------------------
+
+async fn restart_with_id(pool: PgPool, protocol: Protocol) {
+    let group = Group::new(&pool, protocol).await;
+    let first = start(group.worker("static-member", true)).await;
+    let mut first = assigned(first, &group.topic, Duration::from_secs(60)).await;
+    group.produce(6).await;
+    wait_rows(&pool, 6, Duration::from_secs(30)).await;
+    first.kill();
+
+    group.produce(6).await;
+    // (A worker restarted with its id first waits out its earlier self's
+    // announcement in the database, `engine/fleet.rs`: about 10 s.)
+    let second = start(group.worker("static-member", true)).await;
+    let ready = Instant::now();
+    // Well inside the session timeout (45 s for classic static members
+    // here, 10 s under the consumer protocol): no rebalance was waited for.
+    wait_rows(&pool, 12, Duration::from_secs(5)).await;
+    println!(
+        "static member restarted ({}): its partitions read again {:?} after it was ready",
+        protocol.name(),
+        ready.elapsed()
+    );
+    terminate(second).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_killed_and_restarted_with_its_id_gets_its_partitions_back_classic(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, restart_with_id(pool, Protocol::Classic))
+        .await
+        .expect("the static membership test timed out");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_worker_killed_and_restarted_with_its_id_gets_its_partitions_back_consumer_protocol(
+    pool: PgPool,
+) {
+    tokio::time::timeout(
+        KAFKA_TEST_TIMEOUT,
+        restart_with_id(pool, Protocol::Consumer),
+    )
+    .await
+    .expect("the static membership test timed out");
+}
+
+// Moving a fleet between the protocols ----------------------------------------
+
+/// A fleet moved from the classic protocol to the consumer protocol: every
+/// worker stopped (the group empties), then started under the consumer
+/// protocol. Kafka converts the empty group and its committed offsets, and
+/// the new members read on. (A rolling restart cannot do it: Kafka will not
+/// convert a live classic group whose members use librdkafka's
+/// cooperative-sticky assignor, whose user data it would lose, and a
+/// consumer-protocol member that joins one waits without partitions; the
+/// broker logs "Cannot upgrade classic group ... userData from a custom
+/// assignor would be lost".)
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_fleet_stopped_and_started_under_the_consumer_protocol_reads_on(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let group = Group::new(&pool, Protocol::Classic).await;
+        let first = start(group.worker("first", false)).await;
+        let first = assigned(first, &group.topic, Duration::from_secs(60)).await;
+        let second = start(group.worker("second", false)).await;
+        let second = assigned(second, &group.topic, Duration::from_secs(60)).await;
+        group.produce(20).await;
+        wait_rows(&pool, 20, Duration::from_secs(30)).await;
+        terminate(first).await;
+        terminate(second).await;
+
+        group.produce(20).await;
+        let mut members = Vec::new();
+        for id in ["first-again", "second-again"] {
+            let member = start(group.worker_speaking(id, false, Protocol::Consumer)).await;
+            members.push(assigned(member, &group.topic, Duration::from_secs(60)).await);
+        }
+        wait_rows(&pool, 40, Duration::from_secs(30)).await;
+        group.produce(20).await;
+        wait_rows(&pool, 60, Duration::from_secs(30)).await;
+        for member in members {
+            terminate(member).await;
+        }
+    })
+    .await
+    .expect("the protocol change timed out");
 }

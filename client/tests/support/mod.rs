@@ -116,9 +116,7 @@ impl Fleet {
 
     /// An event stream on the fleet's event topic, in a group of its own.
     pub(crate) fn events(&self) -> EventStream {
-        let options = EventStreamOptions::new(&unique("client-stream"))
-            .topic(&self.event_topic)
-            .fetch_wait(Duration::from_millis(100));
+        let options = EventStreamOptions::new(&unique("client-stream")).topic(&self.event_topic);
         EventStream::subscribe(&broker(), &options).unwrap()
     }
 

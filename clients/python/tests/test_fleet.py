@@ -24,7 +24,7 @@ def follow(fleet, services, jobs):
     """Each job's events until every job is COMPLETED, by job."""
     seen = {job: [] for job in jobs}
     with EventStream(services.bootstrap, f"py-fleet-{uuid.uuid4().hex}", registry_url=services.registry,
-                     topic=fleet.event_topic, config={"fetch.wait.max.ms": 100}) as stream:
+                     topic=fleet.event_topic) as stream:
         deadline = time.monotonic() + DEADLINE
         while not all(events and events[-1].type == EventType.COMPLETED for events in seen.values()):
             assert time.monotonic() < deadline, f"not every job completed within {DEADLINE} s: {seen}"
@@ -125,8 +125,9 @@ def run_outcomes(services, fleet, database, group, workflow, jobs, die_after=Non
                "--bootstrap", services.bootstrap, "--registry", services.registry,
                "--topic", fleet.event_topic, "--group", group, "--database", str(database),
                "--workflow", workflow, "--until-finished", str(jobs),
-               # The same static member each time: a killed dynamic member's
-               # partitions are not handed on by the test broker.
+               # The same static member each time: restarted with its id, it
+               # holds the killed one's partitions at once instead of after
+               # that member's session timeout.
                "--instance-id", f"{group}-member"]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=DEADLINE)
 

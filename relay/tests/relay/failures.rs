@@ -5,10 +5,13 @@ use super::*;
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn rows_stay_pending_while_the_broker_is_down_then_publish_in_order(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let dir = std::env::temp_dir().join(format!("flotilla-outage-{}", Uuid::new_v4()));
+        let mut kafka = OwnKafka::started(&dir, KafkaOptions::default()).await;
         let topic = unique("events");
-        cluster.create_topic(&topic, 3, 1).unwrap();
-        let bootstrap = cluster.bootstrap_servers();
+        let bootstrap = kafka.address.clone();
+        flotilla_tests::create_topic_on(&bootstrap, &topic, 3)
+            .await
+            .unwrap();
         let jobs: Vec<Uuid> = (0..10).map(|_| Uuid::new_v4()).collect();
         insert_events(&pool, &jobs, 4, json!({})).await;
         let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
@@ -16,7 +19,7 @@ async fn rows_stay_pending_while_the_broker_is_down_then_publish_in_order(pool: 
         relay_settings.delivery_timeout = Some(Duration::from_secs(2));
         let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
 
-        cluster.broker_down(1).unwrap();
+        kafka.kill();
         let report = relay.drain_once().await.unwrap();
         assert_eq!((report.published, report.failed), (0, 0));
         assert!(report.deferred > 0, "held back by the outage: {report:?}");
@@ -31,7 +34,7 @@ async fn rows_stay_pending_while_the_broker_is_down_then_publish_in_order(pool: 
             .unwrap();
         assert_eq!(attempts, 0, "an outage of the broker spends no attempt");
 
-        cluster.broker_up(1).unwrap();
+        let kafka = kafka.restarted().await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while count(&pool, "PUBLISHED").await < 40 {
             assert!(
@@ -48,7 +51,8 @@ async fn rows_stay_pending_while_the_broker_is_down_then_publish_in_order(pool: 
             assert_eq!(deduped, [1, 2, 3, 4], "job {job} in order: {sequences:?}");
         }
         drop(relay);
-        drop(cluster); // nextest's per-test deadline guards against a hang here
+        drop(kafka);
+        let _ = std::fs::remove_dir_all(&dir);
     })
     .await
     .expect("timed out");
@@ -119,7 +123,8 @@ async fn a_row_the_broker_always_refuses_lands_failed_after_ten_attempts_without
 /// idempotent producer's sequence numbers (the mock cluster, some
 /// Kafka-compatible servers) then appends the later event first. The relay
 /// must not depend on that enforcement: a job's next event is sent only
-/// after its previous one was acknowledged.
+/// after its previous one was acknowledged. On librdkafka's mock cluster,
+/// which injects the refusal (and is such a broker).
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_retried_send_is_never_overtaken_by_the_jobs_next_event(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
@@ -180,7 +185,8 @@ async fn a_retried_send_is_never_overtaken_by_the_jobs_next_event(pool: PgPool) 
 /// A broker that takes a request but answers only after the delivery
 /// timeout: the pass marks exactly what was acknowledged, spends no
 /// attempt on what timed out, and the rows that timed out go again (a
-/// repeat on the topic, never a sequence going back).
+/// repeat on the topic, never a sequence going back). On librdkafka's mock
+/// cluster: two brokers, one of them slowed down by an added round trip.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_delivery_timeout_marks_only_what_was_acknowledged_and_spends_no_attempt(pool: PgPool) {
     use flotilla_relay::publisher::{Class, Reason};
@@ -281,7 +287,8 @@ async fn a_delivery_timeout_marks_only_what_was_acknowledged_and_spends_no_attem
 /// of it): every record is still acknowledged and marked, and each slow
 /// acknowledgement is counted (and logged, at most every ten seconds), so
 /// the operator hears of it before acknowledgements outgrow the window and
-/// every record is timed out and sent again.
+/// every record is timed out and sent again. On librdkafka's mock cluster,
+/// which adds the round trip.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn acknowledgements_that_near_the_send_window_are_counted(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {

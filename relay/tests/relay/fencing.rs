@@ -373,10 +373,13 @@ fn round(jobs: &[Uuid], sequence: i64) -> Vec<(Uuid, i64)> {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn records_waiting_in_a_stalled_relays_producer_never_land_after_the_heirs(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        let dir = std::env::temp_dir().join(format!("flotilla-stalled-{}", Uuid::new_v4()));
+        let mut kafka = OwnKafka::started(&dir, KafkaOptions::default()).await;
         let topic = unique("stalled-producer");
-        cluster.create_topic(&topic, 3, 1).unwrap();
-        let bootstrap = cluster.bootstrap_servers();
+        let bootstrap = kafka.address.clone();
+        flotilla_tests::create_topic_on(&bootstrap, &topic, 3)
+            .await
+            .unwrap();
         let url = flotilla_tests::database::url_of(&pool).await;
         // Five jobs start in the first round, five more in the second: only
         // the second has ten events in flight at once.
@@ -406,7 +409,7 @@ async fn records_waiting_in_a_stalled_relays_producer_never_land_after_the_heirs
         // The broker goes away; the second round is handed to the producer
         // and waits there: the next read counts it in flight. The relay
         // stops right after.
-        cluster.broker_down(1).unwrap();
+        kafka.kill();
         insert_at(&pool, &[round(&early, 2), round(&late, 1)].concat()).await;
         let sleeper = tokio::task::spawn_blocking(move || {
             let mut sleeper = sleeper;
@@ -418,7 +421,7 @@ async fn records_waiting_in_a_stalled_relays_producer_never_land_after_the_heirs
         sleeper.signal("STOP");
 
         // The broker returns; the heir takes over and publishes rounds 2 and 3.
-        cluster.broker_up(1).unwrap();
+        let kafka = kafka.restarted().await;
         insert_at(&pool, &[round(&early, 3), round(&late, 2)].concat()).await;
         let heir = start("heir").await.unwrap();
         eventually("the heir publishes rounds 2 and 3", || async {
@@ -471,7 +474,8 @@ async fn records_waiting_in_a_stalled_relays_producer_never_land_after_the_heirs
         .await
         .unwrap();
         assert!(a.success() && b.success());
-        drop(cluster);
+        drop(kafka);
+        let _ = std::fs::remove_dir_all(&dir);
     })
     .await
     .expect("timed out");
@@ -553,23 +557,22 @@ async fn a_record_on_the_wire_when_its_lease_lapses_can_trail_as_a_repeat_and_fi
     pool: PgPool,
 ) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let bin = flotilla_tests::tansu::binary()
-            .expect("FLOTILLA_TANSU_BIN is unset: run the tests through scripts/test");
         let dir = std::env::temp_dir().join(format!("flotilla-trailing-{}", Uuid::new_v4()));
-        let broker_address = format!("127.0.0.1:{}", flotilla_tests::free_port());
-        let proxy = flotilla_tests::proxy::Proxy::start(broker_address.parse().unwrap()).await;
+        let broker_port = flotilla_tests::free_port();
+        let proxy = flotilla_tests::proxy::Proxy::start(
+            format!("127.0.0.1:{broker_port}").parse().unwrap(),
+        )
+        .await;
         let bootstrap = proxy.address().to_string();
         let broker = {
-            let (dir, advertised, address) =
-                (dir.clone(), bootstrap.clone(), broker_address.clone());
+            let options = flotilla_tests::kafka::KafkaOptions {
+                port: Some(broker_port),
+                advertised: Some(bootstrap.clone()),
+                ..Default::default()
+            };
+            let dir = dir.clone();
             tokio::task::spawn_blocking(move || {
-                flotilla_tests::tansu::OwnBroker::start_on(
-                    &bin,
-                    &dir,
-                    &address,
-                    Some(&advertised),
-                    &[],
-                )
+                flotilla_tests::kafka::OwnKafka::start_with(&dir, options)
             })
             .await
             .unwrap()

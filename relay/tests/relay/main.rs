@@ -1,5 +1,7 @@
-//! The relay against real Postgres and the real broker (the librdkafka mock
-//! cluster where the broker must fail): guarantee 8 in docs/architecture.md.
+//! The relay against real Postgres and Apache Kafka (a broker of the test's
+//! own where it is killed; librdkafka's mock cluster only where a test needs
+//! injected request errors, round-trip delays or a second broker, which a
+//! real single broker cannot give): guarantee 8 in docs/architecture.md.
 
 mod failures;
 mod fencing;
@@ -21,6 +23,7 @@ use flotilla_relay::publisher::EVENT_TYPE_HEADER;
 use flotilla_relay::{Relay, RelaySettings};
 use flotilla_store::outbox::{self, EventKind, EventStamp};
 use flotilla_store::{ManualClock, SystemClock};
+use flotilla_tests::kafka::{KafkaOptions, OwnKafka};
 use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, close_consumer, create_topic, unique};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Headers;

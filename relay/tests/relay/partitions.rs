@@ -16,10 +16,9 @@ async fn recorded(pool: &PgPool, topic: &str) -> Option<i32> {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_changed_partition_count_stops_publishing_until_the_change_is_accepted(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
         let topic = unique("events");
-        cluster.create_topic(&topic, 3, 1).unwrap();
-        let bootstrap = cluster.bootstrap_servers();
+        flotilla_tests::create_topic(&topic, 3).await.unwrap();
+        let bootstrap = flotilla_tests::bootstrap_servers();
         let jobs: Vec<Uuid> = (0..6).map(|_| Uuid::new_v4()).collect();
         insert_events(&pool, &jobs, 1, json!({})).await;
         // The relays published to this topic when it had two partitions.
@@ -55,7 +54,6 @@ async fn a_changed_partition_count_stops_publishing_until_the_change_is_accepted
         assert_eq!(report.published, 6, "{report:?}");
         assert_eq!(recorded(&pool, &topic).await, Some(3));
         drop(accepting);
-        drop(cluster);
     })
     .await
     .expect("timed out");
@@ -64,21 +62,19 @@ async fn a_changed_partition_count_stops_publishing_until_the_change_is_accepted
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn the_first_relay_records_the_event_topics_partition_count(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
         let topic = unique("events");
-        cluster.create_topic(&topic, 4, 1).unwrap();
+        flotilla_tests::create_topic(&topic, 4).await.unwrap();
         let clock = Arc::new(ManualClock::new(Utc::now()));
         let relay = Relay::new(
             pool.clone(),
             clock,
-            settings(&cluster.bootstrap_servers(), &topic, "first"),
+            settings(&flotilla_tests::bootstrap_servers(), &topic, "first"),
         )
         .unwrap();
         relay.drain_once().await.unwrap();
         assert_eq!(recorded(&pool, &topic).await, Some(4));
         assert!(relay.partitions().problem().is_none());
         drop(relay);
-        drop(cluster);
     })
     .await
     .expect("timed out");

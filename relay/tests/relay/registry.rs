@@ -120,10 +120,9 @@ async fn rows_wait_without_spending_attempts_while_the_registry_fails_then_publi
     pool: PgPool,
 ) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
         let topic = unique("events");
-        cluster.create_topic(&topic, 3, 1).unwrap();
-        let bootstrap = cluster.bootstrap_servers();
+        flotilla_tests::create_topic(&topic, 3).await.unwrap();
+        let bootstrap = flotilla_tests::bootstrap_servers();
         let registry = FlakyRegistry::start().await;
         let jobs: Vec<Uuid> = (0..8).map(|_| Uuid::new_v4()).collect();
         insert_events(&pool, &jobs, 3, json!({})).await;
@@ -235,7 +234,6 @@ async fn rows_wait_without_spending_attempts_while_the_registry_fails_then_publi
             assert_eq!(sequences, [1, 2, 3], "job {job}");
         }
         drop(relay);
-        drop(cluster);
     })
     .await
     .expect("timed out");
@@ -250,9 +248,8 @@ async fn rows_wait_without_spending_attempts_while_the_registry_fails_then_publi
 async fn a_registry_refusing_the_event_schema_holds_rows_back_without_failing_them(pool: PgPool) {
     use flotilla_tests::registry_stub::RegistryStub;
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
         let topic = unique("events");
-        cluster.create_topic(&topic, 3, 1).unwrap();
+        flotilla_tests::create_topic(&topic, 3).await.unwrap();
         let jobs: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
         insert_events(&pool, &jobs, 1, json!({})).await;
         for answer in [
@@ -264,8 +261,11 @@ async fn a_registry_refusing_the_event_schema_holds_rows_back_without_failing_th
         ] {
             let stub = RegistryStub::start(vec![(answer.0, answer.1.to_owned())]).await;
             let clock = Arc::new(ManualClock::new(Utc::now() + chrono::TimeDelta::seconds(1)));
-            let mut relay_settings =
-                settings(&cluster.bootstrap_servers(), &topic, "refused-schema");
+            let mut relay_settings = settings(
+                &flotilla_tests::bootstrap_servers(),
+                &topic,
+                "refused-schema",
+            );
             relay_settings.broker.registry =
                 flotilla_runtime::registry::RegistryConfig::new(&stub.url());
             let relay = Relay::new(pool.clone(), clock.clone(), relay_settings).unwrap();
@@ -282,7 +282,6 @@ async fn a_registry_refusing_the_event_schema_holds_rows_back_without_failing_th
             assert_eq!(untouched(&pool).await, 4, "{}: no attempt spent", answer.0);
             drop(relay);
         }
-        drop(cluster);
     })
     .await
     .expect("timed out");

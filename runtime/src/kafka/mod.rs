@@ -4,6 +4,7 @@
 //! from [`BrokerConfig::client`], so TLS, SASL and pass-through properties
 //! ([`security`]) reach all of them.
 
+pub mod group;
 pub mod pinned;
 pub mod security;
 
@@ -18,6 +19,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::registry::RegistryConfig;
+pub use group::GroupProtocol;
 pub use security::KafkaSecurity;
 
 /// The broker list used when none is configured.

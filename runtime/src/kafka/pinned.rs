@@ -64,6 +64,10 @@ pub const PINNED: &[(&str, &str)] = &[
     ("isolation.level", "consumers read only committed records"),
     ("group.id", "the group is FLOTILLA_CONSUMER_GROUP"),
     (
+        "group.protocol",
+        "the consumer group protocol is FLOTILLA_GROUP_PROTOCOL",
+    ),
+    (
         "group.instance.id",
         "static membership is FLOTILLA_STATIC_MEMBERSHIP, keyed on the worker id",
     ),

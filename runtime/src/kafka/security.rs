@@ -249,7 +249,7 @@ impl KafkaSecurity {
     }
 
     /// The keys set through the properties file and `--kafka-property`.
-    fn pass_through_keys(&self) -> impl Iterator<Item = &str> {
+    pub fn pass_through_keys(&self) -> impl Iterator<Item = &str> {
         self.kafka_properties_file
             .iter()
             .flat_map(|file| file.0.iter())

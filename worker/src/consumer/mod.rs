@@ -27,6 +27,7 @@ use std::time::Duration;
 use flotilla_codec::Codec;
 use flotilla_contracts::topics;
 use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::kafka::GroupProtocol;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
@@ -82,6 +83,8 @@ pub struct ConsumerSettings {
     /// Static group membership (`group.instance.id`): a member restarted
     /// with the same id gets its partitions back at once, without a rebalance.
     pub group_instance_id: Option<String>,
+    /// The consumer group protocol (classic, or KIP-848's consumer).
+    pub group_protocol: GroupProtocol,
     pub batch_size: usize,
     /// A batch closes once its messages hold this many bytes.
     pub batch_bytes: usize,
@@ -90,7 +93,8 @@ pub struct ConsumerSettings {
     pub max_request_bytes: usize,
     /// Longest pause between retries of a batch during an outage.
     pub outage_backoff_max: Duration,
-    /// `max.poll.interval.ms` (and the session timeout), when not librdkafka's default.
+    /// `max.poll.interval.ms` (and, under the classic protocol, the session
+    /// timeout), when not librdkafka's default.
     pub max_poll_interval: Option<Duration>,
 }
 
@@ -128,6 +132,7 @@ impl ConsumerSettings {
             reply_topics: Vec::new(),
             group: group.to_owned(),
             group_instance_id: None,
+            group_protocol: GroupProtocol::default(),
             batch_size: DEFAULT_BATCH_SIZE,
             batch_bytes: DEFAULT_BATCH_BYTES,
             batch_wait: DEFAULT_BATCH_WAIT,
@@ -219,8 +224,10 @@ impl RequestConsumer {
         settings: ConsumerSettings,
     ) -> Result<Self, KafkaError> {
         let mut config = settings.broker.manual_commit_consumer(&settings.group);
+        settings
+            .group_protocol
+            .configure(&mut config, settings.max_poll_interval);
         config
-            .set("partition.assignment.strategy", "cooperative-sticky")
             // Offsets are still stored only after their rows commit (and
             // committed at once after each batch); librdkafka's timer also
             // commits what is stored, so a commit the broker refused (a
@@ -232,13 +239,6 @@ impl RequestConsumer {
             .set("statistics.interval.ms", "15000");
         if let Some(instance) = &settings.group_instance_id {
             config.set("group.instance.id", instance);
-        }
-        if let Some(interval) = settings.max_poll_interval {
-            // librdkafka wants the session timeout within the poll interval.
-            let millis = interval.as_millis().to_string();
-            config
-                .set("max.poll.interval.ms", &millis)
-                .set("session.timeout.ms", &millis);
         }
         let consumer: StreamConsumer<RequestConsumerContext> =
             config.create_with_context(RequestConsumerContext::default())?;

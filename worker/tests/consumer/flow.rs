@@ -1,5 +1,7 @@
 //! Requests become rows, and a killed consumer loses and duplicates nothing.
 
+use flotilla_runtime::kafka::GroupProtocol;
+
 use super::*;
 
 #[sqlx::test(migrator = "MIGRATOR")]
@@ -72,8 +74,19 @@ async fn a_thousand_mixed_avro_and_json_requests_become_a_thousand_completed_job
 async fn a_consumer_killed_between_row_commit_and_offset_commit_loses_and_duplicates_nothing(
     pool: PgPool,
 ) {
+    killed_between_row_and_offset_commits(pool, GroupProtocol::Classic).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_consumer_killed_between_row_commit_and_offset_commit_loses_nothing_consumer_protocol(
+    pool: PgPool,
+) {
+    killed_between_row_and_offset_commits(pool, GroupProtocol::Consumer).await;
+}
+
+async fn killed_between_row_and_offset_commits(pool: PgPool, protocol: GroupProtocol) {
     within_deadline(async {
-        let topics = topics().await;
+        let topics = support::topics_for(protocol).await;
         let engine = support::engine(&pool);
         support::register_greet(&engine).await;
         let producer = producer();

@@ -159,27 +159,23 @@ async fn a_database_outage_pauses_ingestion_commits_nothing_undurable_and_loses_
 }
 
 /// A consumer whose `group.instance.id` another live member took (two
-/// workers given one id) is fenced by the broker: it stops for good and
-/// says so, its task dead in the health that readiness reads, naming the
-/// duplicate id. (The test broker does not fence static members; librdkafka's
-/// mock cluster answers the group coordinator's requests with the error a
-/// real broker sends, FENCED_INSTANCE_ID.)
+/// workers given one id) is fenced by the broker (FENCED_INSTANCE_ID): it
+/// stops for good and says so, its task dead in the health that readiness
+/// reads, naming the duplicate id.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_consumer_fenced_by_a_second_member_with_its_instance_id_is_a_dead_task(pool: PgPool) {
-    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
     within_deadline(async {
-        let mock = support::MockTopics::new("fenced");
+        let topics = topics().await;
         let engine = support::engine(&pool);
-        let mut settings = mock.settings();
-        settings.group_instance_id = Some("twin".into());
-        let fenced = [RDKafkaRespErr::RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID; 64];
-        for api in [
-            RDKafkaApiKey::JoinGroup,
-            RDKafkaApiKey::SyncGroup,
-            RDKafkaApiKey::Heartbeat,
-        ] {
-            mock.cluster.request_errors(api, &fenced);
-        }
+        support::register_greet(&engine).await;
+        let instance = flotilla_tests::unique("twin");
+        let mut settings = flotilla_worker::consumer::ConsumerSettings::new(
+            flotilla_tests::broker(),
+            &topics.requests,
+            &topics.group,
+        );
+        settings.group_instance_id = Some(instance.clone());
         let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
             engine.clone(),
             support::codec(),
@@ -187,6 +183,39 @@ async fn a_consumer_fenced_by_a_second_member_with_its_instance_id_is_a_dead_tas
         )
         .unwrap();
         let (stop, handle) = spawn(consumer);
+        // The first member holds the partitions once a request became a row.
+        let producer = support::producer();
+        support::produce_request(
+            &producer,
+            &topics.requests,
+            Uuid::new_v4(),
+            json!({"name": "a"}),
+            false,
+        )
+        .await;
+        wait_rows(&pool, 1).await;
+
+        // A second process joins with the same instance id (polled on a
+        // thread of its own): the broker hands it the first member's seat
+        // and fences the first.
+        let twin: BaseConsumer = flotilla_tests::manual_commit_consumer_config(&topics.group)
+            .set("group.instance.id", &instance)
+            // The group's assignor: a member offering none in common is
+            // refused before it could take a seat.
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .create()
+            .unwrap();
+        twin.subscribe(&[&topics.requests]).unwrap();
+        let twin_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let twin_thread = {
+            let stop = twin_stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ = twin.poll(Duration::from_millis(100));
+                }
+                twin
+            })
+        };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let problems = loop {
             let problems = engine.health().problems();
@@ -202,12 +231,14 @@ async fn a_consumer_fenced_by_a_second_member_with_its_instance_id_is_a_dead_tas
         assert!(
             problems
                 .iter()
-                .any(|p| p.contains("\"twin\"") && p.contains("group.instance.id")),
+                .any(|p| p.contains(&format!("\"{instance}\"")) && p.contains("group.instance.id")),
             "{problems:?}"
         );
         stop.cancel();
         handle.await.unwrap();
-        drop(mock);
+        twin_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let twin = twin_thread.join().unwrap();
+        std::thread::spawn(move || drop(twin));
     })
     .await;
 }
@@ -215,7 +246,8 @@ async fn a_consumer_fenced_by_a_second_member_with_its_instance_id_is_a_dead_tas
 /// An offset commit the broker refuses (here REBALANCE_IN_PROGRESS, which a
 /// real group answers while a paused member rejoins) is made again even when
 /// no request follows it: otherwise the durable offset stays behind until the
-/// next request arrives, and a quiet partition shows lag for good.
+/// next request arrives, and a quiet partition shows lag for good. On
+/// librdkafka's mock cluster, which injects the refusal.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_refused_offset_commit_is_made_again_without_a_new_request(pool: PgPool) {
     use rdkafka::consumer::{BaseConsumer, Consumer as _};

@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 
 use flotilla_contracts::WorkflowRunRequest;
+use flotilla_runtime::kafka::GroupProtocol;
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -126,8 +127,17 @@ impl Diverged {
 async fn requests_whose_rows_the_database_lost_are_read_again_from_the_offsets_it_kept(
     pool: PgPool,
 ) {
+    read_again_on_a_new_assignment(pool, GroupProtocol::Classic).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn requests_whose_rows_the_database_lost_are_read_again_consumer_protocol(pool: PgPool) {
+    read_again_on_a_new_assignment(pool, GroupProtocol::Consumer).await;
+}
+
+async fn read_again_on_a_new_assignment(pool: PgPool, protocol: GroupProtocol) {
     within_deadline(async {
-        let topics = topics().await;
+        let topics = support::topics_for(protocol).await;
         let mut diverged = diverged(&pool, &topics).await;
         diverged.stop_consumer().await;
         diverged.fail_over(&pool, &topics.group).await;
@@ -164,8 +174,19 @@ async fn requests_whose_rows_the_database_lost_are_read_again_from_the_offsets_i
 async fn a_member_that_keeps_its_partitions_reads_again_what_the_database_lost_under_it(
     pool: PgPool,
 ) {
+    read_again_under_a_member(pool, GroupProtocol::Classic).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_member_that_keeps_its_partitions_reads_again_what_was_lost_consumer_protocol(
+    pool: PgPool,
+) {
+    read_again_under_a_member(pool, GroupProtocol::Consumer).await;
+}
+
+async fn read_again_under_a_member(pool: PgPool, protocol: GroupProtocol) {
     within_deadline(async {
-        let topics = topics().await;
+        let topics = support::topics_for(protocol).await;
         let mut diverged = diverged(&pool, &topics).await;
         diverged.fail_over(&pool, &topics.group).await;
         // One request on every partition: each partition's next batch

@@ -223,7 +223,8 @@ async fn a_message_framed_with_a_protobuf_schema_id_is_dead_lettered_and_its_par
 /// A dead-letter producer that hits a fatal error (here: the broker answers
 /// its first record with a sequence error, which an idempotent producer
 /// cannot recover from) is replaced, and the batch's dead letter lands
-/// through the new one: the partition is not paused for good.
+/// through the new one: the partition is not paused for good. On
+/// librdkafka's mock cluster, which injects the sequence error.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_dead_letter_producer_in_a_fatal_state_is_replaced(pool: PgPool) {
     use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -279,19 +280,30 @@ async fn a_dead_letter_producer_in_a_fatal_state_is_replaced(pool: PgPool) {
     .await;
 }
 
-/// A broker that refuses a dead letter as too large, and then refuses it
-/// again without its value (its own headers are too large), gets the
-/// minimal letter: the reason headers and the value's size, nothing of the
-/// original record. The partition moves on.
+/// A dead-letter topic that refuses a dead letter as too large, and then
+/// refuses it again without its value (its own headers are too large),
+/// gets the minimal letter: the reason headers and the value's size,
+/// nothing of the original record. The partition moves on.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_dead_letter_too_large_even_without_its_value_falls_back_to_a_minimal_one(pool: PgPool) {
     use rdkafka::Message as _;
     use rdkafka::consumer::{Consumer as _, StreamConsumer};
     use rdkafka::message::{Header, Headers as _, OwnedHeaders};
-    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     within_deadline(async {
-        let mock = support::MockTopics::new("minimal-dlq");
-        let broker = mock.broker();
+        let requests = flotilla_tests::unique("minimal-dlq-requests");
+        let dead_letters = flotilla_contracts::topics::dead_letter_topic(&requests);
+        let bootstrap = flotilla_tests::bootstrap_servers();
+        flotilla_tests::create_topic(&requests, 1).await.unwrap();
+        // Room for the reason headers, not for the original's 4 KiB of them.
+        flotilla_tests::create_topic_with(
+            &bootstrap,
+            &dead_letters,
+            1,
+            &[("max.message.bytes", "1024")],
+        )
+        .await
+        .unwrap();
+        let broker = flotilla_tests::broker();
         let producer: rdkafka::producer::FutureProducer = broker.client().create().unwrap();
         let poison = b"\x07 poison".to_vec();
         let headers = OwnedHeaders::new().insert(Header {
@@ -300,7 +312,7 @@ async fn a_dead_letter_too_large_even_without_its_value_falls_back_to_a_minimal_
         });
         producer
             .send(
-                rdkafka::producer::FutureRecord::to(&mock.requests)
+                rdkafka::producer::FutureRecord::to(&requests)
                     .key("poison")
                     .payload(&poison)
                     .headers(headers),
@@ -309,15 +321,16 @@ async fn a_dead_letter_too_large_even_without_its_value_falls_back_to_a_minimal_
             .await
             .map_err(|(e, _)| e)
             .unwrap();
-        // The whole letter and the letter without its value are refused.
-        let too_large = RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE;
-        mock.cluster
-            .request_errors(RDKafkaApiKey::Produce, &[too_large, too_large]);
         let engine = support::engine(&pool);
+        let settings = flotilla_worker::consumer::ConsumerSettings::new(
+            broker.clone(),
+            &requests,
+            &flotilla_tests::unique("minimal-dlq-workers"),
+        );
         let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
             engine,
             support::codec(),
-            mock.settings(),
+            settings,
         )
         .unwrap();
         let (stop, handle) = spawn(consumer);
@@ -325,7 +338,7 @@ async fn a_dead_letter_too_large_even_without_its_value_falls_back_to_a_minimal_
             .manual_commit_consumer(&flotilla_tests::unique("dlq-reader"))
             .create()
             .unwrap();
-        reader.subscribe(&[&mock.dead_letters]).unwrap();
+        reader.subscribe(&[&dead_letters]).unwrap();
         let letter = tokio::time::timeout(Duration::from_secs(60), reader.recv())
             .await
             .expect("the dead letter never landed")
@@ -348,7 +361,7 @@ async fn a_dead_letter_too_large_even_without_its_value_falls_back_to_a_minimal_
         assert_eq!(headers[CODE], "unknown_magic_byte");
         assert!(!headers[REASON].is_empty());
         assert_eq!(headers[VALUE_DROPPED], poison.len().to_string());
-        assert_eq!(headers[SOURCE_TOPIC], mock.requests);
+        assert_eq!(headers[SOURCE_TOPIC], requests);
         assert!(
             !headers.contains_key("bulky"),
             "the original headers are left out"
@@ -359,7 +372,6 @@ async fn a_dead_letter_too_large_even_without_its_value_falls_back_to_a_minimal_
         );
         std::thread::spawn(move || drop(reader));
         std::thread::spawn(move || drop(producer));
-        drop(mock);
     })
     .await;
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use flotilla_codec::Codec;
 use flotilla_contracts::WorkflowRunRequest;
+use flotilla_runtime::kafka::GroupProtocol;
 use flotilla_tests::{create_topic, schema_registry_url, unique};
 use flotilla_worker::consumer::{ConsumerSettings, RequestConsumer};
 use flotilla_worker::engine::{Engine, EngineSettings, SystemClock};
@@ -29,9 +30,16 @@ pub(crate) struct Topics {
     pub requests: String,
     pub dead_letters: String,
     pub group: String,
+    /// The group protocol its consumers join with.
+    pub protocol: GroupProtocol,
 }
 
 pub(crate) async fn topics() -> Topics {
+    topics_for(GroupProtocol::Classic).await
+}
+
+/// Topics of a test's own, and a group its consumers join with `protocol`.
+pub(crate) async fn topics_for(protocol: GroupProtocol) -> Topics {
     let requests = unique("requests");
     let dead_letters = flotilla_contracts::topics::dead_letter_topic(&requests);
     create_topic(&requests, PARTITIONS).await.unwrap();
@@ -40,6 +48,7 @@ pub(crate) async fn topics() -> Topics {
         requests,
         dead_letters,
         group: unique("workers"),
+        protocol,
     }
 }
 
@@ -83,6 +92,7 @@ pub(crate) fn consumer_with_codec(
     let mut settings =
         ConsumerSettings::new(flotilla_tests::broker(), &topics.requests, &topics.group);
     settings.batch_size = 200;
+    settings.group_protocol = topics.protocol;
     settings.max_request_bytes = MAX_REQUEST_BYTES;
     settings.outage_backoff_max = Duration::from_millis(500);
     RequestConsumer::subscribe(engine.clone(), codec, settings).unwrap()
@@ -268,7 +278,8 @@ pub(crate) fn traceparent_header(value: &str) -> OwnedHeaders {
 }
 
 /// librdkafka's mock cluster with a request topic and its dead-letter
-/// topic, one partition each: for faults the test broker cannot make.
+/// topic, one partition each: for the request errors a test injects, which
+/// a real broker cannot be made to answer.
 pub(crate) struct MockTopics {
     pub(crate) cluster:
         rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,

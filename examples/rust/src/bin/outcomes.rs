@@ -69,9 +69,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let pool = PgPool::connect(&args.database_url).await?;
     sqlx::query(SCHEMA).execute(&pool).await?;
-    let mut options = EventStreamOptions::new(&args.group)
-        .topic(&args.topic)
-        .fetch_wait(Duration::from_millis(100));
+    let mut options = EventStreamOptions::new(&args.group).topic(&args.topic);
     if let Some(id) = &args.instance_id {
         options = options.static_member(id);
     }
