@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
-use flotilla_client::{Delivery, EventStream, EventStreamOptions, StreamError, WorkflowRunEvent};
+use flotilla_client::{
+    Delivery, EventStream, EventStreamOptions, GroupProtocol, StreamError, WorkflowRunEvent,
+};
 use flotilla_codec::Codec;
 use flotilla_contracts::EventHeader;
 use flotilla_tests::{KAFKA_TEST_TIMEOUT, bootstrap_servers, create_topic, unique};
@@ -80,11 +82,22 @@ impl Writer {
     }
 
     fn stream(&self, group: &str) -> EventStream {
-        self.stream_through(group, &broker())
+        self.stream_as(group, GroupProtocol::Classic)
     }
 
-    fn stream_through(&self, group: &str, broker: &flotilla_client::BrokerConfig) -> EventStream {
-        let options = EventStreamOptions::new(group).topic(&self.topic);
+    fn stream_as(&self, group: &str, protocol: GroupProtocol) -> EventStream {
+        self.stream_through(group, &broker(), protocol)
+    }
+
+    fn stream_through(
+        &self,
+        group: &str,
+        broker: &flotilla_client::BrokerConfig,
+        protocol: GroupProtocol,
+    ) -> EventStream {
+        let options = EventStreamOptions::new(group)
+            .topic(&self.topic)
+            .group_protocol(protocol);
         EventStream::subscribe(broker, &options).unwrap()
     }
 }
@@ -269,6 +282,16 @@ async fn a_record_that_is_no_event_is_reported_and_does_not_stall_its_partition(
 
 #[tokio::test]
 async fn only_acknowledged_events_are_committed_and_the_rest_come_again_to_the_next_member() {
+    acknowledged_only(GroupProtocol::Classic).await;
+}
+
+/// The same with both members in a group of the consumer protocol (KIP-848).
+#[tokio::test]
+async fn only_acknowledged_events_are_committed_under_the_consumer_protocol() {
+    acknowledged_only(GroupProtocol::Consumer).await;
+}
+
+async fn acknowledged_only(protocol: GroupProtocol) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
         let writer = Writer::new().await;
         // One job: one partition, so the order of the acknowledgements
@@ -279,7 +302,7 @@ async fn only_acknowledged_events_are_committed_and_the_rest_come_again_to_the_n
             .write(&Codec::json(), &events.iter().collect::<Vec<_>>())
             .await;
         let group = unique("g");
-        let mut first = writer.stream(&group);
+        let mut first = writer.stream_as(&group, protocol);
         let (got, _) = read(&mut first, 5, false).await;
         // 1, 2 and 4 done; 3 and 5 not: only 1 and 2 may be committed.
         for delivery in [&got[0], &got[1], &got[3]] {
@@ -289,7 +312,7 @@ async fn only_acknowledged_events_are_committed_and_the_rest_come_again_to_the_n
         first.commit().await.unwrap();
         drop(first);
 
-        let mut second = writer.stream(&group);
+        let mut second = writer.stream_as(&group, protocol);
         let (again, _) = tokio::time::timeout(Duration::from_secs(30), read(&mut second, 3, true))
             .await
             .expect("the unacknowledged events never came again: they were committed");
@@ -314,7 +337,7 @@ async fn an_avro_record_read_without_a_registry_is_a_settings_error_and_is_not_c
         writer.write(&registry, &[&event]).await;
         let group = unique("g");
         let no_registry = flotilla_client::BrokerConfig::new(&bootstrap_servers());
-        let mut blind = writer.stream_through(&group, &no_registry);
+        let mut blind = writer.stream_through(&group, &no_registry, GroupProtocol::Classic);
         for _ in 0..2 {
             let error = blind.next().await.unwrap_err();
             assert!(matches!(error, StreamError::Settings(_)), "{error}");
@@ -355,7 +378,7 @@ async fn a_registry_outage_holds_the_record_and_the_next_call_decodes_it() {
         .await;
         let mut through_stub = flotilla_client::BrokerConfig::new(&bootstrap_servers());
         through_stub.registry = flotilla_runtime::registry::RegistryConfig::new(&stub.url());
-        let mut stream = writer.stream_through(&unique("g"), &through_stub);
+        let mut stream = writer.stream_through(&unique("g"), &through_stub, GroupProtocol::Classic);
         let mut outages = 0;
         let delivery = loop {
             match stream.next().await {
@@ -379,6 +402,9 @@ async fn a_registry_outage_holds_the_record_and_the_next_call_decodes_it() {
 /// taken for a repeat of itself and committed unseen. Both members are
 /// read in one `select!`, which also drops the losing `next()` each time
 /// (the stream is cancel-safe).
+/// (Classic protocol, librdkafka's eager assignors: a joining member takes
+/// every partition away for a moment. Under the consumer protocol a lone
+/// partition stays with its member when another joins.)
 #[tokio::test]
 async fn an_event_unacknowledged_through_a_rebalance_is_delivered_again() {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {

@@ -287,6 +287,30 @@ async fn fail_over(mode: Replication) {
     tokio::task::block_in_place(|| postgres.primary.stop_immediately());
     // What the link still held never reaches the standby.
     postgres.link.cut();
+    // What the standby holds, read while no client of the fleet can reach
+    // it yet (counted after its promotion, the fleet's first new rows were
+    // counted too): once it has replayed all it received.
+    let standby = pool_to(postgres.standby.address()).await;
+    let replay_deadline = Instant::now() + Duration::from_secs(30);
+    while count(
+        &standby,
+        "SELECT (pg_last_wal_receive_lsn() IS NOT NULL AND pg_last_wal_replay_lsn() < pg_last_wal_receive_lsn())::int::bigint",
+    )
+    .await
+        != 0
+    {
+        assert!(
+            Instant::now() < replay_deadline,
+            "the standby never replayed what it received"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rows_on_standby = count(&standby, "SELECT count(*) FROM workflow_run").await;
+    let completed_on_standby = count(
+        &standby,
+        "SELECT count(*) FROM workflow_run WHERE status = 'COMPLETED'",
+    )
+    .await;
     // The service address moves to the standby, still read-only until
     // promoted: the fleet's writes are refused there for a moment.
     proxy.cut();
@@ -294,13 +318,6 @@ async fn fail_over(mode: Replication) {
     proxy.restore();
     tokio::task::block_in_place(|| postgres.standby.promote());
     let switched = Instant::now();
-    let standby = pool_to(postgres.standby.address()).await;
-    let rows_on_standby = count(&standby, "SELECT count(*) FROM workflow_run").await;
-    let completed_on_standby = count(
-        &standby,
-        "SELECT count(*) FROM workflow_run WHERE status = 'COMPLETED'",
-    )
-    .await;
 
     // The fleet works again: a job completes on the new primary.
     let back_after = loop {
