@@ -94,7 +94,8 @@ impl EventStreamOptions {
 
     /// A static group member (`group.instance.id`): restarted with the
     /// same id, the consumer gets its partitions back at once, without a
-    /// rebalance. Two live consumers must never share an id.
+    /// rebalance. Two live consumers must never share an id. Classic group
+    /// protocol only: refused with [`GroupProtocol::Consumer`].
     #[must_use]
     pub fn static_member(mut self, id: &str) -> Self {
         self.instance_id = Some(id.to_owned());
@@ -272,6 +273,14 @@ impl EventStream {
             .validate()
             .and_then(|()| options.group_protocol.check(&broker.security))
             .map_err(|e| StreamError::Settings(e.to_string()))?;
+        if options.instance_id.is_some() && options.group_protocol == GroupProtocol::Consumer {
+            return Err(StreamError::Settings(
+                "a static member under the consumer group protocol would be refused after a crash \
+                 until its earlier self's session expired (UNRELEASED_INSTANCE_ID, fatal to the \
+                 consumer): use one or the other"
+                    .to_owned(),
+            ));
+        }
         let codec = Codec::from_config(&broker.registry)
             .map_err(|e| StreamError::Settings(e.to_string()))?;
         let mut config = broker.manual_commit_consumer(&options.group);

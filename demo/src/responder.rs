@@ -34,11 +34,14 @@ pub fn answer(request: &WorkflowStepRequest) -> Value {
 /// # Errors
 /// The clients cannot be created or subscribed.
 pub async fn respond(broker: BrokerConfig, codec: Codec, topic: String) -> anyhow::Result<()> {
-    // One group for every run of the target: a restarted target goes on
-    // from what its group committed, as a real service would.
-    let consumer: StreamConsumer = broker
-        .manual_commit_consumer("flotilla-demo-target")
-        .create()?;
+    // A group of its own per process: the target is stopped without
+    // leaving its group, and a successor in the same group would wait out
+    // the dead member's session (45 s) before reading, longer than a
+    // screening step's deadline. A new process reads the topic from its
+    // start; answering a request again is harmless (the worker takes the
+    // first reply of each correlation id).
+    let group = format!("flotilla-demo-target-{}", uuid::Uuid::new_v4().simple());
+    let consumer: StreamConsumer = broker.manual_commit_consumer(&group).create()?;
     consumer.subscribe(&[topic.as_str()])?;
     let producer: FutureProducer = broker.idempotent_producer().create()?;
     println!("demo target answering step requests on {topic}");

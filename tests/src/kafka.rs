@@ -4,8 +4,9 @@
 //! kill, restart, freeze or secure a broker without disturbing the tests
 //! beside them.
 //!
-//! Readiness is the client port accepting a connection: Kafka binds it only
-//! once the broker is unfenced and serving.
+//! Readiness is the node's log saying it started and its client port
+//! accepting a connection: Kafka binds the port only once the broker is
+//! unfenced and serving.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -155,9 +156,16 @@ impl OwnKafka {
         for arg in &self.options.format_args {
             command.args(["--format-arg", arg]);
         }
+        // A restart appends to the same log: only a line after this many
+        // starts counts.
+        let starts_before = self.started_lines();
         let mut running = Running::start(command);
         let deadline = Instant::now() + START_DEADLINE;
-        while std::net::TcpStream::connect(&self.address).is_err() {
+        // Ours, not another listener on a port taken since it was chosen:
+        // the node says it started, and the port answers.
+        while self.started_lines() == starts_before
+            || std::net::TcpStream::connect(&self.address).is_err()
+        {
             if let Some(status) = running.exited() {
                 panic!(
                     "the test's Kafka broker exited ({status}) while starting:\n{}\n{}",
@@ -174,6 +182,14 @@ impl OwnKafka {
             std::thread::sleep(Duration::from_millis(100));
         }
         self.running = Some(running);
+    }
+
+    /// How many times the node's log says it started serving.
+    fn started_lines(&self) -> usize {
+        std::fs::read_to_string(self.dir.join("logs/server.log"))
+            .unwrap_or_default()
+            .matches("Kafka Server started")
+            .count()
     }
 
     /// The last lines of the broker's own log, for a failure message.
@@ -240,7 +256,9 @@ impl OwnKafka {
 
 impl Drop for OwnKafka {
     fn drop(&mut self) {
-        self.kill();
+        // `Running`'s own drop kills and reaps without panicking (this may
+        // run while a test unwinds).
+        drop(self.running.take());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

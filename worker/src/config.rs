@@ -101,9 +101,11 @@ pub struct ConsumerConfig {
 
     /// Static group membership keyed on the worker id (`group.instance.id`):
     /// a worker restarted with its id gets its partitions back at once. Two
-    /// live workers must never share an id then.
-    #[arg(long, env = "FLOTILLA_STATIC_MEMBERSHIP", default_value_t = true, action = clap::ArgAction::Set)]
-    pub static_membership: bool,
+    /// live workers must never share an id then. Unset: on under the
+    /// classic group protocol, off under the consumer protocol (where it is
+    /// refused: see `ConsumerConfig::membership`).
+    #[arg(long, env = "FLOTILLA_STATIC_MEMBERSHIP", action = clap::ArgAction::Set)]
+    pub static_membership: Option<bool>,
 
     /// The consumer group protocol: `classic` (client-side cooperative
     /// assignment; every Kafka) or `consumer` (KIP-848: the broker assigns
@@ -365,6 +367,29 @@ impl HttpConfig {
     }
 }
 
+impl ConsumerConfig {
+    /// Whether the workers join as static members: what
+    /// `FLOTILLA_STATIC_MEMBERSHIP` says, or the protocol's default.
+    ///
+    /// # Errors
+    /// Static membership asked for under the consumer group protocol: a
+    /// member restarted after a crash is refused (UNRELEASED_INSTANCE_ID,
+    /// fatal to librdkafka's consumer) until its earlier self's session
+    /// expires, so a crashed worker would come back with a dead consumer.
+    pub fn membership(&self) -> Result<bool, String> {
+        match (self.group_protocol, self.static_membership) {
+            (GroupProtocol::Consumer, Some(true)) => Err(
+                "FLOTILLA_STATIC_MEMBERSHIP=true is refused under FLOTILLA_GROUP_PROTOCOL=consumer: \
+                 Kafka refuses a static member restarted after a crash until its earlier self's \
+                 session expires (UNRELEASED_INSTANCE_ID), which is fatal to the consumer; \
+                 use dynamic membership (FLOTILLA_STATIC_MEMBERSHIP=false) or the classic protocol"
+                    .to_owned(),
+            ),
+            (protocol, asked) => Ok(asked.unwrap_or(protocol == GroupProtocol::Classic)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,5 +410,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(refused.contains("--listen-for-work"), "{refused}");
+    }
+
+    /// Static membership follows the group protocol unless told: on under
+    /// the classic one, off under the consumer one, where asking for it is
+    /// refused naming both settings.
+    #[test]
+    fn static_membership_defaults_by_protocol_and_is_refused_under_the_consumer_one() {
+        let membership = |args: &[&str]| {
+            let base = ["flotilla-worker", "--database-url", "postgres://unused"];
+            Cli::try_parse_from(base.iter().chain(args))
+                .unwrap()
+                .worker
+                .consumer
+                .membership()
+        };
+        assert_eq!(membership(&[]), Ok(true));
+        assert_eq!(membership(&["--static-membership", "false"]), Ok(false));
+        assert_eq!(membership(&["--group-protocol", "consumer"]), Ok(false));
+        let consumer_static = [
+            "--group-protocol",
+            "consumer",
+            "--static-membership",
+            "true",
+        ];
+        let refused = membership(&consumer_static).unwrap_err();
+        assert!(
+            refused.contains("FLOTILLA_STATIC_MEMBERSHIP=true")
+                && refused.contains("FLOTILLA_GROUP_PROTOCOL=consumer"),
+            "{refused}"
+        );
     }
 }

@@ -64,6 +64,8 @@ pub enum StartupError {
         "FLOTILLA_REPLY_CONSUMER_GROUP is {0}, the request consumer's group: the reply consumer needs a group of its own"
     )]
     SameReplyGroup(String),
+    #[error("{0}")]
+    Membership(String),
     #[error("the run layout switches: {0}")]
     Switches(#[from] SwitchError),
     #[error("binding the API on {addr}: {source}")]
@@ -336,6 +338,10 @@ fn check_settings(config: &WorkerConfig) -> Result<(String, api::Tokens), Startu
     {
         return Err(StartupError::SameReplyGroup(group.clone()));
     }
+    config
+        .consumer
+        .membership()
+        .map_err(StartupError::Membership)?;
     Ok((worker_id, tokens))
 }
 
@@ -423,7 +429,8 @@ async fn subscribe(
     settings.batch_size = consumer.request_batch_size.max(1);
     settings.batch_wait = *consumer.request_batch_wait;
     settings.batch_bytes = consumer.request_batch_bytes;
-    settings.group_instance_id = consumer.static_membership.then(|| worker_id.to_owned());
+    let static_member = consumer.membership().map_err(StartupError::Membership)?;
+    settings.group_instance_id = static_member.then(|| worker_id.to_owned());
     settings.group_protocol = consumer.group_protocol;
     settings.max_request_bytes = consumer.max_request_bytes;
     settings.signal_topic = Some(consumer.signal_topic.clone()).filter(|t| !t.trim().is_empty());

@@ -329,6 +329,48 @@ fn a_reply_consumer_group_that_is_the_request_group_is_refused_at_start_up() {
     flotilla_tests::process::assert_refused(command, "FLOTILLA_REPLY_CONSUMER_GROUP", "fleet");
 }
 
+/// Under the consumer group protocol the broker owns the session, the
+/// heartbeat and the assignment: a pass-through property setting one is
+/// refused at start-up by name, as is `group.protocol` itself (it is
+/// `FLOTILLA_GROUP_PROTOCOL`), before anything is reached.
+#[test]
+fn broker_owned_settings_under_the_consumer_protocol_are_refused_at_start_up_by_name() {
+    for property in [
+        "session.timeout.ms=10000",
+        "heartbeat.interval.ms=1000",
+        "partition.assignment.strategy=range",
+        "group.protocol.type=consumer",
+    ] {
+        let mut command = worker("postgres://postgres@127.0.0.1:1/none");
+        command
+            .env("FLOTILLA_GROUP_PROTOCOL", "consumer")
+            .args(["--kafka-property", property]);
+        let key = property.split('=').next().unwrap();
+        flotilla_tests::process::assert_refused(command, key, "the broker owns it");
+    }
+    let mut command = worker("postgres://postgres@127.0.0.1:1/none");
+    command.args(["--kafka-property", "group.protocol=consumer"]);
+    flotilla_tests::process::assert_refused(command, "group.protocol", "FLOTILLA_GROUP_PROTOCOL");
+}
+
+/// Static membership under the consumer group protocol would bring a
+/// crashed worker back with a dead consumer (Kafka refuses the restarted
+/// static member until the old one's session expires, fatally for
+/// librdkafka): refused at start-up naming both settings; unset, the
+/// protocol's default (dynamic) applies.
+#[test]
+fn static_membership_under_the_consumer_protocol_is_refused_at_start_up() {
+    let mut command = worker("postgres://postgres@127.0.0.1:1/none");
+    command
+        .env("FLOTILLA_GROUP_PROTOCOL", "consumer")
+        .env("FLOTILLA_STATIC_MEMBERSHIP", "true");
+    flotilla_tests::process::assert_refused(
+        command,
+        "FLOTILLA_STATIC_MEMBERSHIP=true",
+        "FLOTILLA_GROUP_PROTOCOL=consumer",
+    );
+}
+
 /// A pass-through property may not reach what Flotilla pins for its
 /// guarantees, whatever librdkafka name it uses: refused at start-up, by
 /// name, before anything is reached.

@@ -206,7 +206,9 @@ impl Broker {
             .unwrap();
     }
 
-    /// Kills the broker (SIGKILL) and starts it again on its storage.
+    /// Kills the broker (SIGKILL) and starts it again on its storage. What it
+    /// acknowledged survives in the page cache (Kafka does not sync each
+    /// write to disk; with one replica, losing the host would lose it).
     async fn restart(&mut self) -> &'static str {
         self.0 = Some(self.0.take().unwrap().restarted().await);
         "broker killed and restarted on its storage"

@@ -316,7 +316,7 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
 }
 
 /// PLAIN and SCRAM-SHA-256 as the broker checks them: a worker signing in
-/// with each reaches the broker, creates its topics and joins its group.
+/// with each reaches the broker, creates its topics and subscribes.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_worker_signs_in_with_plain_and_with_scram_sha_256(pool: PgPool) {
     tokio::time::timeout(Duration::from_secs(120), other_mechanisms(pool))

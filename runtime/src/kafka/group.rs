@@ -147,9 +147,9 @@ mod tests {
 
     #[test]
     fn broker_owned_properties_are_refused_by_name_under_the_consumer_protocol() {
-        for key in ["session.timeout.ms", "heartbeat.interval.ms"] {
+        for key in BROKER_OWNED {
             let security = KafkaSecurity {
-                kafka_property: vec![(key.to_owned(), "10000".to_owned())],
+                kafka_property: vec![((*key).to_owned(), "10000".to_owned())],
                 ..KafkaSecurity::default()
             };
             let refused = GroupProtocol::Consumer.check(&security).unwrap_err();

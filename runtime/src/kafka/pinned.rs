@@ -65,7 +65,7 @@ pub const PINNED: &[(&str, &str)] = &[
     ("group.id", "the group is FLOTILLA_CONSUMER_GROUP"),
     (
         "group.protocol",
-        "the consumer group protocol is FLOTILLA_GROUP_PROTOCOL",
+        "the consumer group protocol is FLOTILLA_GROUP_PROTOCOL (EventStreamOptions::group_protocol in the client library)",
     ),
     (
         "group.instance.id",
