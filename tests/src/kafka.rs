@@ -18,6 +18,10 @@ use crate::process::Running;
 /// alone, more beside a loaded test run.
 const START_DEADLINE: Duration = Duration::from_secs(120);
 
+/// On every test node's command line (`-Dflotilla.label=…`): `scripts/test`
+/// stops the nodes a test killed at its deadline could not.
+pub const TEST_LABEL: &str = "flotilla-test-node";
+
 /// `scripts/kafka-node` of this workspace.
 #[must_use]
 pub fn node_script() -> PathBuf {
@@ -47,6 +51,14 @@ pub struct KafkaOptions {
     pub advertised: Option<String>,
 }
 
+/// A node's place in a cluster of the test's own ([`OwnKafkaCluster`]).
+#[derive(Debug, Clone)]
+struct Membership {
+    node_id: u32,
+    /// Every controller, `N@127.0.0.1:C,...`, the same on every node.
+    voters: String,
+}
+
 impl KafkaOptions {
     /// A broker setting, `key=value`.
     #[must_use]
@@ -65,6 +77,8 @@ pub struct OwnKafka {
     port: u16,
     controller_port: u16,
     options: KafkaOptions,
+    cluster: Option<Membership>,
+    starts_before: usize,
     running: Option<Running>,
 }
 
@@ -85,17 +99,23 @@ impl OwnKafka {
     /// The node does not serve within two minutes (its log is shown).
     #[must_use]
     pub fn start_with(dir: &Path, options: KafkaOptions) -> Self {
-        let mut kafka = Self {
-            address: String::new(),
-            dir: dir.join("kafka"),
-            port: options.port.unwrap_or_else(crate::free_port),
-            controller_port: crate::free_port(),
-            options,
-            running: None,
-        };
-        kafka.address = format!("127.0.0.1:{}", kafka.port);
+        let mut kafka = Self::unstarted(&dir.join("kafka"), options, crate::free_port());
         kafka.spawn();
         kafka
+    }
+
+    fn unstarted(dir: &Path, options: KafkaOptions, controller_port: u16) -> Self {
+        let port = options.port.unwrap_or_else(crate::free_port);
+        Self {
+            address: format!("127.0.0.1:{port}"),
+            dir: dir.to_owned(),
+            port,
+            controller_port,
+            options,
+            cluster: None,
+            starts_before: 0,
+            running: None,
+        }
     }
 
     /// [`OwnKafka::start_with`] off the async runtime.
@@ -123,10 +143,18 @@ impl OwnKafka {
     }
 
     fn spawn(&mut self) {
+        self.launch();
+        self.wait_serving();
+    }
+
+    /// Starts the node's process without waiting for it: a node of a
+    /// cluster serves only once a majority of its controllers runs.
+    fn launch(&mut self) {
         let mut command = Command::new(node_script());
         command
             .arg("run")
             .arg(&self.dir)
+            .args(["--label", TEST_LABEL])
             .args(["--port", &self.port.to_string()])
             .args(["--controller-port", &self.controller_port.to_string()]);
         if let Some(heap) = &self.options.heap {
@@ -156,14 +184,24 @@ impl OwnKafka {
         for arg in &self.options.format_args {
             command.args(["--format-arg", arg]);
         }
+        if let Some(cluster) = &self.cluster {
+            command
+                .args(["--node-id", &cluster.node_id.to_string()])
+                .args(["--voters", &cluster.voters]);
+        }
         // A restart appends to the same log: only a line after this many
         // starts counts.
-        let starts_before = self.started_lines();
-        let mut running = Running::start(command);
+        self.starts_before = self.started_lines();
+        self.running = Some(Running::start(command));
+    }
+
+    /// Waits until the launched node serves.
+    fn wait_serving(&mut self) {
+        let mut running = self.running.take().expect("the node was launched");
         let deadline = Instant::now() + START_DEADLINE;
         // Ours, not another listener on a port taken since it was chosen:
         // the node says it started, and the port answers.
-        while self.started_lines() == starts_before
+        while self.started_lines() == self.starts_before
             || std::net::TcpStream::connect(&self.address).is_err()
         {
             if let Some(status) = running.exited() {
@@ -260,5 +298,73 @@ impl Drop for OwnKafka {
         // run while a test unwinds).
         drop(self.running.take());
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A cluster of the test's own: `size` combined KRaft nodes (a controller
+/// quorum of all of them), each on free ports with its own storage, so a
+/// test can kill, restart or freeze a broker of it. Killed when dropped.
+#[derive(Debug)]
+pub struct OwnKafkaCluster {
+    /// Every node's plaintext listener, comma separated.
+    pub bootstrap: String,
+    /// The nodes, by node id - 1.
+    pub nodes: Vec<OwnKafka>,
+}
+
+impl OwnKafkaCluster {
+    /// Starts `size` nodes at once (one alone never serves: its broker waits
+    /// for a quorum) with `options` on each, and returns once all serve.
+    ///
+    /// # Panics
+    /// A node does not serve within two minutes.
+    #[must_use]
+    pub fn start(dir: &Path, size: u32, options: &KafkaOptions) -> Self {
+        let controllers: Vec<u16> = (0..size).map(|_| crate::free_port()).collect();
+        let voters = controllers
+            .iter()
+            .zip(1..)
+            .map(|(port, id)| format!("{id}@127.0.0.1:{port}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes: Vec<OwnKafka> = controllers
+            .iter()
+            .zip(1..)
+            .map(|(port, node_id)| {
+                let mut node = OwnKafka::unstarted(
+                    &dir.join(format!("kafka-{node_id}")),
+                    options.clone(),
+                    *port,
+                );
+                node.cluster = Some(Membership {
+                    node_id,
+                    voters: voters.clone(),
+                });
+                node
+            })
+            .collect();
+        for node in &mut nodes {
+            node.launch();
+        }
+        for node in &mut nodes {
+            node.wait_serving();
+        }
+        let bootstrap = nodes
+            .iter()
+            .map(|node| node.address.clone())
+            .collect::<Vec<_>>()
+            .join(",");
+        Self { bootstrap, nodes }
+    }
+
+    /// [`OwnKafkaCluster::start`] off the async runtime.
+    ///
+    /// # Panics
+    /// As [`OwnKafkaCluster::start`].
+    pub async fn started(dir: &Path, size: u32, options: KafkaOptions) -> Self {
+        let dir = dir.to_owned();
+        tokio::task::spawn_blocking(move || Self::start(&dir, size, &options))
+            .await
+            .expect("starting the test's Kafka cluster panicked")
     }
 }

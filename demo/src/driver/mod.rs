@@ -282,6 +282,53 @@ pub struct Events {
     pub completed_read_at: HashMap<Uuid, DateTime<Utc>>,
 }
 
+/// A reader of the whole event topic from its start, every partition
+/// assigned to it directly: no consumer group to join (on a broker just
+/// started, joining took a new group seconds, and every event of the burst
+/// was then read late at once), nothing committed.
+///
+/// # Errors
+/// The client cannot be made, or the topic's partitions are not known.
+pub(crate) async fn event_reader(settings: &DriverSettings) -> anyhow::Result<StreamConsumer> {
+    let consumer: StreamConsumer = settings
+        .broker
+        .manual_commit_consumer(&format!("flotilla-demo-{}", Uuid::new_v4()))
+        .create()?;
+    let consumer = std::sync::Arc::new(consumer);
+    let topic = settings.event_topic.clone();
+    let assigned = std::sync::Arc::clone(&consumer);
+    // librdkafka's metadata call blocks: off the async workers.
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        // A broker answers for a topic made moments ago before it knows
+        // the topic's partitions: ask again until it does.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let partitions = loop {
+            let metadata = assigned
+                .fetch_metadata(Some(&topic), Duration::from_secs(10))
+                .with_context(|| format!("reading the partitions of {topic}"))?;
+            let ids: Vec<i32> = metadata
+                .topics()
+                .iter()
+                .flat_map(|t| t.partitions())
+                .map(rdkafka::metadata::MetadataPartition::id)
+                .collect();
+            if !ids.is_empty() {
+                break ids;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{topic} has no partitions after 30 s");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for partition in partitions {
+            assignment.add_partition_offset(&topic, partition, rdkafka::Offset::Beginning)?;
+        }
+        assigned.assign(&assignment)?;
+        Ok(())
+    })
+    .await??;
+    std::sync::Arc::into_inner(consumer).context("the reader is still shared")
+}
+
 /// Reads the event topic from its start until every job has a terminal
 /// event. It starts before the requests are produced, so the time it reads
 /// an event is when the event reached a consumer; the run's job ids arrive
@@ -291,11 +338,7 @@ async fn read_events(
     ids: tokio::sync::oneshot::Receiver<Vec<Uuid>>,
     deadline: Instant,
 ) -> anyhow::Result<Events> {
-    let consumer: StreamConsumer = settings
-        .broker
-        .manual_commit_consumer(&format!("flotilla-demo-{}", Uuid::new_v4()))
-        .create()?;
-    consumer.subscribe(&[&settings.event_topic])?;
+    let consumer = event_reader(&settings).await?;
     // One codec for the whole read: it caches the schemas it resolves.
     let codec = Codec::from_config(&settings.broker.registry)?;
     let mut ids = ids;

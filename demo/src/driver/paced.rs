@@ -13,7 +13,7 @@ use flotilla_codec::Codec;
 use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
 use futures_util::StreamExt as _;
 use rdkafka::Message as _;
-use rdkafka::consumer::{Consumer as _, StreamConsumer};
+
 use rdkafka::producer::FutureRecord;
 use uuid::Uuid;
 
@@ -34,11 +34,7 @@ pub const JOBS: usize = 20;
 pub async fn run(settings: &DriverSettings, deadline: Instant) -> anyhow::Result<Stages> {
     let codec = Codec::from_config(&settings.broker.registry)?;
     let producer = ready_producer(settings).await?;
-    let consumer: StreamConsumer = settings
-        .broker
-        .manual_commit_consumer(&format!("flotilla-demo-paced-{}", Uuid::new_v4()))
-        .create()?;
-    consumer.subscribe(&[&settings.event_topic])?;
+    let consumer = super::event_reader(settings).await?;
     let mut stream = consumer.stream();
     let mut events = Events::default();
     let mut produced = HashMap::new();
