@@ -315,7 +315,10 @@ pub(crate) async fn event_reader(settings: &DriverSettings) -> anyhow::Result<St
             if !ids.is_empty() {
                 break ids;
             }
-            anyhow::ensure!(Instant::now() < deadline, "{topic} has no partitions after 30 s");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{topic} has no partitions after 30 s"
+            );
             std::thread::sleep(Duration::from_millis(100));
         };
         let mut assignment = rdkafka::TopicPartitionList::new();
