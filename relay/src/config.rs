@@ -18,8 +18,15 @@ pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:8082";
 pub const DEFAULT_BATCH_SIZE: i64 = 500;
 /// Longest an idle relay waits before looking again, unless configured.
 pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(100);
-/// How long a bucket lease lasts without renewal, unless configured.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// How long a bucket lease lasts without renewal, unless configured. Its
+/// third is the producer's send window ([`RelaySettings::send_window`]),
+/// which must outlast a broker failover: on a KRaft cluster a SIGKILLed
+/// broker stalls every `acks=all` write for about 11.5 s (the controller
+/// fences it after `broker.session.timeout.ms`, 9 s, then the in-sync
+/// replica sets shrink), so 45 s gives a 15 s window. A shorter window
+/// fails records the broker will still write, and their resends are new
+/// records: repeats on the topic.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(45);
 /// Base of the backoff after a failed publish, unless configured.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// Largest record the producer sends, unless configured.
@@ -110,6 +117,13 @@ pub struct RelayArgs {
     /// How long in-flight deliveries may take after SIGTERM.
     #[arg(long, env = "FLOTILLA_SHUTDOWN_GRACE", default_value_t = DEFAULT_SHUTDOWN_GRACE.into(), value_parser = duration_between(Duration::ZERO, HOUR))]
     pub shutdown_grace: humantime::Duration,
+    /// An idempotent producer: the broker drops a record the producer sent
+    /// again after a lost acknowledgement (a leader's failover), so a
+    /// failover writes no repeats. Off only for a broker that does not
+    /// check producer sequence numbers (some Kafka-compatible servers,
+    /// librdkafka's mock cluster), where it would lose records.
+    #[arg(long, env = "FLOTILLA_RELAY_IDEMPOTENCE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub idempotence: bool,
     /// Accept a changed partition count of the event topic (and record it):
     /// without it a relay that finds one publishes nothing, since a job in
     /// flight could have its events split across partitions.
@@ -139,6 +153,8 @@ pub struct RelaySettings {
     pub retention_interval: Duration,
     /// Whether a changed partition count of the event topic is accepted.
     pub accept_partition_change: bool,
+    /// Whether the producer is idempotent (see [`RelayArgs::idempotence`]).
+    pub idempotence: bool,
 }
 
 impl RelaySettings {
@@ -160,6 +176,7 @@ impl RelaySettings {
             retention_batch: DEFAULT_RETENTION_BATCH,
             retention_interval: DEFAULT_RETENTION_INTERVAL,
             accept_partition_change: false,
+            idempotence: true,
         }
     }
 
@@ -206,6 +223,7 @@ impl From<RelayArgs> for RelaySettings {
         settings.max_message_bytes = args.max_message_bytes;
         settings.retention = *args.retention;
         settings.accept_partition_change = args.accept_partition_change;
+        settings.idempotence = args.idempotence;
         settings
     }
 }

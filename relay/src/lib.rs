@@ -10,6 +10,7 @@ pub mod buckets;
 pub mod config;
 pub mod health;
 pub mod partitions;
+pub mod producer;
 pub mod publisher;
 pub mod startup;
 pub mod step_requests;
@@ -91,7 +92,8 @@ const STATISTICS_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_IDLE_POLL_MIN: Duration = Duration::from_millis(5);
 
 impl Relay {
-    /// Builds the relay and its producer (acknowledged per record, see
+    /// Builds the relay and its producer: idempotent unless told otherwise
+    /// ([`RelaySettings::idempotence`]; then acknowledged per record, see
     /// [`flotilla_runtime::BrokerConfig::acknowledged_producer`]).
     ///
     /// # Errors
@@ -101,7 +103,11 @@ impl Relay {
         clock: Arc<dyn Clock>,
         settings: RelaySettings,
     ) -> Result<Self, RelayError> {
-        let mut config = settings.broker.acknowledged_producer();
+        let mut config = if settings.idempotence {
+            settings.broker.idempotent_producer()
+        } else {
+            settings.broker.acknowledged_producer()
+        };
         let window = settings.send_window();
         if settings
             .delivery_timeout
@@ -115,6 +121,7 @@ impl Relay {
             .set("message.timeout.ms", window.as_millis().to_string())
             .set("message.max.bytes", settings.max_message_bytes.to_string());
         let producer: FutureProducer = config.create()?;
+        let producer = producer::Producer::new(config, producer);
         let codec = Arc::new(flotilla_codec::Codec::from_config(
             &settings.broker.registry,
         )?);
@@ -176,6 +183,7 @@ impl Relay {
     /// # Errors
     /// Database errors (nothing acknowledged is lost: it is published again).
     pub async fn drain_once(&self) -> Result<DrainReport, sqlx::Error> {
+        self.publisher.replace_producer_if_fatal();
         let batch = self.publish_once().await?;
         batch
             .mark(

@@ -16,6 +16,8 @@ use futures_util::stream::FuturesUnordered;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _, PurgeConfig};
+
+use crate::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use sqlx::PgPool;
 
@@ -332,7 +334,7 @@ pub type Delivery = BoxFuture<'static, (PendingEvent, Outcome)>;
 
 #[derive(Clone)]
 pub struct Publisher {
-    producer: FutureProducer,
+    producer: Producer,
     codec: Arc<Codec>,
     topic: String,
     /// The buckets this relay holds, checked at the hand-over of each record.
@@ -401,7 +403,7 @@ impl Publisher {
     /// least `window` more.
     #[must_use]
     pub fn new(
-        producer: FutureProducer,
+        producer: Producer,
         codec: Arc<Codec>,
         topic: String,
         held: HeldBuckets,
@@ -419,8 +421,19 @@ impl Publisher {
 
     /// The producer, the codec and the send window, for the request sender
     /// (`step_requests`), which shares them.
-    pub(crate) fn parts(&self) -> (&FutureProducer, &Codec, &HeldBuckets, Duration) {
-        (&self.producer, &self.codec, &self.held, self.window)
+    pub(crate) fn parts(&self) -> (FutureProducer, &Codec, &HeldBuckets, Duration) {
+        (
+            self.producer.current(),
+            &self.codec,
+            &self.held,
+            self.window,
+        )
+    }
+
+    /// Replaces a producer that hit a fatal error (see [`Producer`]);
+    /// called before each round.
+    pub fn replace_producer_if_fatal(&self) -> bool {
+        self.producer.replace_if_fatal()
     }
 
     /// Acknowledgements so far that took [`SLOW_ACK`] of the send window or more.
@@ -482,7 +495,9 @@ impl Publisher {
     /// Fails every record still waiting inside the producer (not yet
     /// sent): none of them can leave after this relay gives its buckets up.
     pub fn purge_waiting(&self) {
-        self.producer.purge(PurgeConfig::default().queue());
+        self.producer
+            .current()
+            .purge(PurgeConfig::default().queue());
     }
 
     /// One pass: sends `rows` (heads of their jobs) of the buckets still
@@ -573,6 +588,7 @@ impl Publisher {
         }
         let delivery = self
             .producer
+            .current()
             .send_result(record)
             .map_err(|(e, _)| classify(&e))?;
         if !self

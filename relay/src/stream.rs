@@ -203,6 +203,7 @@ impl<'a> Stream<'a> {
     /// Reads the heads of the idle buckets and hands them to the producer.
     async fn read_and_send(&mut self) {
         let relay = self.relay;
+        relay.publisher.replace_producer_if_fatal();
         let now = Instant::now();
         self.readiness
             .publishing_stopped(relay.partitions.problem());

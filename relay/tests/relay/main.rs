@@ -3,6 +3,7 @@
 //! injected request errors, round-trip delays or a second broker, which a
 //! real single broker cannot give): guarantee 8 in docs/architecture.md.
 
+mod cluster;
 mod failures;
 mod fencing;
 mod hostile;

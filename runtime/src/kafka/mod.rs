@@ -92,8 +92,8 @@ impl BrokerConfig {
     /// that checks producer sequence numbers; on one that does not
     /// (librdkafka's mock cluster checks them only for transactional
     /// producers), a record refused once and retried is reported delivered
-    /// and lost, or lands after its successor. The relay, which marks rows
-    /// on acknowledgement and orders a job's events by them, uses this one;
+    /// and lost, or lands after its successor. The relay uses this one when
+    /// told its broker is such a one (`FLOTILLA_RELAY_IDEMPOTENCE=false`);
     /// its retries may repeat a record, which consumers drop by `event_id`.
     #[must_use]
     pub fn acknowledged_producer(&self) -> ClientConfig {

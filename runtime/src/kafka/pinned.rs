@@ -47,7 +47,7 @@ pub const PINNED: &[(&str, &str)] = &[
     ),
     (
         "enable.idempotence",
-        "the dead-letter producer is idempotent and the relay's is not, on purpose",
+        "the producers are idempotent (the relay's unless FLOTILLA_RELAY_IDEMPOTENCE=false)",
     ),
     (
         "request.required.acks",

@@ -1,0 +1,140 @@
+//! The relay on a three-broker Kafka cluster of the test's own (replication
+//! 3, `min.insync.replicas` 2) while a broker dies: review findings K1 and
+//! K8. Every `acks=all` write stalls until the controller fences the dead
+//! broker (about 11 s); the relay's idempotent producer, with a send window
+//! (a third of the default 45 s lease) longer than that stall, writes each
+//! event once and in order, and no operator does anything.
+
+use std::collections::HashMap;
+
+use flotilla_tests::kafka::OwnKafkaCluster;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+
+use super::*;
+
+/// Partitions of the event topic.
+const PARTITIONS: i32 = 6;
+/// Jobs of five events each, inserted every 250 ms.
+const JOBS_PER_WAVE: usize = 10;
+const WAVES: usize = 80;
+/// When broker 1 is killed, and when it is started again.
+const KILL_AT: Duration = Duration::from_secs(5);
+const RESTART_AT: Duration = Duration::from_secs(25);
+
+async fn create_replicated_topic(bootstrap: &str, topic: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let created = admin
+        .create_topics(
+            [&NewTopic::new(
+                topic,
+                PARTITIONS,
+                TopicReplication::Fixed(3),
+            )],
+            &options,
+        )
+        .await
+        .unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    std::thread::spawn(move || drop(admin));
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_broker_killed_under_the_relay_costs_a_pause_and_no_event_is_written_twice(pool: PgPool) {
+    tokio::time::timeout(Duration::from_secs(240), async {
+        let dir = std::env::temp_dir().join(format!("flotilla-relay-cluster-{}", Uuid::new_v4()));
+        let mut cluster = OwnKafkaCluster::started(
+            &dir,
+            3,
+            flotilla_tests::kafka::KafkaOptions::default()
+                .set("default.replication.factor=3")
+                .set("min.insync.replicas=2"),
+        )
+        .await;
+        let topic = unique("cluster-events");
+        create_replicated_topic(&cluster.bootstrap, &topic).await;
+        // The defaults: an idempotent producer, a 45 s lease (a 15 s window).
+        let relay = Relay::new(
+            pool.clone(),
+            Arc::new(SystemClock),
+            settings(&cluster.bootstrap, &topic, "through-a-failover"),
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        let running = {
+            let (relay, stop) = (relay.clone(), stop.clone());
+            tokio::spawn(async move { relay.run(stop, Duration::from_secs(5)).await })
+        };
+
+        let started = tokio::time::Instant::now();
+        let mut jobs = Vec::new();
+        let mut killed_at = None;
+        for wave in 0..WAVES {
+            let wave_jobs: Vec<Uuid> = (0..JOBS_PER_WAVE).map(|_| Uuid::new_v4()).collect();
+            insert_events(&pool, &wave_jobs, 5, json!({"wave": wave})).await;
+            jobs.extend(wave_jobs);
+            if killed_at.is_none() && started.elapsed() >= KILL_AT {
+                cluster.nodes[0].kill();
+                killed_at = Some(Utc::now());
+            }
+            tokio::time::sleep_until(started + Duration::from_millis(250 * (wave as u64 + 1))).await;
+        }
+        let killed_at = killed_at.expect("the broker was killed");
+        tokio::time::sleep_until(started + RESTART_AT).await;
+        let node = cluster.nodes.remove(0);
+        cluster.nodes.insert(0, node.restarted().await);
+
+        let expected = jobs.len() * 5;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        while count(&pool, "PUBLISHED").await < i64::try_from(expected).unwrap() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} of {expected} events published",
+                count(&pool, "PUBLISHED").await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        stop.cancel();
+        running.await.unwrap();
+
+        // How long publishing stopped: the longest gap between two marks
+        // from the kill on (rows kept coming in meanwhile).
+        let paused: f64 = sqlx::query_scalar(
+            "SELECT coalesce(max(extract(epoch FROM gap)), 0)::float8 FROM (
+                 SELECT published_at - lag(published_at) OVER (ORDER BY published_at) AS gap
+                 FROM workflow_run_outbox WHERE published_at >= $1) gaps",
+        )
+        .bind(killed_at)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+        let on_topic = copies_on_topic(&cluster.bootstrap, &topic, PARTITIONS);
+        let events = read_events(&cluster.bootstrap, &topic, on_topic).await;
+        let mut copies: HashMap<Uuid, usize> = HashMap::new();
+        for (_, _, event, _) in &events {
+            *copies.entry(event.event_id()).or_default() += 1;
+        }
+        let twice = copies.values().filter(|n| **n > 1).count();
+        let (distinct, repeats) = without_repeats(&events);
+        println!(
+            "a broker of three killed under the relay: {expected} events, {on_topic} records on the topic, \
+             events written twice {twice}, longest pause in publishing after the kill {paused:.1} s"
+        );
+        assert_eq!(copies.len(), expected, "every event on the topic");
+        assert_eq!(twice, 0, "an event written twice");
+        assert_eq!(repeats, 0);
+        assert!(
+            distinct.values().all(|sequences| *sequences == [1, 2, 3, 4, 5]),
+            "every job's events in order"
+        );
+        drop(cluster);
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("timed out");
+}
