@@ -26,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Default)]
 pub struct Readiness {
     rounds_failing: Arc<AtomicBool>,
+    /// Why the failing rounds fail, when one reason is worth naming.
+    failing_because: Arc<std::sync::Mutex<Option<String>>>,
+    /// Why the event topic refuses writes, as start-up found it.
+    topic_unfit: Arc<std::sync::Mutex<Option<String>>>,
     /// Why publishing stopped for good, until an operator acts.
     stopped: Arc<std::sync::Mutex<Option<String>>>,
 }
@@ -51,6 +55,34 @@ impl Readiness {
     /// the world held back every row it marked).
     pub fn round_failed(&self, failed: bool) {
         self.rounds_failing.store(failed, Ordering::SeqCst);
+        if !failed {
+            self.failing_because(None);
+        }
+    }
+
+    /// Records that the event topic refuses writes (fewer replicas than its
+    /// `min.insync.replicas`), or that it does not (`None`).
+    pub fn topic_unfit(&self, reason: Option<String>) {
+        *self
+            .topic_unfit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
+    }
+
+    /// Names why rounds fail (`None`: no reason worth naming).
+    pub fn failing_because(&self, reason: Option<String>) {
+        *self
+            .failing_because
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
+    }
+
+    fn failing_reason(&self) -> String {
+        self.failing_because
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| "relay rounds are failing".to_owned())
     }
 }
 
@@ -125,11 +157,19 @@ async fn ready(pool: &PgPool, readiness: &Readiness) -> Response<Full<Bytes>> {
     if let Some(reason) = readiness.stopped() {
         return problem(StatusCode::SERVICE_UNAVAILABLE, &reason);
     }
+    let unfit = readiness
+        .topic_unfit
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    if let Some(reason) = unfit {
+        return problem(StatusCode::SERVICE_UNAVAILABLE, &reason);
+    }
     match database {
         Ok(Ok(_)) if !readiness.rounds_failing.load(Ordering::SeqCst) => {
             json(StatusCode::OK, r#"{"status":"ready"}"#.to_owned())
         }
-        Ok(Ok(_)) => problem(StatusCode::SERVICE_UNAVAILABLE, "relay rounds are failing"),
+        Ok(Ok(_)) => problem(StatusCode::SERVICE_UNAVAILABLE, &readiness.failing_reason()),
         Ok(Err(e)) => problem(
             StatusCode::SERVICE_UNAVAILABLE,
             &format!("database unavailable: {e}"),

@@ -30,6 +30,13 @@ pub struct PartitionGuard {
     broker: BrokerConfig,
     allowed: Arc<AtomicBool>,
     problem: Arc<Mutex<Option<String>>>,
+    /// The fewest in-sync replicas of any partition, at the last check.
+    thinnest_isr: Arc<Mutex<Option<usize>>>,
+    /// The topic's `min.insync.replicas`, read once.
+    min_insync: Arc<std::sync::OnceLock<usize>>,
+    /// A read of it is under way (in the background: an admin API that
+    /// does not answer must not hold a publishing pass up).
+    reading_min_insync: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for PartitionGuard {
@@ -79,6 +86,68 @@ impl PartitionGuard {
             broker,
             allowed: Arc::new(AtomicBool::new(true)),
             problem: Arc::default(),
+            thinnest_isr: Arc::default(),
+            min_insync: Arc::default(),
+            reading_min_insync: Arc::default(),
+        }
+    }
+
+    /// When a partition of the topic has fewer replicas in sync than the
+    /// topic's `min.insync.replicas` (the last check's view): the brokers
+    /// hold every `acks=all` write to it, and refuse it with
+    /// NOT_ENOUGH_REPLICAS, which librdkafka retries until the record times
+    /// out. (in sync, required)
+    #[must_use]
+    pub fn short_of_replicas(&self) -> Option<(usize, usize)> {
+        let thinnest = (*self
+            .thinnest_isr
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))?;
+        let required = *self.min_insync.get()?;
+        (thinnest < required).then_some((thinnest, required))
+    }
+
+    /// Starts reading the topic's `min.insync.replicas` in the background
+    /// unless it is known or being read.
+    fn learn_min_insync(&self) {
+        if self.min_insync.get().is_some() || self.reading_min_insync.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let guard = self.clone();
+        tokio::spawn(async move {
+            guard.read_min_insync().await;
+            guard.reading_min_insync.store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Reads the topic's `min.insync.replicas` (nothing on failure: the
+    /// next check asks again).
+    async fn read_min_insync(&self) {
+        let Ok(admin) = self
+            .broker
+            .client()
+            .create::<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>()
+        else {
+            return;
+        };
+        let options = rdkafka::admin::AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
+        let described = admin
+            .describe_configs(
+                [&rdkafka::admin::ResourceSpecifier::Topic(&self.topic)],
+                &options,
+            )
+            .await;
+        std::thread::spawn(move || drop(admin));
+        let value = described.ok().and_then(|mut results| {
+            results
+                .pop()?
+                .ok()?
+                .get("min.insync.replicas")?
+                .value
+                .clone()
+        });
+        if let Some(required) = value.and_then(|v| v.parse().ok()) {
+            let _ = self.min_insync.set(required);
         }
     }
 
@@ -100,6 +169,7 @@ impl PartitionGuard {
     async fn partition_count(&self) -> Result<i32, String> {
         let (client, broker, topic) =
             (self.client.clone(), self.broker.clone(), self.topic.clone());
+        let thinnest_isr = self.thinnest_isr.clone();
         tokio::task::spawn_blocking(move || {
             let mut client = client
                 .lock()
@@ -112,10 +182,15 @@ impl PartitionGuard {
                 .expect("just made")
                 .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
                 .map_err(|e| e.to_string())?;
-            metadata
+            let found = metadata
                 .topics()
                 .iter()
-                .find(|t| t.name() == topic && t.error().is_none())
+                .find(|t| t.name() == topic && t.error().is_none());
+            *thinnest_isr
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                found.and_then(|t| t.partitions().iter().map(|p| p.isr().len()).min());
+            found
                 .map(|t| i32::try_from(t.partitions().len()).unwrap_or(i32::MAX))
                 .filter(|count| *count > 0)
                 .ok_or_else(|| format!("the broker lists no partitions of {topic}"))
@@ -131,6 +206,7 @@ impl PartitionGuard {
     /// # Errors
     /// Database errors.
     pub async fn check(&self, pool: &PgPool) -> Result<Checked, sqlx::Error> {
+        self.learn_min_insync();
         let found = match self.partition_count().await {
             Ok(found) => found,
             Err(e) => return Ok(Checked::Unknown(e)),

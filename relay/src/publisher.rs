@@ -73,6 +73,10 @@ pub enum Reason {
     Invalid,
     /// No connection to the broker, or no leader for the partition.
     Unreachable,
+    /// Fewer replicas in sync than the topic's `min.insync.replicas`: the
+    /// brokers refuse every `acks=all` write to it (brokers down, or a
+    /// topic replicated fewer times than it asks).
+    NotEnoughReplicas,
     /// The producer's local queue is full.
     QueueFull,
     /// No acknowledgement within the delivery timeout (or the round).
@@ -97,6 +101,7 @@ impl Reason {
             Self::TooLarge => "too_large",
             Self::Invalid => "invalid",
             Self::Unreachable => "unreachable",
+            Self::NotEnoughReplicas => "not_enough_replicas",
             Self::QueueFull => "queue_full",
             Self::Timeout => "timeout",
             Self::RefusedAccess => "refused_access",
@@ -119,6 +124,7 @@ impl Reason {
             | Code::BrokerNotAvailable
             | Code::LeaderNotAvailable
             | Code::NotLeaderForPartition => Self::Unreachable,
+            Code::NotEnoughReplicas | Code::NotEnoughReplicasAfterAppend => Self::NotEnoughReplicas,
             Code::QueueFull => Self::QueueFull,
             Code::MessageTimedOut | Code::RequestTimedOut | Code::OperationTimedOut => {
                 Self::Timeout
@@ -640,7 +646,11 @@ mod tests {
             (Code::AllBrokersDown, Reason::Unreachable),
             (Code::NotLeaderForPartition, Reason::Unreachable),
             (Code::UnknownTopic, Reason::Other),
-            (Code::NotEnoughReplicas, Reason::Other),
+            (Code::NotEnoughReplicas, Reason::NotEnoughReplicas),
+            (
+                Code::NotEnoughReplicasAfterAppend,
+                Reason::NotEnoughReplicas,
+            ),
         ] {
             match classify(&delivery(code)) {
                 Miss::World(found, _) => assert_eq!(found, reason, "{code:?}"),

@@ -50,6 +50,8 @@ pub async fn run(
     kafka::ensure_topics(&args.broker, &[&args.event_topic], args.topics).await?;
     let grace = *args.shutdown_grace;
     let readiness = crate::health::Readiness::default();
+    let unfit = kafka::unfit_topics(&args.broker, &[&args.event_topic], &[]).await?;
+    readiness.topic_unfit((!unfit.is_empty()).then(|| unfit.join("; ")));
     let server = crate::health::serve(
         args.http_addr,
         pool.clone(),

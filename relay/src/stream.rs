@@ -353,6 +353,22 @@ impl<'a> Stream<'a> {
                     ?report,
                     "nothing could be published; pausing the buckets held back"
                 );
+                // librdkafka retries a refusal for too few in-sync replicas
+                // until the record times out: the topic's state says so.
+                let refused = report
+                    .misses
+                    .keys()
+                    .any(|(_, reason)| *reason == Reason::NotEnoughReplicas);
+                let short = self.relay.partitions.short_of_replicas();
+                self.readiness.failing_because((refused || short.is_some()).then(|| {
+                    let seen = short.map_or(String::new(), |(in_sync, required)| {
+                        format!(" (a partition has {in_sync} in sync, {required} required)")
+                    });
+                    format!(
+                        "the brokers refuse writes to {}: fewer replicas in sync than its min.insync.replicas (NOT_ENOUGH_REPLICAS){seen}: brokers are down, or the topic is replicated fewer times than it asks",
+                        self.relay.settings.event_topic
+                    )
+                }));
             }
             let rest = Instant::now() + self.outage.next_pause();
             for bucket in held_back {

@@ -30,6 +30,11 @@ pub enum TaskState {
     Dead {
         reason: String,
     },
+    /// Not a task: something found wrong that an operator must change
+    /// (a topic that refuses writes).
+    Unfit {
+        reason: String,
+    },
 }
 
 impl Health {
@@ -54,6 +59,14 @@ impl Health {
         self.set(task, TaskState::Dead { reason });
     }
 
+    /// Records something found wrong under `what` (readiness fails from now
+    /// on, naming it), logged once when reported.
+    pub fn unfit(&self, what: &str, reason: impl Into<String>) {
+        let reason = reason.into();
+        tracing::error!(what, %reason, "not ready");
+        self.set(what, TaskState::Unfit { reason });
+    }
+
     /// Every task that is not running, with why: empty when all is well.
     #[must_use]
     pub fn problems(&self) -> Vec<String> {
@@ -67,6 +80,7 @@ impl Health {
                     Some(format!("{task} panicked ({panic}) and is restarting"))
                 }
                 TaskState::Dead { reason } => Some(format!("{task} died: {reason}")),
+                TaskState::Unfit { reason } => Some(format!("{task}: {reason}")),
             })
             .collect()
     }

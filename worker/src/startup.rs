@@ -474,6 +474,14 @@ async fn subscribe(
     }) {
         return Err(StartupError::NoReplyTopic(reply.clone()));
     }
+    // Topics that exist but refuse writes (fewer replicas than their
+    // min.insync.replicas) are named in readiness; one partition on the
+    // request topic is warned about.
+    for problem in
+        kafka::unfit_topics(&config.broker, &wanted, &[settings.request_topic.as_str()]).await?
+    {
+        engine.health().unfit("Kafka topics", problem);
+    }
     let codec = Arc::new(codec);
     let replies = if reply_topics.is_empty() {
         None

@@ -272,9 +272,9 @@ migration. Call with (dict "root" $ "pod" ...).
 - name: FLOTILLA_TOPIC_PARTITIONS
   value: {{ int $v.topics.partitions | quote }}
 - name: FLOTILLA_TOPIC_REPLICATION
-  value: {{ int $v.topics.replication | quote }}
+  value: {{ toString $v.topics.replication | quote }}
 - name: FLOTILLA_TOPIC_MIN_INSYNC_REPLICAS
-  value: {{ int $v.topics.minInsyncReplicas | quote }}
+  value: {{ toString $v.topics.minInsyncReplicas | quote }}
 {{- end }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}

@@ -138,3 +138,88 @@ async fn a_broker_killed_under_the_relay_costs_a_pause_and_no_event_is_written_t
     .await
     .expect("timed out");
 }
+
+/// A topic whose in-sync replicas fall below its `min.insync.replicas`
+/// refuses every write (NOT_ENOUGH_REPLICAS): the relay holds its rows back
+/// without spending attempts, and its readiness names the cause and the
+/// topic; once the broker is back, every row goes out.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn not_enough_in_sync_replicas_is_named_in_readiness_and_nothing_is_lost(pool: PgPool) {
+    tokio::time::timeout(Duration::from_secs(240), async {
+        let dir = std::env::temp_dir().join(format!("flotilla-relay-isr-{}", Uuid::new_v4()));
+        let mut cluster =
+            OwnKafkaCluster::started(&dir, 3, flotilla_tests::kafka::KafkaOptions::default()).await;
+        // One partition on brokers 1 and 2, both of which must hold a write.
+        let topic = unique("isr-events");
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &cluster.bootstrap)
+            .create()
+            .unwrap();
+        let new_topic = NewTopic::new(&topic, 1, TopicReplication::Variable(&[&[1, 2]]))
+            .set("min.insync.replicas", "2");
+        let created = admin
+            .create_topics([&new_topic], &AdminOptions::new())
+            .await
+            .unwrap();
+        assert!(created.iter().all(Result::is_ok), "{created:?}");
+        std::thread::spawn(move || drop(admin));
+
+        let port = flotilla_tests::free_port();
+        let url = flotilla_tests::database::url_of(&pool).await;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla-relay"));
+        command
+            .env("DATABASE_URL", &url)
+            .env("KAFKA_BOOTSTRAP_SERVERS", &cluster.bootstrap)
+            .env("FLOTILLA_EVENT_TOPIC", &topic)
+            .env("FLOTILLA_RELAY_HTTP_ADDR", format!("127.0.0.1:{port}"))
+            .env("SCHEMA_REGISTRY_URL", "")
+            .env("FLOTILLA_RELAY_BACKOFF_BASE", "200ms")
+            .env("NO_COLOR", "1");
+        let relay = flotilla_tests::process::started(command, "relay ready").await;
+
+        cluster.nodes[1].kill();
+        let jobs: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
+        insert_events(&pool, &jobs, 2, json!({})).await;
+        let client = flotilla_runtime::tls::http_client().build().unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        let body = loop {
+            let response = client
+                .get(format!("http://127.0.0.1:{port}/readyz"))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            let body = response.text().await.unwrap();
+            if status == 503 && body.contains("NOT_ENOUGH_REPLICAS") {
+                break body;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "readiness never named the cause: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        assert!(body.contains(&topic), "{body}");
+        let attempts: i32 = sqlx::query_scalar("SELECT max(attempts) FROM workflow_run_outbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(attempts, 0, "the world's refusal spends no attempt");
+
+        let node = cluster.nodes.remove(1);
+        cluster.nodes.insert(1, node.restarted().await);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        while count(&pool, "PUBLISHED").await < 10 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "rows did not publish after the broker returned"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        drop(relay);
+        drop(cluster);
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("timed out");
+}

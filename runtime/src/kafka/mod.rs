@@ -7,13 +7,12 @@
 pub mod group;
 pub mod pinned;
 pub mod security;
+pub mod topics;
 
 use std::time::Duration;
 
 use clap::Args;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -21,6 +20,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::registry::RegistryConfig;
 pub use group::GroupProtocol;
 pub use security::KafkaSecurity;
+pub use topics::{AUTO, BROKER_DEFAULT, TopicLayout, ensure_topics, unfit_topics};
 
 /// The broker list used when none is configured.
 pub const DEFAULT_BOOTSTRAP_SERVERS: &str = "localhost:9092";
@@ -224,147 +224,6 @@ impl rdkafka::ClientContext for LastError {
 
 impl rdkafka::consumer::ConsumerContext for LastError {}
 
-/// How topics this process creates are laid out: `-1` leaves a value to the
-/// broker's defaults (`num.partitions`, `default.replication.factor`), so a
-/// topic is never created with replication 1 on a cluster unless told to.
-#[derive(Debug, Clone, Copy, Args)]
-pub struct TopicLayout {
-    /// Create missing topics at start-up; `false` leaves them to the operator
-    /// (a cluster whose ACLs forbid creating topics).
-    #[arg(long, env = "FLOTILLA_CREATE_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub create_topics: bool,
-
-    /// Partitions of a topic this process creates (-1: the broker's default).
-    #[arg(long, env = "FLOTILLA_TOPIC_PARTITIONS", default_value_t = BROKER_DEFAULT, value_parser = parse_layout)]
-    pub topic_partitions: i32,
-
-    /// Replication factor of a topic this process creates (-1: the broker's default).
-    #[arg(long, env = "FLOTILLA_TOPIC_REPLICATION", default_value_t = BROKER_DEFAULT, value_parser = parse_layout)]
-    pub topic_replication: i32,
-
-    /// `min.insync.replicas` of a topic this process creates (-1: the
-    /// broker's default): with `acks=all`, how many replicas a record must
-    /// reach before it counts as written.
-    #[arg(long, env = "FLOTILLA_TOPIC_MIN_INSYNC_REPLICAS", default_value_t = BROKER_DEFAULT, value_parser = parse_layout)]
-    pub topic_min_insync_replicas: i32,
-}
-
-/// "Whatever the broker's default is", in a CreateTopics request.
-pub const BROKER_DEFAULT: i32 = -1;
-
-impl TopicLayout {
-    /// The broker's defaults for both.
-    #[must_use]
-    pub fn broker_defaults() -> Self {
-        Self {
-            create_topics: true,
-            topic_partitions: BROKER_DEFAULT,
-            topic_replication: BROKER_DEFAULT,
-            topic_min_insync_replicas: BROKER_DEFAULT,
-        }
-    }
-
-    /// The CreateTopics request for `names`, laid out as this says.
-    #[must_use]
-    pub fn new_topics<'a>(&self, names: &[&'a str], min_insync: &'a str) -> Vec<NewTopic<'a>> {
-        names
-            .iter()
-            .map(|name| {
-                let topic = NewTopic::new(
-                    name,
-                    self.topic_partitions,
-                    TopicReplication::Fixed(self.topic_replication),
-                );
-                if self.topic_min_insync_replicas == BROKER_DEFAULT {
-                    topic
-                } else {
-                    topic.set("min.insync.replicas", min_insync)
-                }
-            })
-            .collect()
-    }
-}
-
-fn parse_layout(text: &str) -> Result<i32, String> {
-    match text.parse::<i32>() {
-        Ok(n) if n == BROKER_DEFAULT || (1..=100_000).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{text} is neither -1 (the broker's default) nor a count from 1 to 100000"
-        )),
-    }
-}
-
-/// Creates the topics that do not exist yet, laid out as `layout` says.
-/// Which exist is read from the cluster's metadata first, so a service
-/// account without the right to create topics starts fine when they exist
-/// (and CreateTopics is never sent for them). With creation off, a missing
-/// topic is warned about and returned: the caller decides whether it can
-/// start without it (an operator's job may be creating it).
-///
-/// # Errors
-/// The metadata cannot be read, or the broker refuses to create a missing
-/// topic for another reason than "it exists by now".
-pub async fn ensure_topics(
-    broker: &BrokerConfig,
-    topics: &[&str],
-    layout: TopicLayout,
-) -> Result<Vec<String>, BrokerError> {
-    let existing = existing_topics(broker, Duration::from_secs(10)).await?;
-    let missing: Vec<&str> = topics
-        .iter()
-        .copied()
-        .filter(|topic| !existing.iter().any(|t| t == topic))
-        .collect();
-    if missing.is_empty() {
-        return Ok(Vec::new());
-    }
-    if !layout.create_topics {
-        tracing::warn!(
-            ?missing,
-            "topics do not exist and creation is off (FLOTILLA_CREATE_TOPICS=false): they must be created"
-        );
-        return Ok(missing.into_iter().map(str::to_owned).collect());
-    }
-    let admin: AdminClient<DefaultClientContext> = broker.client().create()?;
-    let min_insync = layout.topic_min_insync_replicas.to_string();
-    let new_topics = layout.new_topics(&missing, &min_insync);
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    let results = admin.create_topics(&new_topics, &options).await;
-    // librdkafka can block in a client's destructor: never on an async worker.
-    std::thread::spawn(move || drop(admin));
-    for result in results? {
-        match result {
-            Ok(topic) => tracing::info!(topic, ?layout, "topic created"),
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => return Err(BrokerError::CreateTopic { topic, code }),
-        }
-    }
-    Ok(Vec::new())
-}
-
-/// The names of the topics the cluster's metadata lists.
-async fn existing_topics(
-    broker: &BrokerConfig,
-    timeout: Duration,
-) -> Result<Vec<String>, BrokerError> {
-    let config = broker.client();
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = config.create()?;
-        let metadata = consumer.fetch_metadata(None, timeout)?;
-        let names = metadata
-            .topics()
-            .iter()
-            .filter(|topic| topic.error().is_none())
-            .map(|topic| topic.name().to_owned())
-            .collect();
-        // librdkafka can block in a consumer's destructor.
-        std::thread::spawn(move || drop(consumer));
-        Ok(names)
-    })
-    .await
-    .map_err(|_| BrokerError::Interrupted)?
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,22 +247,5 @@ mod tests {
                 "{kind}"
             );
         }
-    }
-
-    #[test]
-    fn created_topics_get_the_configured_partitions_replicas_and_min_insync_replicas() {
-        let layout = TopicLayout {
-            create_topics: true,
-            topic_partitions: 6,
-            topic_replication: 3,
-            topic_min_insync_replicas: 2,
-        };
-        let topics = layout.new_topics(&["events"], "2");
-        assert_eq!(topics[0].num_partitions, 6);
-        assert!(matches!(topics[0].replication, TopicReplication::Fixed(3)));
-        assert_eq!(topics[0].config, [("min.insync.replicas", "2")]);
-        let defaults = TopicLayout::broker_defaults().new_topics(&["events"], "-1");
-        assert_eq!(defaults[0].num_partitions, BROKER_DEFAULT);
-        assert!(defaults[0].config.is_empty(), "the broker's default");
     }
 }
