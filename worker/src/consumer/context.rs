@@ -2,8 +2,14 @@
 //!
 //! Offsets are *stored* only for messages whose rows (or dead-letter records)
 //! are durable, so committing the stored offsets is always safe: before
-//! partitions are revoked, the stored offsets are committed synchronously so
-//! the next owner resumes right after the last durable message.
+//! partitions are revoked, the stored offsets are committed so the next
+//! owner resumes right after the last durable message. The commit is
+//! asynchronous: the callback runs inside the consumer's poll on an async
+//! runtime thread, and a synchronous commit there waits (up to a session
+//! timeout) while the group coordinator's broker is down, stalling every
+//! task that thread runs, job heartbeats among them (review finding K7). A
+//! commit that has not landed when the next owner starts costs a re-read of
+//! requests that are rows already, which persisting recognises.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -119,7 +125,7 @@ impl ConsumerContext for RequestConsumerContext {
         match rebalance {
             Rebalance::Revoke(partitions) => {
                 tracing::info!(partitions = %describe(partitions), "partitions revoked; committing what is durable");
-                match consumer.commit_consumer_state(CommitMode::Sync) {
+                match consumer.commit_consumer_state(CommitMode::Async) {
                     Ok(()) => {}
                     // Nothing stored since the last commit.
                     Err(rdkafka::error::KafkaError::ConsumerCommit(

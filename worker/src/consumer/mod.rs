@@ -310,7 +310,13 @@ impl RequestConsumer {
                 break;
             }
         }
-        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
+        // The final commit waits for the coordinator: off the async
+        // runtime, where it would stall the tasks sharing this thread.
+        let consumer = self.consumer.clone();
+        let committed =
+            tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync))
+                .await;
+        if let Ok(Err(e)) = committed {
             tracing::debug!(error = %e, "final commit had nothing to do or failed");
         }
         let stats = ConsumerStats {
