@@ -368,3 +368,49 @@ impl OwnKafkaCluster {
             .expect("starting the test's Kafka cluster panicked")
     }
 }
+
+/// The node id of `group`'s coordinator in the cluster at `bootstrap`, as
+/// Kafka's admin client names it (`scripts/kafka-node admin`: librdkafka's
+/// admin API does not tell). Blocks.
+///
+/// # Panics
+/// The group is unknown or the cluster does not answer.
+#[must_use]
+pub fn coordinator_of(bootstrap: &str, group: &str) -> u32 {
+    let out = cluster_admin(&["coordinator", bootstrap, group]);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("coordinator of {group}: {out:?}"))
+}
+
+/// Moves the leadership of `topic`'s `partition` to another of its
+/// replicas as an operator does: a reassignment that puts that replica
+/// first (no data moves), then a preferred leader election. Returns the
+/// old and the new leader's node ids once the new one leads. Blocks.
+///
+/// # Panics
+/// The move does not happen within a minute.
+#[must_use]
+pub fn move_leader(bootstrap: &str, topic: &str, partition: i32) -> (u32, u32) {
+    let out = cluster_admin(&["move-leader", bootstrap, topic, &partition.to_string()]);
+    let ids: Vec<u32> = out
+        .split_whitespace()
+        .filter_map(|id| id.parse().ok())
+        .collect();
+    assert_eq!(ids.len(), 2, "move-leader said {out:?}");
+    (ids[0], ids[1])
+}
+
+fn cluster_admin(args: &[&str]) -> String {
+    let output = Command::new(node_script())
+        .arg("admin")
+        .args(args)
+        .output()
+        .expect("scripts/kafka-node admin runs");
+    assert!(
+        output.status.success(),
+        "scripts/kafka-node admin {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

@@ -1,4 +1,4 @@
-//! The chaos suite: two worker and two relay processes, a target that
+//! The storm: two worker and two relay processes, a target that
 //! records every call and fails some transiently, requests produced to the
 //! real broker, while workers and relays are killed (SIGKILL) and restarted
 //! with their ids, paused past their leases (SIGSTOP) and resumed, and the
@@ -23,28 +23,22 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
 use flotilla_codec::Codec;
 use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
 use flotilla_tests::kafka::{KafkaOptions, OwnKafka};
 use flotilla_tests::process::Running;
-use flotilla_tests::{close_consumer, unique};
-use rdkafka::Message as _;
-use rdkafka::consumer::{BaseConsumer, Consumer as _, StreamConsumer};
+use flotilla_tests::unique;
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
-
-/// Partitions of each topic.
-const PARTITIONS: i32 = 3;
+use super::{
+    Faults, MIGRATOR, PARTITIONS, Recorder, call_figures, committed_offsets, count, read_topics,
+    start, start_target,
+};
 
 /// Claim loops per worker (`FLOTILLA_WORKER_COUNT`): at most this many jobs
 /// are in flight on one worker, so one fault can interrupt at most this many.
@@ -89,85 +83,6 @@ fn fail_percent() -> u128 {
 /// Whether the first call of `job`'s steps fails transiently.
 fn flaky(job: Uuid) -> bool {
     job.as_u128() % 100 < fail_percent()
-}
-
-/// A small deterministic random sequence (xorshift), so a failing run can be replayed.
-struct Faults(u64);
-
-impl Faults {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % below
-    }
-}
-
-/// One call the target saw.
-#[derive(Clone, Debug)]
-struct Call {
-    /// Its `Idempotency-Key` header, if it had one.
-    key: Option<String>,
-    /// Answered 503: an injected transient failure, which the worker retries.
-    busy: bool,
-}
-
-/// Every call the target saw, by (job, step). The job is the one the request
-/// body names (the workflow's rules copy it from the input), not the one in
-/// the idempotency key, so the key can be checked against it. The first
-/// call of some jobs' steps answers 503 (see [`flaky`]), so retries happen
-/// too; a body with `"fail": true` is answered `"ok": false`, which the
-/// workflow's `validate` rule on step `two` turns into a verdict (FAILED).
-#[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Calls>>);
-
-/// The calls of each (job, step), in the order they came.
-type Calls = HashMap<(Uuid, String), Vec<Call>>;
-
-async fn record(
-    State(recorder): State<Recorder>,
-    UrlPath(step): UrlPath<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> (StatusCode, axum::Json<serde_json::Value>) {
-    // A body that names no job is recorded under the nil id (and fails the run).
-    let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-    let job = body["job"]
-        .as_str()
-        .and_then(|job| job.parse().ok())
-        .unwrap_or(Uuid::nil());
-    let fail = body["fail"].as_bool() == Some(true);
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|key| key.to_str().ok())
-        .map(str::to_owned);
-    let busy = {
-        let mut seen = recorder.0.lock().unwrap();
-        let calls = seen.entry((job, step.clone())).or_default();
-        let busy = calls.is_empty() && flaky(job);
-        calls.push(Call { key, busy });
-        busy
-    };
-    if busy {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"busy": true})),
-        );
-    }
-    (
-        StatusCode::OK,
-        axum::Json(json!({"step": step, "ok": !fail})),
-    )
-}
-
-async fn start_target(recorder: Recorder) -> String {
-    let app = axum::Router::new()
-        .route("/{step}", post(record))
-        .with_state(recorder);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
 }
 
 /// The Apache Kafka broker a run storms against: one of the run's own (a
@@ -306,12 +221,6 @@ impl Fleet {
     }
 }
 
-fn start(command: Command, ready: &str) -> Running {
-    let mut running = Running::start(command);
-    running.wait_for_line(ready, Duration::from_secs(60));
-    running
-}
-
 fn write_fleet_files(dir: &Path, target: &str) {
     std::fs::create_dir_all(dir.join("workflows")).unwrap();
     std::fs::write(
@@ -333,10 +242,6 @@ fn write_fleet_files(dir: &Path, target: &str) {
         {"name": "three", "target": "rec", "method": "three", "rules": rules}
     ]});
     std::fs::write(dir.join("workflows/chaos.json"), workflow.to_string()).unwrap();
-}
-
-async fn count(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// The workflow's steps, in order.
@@ -378,143 +283,6 @@ impl Asked {
     fn calls(self, step: &str) -> bool {
         self == Self::Complete || step != "three"
     }
-}
-
-/// A record read back from a topic.
-struct Record {
-    topic: String,
-    partition: i32,
-    payload: Vec<u8>,
-}
-
-/// Every record of `topics` (each of [`PARTITIONS`] partitions), from the
-/// start to the end each had when the read began, outside any group.
-async fn read_topics(kafka: &flotilla_runtime::BrokerConfig, topics: &[&str]) -> Vec<Record> {
-    let consumer: StreamConsumer = kafka
-        .manual_commit_consumer(&unique("chaos-reader"))
-        .create()
-        .unwrap();
-    let mut assignment = rdkafka::TopicPartitionList::new();
-    let mut ends = HashMap::new();
-    for topic in topics {
-        for partition in 0..PARTITIONS {
-            let (_, high) = consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))
-                .unwrap();
-            ends.insert(((*topic).to_owned(), partition), high);
-            assignment
-                .add_partition_offset(topic, partition, rdkafka::Offset::Beginning)
-                .unwrap();
-        }
-    }
-    consumer.assign(&assignment).unwrap();
-    let mut read: HashMap<(String, i32), i64> = HashMap::new();
-    let mut records = Vec::new();
-    while ends
-        .iter()
-        .any(|(at, end)| read.get(at).copied().unwrap_or(0) < *end)
-    {
-        let message = consumer.recv().await.unwrap();
-        let topic = message.topic().to_owned();
-        read.insert((topic.clone(), message.partition()), message.offset() + 1);
-        records.push(Record {
-            topic,
-            partition: message.partition(),
-            payload: message.payload().unwrap_or_default().to_vec(),
-        });
-    }
-    close_consumer(consumer);
-    records
-}
-
-/// Per partition of `topic`: `group`'s committed offset (0 when it has
-/// committed none) and the high watermark. Polled until they agree on every
-/// partition or a minute passes: offsets are committed asynchronously, a
-/// moment after the rows.
-async fn committed_offsets(
-    kafka: &flotilla_runtime::BrokerConfig,
-    group: &str,
-    topic: &str,
-) -> Vec<(i32, i64, i64)> {
-    let (kafka, group, topic) = (kafka.clone(), group.to_owned(), topic.to_owned());
-    tokio::task::spawn_blocking(move || {
-        // The workers' group id without joining the group: nothing is
-        // subscribed, so this client only asks the coordinator for offsets.
-        let consumer: BaseConsumer = kafka.manual_commit_consumer(&group).create().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let offsets = loop {
-            let mut partitions = rdkafka::TopicPartitionList::new();
-            for partition in 0..PARTITIONS {
-                partitions.add_partition(&topic, partition);
-            }
-            let committed = consumer
-                .committed_offsets(partitions, Duration::from_secs(10))
-                .expect("the group's committed offsets");
-            let offsets: Vec<(i32, i64, i64)> = (0..PARTITIONS)
-                .map(|partition| {
-                    let at = committed
-                        .find_partition(&topic, partition)
-                        .and_then(|entry| match entry.offset() {
-                            rdkafka::Offset::Offset(at) => Some(at),
-                            _ => None,
-                        })
-                        .unwrap_or(0);
-                    let (_, high) = consumer
-                        .fetch_watermarks(&topic, partition, Duration::from_secs(10))
-                        .unwrap();
-                    (partition, at, high)
-                })
-                .collect();
-            if offsets.iter().all(|(_, at, high)| at == high) || Instant::now() >= deadline {
-                break offsets;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        };
-        // librdkafka can block in a consumer's destructor.
-        std::thread::spawn(move || drop(consumer));
-        offsets
-    })
-    .await
-    .unwrap()
-}
-
-/// The target's calls, summed up: repeats of a (job, step) call split into
-/// those an injected 503 explains (each 503 is retried once) and the rest.
-#[derive(Default)]
-struct CallFigures {
-    calls: usize,
-    injected_503s: usize,
-    repeats: usize,
-    after_503s: usize,
-    after_faults: usize,
-    /// The most calls one (job, step) got.
-    most: usize,
-    /// (job, step, keys) whose calls did not all carry `<job>:<step>`.
-    wrong_keys: Vec<(Uuid, String, Vec<Option<String>>)>,
-}
-
-fn call_figures(calls: &Calls) -> CallFigures {
-    let mut figures = CallFigures::default();
-    for ((job, step), seen) in calls {
-        let busy = seen.iter().filter(|call| call.busy).count();
-        let repeats = seen.len() - 1;
-        figures.calls += seen.len();
-        figures.injected_503s += busy;
-        figures.repeats += repeats;
-        figures.after_503s += repeats.min(busy);
-        figures.after_faults += repeats - repeats.min(busy);
-        figures.most = figures.most.max(seen.len());
-        // The first call's key is the job's and step's, and every repeat carries it.
-        let want = format!("{job}:{step}");
-        if seen
-            .iter()
-            .any(|call| call.key.as_deref() != Some(want.as_str()))
-        {
-            let keys = seen.iter().map(|call| call.key.clone()).collect();
-            figures.wrong_keys.push((*job, step.clone(), keys));
-        }
-    }
-    figures
 }
 
 /// Static membership (the worker's default): a killed worker restarted with
@@ -594,7 +362,10 @@ async fn chaos(pool: PgPool, run: Run) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5eed_f10a);
     let mut faults = Faults(seed);
-    let recorder = Recorder::default();
+    let recorder = Recorder {
+        flaky: Some(flaky),
+        ..Recorder::default()
+    };
     let target = start_target(recorder.clone()).await;
     let dir = std::env::temp_dir().join(format!("flotilla-chaos-{}", Uuid::new_v4()));
     write_fleet_files(&dir, &target);
@@ -840,7 +611,7 @@ async fn chaos(pool: PgPool, run: Run) {
         }
     }
     let distinct_requests: HashSet<Uuid> = requests.iter().map(|(_, job)| *job).collect();
-    let calls = recorder.0.lock().unwrap().clone();
+    let calls = recorder.calls.lock().unwrap().clone();
     let figures = call_figures(&calls);
     let tallied = |what: &str| tally.get(what).copied().unwrap_or(0);
     // A worker fault interrupts at most the jobs in flight on the workers it
