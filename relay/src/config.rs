@@ -23,10 +23,13 @@ pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(100);
 /// which must outlast a broker failover: on a KRaft cluster a SIGKILLed
 /// broker stalls every `acks=all` write for about 11.5 s (the controller
 /// fences it after `broker.session.timeout.ms`, 9 s, then the in-sync
-/// replica sets shrink), so 45 s gives a 15 s window. A shorter window
-/// fails records the broker will still write, and their resends are new
-/// records: repeats on the topic.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(45);
+/// replica sets shrink), and a broker frozen past that session held
+/// acknowledgements for up to 14.9 s in `worker/tests/chaos/brokers.rs`
+/// (a frozen leader answers nothing until the producer's request times
+/// out), so 60 s gives a 20 s window. A shorter window fails records the
+/// broker will still write, and their resends are new records: repeats on
+/// the topic.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// Base of the backoff after a failed publish, unless configured.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// Largest record the producer sends, unless configured.

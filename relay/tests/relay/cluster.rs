@@ -2,7 +2,7 @@
 //! 3, `min.insync.replicas` 2) while a broker dies: review findings K1 and
 //! K8. Every `acks=all` write stalls until the controller fences the dead
 //! broker (about 11 s); the relay's idempotent producer, with a send window
-//! (a third of the default 45 s lease) longer than that stall, writes each
+//! (a third of the default 60 s lease) longer than that stall, writes each
 //! event once and in order, and no operator does anything.
 
 use std::collections::HashMap;
@@ -57,7 +57,7 @@ async fn a_broker_killed_under_the_relay_costs_a_pause_and_no_event_is_written_t
         .await;
         let topic = unique("cluster-events");
         create_replicated_topic(&cluster.bootstrap, &topic).await;
-        // The defaults: an idempotent producer, a 45 s lease (a 15 s window).
+        // The defaults: an idempotent producer, a 60 s lease (a 20 s window).
         let relay = Relay::new(
             pool.clone(),
             Arc::new(SystemClock),

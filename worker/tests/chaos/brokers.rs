@@ -665,7 +665,8 @@ async fn broker_faults(pool: PgPool) {
     );
     for (what, (paused, flowing)) in &figures {
         println!(
-            "  {what}: events flowing again {flowing:.1} s after (the longest pause from {paused:.1} s)"
+            "  {what}: the longest pause in events {:.1} s, from {paused:.1} s to {flowing:.1} s after",
+            flowing - paused
         );
     }
     println!(
