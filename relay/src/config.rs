@@ -127,9 +127,10 @@ pub struct RelayArgs {
     /// librdkafka's mock cluster), where it would lose records.
     #[arg(long, env = "FLOTILLA_RELAY_IDEMPOTENCE", default_value_t = true, action = clap::ArgAction::Set)]
     pub idempotence: bool,
-    /// Accept a changed partition count of the event topic (and record it):
-    /// without it a relay that finds one publishes nothing, since a job in
-    /// flight could have its events split across partitions.
+    /// Accept a changed partition count of the event topic (and record it,
+    /// so events are placed by it): without it added partitions get no
+    /// events, and a relay that finds fewer than recorded publishes nothing,
+    /// since a job in flight could have its events split across partitions.
     #[arg(long, env = "FLOTILLA_ACCEPT_PARTITION_CHANGE", default_value_t = false, action = clap::ArgAction::Set)]
     pub accept_partition_change: bool,
 }

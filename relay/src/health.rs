@@ -35,7 +35,7 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// Records why publishing stopped (a changed partition count), or that
+    /// Records why publishing stopped (fewer partitions than recorded), or that
     /// it goes on (`None`).
     pub fn publishing_stopped(&self, reason: Option<String>) {
         *self

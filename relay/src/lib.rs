@@ -10,6 +10,7 @@ pub mod buckets;
 pub mod config;
 pub mod health;
 pub mod partitions;
+pub mod placement;
 pub mod producer;
 pub mod publisher;
 pub mod startup;
@@ -52,7 +53,8 @@ pub struct Relay {
     clock: Arc<dyn Clock>,
     leases: buckets::BucketLeases,
     publisher: Publisher,
-    /// Stops publishing when the event topic's partition count changes.
+    /// Reads the event topic's recorded partition count, which places
+    /// records, and stops publishing when the topic has fewer partitions.
     partitions: partitions::PartitionGuard,
     settings: RelaySettings,
     /// Woken by the workers' `NOTIFY` after commits that wrote events.
@@ -127,17 +129,18 @@ impl Relay {
         )?);
         let leases =
             buckets::BucketLeases::new(pool.clone(), settings.relay_id.clone(), settings.lease);
+        let partitions = partitions::PartitionGuard::new(
+            settings.broker.clone(),
+            &settings.event_topic,
+            settings.accept_partition_change,
+        );
         let publisher = Publisher::new(
             producer,
             codec,
             settings.event_topic.clone(),
             leases.held().clone(),
             window,
-        );
-        let partitions = partitions::PartitionGuard::new(
-            settings.broker.clone(),
-            &settings.event_topic,
-            settings.accept_partition_change,
+            partitions.recorded(),
         );
         Ok(Self {
             pool,
@@ -235,8 +238,9 @@ impl Relay {
         &self.partitions
     }
 
-    /// Checks the event topic's partition count every few seconds (the
-    /// stream publishes only while it is the recorded one).
+    /// Checks the event topic's partition count every few seconds (records
+    /// are placed by the recorded one, learnt here, and the stream
+    /// publishes only while the topic has that many).
     async fn partitions_loop(&self, shutdown: CancellationToken) {
         let mut ticks = tokio::time::interval(STATISTICS_INTERVAL);
         loop {

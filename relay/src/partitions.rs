@@ -1,17 +1,22 @@
 //! The event topic's partition count, watched. A job's events stay in
-//! order because its key always maps to one partition; adding partitions
-//! moves keys, so a job in flight could have its later events in another
-//! partition, read before its earlier ones. The relays record the count
-//! they publish to (`event_topic`), and a relay that finds another count
-//! stops publishing, and says so in readiness, until an operator accepts
-//! the change (`--accept-partition-change`): docs/operations.md says how to
-//! grow the topic so that no job's order is lost.
+//! order because its key always maps to one partition: the relay chooses
+//! it over the count the relays recorded (`event_topic`; the `placement`
+//! module), not over the count the broker lists, so partitions added to the
+//! topic change nothing until an operator accepts them
+//! (`--accept-partition-change`, which records the new count: a job in
+//! flight could then have its later events in another partition, read
+//! before its earlier ones, so docs/operations.md says how to accept it
+//! without losing any job's order). Until then the new partitions get no
+//! events. A topic with fewer partitions than recorded (deleted and made
+//! again) cannot take the recorded mapping: the relay stops publishing,
+//! and says so in readiness, until the change is accepted.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::placement::RecordedCount;
 use flotilla_runtime::BrokerConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use sqlx::PgPool;
@@ -30,6 +35,10 @@ pub struct PartitionGuard {
     broker: BrokerConfig,
     allowed: Arc<AtomicBool>,
     problem: Arc<Mutex<Option<String>>>,
+    /// The count records are placed by: the recorded one, as last read.
+    recorded: RecordedCount,
+    /// The count the broker listed at the last check that read one.
+    found: Arc<std::sync::atomic::AtomicI32>,
     /// The fewest in-sync replicas of any partition, at the last check.
     thinnest_isr: Arc<Mutex<Option<usize>>>,
     /// The topic's `min.insync.replicas`, read once.
@@ -68,9 +77,12 @@ impl Drop for PartitionGuard {
 pub enum Checked {
     /// The count matches the record (or was recorded now).
     Same(i32),
+    /// Partitions were added and not accepted: records go on to the
+    /// recorded ones, the new ones get none.
+    Grown { recorded: i32, found: i32 },
     /// It changed and the change was accepted: the new count is recorded.
     Accepted { from: i32, to: i32 },
-    /// It changed and publishing stops.
+    /// Fewer partitions than recorded, not accepted: publishing stops.
     Refused { recorded: i32, found: i32 },
     /// The count could not be read; nothing changes.
     Unknown(String),
@@ -86,6 +98,8 @@ impl PartitionGuard {
             broker,
             allowed: Arc::new(AtomicBool::new(true)),
             problem: Arc::default(),
+            recorded: RecordedCount::default(),
+            found: Arc::default(),
             thinnest_isr: Arc::default(),
             min_insync: Arc::default(),
             reading_min_insync: Arc::default(),
@@ -151,6 +165,19 @@ impl PartitionGuard {
         }
     }
 
+    /// The recorded count as this relay last read it, shared: the
+    /// publisher places every record by it.
+    #[must_use]
+    pub fn recorded(&self) -> RecordedCount {
+        self.recorded.clone()
+    }
+
+    /// The count the broker listed at the last check that could read it.
+    #[must_use]
+    pub fn found(&self) -> Option<i32> {
+        Some(self.found.load(Ordering::SeqCst)).filter(|count| *count > 0)
+    }
+
     /// Whether rows may be published now.
     #[must_use]
     pub fn allowed(&self) -> bool {
@@ -209,10 +236,32 @@ impl PartitionGuard {
         self.learn_min_insync();
         let found = match self.partition_count().await {
             Ok(found) => found,
-            Err(e) => return Ok(Checked::Unknown(e)),
+            Err(e) => {
+                // Nothing to compare, but the recorded count is still the
+                // one to place records by (the first check of a relay
+                // that cannot read the broker's metadata learns it here).
+                let recorded = flotilla_store::sql::session(pool, async |conn| {
+                    flotilla_store::topics::recorded_partitions(conn, &self.topic).await
+                })
+                .await?;
+                if let Some(recorded) = recorded {
+                    self.recorded.set(recorded);
+                }
+                return Ok(Checked::Unknown(e));
+            }
         };
-        flotilla_store::sql::session(pool, async |conn| self.compare_recorded(conn, found).await)
-            .await
+        let previously_found = self.found.swap(found, Ordering::SeqCst);
+        let checked = flotilla_store::sql::session(pool, async |conn| {
+            self.compare_recorded(conn, found).await
+        })
+        .await?;
+        if let Checked::Grown { recorded, found } = checked
+            && previously_found != found
+        {
+            tracing::warn!(topic = %self.topic, recorded, found,
+                "the event topic has more partitions than recorded: events go on to the recorded ones, the new ones get none until the change is accepted (see \"Growing the event topic\" in docs/operations.md)");
+        }
+        Ok(checked)
     }
 
     /// Compares the partitions `found` with those recorded for the topic,
@@ -223,26 +272,30 @@ impl PartitionGuard {
         found: i32,
     ) -> Result<Checked, sqlx::Error> {
         let recorded = flotilla_store::topics::recorded_partitions(conn, &self.topic).await?;
-        let checked = match recorded {
+        let (checked, placed_by) = match recorded {
             None => {
                 flotilla_store::topics::record_partitions(conn, &self.topic, found).await?;
-                Checked::Same(found)
+                (Checked::Same(found), found)
             }
-            Some(recorded) if recorded == found => Checked::Same(found),
+            Some(recorded) if recorded == found => (Checked::Same(found), found),
             Some(recorded) if self.accept_change => {
                 flotilla_store::topics::record_partitions(conn, &self.topic, found).await?;
                 tracing::warn!(topic = %self.topic, from = recorded, to = found,
                     "the event topic's partition count changed; accepted and recorded");
-                Checked::Accepted {
+                let accepted = Checked::Accepted {
                     from: recorded,
                     to: found,
-                }
+                };
+                (accepted, found)
             }
-            Some(recorded) => Checked::Refused { recorded, found },
+            // The recorded partitions all exist: records go on to them.
+            Some(recorded) if recorded < found => (Checked::Grown { recorded, found }, recorded),
+            Some(recorded) => (Checked::Refused { recorded, found }, recorded),
         };
+        self.recorded.set(placed_by);
         let problem = match &checked {
             Checked::Refused { recorded, found } => Some(format!(
-                "event topic {} has {found} partitions, {recorded} recorded: a job's later events could land in another partition than its earlier ones, so nothing is published until the change is accepted (--accept-partition-change, FLOTILLA_ACCEPT_PARTITION_CHANGE=true; see \"Growing the event topic\" in docs/operations.md)",
+                "event topic {} has {found} partitions, {recorded} recorded: a job's events could not stay in the partition of its earlier ones, so nothing is published until the change is accepted (--accept-partition-change, FLOTILLA_ACCEPT_PARTITION_CHANGE=true; see \"Growing the event topic\" in docs/operations.md)",
                 self.topic
             )),
             _ => None,

@@ -1,4 +1,5 @@
-//! Publishing outbox rows: encode, produce keyed by job id with the stored
+//! Publishing outbox rows: encode, produce keyed by job id to the partition
+//! the recorded count maps it to (the `placement` module), with the stored
 //! trace context, await the broker's acknowledgements, then mark.
 
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use sqlx::PgPool;
 
 use crate::buckets::HeldBuckets;
+use crate::placement::RecordedCount;
 
 /// Header naming the event type, so consumers can route without decoding.
 pub const EVENT_TYPE_HEADER: &str = "flotilla.event-type";
@@ -350,6 +352,8 @@ pub struct Publisher {
     window: Duration,
     /// Acknowledgements that came close to the window (see [`SLOW_ACK`]).
     slow_acks: Arc<SlowAcks>,
+    /// The event topic's recorded partition count, which places records.
+    placement: RecordedCount,
 }
 
 /// An acknowledgement that took this share of the send window is slow:
@@ -406,7 +410,7 @@ impl std::fmt::Debug for Publisher {
 impl Publisher {
     /// A publisher to `topic` that hands a record of a bucket to `producer`
     /// (whose timeout is `window`) only while `held` holds the bucket for at
-    /// least `window` more.
+    /// least `window` more, to the partition `placement` maps its key to.
     #[must_use]
     pub fn new(
         producer: Producer,
@@ -414,6 +418,7 @@ impl Publisher {
         topic: String,
         held: HeldBuckets,
         window: Duration,
+        placement: RecordedCount,
     ) -> Self {
         Self {
             producer,
@@ -422,6 +427,7 @@ impl Publisher {
             held,
             window,
             slow_acks: Arc::default(),
+            placement,
         }
     }
 
@@ -579,8 +585,17 @@ impl Publisher {
                 });
             }
         }
+        // Not the producer's partitioner: its count follows the broker's
+        // metadata, which may list partitions not accepted yet.
+        let Some(partition) = self.placement.partition_of(key.as_bytes()) else {
+            return Err(Miss::World(
+                Reason::Other,
+                "the event topic's recorded partition count is not known yet; not sent".into(),
+            ));
+        };
         let record = FutureRecord::to(&self.topic)
             .key(&key)
+            .partition(partition)
             .payload(&bytes)
             .headers(headers);
         // Checked again at the hand-over: encoding may have waited on the

@@ -1,7 +1,9 @@
 //! `consumer_offset`: the next offset to read per (group, topic,
 //! partition), written after the rows of each batch ([`record`]) and read
 //! when a partition is assigned ([`next_offsets`]), so a database that lost
-//! its last commits sends its consumers back to read them again.
+//! its last commits sends its consumers back to read them again. An
+//! operator moves them, with Kafka's, by `flotilla-worker offsets set`
+//! ([`set`]).
 
 use sqlx::PgPool;
 
@@ -24,26 +26,65 @@ pub async fn record(
     group: &str,
     offsets: &[PartitionOffset],
 ) -> Result<(), sqlx::Error> {
+    write(pool, group, offsets, Move::ForwardOnly).await
+}
+
+/// Sets `offsets` for `group` as given, forward or back: an operator's
+/// move of an idle group (`flotilla-worker offsets set`), never a
+/// consumer's.
+///
+/// # Errors
+/// Database errors.
+pub async fn set(
+    pool: &PgPool,
+    group: &str,
+    offsets: &[PartitionOffset],
+) -> Result<(), sqlx::Error> {
+    write(pool, group, offsets, Move::AsGiven).await
+}
+
+/// How a written offset may move one already kept.
+#[derive(Debug, Clone, Copy)]
+enum Move {
+    ForwardOnly,
+    AsGiven,
+}
+
+async fn write(
+    pool: &PgPool,
+    group: &str,
+    offsets: &[PartitionOffset],
+    moving: Move,
+) -> Result<(), sqlx::Error> {
     if offsets.is_empty() {
         return Ok(());
     }
     let topics: Vec<&str> = offsets.iter().map(|o| o.topic.as_str()).collect();
     let partitions: Vec<i32> = offsets.iter().map(|o| o.partition).collect();
     let next: Vec<i64> = offsets.iter().map(|o| o.next_offset).collect();
-    crate::sql::session(pool, async |conn| {
-        crate::sql::query(
+    let sql = match moving {
+        Move::ForwardOnly => {
             "INSERT INTO consumer_offset (group_id, topic, partition, next_offset)
              SELECT $1, t, p, n FROM unnest($2::text[], $3::int[], $4::bigint[]) AS o(t, p, n)
              ON CONFLICT (group_id, topic, partition) DO UPDATE
                  SET next_offset = greatest(consumer_offset.next_offset, excluded.next_offset),
-                     updated_at = now()",
-        )
-        .bind(group)
-        .bind(&topics)
-        .bind(&partitions)
-        .bind(&next)
-        .execute(conn)
-        .await
+                     updated_at = now()"
+        }
+        Move::AsGiven => {
+            "INSERT INTO consumer_offset (group_id, topic, partition, next_offset)
+             SELECT $1, t, p, n FROM unnest($2::text[], $3::int[], $4::bigint[]) AS o(t, p, n)
+             ON CONFLICT (group_id, topic, partition) DO UPDATE
+                 SET next_offset = excluded.next_offset, updated_at = now()"
+        }
+    };
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query(sql)
+            .bind(group)
+            .bind(&topics)
+            .bind(&partitions)
+            .bind(&next)
+            .execute(conn)
+            .await
     })
     .await?;
     Ok(())

@@ -30,6 +30,18 @@ pub fn workspace_binary(name: &str) -> std::path::PathBuf {
     })
 }
 
+/// `binary` pointed at the test services: the database at `database_url`
+/// and the broker, with plain log lines.
+#[must_use]
+pub fn with_services(binary: &str, database_url: &str) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .env("DATABASE_URL", database_url)
+        .env("KAFKA_BOOTSTRAP_SERVERS", crate::bootstrap_servers())
+        .env("NO_COLOR", "1");
+    command
+}
+
 /// A started binary and the lines it has printed so far.
 #[derive(Debug)]
 pub struct Running {

@@ -43,6 +43,8 @@ pub struct Cli {
     pub worker: WorkerConfig,
 }
 
+// Parsed once, at start: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Apply the database migrations and exit.
@@ -50,6 +52,46 @@ pub enum Command {
         #[command(flatten)]
         database: DatabaseConfig,
     },
+    /// A consumer group's offsets, kept in Kafka and in the database.
+    Offsets {
+        #[command(subcommand)]
+        action: OffsetsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OffsetsCommand {
+    /// Move a group's offsets on a topic in Kafka and in the database
+    /// together (to skip a backlog, or to replay), refused while the group
+    /// has members. Kafka's own tool moves only Kafka's, which the next
+    /// assignment undoes when the database's are behind.
+    Set(SetOffsets),
+}
+
+/// `flotilla-worker offsets set`.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["to_latest", "to_offset"])))]
+pub struct SetOffsets {
+    /// The consumer group (the workers' `FLOTILLA_CONSUMER_GROUP`, or its
+    /// reply consumer's group).
+    #[arg(long)]
+    pub group: String,
+    /// The topic whose offsets move.
+    #[arg(long)]
+    pub topic: String,
+    /// Only this partition; unset: every partition of the topic.
+    #[arg(long, value_parser = RangedI64ValueParser::<i32>::new().range(0..))]
+    pub partition: Option<i32>,
+    /// To the end of each partition: what is there now is skipped.
+    #[arg(long)]
+    pub to_latest: bool,
+    /// To this offset (between the partition's first kept offset and its end).
+    #[arg(long, value_parser = RangedI64ValueParser::<i64>::new().range(0..))]
+    pub to_offset: Option<i64>,
+    #[command(flatten)]
+    pub database: DatabaseConfig,
+    #[command(flatten)]
+    pub broker: BrokerConfig,
 }
 
 #[derive(Debug, Clone, Args)]

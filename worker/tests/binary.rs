@@ -10,13 +10,8 @@ use sqlx::PgPool;
 const BINARY: &str = env!("CARGO_BIN_EXE_flotilla-worker");
 
 fn worker(database_url: &str) -> Command {
-    let mut command = Command::new(BINARY);
+    let mut command = flotilla_tests::process::with_services(BINARY, database_url);
     command
-        .env("DATABASE_URL", database_url)
-        .env(
-            "KAFKA_BOOTSTRAP_SERVERS",
-            flotilla_tests::bootstrap_servers(),
-        )
         .env("FLOTILLA_WORKER_ID", "binary-test")
         .env("FLOTILLA_HTTP_ADDR", "127.0.0.1:0")
         .env("FLOTILLA_API_TOKENS", "test-token")
@@ -27,8 +22,7 @@ fn worker(database_url: &str) -> Command {
         .env(
             "FLOTILLA_CONSUMER_GROUP",
             flotilla_tests::unique("binary-workers"),
-        )
-        .env("NO_COLOR", "1");
+        );
     command
 }
 

@@ -39,32 +39,44 @@ const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 /// Inserts `count` events (ACCEPTED, checkpoints…, COMPLETED) for each job,
 /// interleaved across jobs as concurrent jobs would write them.
 async fn insert_events(pool: &PgPool, jobs: &[Uuid], count: i64, result: serde_json::Value) {
-    let mut conn = pool.acquire().await.unwrap();
     for sequence in 1..=count {
-        for job_id in jobs {
-            let stamp = EventStamp {
-                job_id: *job_id,
-                event_sequence: sequence,
-                workflow_name: "relayed".into(),
-                attempt: 1,
-                traceparent: Some(format!("00-{}-00f067aa0ba902b7-01", job_id.simple())),
-                tracestate: Some("flotilla=relayed".into()),
-            };
-            let kind = match sequence {
-                1 => EventKind::Accepted,
-                n if n == count => EventKind::Completed {
-                    verdict: "done".into(),
-                    result: result.clone(),
-                },
-                n => EventKind::StepCheckpoint {
-                    step: format!("step{n}"),
-                    note: None,
-                },
-            };
-            outbox::insert(&mut conn, &stamp, kind, Utc::now())
-                .await
-                .unwrap();
-        }
+        insert_event_of(pool, jobs, sequence, count, result.clone()).await;
+    }
+}
+
+/// Inserts event `sequence` of `count` for each job: ACCEPTED first,
+/// COMPLETED with `result` last, checkpoints between.
+async fn insert_event_of(
+    pool: &PgPool,
+    jobs: &[Uuid],
+    sequence: i64,
+    count: i64,
+    result: serde_json::Value,
+) {
+    let mut conn = pool.acquire().await.unwrap();
+    for job_id in jobs {
+        let stamp = EventStamp {
+            job_id: *job_id,
+            event_sequence: sequence,
+            workflow_name: "relayed".into(),
+            attempt: 1,
+            traceparent: Some(format!("00-{}-00f067aa0ba902b7-01", job_id.simple())),
+            tracestate: Some("flotilla=relayed".into()),
+        };
+        let kind = match sequence {
+            1 => EventKind::Accepted,
+            n if n == count => EventKind::Completed {
+                verdict: "done".into(),
+                result: result.clone(),
+            },
+            n => EventKind::StepCheckpoint {
+                step: format!("step{n}"),
+                note: None,
+            },
+        };
+        outbox::insert(&mut conn, &stamp, kind, Utc::now())
+            .await
+            .unwrap();
     }
 }
 

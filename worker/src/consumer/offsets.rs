@@ -7,7 +7,9 @@
 //! database's offset is behind the group's committed one in Kafka (a
 //! failover lost the last commits, their offsets with them, while Kafka
 //! kept its own), the partition is sought back to the database's and those
-//! messages are read again. A member that keeps its partitions through the
+//! messages are read again; when Kafka has no committed offset for it (a
+//! renamed group, or one whose offsets expired or were deleted), it is
+//! sought to the database's rather than read from the topic's start. A member that keeps its partitions through the
 //! failover finds the database holding less than it wrote last, at its
 //! next batch or at its next audit (every few seconds, so a partition that
 //! gets no new message after the failover is not left behind), and goes
@@ -228,12 +230,7 @@ impl RequestConsumer {
         database: i64,
         ahead: i64,
     ) -> Result<(), rdkafka::error::KafkaError> {
-        self.consumer.seek(
-            &partition.0,
-            partition.1,
-            Offset::Offset(database),
-            SEEK_TIMEOUT,
-        )?;
+        self.seek_to(partition, database)?;
         metrics::counter!("flotilla_consumer_rewinds_total", "topic" => partition.0.clone())
             .increment(1);
         tracing::warn!(topic = %partition.0, partition = partition.1, database, ahead,
@@ -241,8 +238,44 @@ impl RequestConsumer {
         Ok(())
     }
 
+    fn seek_to(
+        &self,
+        partition: &Partition,
+        offset: i64,
+    ) -> Result<(), rdkafka::error::KafkaError> {
+        self.consumer.seek(
+            &partition.0,
+            partition.1,
+            Offset::Offset(offset),
+            SEEK_TIMEOUT,
+        )
+    }
+
+    /// Seeks `partition`, which has no committed offset in Kafka, to the
+    /// database's offset, `database`, and stores it for the next commit,
+    /// said.
+    ///
+    /// # Errors
+    /// The seek failed: the partition reads on from where it was.
+    fn resume_at_database(
+        &self,
+        partition: &Partition,
+        database: i64,
+    ) -> Result<(), rdkafka::error::KafkaError> {
+        self.seek_to(partition, database)?;
+        // Kafka learns it too (committed with the next batch, or by the
+        // timer), so its lag and its tools see where the group is even
+        // before the partition's next message.
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(&partition.0, partition.1, Offset::Offset(database))?;
+        self.consumer.store_offsets(&list)?;
+        tracing::warn!(topic = %partition.0, partition = partition.1, database,
+            "the group has no committed offset in Kafka for this partition (a new or renamed group, or its offsets expired or were deleted): resuming at the database's, not at the topic's start");
+        Ok(())
+    }
+
     /// Drops from `batch`, and from what an outage set aside, the messages
-    /// of partitions sought back: the seek delivers them again.
+    /// of partitions sought: the seek delivers from there.
     pub(super) fn drop_read_again(
         &self,
         batch: &mut Vec<Received>,
@@ -261,13 +294,15 @@ impl RequestConsumer {
 
     /// Checks the partitions assigned since the last check: one whose
     /// offset in the database is behind the group's committed offset in
-    /// Kafka is sought back to it. Returns those sought back: their
-    /// messages already in a batch are to be dropped (the seek delivers
-    /// them again). A partition at or ahead of Kafka's reads on (reading
-    /// again is harmless, and an operator who moved the group back to
-    /// replay means it). A partition the database has no offset for is
-    /// noted, for `anchor` to give it one before its
-    /// first batch is persisted.
+    /// Kafka is sought back to it, and one Kafka has no committed offset
+    /// for is sought to the database's (without it the consumer would
+    /// start at the topic's start, `auto.offset.reset`, and read its whole
+    /// retention again). Returns those sought: their messages already in a
+    /// batch are to be dropped (the seek delivers from there). A partition
+    /// at or ahead of Kafka's reads on (reading again is harmless, and an
+    /// operator who moved the group back to replay means it). A partition
+    /// the database has no offset for is noted, for `anchor` to give it one
+    /// before its first batch is persisted.
     ///
     /// # Errors
     /// The database, the committed offsets or the seek failed: checked
@@ -280,7 +315,7 @@ impl RequestConsumer {
         let kept = consumer_offsets::next_offsets(self.engine.pool(), &self.settings.group, &fresh)
             .await
             .map_err(|e| Outage::Store(e.into()))?;
-        let mut rewound = HashSet::new();
+        let mut sought = HashSet::new();
         if !kept.is_empty() {
             let partitions: Vec<Partition> = kept
                 .iter()
@@ -289,18 +324,18 @@ impl RequestConsumer {
             let committed = self.committed(&partitions).await?;
             for kept in &kept {
                 let key = (kept.topic.clone(), kept.partition);
-                let Some(&kafka) = committed.get(&key) else {
-                    continue;
+                let seek = match committed.get(&key) {
+                    Some(&kafka) if kept.next_offset < kafka => {
+                        self.seek_back(&key, kept.next_offset, kafka)
+                    }
+                    Some(_) => continue,
+                    None => self.resume_at_database(&key, kept.next_offset),
                 };
-                if kept.next_offset >= kafka {
-                    continue;
-                }
-                self.seek_back(&key, kept.next_offset, kafka)
-                    .map_err(|error| Outage::Seek {
-                        partition: format!("{}/{}", kept.topic, kept.partition),
-                        error,
-                    })?;
-                rewound.insert(key);
+                seek.map_err(|error| Outage::Seek {
+                    partition: format!("{}/{}", kept.topic, kept.partition),
+                    error,
+                })?;
+                sought.insert(key);
             }
         }
         let anchored: HashSet<Partition> =
@@ -320,7 +355,7 @@ impl RequestConsumer {
                 unanchored.insert(partition.clone());
             }
         }
-        Ok(rewound)
+        Ok(sought)
     }
 
     /// Before `batch` is persisted: notes where this member started each

@@ -2,12 +2,14 @@
 //! commits (what an asynchronous standby promoted by a failover holds) has
 //! lost their offsets too, and the consumer goes back to read those
 //! requests again, though Kafka's committed offsets are past them: on a
-//! new assignment, and under a member that keeps its partitions.
+//! new assignment, and under a member that keeps its partitions. A group
+//! Kafka keeps no offsets for resumes at the database's.
 
 use std::collections::HashSet;
 
 use flotilla_contracts::WorkflowRunRequest;
 use flotilla_runtime::kafka::GroupProtocol;
+use flotilla_store::consumer_offsets::{self, PartitionOffset};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -362,6 +364,73 @@ async fn a_member_whose_database_lost_every_offset_it_wrote_goes_back_to_where_i
             .await
             .unwrap();
         twelve_back(&pool, &lost).await;
+        stop.cancel();
+        running.await.unwrap();
+    })
+    .await;
+}
+
+/// The end of each partition of `topic`: (partition, high watermark).
+async fn ends_of(topic: &str) -> Vec<(i32, i64)> {
+    let topic = topic.to_owned();
+    let ends = tokio::task::spawn_blocking(move || {
+        support::committed_and_end(&topic, &flotilla_tests::unique("nobody"))
+    })
+    .await
+    .unwrap();
+    (0..PARTITIONS)
+        .zip(ends.into_iter().map(|(_, end)| end))
+        .collect()
+}
+
+/// Review K11 (b): a group Kafka keeps no offsets for (renamed, or its
+/// offsets expired after `offsets.retention.minutes` or were deleted) whose
+/// offsets the database kept resumes where the database says, not at the
+/// topic's start. The requests before the database's offsets have no rows
+/// here, so reading them again would show as rows.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_group_without_kafka_offsets_resumes_at_the_databases_not_the_topics_start(pool: PgPool) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let producer = producer();
+        let mut partitions = HashSet::new();
+        let mut before = 0;
+        while before < 12 || partitions.len() < usize::try_from(PARTITIONS).unwrap() {
+            partitions.insert(produce(&producer, &topics.requests).await.1);
+            before += 1;
+        }
+        let kept: Vec<PartitionOffset> = ends_of(&topics.requests)
+            .await
+            .into_iter()
+            .map(|(partition, next_offset)| PartitionOffset {
+                topic: topics.requests.clone(),
+                partition,
+                next_offset,
+            })
+            .collect();
+        consumer_offsets::record(&pool, &topics.group, &kept)
+            .await
+            .unwrap();
+        let mut after = HashSet::new();
+        for _ in 0..6 {
+            after.insert(produce(&producer, &topics.requests).await.0);
+        }
+
+        let (stop, running) = spawn(support::consumer(&engine, &topics));
+        wait_rows(&pool, 6).await;
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        let rows: HashSet<Uuid> = sqlx::query_scalar("SELECT job_id FROM workflow_run")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        assert_eq!(
+            rows, after,
+            "only the requests after the database's offsets were read ({before} before them)"
+        );
         stop.cancel();
         running.await.unwrap();
     })
