@@ -17,7 +17,7 @@
 //! from a second up to a minute per row. A row that cannot go out as it
 //! is (it does not decode: a newer or broken writer's; the producer or
 //! the broker refuse it as too large) is set aside with its reason and
-//! never sent: its step times out and sends a new request.
+//! never sent: its step times out, as an attempt that got no reply.
 
 use std::time::Duration;
 
@@ -182,7 +182,7 @@ impl Relay {
             let next = if unreadable {
                 pass.unreadable += 1;
                 tracing::error!(job_id = %row.job_id, step = %row.step_name, correlation_id = %row.correlation_id,
-                    reason = %reason, "a step request cannot be sent; set aside (its step times out and asks again)");
+                    reason = %reason, "a step request cannot be sent as it is; set aside (its step times out)");
                 metrics::counter!("flotilla_step_requests_unsendable_total").increment(1);
                 // Never again on its own: a century is past any deadline.
                 now + chrono::TimeDelta::days(36_500)
