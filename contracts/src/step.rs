@@ -25,6 +25,10 @@ pub mod headers {
     pub const REPLY_TOPIC: &str = "flotilla.reply-topic";
     /// `<job_id>:<step>`, the same for every attempt of the step.
     pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+    /// The request's deadline, RFC 3339 in UTC to the microsecond (as the
+    /// value's `deadline` in JSON): a reply after it is dropped, so a
+    /// service may drop a request read after it without decoding it.
+    pub const DEADLINE: &str = "flotilla.deadline";
 }
 
 /// A step's request to a service listening on a topic.
@@ -119,6 +123,23 @@ impl WorkflowStepRequest {
     #[must_use]
     pub fn deadline(&self) -> DateTime<Utc> {
         self.deadline
+    }
+
+    /// The [`headers`] of its record, by name, in the order sent.
+    #[must_use]
+    pub fn headers(&self) -> [(&'static str, String); 6] {
+        [
+            (headers::JOB_ID, self.job_id.to_string()),
+            (headers::STEP, self.step_name.clone()),
+            (headers::CORRELATION_ID, self.correlation_id.to_string()),
+            (headers::REPLY_TOPIC, self.reply_topic.clone()),
+            (headers::IDEMPOTENCY_KEY, self.idempotency_key.clone()),
+            (
+                headers::DEADLINE,
+                self.deadline
+                    .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            ),
+        ]
     }
 }
 

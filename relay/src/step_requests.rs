@@ -1,25 +1,34 @@
 //! Sends the requests of Kafka-target steps (`workflow_step_request_outbox`,
 //! written with the park that waits for their replies) for the buckets
 //! this relay holds: to the target's request topic, keyed by job id, with
-//! headers naming the job, the step, the correlation id, the reply topic
-//! and the idempotency key, and the step's trace; each row deleted once the
-//! broker acknowledged it. A step has one request outstanding, so requests
-//! need no order among themselves and go side by side.
+//! headers naming the job, the step, the correlation id, the reply topic,
+//! the idempotency key and the deadline, and the step's trace; each row
+//! deleted once the broker acknowledged it. A step has one request
+//! outstanding, so requests need no order among themselves and go side by
+//! side.
+//!
+//! A row no longer wanted is deleted unsent and counted by reason: its
+//! deadline passed, its step's current request is another (a later
+//! attempt's), it was answered, or its job ended or is gone (see
+//! `PendingStepRequest::unwanted_at`). So a relay back from an outage
+//! does not send what nobody waits for any more.
 //!
 //! What the world holds back (broker, registry) is tried again, doubling
-//! from a second up to a minute per row. A row that does not decode (a
-//! newer or broken writer's) is set aside with its reason and never sent:
-//! its step times out and sends a new request.
+//! from a second up to a minute per row. A row that cannot go out as it
+//! is (it does not decode: a newer or broken writer's; the producer or
+//! the broker refuse it as too large) is set aside with its reason and
+//! never sent: its step times out, as an attempt that got no reply.
 
 use std::time::Duration;
 
-use flotilla_contracts::step_headers as headers;
 use flotilla_contracts::{WorkflowStepRequest, json};
 use flotilla_store::outbox::step_requests::{self as outbox, PendingStepRequest};
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
+use rdkafka::types::RDKafkaErrorCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::Relay;
@@ -37,7 +46,10 @@ const RETRY_MAX: Duration = Duration::from_secs(60);
 pub struct SentRequests {
     pub sent: usize,
     pub deferred: usize,
+    /// Set aside: they cannot go out as they are.
     pub unreadable: usize,
+    /// Deleted unsent: no longer wanted.
+    pub dropped: usize,
 }
 
 impl Relay {
@@ -45,7 +57,7 @@ impl Relay {
     pub(crate) async fn step_request_loop(&self, shutdown: CancellationToken) {
         loop {
             let busy = match self.send_step_requests().await {
-                Ok(pass) => pass.sent + pass.deferred + pass.unreadable > 0,
+                Ok(pass) => pass.sent + pass.deferred + pass.unreadable + pass.dropped > 0,
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the step request outbox failed");
                     false
@@ -64,7 +76,8 @@ impl Relay {
     }
 
     /// One pass: sends the due requests of the buckets held for the whole
-    /// send window, waits for their acknowledgements, deletes the acknowledged.
+    /// send window, waits for their acknowledgements, deletes the
+    /// acknowledged and those no longer wanted.
     ///
     /// # Errors
     /// Database errors (what was acknowledged is sent again: a repeat the
@@ -83,7 +96,16 @@ impl Relay {
         let mut pass = SentRequests::default();
         let mut in_flight = FuturesUnordered::new();
         let mut refused: Vec<(PendingStepRequest, String, bool)> = Vec::new();
+        let mut unwanted = Vec::new();
         for row in rows {
+            if let Some(why) = row.unwanted_at(now) {
+                tracing::info!(job_id = %row.job_id, step = %row.step_name, correlation_id = %row.correlation_id,
+                    reason = why.label(), "a step request is no longer wanted; deleted unsent");
+                metrics::counter!("flotilla_step_requests_dropped_total", "reason" => why.label())
+                    .increment(1);
+                unwanted.push(row.id);
+                continue;
+            }
             let request = match json::decode_stored::<WorkflowStepRequest>(row.payload.0.clone()) {
                 Ok(request) => request,
                 Err(e) => {
@@ -108,18 +130,18 @@ impl Relay {
                 }
             };
             let key = row.job_id.to_string();
-            let (job, correlation) = (row.job_id.to_string(), row.correlation_id.to_string());
+            let contract_headers = request.headers();
             let mut record_headers = OwnedHeaders::new();
-            for (name, value) in [
-                (headers::JOB_ID, Some(job.as_str())),
-                (headers::STEP, Some(row.step_name.as_str())),
-                (headers::CORRELATION_ID, Some(correlation.as_str())),
-                (headers::REPLY_TOPIC, Some(request.reply_topic())),
-                (headers::IDEMPOTENCY_KEY, Some(request.idempotency_key())),
+            let trace_headers = [
                 ("content-type", Some(content_type(&row.encoding))),
                 ("traceparent", row.traceparent.as_deref()),
                 ("tracestate", row.tracestate.as_deref()),
-            ] {
+            ];
+            let all = contract_headers
+                .iter()
+                .map(|(name, value)| (*name, Some(value.as_str())))
+                .chain(trace_headers);
+            for (name, value) in all {
                 if let Some(value) = value {
                     record_headers = record_headers.insert(Header {
                         key: name,
@@ -133,7 +155,7 @@ impl Relay {
                 .headers(record_headers);
             match producer.send_result(record) {
                 Ok(delivery) => in_flight.push(async move { (row, delivery.await) }),
-                Err((e, _)) => refused.push((row, e.to_string(), false)),
+                Err((e, _)) => refused.push((row, e.to_string(), is_about_the_record(&e))),
             }
         }
         let mut acked = Vec::new();
@@ -143,15 +165,15 @@ impl Relay {
         {
             match delivered {
                 Ok(Ok(_)) => acked.push(row.id),
-                Ok(Err((e, _))) => refused.push((row, e.to_string(), false)),
+                Ok(Err((e, _))) => refused.push((row, e.to_string(), is_about_the_record(&e))),
                 Err(_) => refused.push((row, "the producer dropped the delivery".into(), false)),
             }
         }
-        let sent = flotilla_store::sql::session(&self.pool, async |conn| {
-            outbox::delete_sent(conn, &acked).await
-        })
-        .await?;
-        pass.sent = usize::try_from(sent).unwrap_or(0);
+        pass.sent = acked.len();
+        pass.dropped = unwanted.len();
+        acked.extend(unwanted);
+        flotilla_store::sql::session(&self.pool, async |conn| outbox::delete(conn, &acked).await)
+            .await?;
         if pass.sent > 0 {
             metrics::counter!("flotilla_step_requests_published_total").increment(pass.sent as u64);
         }
@@ -160,7 +182,7 @@ impl Relay {
             let next = if unreadable {
                 pass.unreadable += 1;
                 tracing::error!(job_id = %row.job_id, step = %row.step_name, correlation_id = %row.correlation_id,
-                    reason = %reason, "a step request cannot be sent; set aside (its step times out and asks again)");
+                    reason = %reason, "a step request cannot be sent as it is; set aside (its step times out)");
                 metrics::counter!("flotilla_step_requests_unsendable_total").increment(1);
                 // Never again on its own: a century is past any deadline.
                 now + chrono::TimeDelta::days(36_500)
@@ -180,6 +202,16 @@ impl Relay {
         }
         Ok(pass)
     }
+}
+
+/// Whether the producer or the broker refused the record itself (too
+/// large for the producer's `message.max.bytes` or the topic's
+/// `max.message.bytes`): sending it again fails the same way.
+fn is_about_the_record(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
+    )
 }
 
 fn content_type(encoding: &str) -> &'static str {

@@ -101,3 +101,21 @@ where
         }
     }
 }
+
+/// Bounds how long the statements of the transaction on `conn` wait for a
+/// row lock (`lock_timeout`, for this transaction only, so it holds behind
+/// a transaction-mode pooler too): past it they fail with
+/// `lock_not_available` (55P03).
+///
+/// # Errors
+/// Database errors.
+pub async fn bound_lock_wait(
+    conn: &mut PgConnection,
+    wait: std::time::Duration,
+) -> Result<(), sqlx::Error> {
+    query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{}ms", wait.as_millis().max(1)))
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -140,6 +140,16 @@ pub(super) async fn insert_outgoing(
     Ok(())
 }
 
+/// A reply as read, to be matched.
+#[derive(Debug, Clone, Copy)]
+pub struct IncomingReply<'a> {
+    pub job_id: Uuid,
+    pub correlation_id: Uuid,
+    /// The topic it was read on: only its request's reply topic is taken.
+    pub topic: &'a str,
+    pub reply: &'a StoredReply,
+}
+
 /// What became of a reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyMatch {
@@ -155,27 +165,44 @@ pub enum ReplyMatch {
     /// No request of the job has this correlation id now (an earlier
     /// attempt's, timed out or answered and retried, or never sent).
     Stale,
+    /// It came on another topic than its request's reply topic (a
+    /// principal that may write there but not to the target's own reply
+    /// topic): nothing changed.
+    WrongTopic { step: String, expected: String },
+    /// It came at or after its request's deadline: the step has timed
+    /// out, or will without it; nothing changed.
+    Late { step: String },
     /// The job has ended.
     Finished(RunStatus),
     /// No such job.
     UnknownJob,
 }
 
-/// Matches a reply to the request `correlation_id` of `job_id` and keeps it
-/// there, under the row lock; a WAITING job goes back to the queue at once
-/// (its attempt given back, as for any wake from a park). A RUNNING job's
-/// lease holder is not disturbed: its next park finds the reply and
-/// requeues instead of waiting.
+/// Matches `incoming` to the request of its job with its correlation id
+/// and keeps it there, under the row lock, waited for at most
+/// `lock_wait` (a row another session holds fails the match with
+/// `lock_not_available`, to be tried again, rather than hold up the
+/// caller); a WAITING job goes back to the queue at once (its attempt
+/// given back, as for any wake from a park). A RUNNING job's lease holder
+/// is not disturbed: its next park finds the reply and requeues instead
+/// of waiting. A reply on another topic than its request's reply topic,
+/// or past its deadline, changes nothing.
 ///
 /// # Errors
 /// Database errors.
 pub async fn record_reply(
     pool: &PgPool,
-    job_id: Uuid,
-    correlation_id: Uuid,
-    reply: &StoredReply,
+    incoming: IncomingReply<'_>,
+    lock_wait: std::time::Duration,
 ) -> Result<ReplyMatch, sqlx::Error> {
+    let IncomingReply {
+        job_id,
+        correlation_id,
+        topic,
+        reply,
+    } = incoming;
     let mut tx = pool.begin().await?;
+    crate::sql::bound_lock_wait(&mut tx, lock_wait).await?;
     let found: Option<(RunStatus, Option<Json<serde_json::Value>>)> = crate::sql::query_as(
         "SELECT status, step_requests FROM workflow_run WHERE job_id = $1 FOR UPDATE",
     )
@@ -202,13 +229,26 @@ pub async fn record_reply(
         tx.rollback().await?;
         return Ok(ReplyMatch::Stale);
     };
-    if entry.reply.is_some() {
+    let refused = if entry.reply_topic != topic {
+        Some(ReplyMatch::WrongTopic {
+            step: step.clone(),
+            expected: entry.reply_topic.clone(),
+        })
+    } else if entry.reply.is_some() {
+        Some(ReplyMatch::Repeat { step: step.clone() })
+    } else if status.is_finished() {
+        Some(ReplyMatch::Finished(status))
+    } else if reply.received_at >= entry.deadline {
+        // The step fails as timed out at its deadline (`state_of`): a
+        // reply from then on would wake a job that waits for something
+        // else, or answer a step that has failed.
+        Some(ReplyMatch::Late { step: step.clone() })
+    } else {
+        None
+    };
+    if let Some(refused) = refused {
         tx.rollback().await?;
-        return Ok(ReplyMatch::Repeat { step });
-    }
-    if status.is_finished() {
-        tx.rollback().await?;
-        return Ok(ReplyMatch::Finished(status));
+        return Ok(refused);
     }
     let woken: bool = crate::sql::query_scalar(
         "UPDATE workflow_run SET

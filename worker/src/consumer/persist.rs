@@ -31,7 +31,8 @@ pub struct BatchReport {
     pub signals: usize,
     /// Replies matched to their requests.
     pub replies: usize,
-    /// Replies dropped: repeats, for earlier attempts, finished or unknown jobs.
+    /// Replies dropped: repeats, for earlier attempts, on another topic
+    /// than their request's reply topic, late, for finished or unknown jobs.
     pub replies_dropped: usize,
 }
 
@@ -135,7 +136,8 @@ impl RequestConsumer {
             }
         }
         // After the batch's requests, so a signal may follow its job's
-        // request in the same batch; one at a time, in partition order.
+        // request in the same batch; one at a time, in partition order,
+        // each waiting a bounded time for its job's row lock.
         for (message, signal) in signals {
             match self.engine.send_signal(signal).await {
                 Ok(_) => report.signals += 1,
@@ -159,9 +161,10 @@ impl RequestConsumer {
             }
         }
         // Replies to Kafka targets' requests, one at a time: each is
-        // matched under its job's row lock.
+        // matched under its job's row lock, waited for a bounded time (a
+        // row held elsewhere is an outage: the batch is tried again).
         for (message, reply) in replies {
-            match self.engine.record_reply(&reply).await {
+            match self.engine.record_reply(&reply, message.topic()).await {
                 Ok(ReplyOutcome::Matched { .. }) => report.replies += 1,
                 Ok(dropped) => {
                     report.replies_dropped += 1;

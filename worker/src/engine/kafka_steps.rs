@@ -3,10 +3,12 @@
 //! Reaching one, a segment builds its request (the step's `rules`, as for a
 //! call) and parks the job on it; the park's transaction writes the request
 //! to the request outbox, which the relay publishes, so a request is never
-//! sent for a park that did not commit and never lost once it did. The
-//! reply, read by the request consumer, is matched by correlation id and
-//! kept on the step's request under the row lock ([`Engine::record_reply`]);
-//! a WAITING job is queued again at once, and its next segment judges the
+//! sent for a park that did not commit and never lost once it did; a
+//! request whose record would be larger than the relay publishes fails the
+//! step as a defect at once instead. The reply, read by the reply
+//! consumer, is matched by correlation id, taken only from its request's
+//! reply topic and before its deadline, and kept on the step's request
+//! under the row lock ([`Engine::record_reply`]); a WAITING job is queued again at once, and its next segment judges the
 //! reply (`output_schema`, `validate`) and checkpoints it with its event, or
 //! fails the step by the retry rules. A request past its deadline puts the
 //! job back in the queue ([`Engine::sweep_reply_deadlines`]) and the step
@@ -198,17 +200,44 @@ impl Engine {
     }
 }
 
+/// Room a request's record needs beside its value and the headers
+/// counted in [`record_bytes`]: its key, `content-type`, and the framing
+/// of the record and its batch.
+const RECORD_OVERHEAD_BYTES: usize = 256;
+
+/// The bytes the record of `contract` takes: its value in JSON (an Avro
+/// encoding is never larger: the request travels there as the same JSON
+/// text, without the field names), its headers and their overhead.
+fn record_bytes(contract: &WorkflowStepRequest, trace: [(&str, Option<&str>); 2]) -> usize {
+    let value = flotilla_contracts::json::encode(contract).map_or(usize::MAX, |bytes| bytes.len());
+    let trace = trace
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)));
+    let headers: usize = contract
+        .headers()
+        .iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .chain(trace)
+        .map(|(name, value)| name.len() + value.len())
+        .sum();
+    value
+        .saturating_add(headers)
+        .saturating_add(RECORD_OVERHEAD_BYTES)
+}
+
 /// The request of step `step` for this attempt: a fresh correlation id,
 /// the deadline `timeout` ahead (the step's `timeout_ms` may shorten the
-/// target's), in the target's encoding.
+/// target's), in the target's encoding, its record no larger than
+/// `max_record_bytes`.
 ///
 /// # Errors
-/// The request breaks the contract's rules: a defect of the job.
+/// The request breaks the contract's rules or its record would be larger
+/// than the relay publishes: a defect of the job.
 pub(super) fn outgoing(
     row: &RunRow,
     (step, step_timeout_ms): (&str, Option<u64>),
     (target, fleet): (&KafkaTarget, crate::target::kafka::Encoding),
-    request: Json,
+    (request, max_record_bytes): (Json, usize),
     (now, correlation_id): (DateTime<Utc>, Uuid),
 ) -> Result<OutgoingRequest, StepFailure> {
     let timeout = reply_timeout(step_timeout_ms, target);
@@ -225,6 +254,22 @@ pub(super) fn outgoing(
     .map_err(|e| {
         StepFailure::Defect(format!("step {step}: the request breaks the contract: {e}"))
     })?;
+    // Refused here, not by the relay: a record too large would never be
+    // sent, and its step would time out at every attempt.
+    let size = record_bytes(
+        &contract,
+        [
+            ("traceparent", row.traceparent.as_deref()),
+            ("tracestate", row.tracestate.as_deref()),
+        ],
+    );
+    if size > max_record_bytes {
+        return Err(StepFailure::Defect(format!(
+            "step {step}: the request to {} is {size} bytes, {} over the limit of {max_record_bytes} bytes a record may have (FLOTILLA_MAX_EVENT_BYTES, the relay's --max-message-bytes)",
+            target.request_topic,
+            size - max_record_bytes
+        )));
+    }
     let payload = serde_json::to_value(&contract)
         .map_err(|e| StepFailure::Defect(format!("step {step}: the request: {e}")))?;
     Ok(OutgoingRequest {
@@ -273,8 +318,9 @@ pub enum ReplyOutcome {
     /// Matched and kept; the job was queued again when it waited.
     Matched { step: String, woken: bool },
     /// Dropped, and why: `repeat` (answered before), `stale` (no request
-    /// of the job has this correlation id now), `finished` (the job
-    /// ended), `unknown_job`.
+    /// of the job has this correlation id now), `wrong_topic` (not on its
+    /// request's reply topic), `late` (at or past its request's
+    /// deadline), `finished` (the job ended), `unknown_job`.
     Dropped(&'static str),
 }
 
@@ -306,16 +352,21 @@ impl Engine {
         }
     }
 
-    /// Matches `reply` to its request and keeps it on the job's row (see
-    /// the module). A reply for an earlier attempt, a finished job or an
-    /// unknown one changes nothing and is reported as dropped; so is a
-    /// repeat of one matched before.
+    /// Matches `reply`, read on `topic`, to its request and keeps it on
+    /// the job's row (see the module). A reply for an earlier attempt, a
+    /// finished job or an unknown one, on another topic than its
+    /// request's reply topic, or past its request's deadline changes
+    /// nothing and is reported as dropped; so is a repeat of one matched
+    /// before.
     ///
     /// # Errors
-    /// The database failed (the reply is to be read again).
+    /// The database failed, or the job's row stayed locked by another
+    /// session past [`Engine::row_lock_wait`] (about the world: the reply
+    /// is to be read again).
     pub async fn record_reply(
         &self,
         reply: &WorkflowStepReply,
+        topic: &str,
     ) -> Result<ReplyOutcome, StoreError> {
         let stored = StoredReply {
             result: reply.result().cloned(),
@@ -323,13 +374,14 @@ impl Engine {
             retryable: reply.retryable(),
             received_at: self.now(),
         };
-        let matched = step_requests::record_reply(
-            self.pool(),
-            reply.job_id(),
-            reply.correlation_id(),
-            &stored,
-        )
-        .await?;
+        let incoming = step_requests::IncomingReply {
+            job_id: reply.job_id(),
+            correlation_id: reply.correlation_id(),
+            topic,
+            reply: &stored,
+        };
+        let matched =
+            step_requests::record_reply(self.pool(), incoming, self.row_lock_wait()).await?;
         let outcome = match matched {
             ReplyMatch::Recorded {
                 step,
@@ -346,6 +398,12 @@ impl Engine {
             }
             ReplyMatch::Repeat { .. } => ReplyOutcome::Dropped("repeat"),
             ReplyMatch::Stale => ReplyOutcome::Dropped("stale"),
+            ReplyMatch::WrongTopic { step, expected } => {
+                tracing::warn!(job_id = %reply.job_id(), correlation_id = %reply.correlation_id(), %step,
+                    topic, expected = %expected, "a reply came on another topic than its request's reply topic");
+                ReplyOutcome::Dropped("wrong_topic")
+            }
+            ReplyMatch::Late { .. } => ReplyOutcome::Dropped("late"),
             ReplyMatch::Finished(_) => ReplyOutcome::Dropped("finished"),
             ReplyMatch::UnknownJob => ReplyOutcome::Dropped("unknown_job"),
         };

@@ -249,7 +249,22 @@ pub(super) fn reserved_timeouts(settings: &EngineSettings, local: bool) -> Strin
     )
 }
 
+/// The longest a reply or a signal waits for its job's row lock.
+const MAX_ROW_LOCK_WAIT: Duration = Duration::from_secs(5);
+
 impl Engine {
+    /// How long a reply or a signal waits for its job's row lock: a tenth
+    /// of the lease (as a fenced write does), at most
+    /// [`MAX_ROW_LOCK_WAIT`], well within the consumer's
+    /// `max.poll.interval.ms`, so a row another session holds (an
+    /// operator's open `SELECT … FOR UPDATE`) fails the write, which the
+    /// consumer rides out as an outage, rather than stall its batch until
+    /// the group takes the partition away.
+    #[must_use]
+    pub fn row_lock_wait(&self) -> Duration {
+        (self.settings().lease / 10).clamp(Duration::from_millis(1), MAX_ROW_LOCK_WAIT)
+    }
+
     /// A transaction on a reserved connection, its timeouts set for itself
     /// behind a transaction-mode pooler (where they cannot stay on the
     /// connection).

@@ -632,7 +632,7 @@ impl<'a> Nodes<'a> {
             self.claimed.row(),
             (name, step.definition.timeout_ms),
             (target, self.engine.targets().fleet_encoding()),
-            request,
+            (request, self.engine.settings().max_event_bytes),
             (now, correlation_id),
         )?;
         Ok(KafkaStep::Send(Box::new(request)))

@@ -262,6 +262,9 @@ impl Engine {
         self.check_payload(job_id, &definition.0, &signal).await?;
         let now = self.now();
         let mut tx = self.pool().begin().await?;
+        // A row another session holds fails the signal (about the world:
+        // retried) rather than stall the consumer's batch.
+        flotilla_store::sql::bound_lock_wait(&mut tx, self.row_lock_wait()).await?;
         let row = runs::get_for_update(&mut tx, job_id)
             .await?
             .ok_or(SignalError::NotFound(job_id))?;

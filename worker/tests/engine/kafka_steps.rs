@@ -1,8 +1,10 @@
 //! Steps whose target is a pair of Kafka topics, in the engine: the park
 //! writes the request to the request outbox in its own transaction; a reply
-//! matched by correlation id completes the step on the job's next segment;
-//! repeats, replies for earlier attempts, refusals and timeouts each get
-//! their own outcome. (The relay's sending and the consumer's reading are
+//! matched by correlation id, on its request's reply topic and before its
+//! deadline, completes the step on the job's next segment; repeats, replies
+//! for earlier attempts, on another topic or late, refusals and timeouts
+//! each get their own outcome; a request too large to send fails the job;
+//! a row another session holds fails a reply within the lock wait. (The relay's sending and the consumer's reading are
 //! tested in `relay/tests` and `worker/tests/consumer`.)
 
 use std::time::Duration;
@@ -52,15 +54,39 @@ async fn scoring_engine(
     pool: &PgPool,
     calls: &Calls,
 ) -> (Engine, std::sync::Arc<flotilla_store::ManualClock>) {
+    kafka_engine(pool, calls, Duration::from_secs(30), settings("w")).await
+}
+
+/// An engine with `scoring`, on a manual clock, whose `fraud` requests
+/// wait `timeout` for their replies.
+async fn kafka_engine(
+    pool: &PgPool,
+    calls: &Calls,
+    timeout: Duration,
+    settings: flotilla_worker::engine::EngineSettings,
+) -> (Engine, std::sync::Arc<flotilla_store::ManualClock>) {
     let clock = manual_clock();
     let engine = Engine::new(
         pool.clone(),
-        targets(calls, Duration::from_secs(30)),
+        targets(calls, timeout),
         clock.clone(),
-        settings("w"),
+        settings,
     );
     engine.register_workflow(&scoring()).await.unwrap();
     (engine, clock)
+}
+
+/// left and right, both to `fraud`, side by side; the result names each
+/// answer's `side`.
+fn pair() -> Value {
+    json!({
+        "name": "pair", "input_schema": {},
+        "steps": [
+            {"name": "left", "target": "fraud", "method": "score", "needs": []},
+            {"name": "right", "target": "fraud", "method": "score", "needs": []}
+        ],
+        "output": ["left = steps.left.side", "right = steps.right.side"]
+    })
 }
 
 /// The requests waiting in the outbox for `job_id`, decoded.
@@ -88,9 +114,12 @@ async fn parked(engine: &Engine, pool: &PgPool, amount: i64) -> (Uuid, Uuid) {
     (job_id, outbox(pool, job_id).await[0].1.correlation_id())
 }
 
+/// The reply topic of the `fraud` target.
+const REPLIES: &str = "fraud-replies";
+
 async fn reply(engine: &Engine, job_id: Uuid, correlation_id: Uuid, result: Value) -> ReplyOutcome {
     let reply = WorkflowStepReply::answer(job_id, correlation_id, result).unwrap();
-    engine.record_reply(&reply).await.unwrap()
+    engine.record_reply(&reply, REPLIES).await.unwrap()
 }
 
 async fn refusal(
@@ -100,7 +129,7 @@ async fn refusal(
     retryable: bool,
 ) -> ReplyOutcome {
     let reply = WorkflowStepReply::refusal(job_id, correlation_id, error, retryable).unwrap();
-    engine.record_reply(&reply).await.unwrap()
+    engine.record_reply(&reply, REPLIES).await.unwrap()
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
@@ -305,14 +334,7 @@ async fn a_reply_that_misfits_the_output_schema_fails_the_job(pool: PgPool) {
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_request_past_its_deadline_is_retried_and_the_late_reply_is_dropped(pool: PgPool) {
     let calls = Calls::default();
-    let clock = manual_clock();
-    let engine = Engine::new(
-        pool.clone(),
-        targets(&calls, Duration::from_secs(5)),
-        clock.clone(),
-        settings("w"),
-    );
-    engine.register_workflow(&scoring()).await.unwrap();
+    let (engine, clock) = kafka_engine(&pool, &calls, Duration::from_secs(5), settings("w")).await;
     let (job_id, first) = parked(&engine, &pool, 5).await;
 
     clock.advance(Duration::from_millis(4_999));
@@ -667,16 +689,7 @@ async fn a_late_reply_to_an_earlier_request_keeps_the_new_requests_slot(pool: Pg
 async fn a_jobs_parallel_requests_to_a_capped_target_count_as_one(pool: PgPool) {
     let calls = Calls::default();
     let (engine, clock) = capped_engine(&pool, &calls, (1, 30_000), Duration::from_secs(60)).await;
-    engine
-        .register_workflow(&json!({
-            "name": "pair", "input_schema": {},
-            "steps": [
-                {"name": "left", "target": "fraud", "method": "score", "needs": []},
-                {"name": "right", "target": "fraud", "method": "score", "needs": []}
-            ]
-        }))
-        .await
-        .unwrap();
+    engine.register_workflow(&pair()).await.unwrap();
     let job_id = submit(&engine, "pair", json!({})).await;
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
     let sent: Vec<String> = outbox(&pool, job_id)
@@ -686,4 +699,205 @@ async fn a_jobs_parallel_requests_to_a_capped_target_count_as_one(pool: PgPool) 
         .collect();
     assert_eq!(sent.len(), 2, "{sent:?}");
     assert_eq!(slots_held(&pool, &clock).await, 1, "one job");
+}
+
+/// A principal that reads target A's request topic sees its correlation
+/// ids and may write to target B's reply topic: a reply there, naming A's
+/// request, is not A's answer. The fleet reads every reply topic in one
+/// group, so the topic it came on is checked against the request's.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_reply_on_another_targets_reply_topic_is_dropped_and_the_step_still_waits(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, _clock) = scoring_engine(&pool, &calls).await;
+    let (job_id, correlation) = parked(&engine, &pool, 5).await;
+    let forged = WorkflowStepReply::answer(job_id, correlation, json!({"score": 0})).unwrap();
+    assert_eq!(
+        engine.record_reply(&forged, "other-replies").await.unwrap(),
+        ReplyOutcome::Dropped("wrong_topic")
+    );
+    let waiting = row(&pool, job_id).await;
+    assert_eq!(waiting.status, RunStatus::Waiting, "not woken");
+    let entry = step_requests::entry_of(&waiting, "score").unwrap().unwrap();
+    assert_eq!(entry.reply, None, "nothing kept");
+
+    reply(&engine, job_id, correlation, json!({"score": 0.5})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.result.unwrap().0,
+        json!({"score": 0.5}),
+        "the answer on the right topic stands"
+    );
+}
+
+/// approve (a signal) and score (Kafka, 5 s) side by side: score's
+/// deadline passes while the job waits for the signal too, and its reply
+/// comes before the sweep. The late reply neither wakes the job (status,
+/// outstanding step, deadline and attempt as they were) nor answers the
+/// step: the sweep times it out as it would have without the reply.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_late_reply_does_not_wake_a_job_waiting_for_a_signal_nor_answer_the_timed_out_step(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let (engine, clock) = kafka_engine(&pool, &calls, Duration::from_secs(5), settings("w")).await;
+    engine
+        .register_workflow(&json!({
+            "name": "approved_scoring", "input_schema": {},
+            "steps": [
+                {"name": "approve", "wait_for": "approved", "needs": []},
+                {"name": "score", "target": "fraud", "method": "score", "rules": ["amount = 1"], "needs": []}
+            ]
+        }))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "approved_scoring", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+    let before = row(&pool, job_id).await;
+    assert_eq!(before.status, RunStatus::Waiting);
+
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(
+        reply(&engine, job_id, correlation, json!({"score": 1})).await,
+        ReplyOutcome::Dropped("late")
+    );
+    let after = row(&pool, job_id).await;
+    assert_eq!(
+        (
+            after.status,
+            &after.outstanding_step,
+            after.reply_deadline,
+            after.attempt
+        ),
+        (
+            RunStatus::Waiting,
+            &before.outstanding_step,
+            before.reply_deadline,
+            before.attempt
+        ),
+        "the job was not woken"
+    );
+    let entry = step_requests::entry_of(&after, "score").unwrap().unwrap();
+    assert_eq!(entry.reply, None, "the late reply is not kept");
+
+    assert_eq!(engine.sweep_reply_deadlines().await.unwrap(), 1);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    let error = row(&pool, job_id).await.error.unwrap_or_default();
+    assert!(error.contains("no reply on fraud-replies"), "{error}");
+}
+
+/// Why a reply is not also checked against the row's attempt: a reply
+/// wakes a WAITING job by giving its attempt back, so while it is queued
+/// the row's attempt is one below the attempt its requests were sent by.
+/// A reply to the job's other request arriving then is good, and kept; the
+/// correlation id, fresh for every request, already tells an earlier
+/// attempt's reply (stale).
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_reply_to_a_parallel_request_while_another_reply_has_queued_the_job_is_kept(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let (engine, _clock) = scoring_engine(&pool, &calls).await;
+    engine.register_workflow(&pair()).await.unwrap();
+    let job_id = submit(&engine, "pair", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let sent = outbox(&pool, job_id).await;
+    let correlation_of = |step: &str| {
+        sent.iter()
+            .find(|(_, request)| request.step_name() == step)
+            .map(|(_, request)| request.correlation_id())
+            .unwrap()
+    };
+    // Each step answered with its own name.
+    let answer = async |step: &str| {
+        let correlation = correlation_of(step);
+        reply(&engine, job_id, correlation, json!({"side": step})).await
+    };
+    let parked_attempt = row(&pool, job_id).await.attempt;
+    assert!(matches!(
+        answer("left").await,
+        ReplyOutcome::Matched { woken: true, .. }
+    ));
+    let queued = row(&pool, job_id).await;
+    assert_eq!(queued.status, RunStatus::Queued);
+    assert_ne!(
+        queued.attempt, parked_attempt,
+        "the wake gave the attempt back"
+    );
+    assert_eq!(
+        answer("right").await,
+        ReplyOutcome::Matched {
+            step: "right".into(),
+            woken: false
+        }
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.result.unwrap().0,
+        json!({"left": "left", "right": "right"})
+    );
+    assert_eq!(outbox(&pool, job_id).await.len(), 2, "nothing asked again");
+}
+
+/// A request whose record would be larger than the relay publishes
+/// (`max_event_bytes`, the relay's `--max-message-bytes`) is never
+/// written: the job fails at once naming the sizes, rather than its step
+/// timing out at every attempt behind a request the relay cannot send.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_request_larger_than_a_record_may_be_fails_the_job_naming_its_size(pool: PgPool) {
+    let calls = Calls::default();
+    let mut settings = settings("w");
+    settings.max_event_bytes = 8_192;
+    let (engine, _clock) = kafka_engine(&pool, &calls, Duration::from_secs(30), settings).await;
+    let fits = submit(&engine, "scoring", json!({"amount": "x".repeat(4_000)})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(fits));
+
+    let job_id = submit(&engine, "scoring", json!({"amount": "x".repeat(10_000)})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    let failed = row(&pool, job_id).await;
+    let error = failed.error.unwrap_or_default();
+    assert!(
+        error.contains("the request to fraud-requests is 10")
+            && error.contains("over the limit of 8192 bytes"),
+        "{error}"
+    );
+    assert!(outbox(&pool, job_id).await.is_empty(), "nothing to send");
+}
+
+/// An operator's session holds the job's row (`BEGIN; SELECT … FOR
+/// UPDATE`, left open): a reply for it fails within the lock wait, as
+/// about the world (the consumer pauses and tries the batch again; never
+/// a dead letter), instead of stalling its batch past
+/// `max.poll.interval.ms`; once the row is let go the same reply is kept.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_reply_for_a_row_another_session_holds_fails_within_the_lock_wait_and_is_kept_later(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let mut settings = settings("w");
+    settings.lease = Duration::from_secs(2);
+    let (engine, _clock) = kafka_engine(&pool, &calls, Duration::from_secs(30), settings).await;
+    assert_eq!(engine.row_lock_wait(), Duration::from_millis(200));
+    let (job_id, correlation) = parked(&engine, &pool, 5).await;
+
+    let operator = crate::support::RowHeld::by_another_session(&pool, job_id).await;
+    let answer = WorkflowStepReply::answer(job_id, correlation, json!({"score": 2})).unwrap();
+    let held = operator
+        .fails_within_the_lock_wait(engine.record_reply(&answer, REPLIES))
+        .await;
+    assert!(held.is_a_blocked_row(), "{held:?}");
+    assert!(
+        !held.is_about_the_data(),
+        "about the world: the batch is retried, not dead-lettered"
+    );
+
+    operator.let_go().await;
+    assert_eq!(
+        engine.record_reply(&answer, REPLIES).await.unwrap(),
+        ReplyOutcome::Matched {
+            step: "score".into(),
+            woken: true
+        }
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
 }

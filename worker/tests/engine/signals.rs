@@ -418,3 +418,36 @@ async fn a_refused_signal_leaves_the_jobs_row_unlocked(pool: PgPool) {
     }
     sqlx::Connection::close(other).await.unwrap();
 }
+
+/// An operator's session holds the job's row (`BEGIN; SELECT … FOR
+/// UPDATE`, left open): a signal for it fails within the lock wait with a
+/// failure of the world (no dead-letter code: the consumer pauses and
+/// tries the batch again) instead of stalling the signal consumer's batch;
+/// once the row is let go the same signal wakes the job.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_signal_for_a_row_another_session_holds_fails_within_the_lock_wait_and_is_kept_later(
+    pool: PgPool,
+) {
+    let calls = Calls::default();
+    let mut settings = settings("w");
+    settings.lease = Duration::from_secs(2);
+    let engine = Engine::new(pool.clone(), echo_targets(&calls), manual_clock(), settings);
+    engine.register_workflow(&payment()).await.unwrap();
+    let job_id = submit(&engine, "payment", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+
+    let operator = crate::support::RowHeld::by_another_session(&pool, job_id).await;
+    let settled = signal(job_id, "settle-1", json!({"amount": 42}));
+    let held = operator
+        .fails_within_the_lock_wait(engine.send_signal(settled.clone()))
+        .await;
+    match &held {
+        SignalError::Store(store) => assert!(store.is_a_blocked_row(), "{store:?}"),
+        other => panic!("not a failure of the world: {other:?}"),
+    }
+    assert_eq!(held.code(), None, "retried, never dead-lettered");
+
+    operator.let_go().await;
+    assert!(send(&engine, settled).await.woke_job);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+}

@@ -234,3 +234,45 @@ pub(crate) async fn assert_unlocked(other: &mut sqlx::PgConnection, job_id: Uuid
         "{what}: the row is still locked: {locked:?}"
     );
 }
+
+/// A job's row held by a session of its own, as an operator's `BEGIN;
+/// SELECT … FOR UPDATE` left open holds it.
+pub(crate) struct RowHeld(sqlx::PgConnection);
+
+impl RowHeld {
+    pub(crate) async fn by_another_session(pool: &PgPool, job_id: Uuid) -> Self {
+        let mut operator = own_connection(pool).await;
+        sqlx::query("BEGIN").execute(&mut operator).await.unwrap();
+        sqlx::query("SELECT 1 FROM workflow_run WHERE job_id = $1 FOR UPDATE")
+            .bind(job_id)
+            .execute(&mut operator)
+            .await
+            .unwrap();
+        Self(operator)
+    }
+
+    /// The error `write` fails with while the row is held, asserting it
+    /// did not wait for the lock longer than a few seconds.
+    pub(crate) async fn fails_within_the_lock_wait<T: std::fmt::Debug, E>(
+        &self,
+        write: impl std::future::Future<Output = Result<T, E>>,
+    ) -> E {
+        let begun = std::time::Instant::now();
+        let failed = tokio::time::timeout(Duration::from_secs(30), write)
+            .await
+            .expect("the write waited for the lock without bound")
+            .expect_err("the write went through a held row");
+        assert!(
+            begun.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            begun.elapsed()
+        );
+        failed
+    }
+
+    /// Ends the session's transaction: the row is free.
+    pub(crate) async fn let_go(mut self) {
+        sqlx::query("ROLLBACK").execute(&mut self.0).await.unwrap();
+        sqlx::Connection::close(self.0).await.unwrap();
+    }
+}
