@@ -40,6 +40,8 @@ const IDLE_POLL: Duration = Duration::from_millis(250);
 /// The first pause of a row the world held back; it doubles per attempt.
 const RETRY_BASE: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(60);
+/// How long past the send window a pass still waits for acknowledgements.
+const DELIVERY_GRACE: Duration = Duration::from_secs(2);
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +97,8 @@ impl Relay {
         .await?;
         let mut pass = SentRequests::default();
         let mut in_flight = FuturesUnordered::new();
+        // What was handed to the producer and has no answer yet, by row id.
+        let mut awaited = std::collections::HashMap::new();
         let mut refused: Vec<(PendingStepRequest, String, bool)> = Vec::new();
         let mut unwanted = Vec::new();
         for row in rows {
@@ -154,20 +158,34 @@ impl Relay {
                 .payload(&bytes)
                 .headers(record_headers);
             match producer.send_result(record) {
-                Ok(delivery) => in_flight.push(async move { (row, delivery.await) }),
+                Ok(delivery) => {
+                    awaited.insert(row.id, row.clone());
+                    in_flight.push(async move { (row, delivery.await) });
+                }
                 Err((e, _)) => refused.push((row, e.to_string(), is_about_the_record(&e))),
             }
         }
         let mut acked = Vec::new();
-        let deadline = tokio::time::Instant::now() + window;
+        // Every delivery ends by the producer's timeout (the window); the
+        // grace covers librdkafka's once-a-second timeout scan. A row left
+        // due while its record may still land would be sent again at once.
+        let deadline = tokio::time::Instant::now() + window + DELIVERY_GRACE;
         while let Ok(Some((row, delivered))) =
             tokio::time::timeout_at(deadline, in_flight.next()).await
         {
+            awaited.remove(&row.id);
             match delivered {
                 Ok(Ok(_)) => acked.push(row.id),
                 Ok(Err((e, _))) => refused.push((row, e.to_string(), is_about_the_record(&e))),
                 Err(_) => refused.push((row, "the producer dropped the delivery".into(), false)),
             }
+        }
+        for (_, row) in awaited {
+            refused.push((
+                row,
+                "no acknowledgement within the send window".into(),
+                false,
+            ));
         }
         pass.sent = acked.len();
         pass.dropped = unwanted.len();
