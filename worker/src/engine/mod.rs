@@ -255,7 +255,7 @@ const MAX_ROW_LOCK_WAIT: Duration = Duration::from_secs(5);
 impl Engine {
     /// How long a reply or a signal waits for its job's row lock: a tenth
     /// of the lease (as a fenced write does), at most
-    /// [`MAX_ROW_LOCK_WAIT`], well within the consumer's
+    /// 5 s, well within the consumer's
     /// `max.poll.interval.ms`, so a row another session holds (an
     /// operator's open `SELECT … FOR UPDATE`) fails the write, which the
     /// consumer rides out as an outage, rather than stall its batch until
