@@ -212,9 +212,10 @@ pub enum Transition {
         since: DateTime<Utc>,
     },
     /// Handed back at once by a worker whose job changed under it (a graft
-    /// moved its event sequence, so its next commit point was refused):
-    /// no attempt spent, no lapse counted, no backoff, no event; fenced on
-    /// the lease token only.
+    /// moved its event sequence, so its next commit point was refused), or
+    /// whose segment met its deadline after writing checkpoints (progress,
+    /// not a failure): no attempt spent, no lapse counted, no backoff, no
+    /// event; fenced on the lease token only.
     Yield { reason: String },
     /// Handed back by a worker that cannot go on with it for a reason of
     /// the world (the database failed mid-segment): no attempt spent, no

@@ -30,11 +30,13 @@ use crate::status::RunStatus;
 /// runs that wait for signals (`wait_for`), whose row holds `signals` and
 /// whose fence leaves out `foreign_events`; 4, runs that start child
 /// workflows (`start`), whose rows hold `children`; 5, runs with a step
-/// whose target is a pair of Kafka topics, whose rows hold `step_requests`. A run
+/// whose target is a pair of Kafka topics, whose rows hold `step_requests`; 6,
+/// runs with a `for_each` step, whose item checkpoints may hold the digest
+/// of the step's list (`list`), which an earlier release refuses. A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 5;
+pub const READER_LEVEL: i16 = 6;
 /// The level of a run whose definition is a graph.
 pub const GRAPH_READER_LEVEL: i16 = 2;
 /// The level of a run whose definition waits for signals.
@@ -43,6 +45,8 @@ pub const SIGNAL_READER_LEVEL: i16 = 3;
 pub const CHILD_READER_LEVEL: i16 = 4;
 /// The level of a run with a step whose target is a pair of Kafka topics.
 pub const KAFKA_READER_LEVEL: i16 = 5;
+/// The level of a run with a `for_each` step.
+pub const FOR_EACH_READER_LEVEL: i16 = 6;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,6 +72,12 @@ pub struct Checkpoint {
     /// own checkpoint, the child's result, comes once the child completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<Uuid>,
+    /// For the first item checkpointed of a `for_each` step: the digest of
+    /// the step's whole list, which the list of every later segment must
+    /// match (the answers are kept by index). Only in runs at
+    /// [`FOR_EACH_READER_LEVEL`] or above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list: Option<String>,
 }
 
 impl Checkpoint {

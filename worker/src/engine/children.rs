@@ -180,6 +180,7 @@ impl ClaimedRun {
             page: None,
             signal: None,
             child: Some(id),
+            list: None,
         };
         let submission = Submission {
             job_id: id,

@@ -354,6 +354,7 @@ mod tests {
                 page: None,
                 signal: None,
                 child: None,
+                list: None,
                 response,
             },
             layout,
@@ -532,6 +533,7 @@ mod tests {
             page: None,
             signal: None,
             child: None,
+            list: None,
             response: serde_json::json!({ "n": n }),
         }
     }

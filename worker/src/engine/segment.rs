@@ -277,6 +277,17 @@ impl Engine {
                 claimed.sleep(&step, set, wakes_at).await?;
                 Ok(Outcome::Sleeping(job_id))
             }
+            Stop::OutOfTime { error, written } => {
+                // Progress, not a failure: a long graph or for_each runs
+                // on over as many segments as it needs, its attempts kept
+                // for segments that get nowhere.
+                let reason = format!(
+                    "{error}, after {written} checkpoint(s): resumed at once, the attempt given back"
+                );
+                tracing::info!(%job_id, %reason, "segment deadline reached after progress; job handed on");
+                claimed.give_way(&reason).await?;
+                Ok(Outcome::Requeued(job_id))
+            }
             Stop::Finished { steps, last } => {
                 finish(self, claimed, (&compiled, &input), steps, last, lease_lost).await
             }
@@ -304,7 +315,8 @@ impl Engine {
 }
 
 /// Checks the stored checkpoints strictly against the definition: each
-/// names a step of it, once (an item of a `for_each` step once per item),
+/// names a step of it, once (an item of a `for_each` step once per item,
+/// the digest of its list on one item only),
 /// after the checkpoints of every step it needs, and each answer fits its
 /// step's output schema (a `for_each` step's, each item's).
 fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, String> {
@@ -315,6 +327,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         steps: Map::new(),
         ended: Vec::with_capacity(entries.len()),
         items: HashMap::new(),
+        lists: HashMap::new(),
         pages: HashMap::new(),
         started: HashSet::new(),
     };
@@ -402,6 +415,18 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
                 })?;
             }
         }
+        if let Some(list) = &checkpoint.list {
+            if checkpoint.item.is_none() {
+                return Err(format!(
+                    "checkpoint {i} ({name}) holds a list digest and is not an item"
+                ));
+            }
+            if replayed.lists.insert(index, list.clone()).is_some() {
+                return Err(format!(
+                    "checkpoint {i} repeats the list digest of step {name:?}"
+                ));
+            }
+        }
         if let Some(item) = checkpoint.item {
             let earlier = replayed.items.entry(index).or_default();
             if earlier.insert(item, checkpoint.response).is_some() {
@@ -414,6 +439,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         ended[index] = true;
         replayed.ended.push(index);
         replayed.items.remove(&index);
+        replayed.lists.remove(&index);
         replayed.pages.remove(&index);
         if !checkpoint.skipped {
             replayed.steps.insert(checkpoint.name, checkpoint.response);

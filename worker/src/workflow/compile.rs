@@ -267,7 +267,9 @@ impl CompiledWorkflow {
     /// (`runs::READER_LEVEL`).
     #[must_use]
     pub fn reader_level(&self) -> i16 {
-        if self.definition.steps.iter().any(|s| s.start.is_some()) {
+        if self.steps.iter().any(|s| s.for_each.is_some()) {
+            flotilla_store::runs::FOR_EACH_READER_LEVEL
+        } else if self.definition.steps.iter().any(|s| s.start.is_some()) {
             flotilla_store::runs::CHILD_READER_LEVEL
         } else if self.waits_for_signals() {
             flotilla_store::runs::SIGNAL_READER_LEVEL
