@@ -39,7 +39,9 @@ pub enum Outcome {
     Failed(Uuid),
     /// DEAD: attempts exhausted.
     Dead(Uuid),
-    /// QUEUED again after a retryable failure.
+    /// QUEUED again: after a retryable failure, or at once with the
+    /// attempt given back (the job changed under the segment, or its
+    /// deadline came after it wrote checkpoints).
     Requeued(Uuid),
     /// Handed back: this worker lacks a target the job needs.
     Released(Uuid),

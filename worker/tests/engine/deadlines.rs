@@ -191,3 +191,37 @@ async fn segments_that_reach_their_deadline_without_progress_spend_attempts_and_
     let items: Vec<i64> = answered.all().into_iter().map(|(n, _)| n).collect();
     assert_eq!(items, [11, 12], "item 13 never answered, 14 never called");
 }
+
+/// The same for a list of steps: 20 steps of 50 ms, segments of 300 ms.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_list_of_steps_longer_than_its_deadline_completes_without_spending_attempts(
+    pool: PgPool,
+) {
+    let answered = Answered::default();
+    let clock = manual_clock();
+    let engine = engine(&pool, answered.targets(), clock.clone(), "w");
+    let steps: Vec<Value> = (20..40)
+        .map(|n| json!({"name": format!("s{n}"), "target": "work", "method": "work", "rules": [format!("n = {n}")]}))
+        .collect();
+    let workflow = json!({"name": "chain", "input_schema": {}, "deadline_ms": 300,
+        "max_attempts": 3, "steps": steps});
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "chain", json!({})).await;
+
+    let segments = run_to_the_end(&engine, &clock, &pool, job_id, 40).await;
+    let (last, before) = segments.split_last().unwrap();
+    assert_eq!(last.0, Outcome::Completed(job_id), "{segments:?}");
+    assert!(!before.is_empty(), "the deadline was met: {segments:?}");
+    assert!(
+        before
+            .iter()
+            .all(|s| *s == (Outcome::Requeued(job_id), 0, RunStatus::Queued)),
+        "{segments:?}"
+    );
+    let steps: Vec<i64> = answered.all().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        steps,
+        (20..40).collect::<Vec<i64>>(),
+        "each step answered once"
+    );
+}
