@@ -62,6 +62,8 @@ pub(crate) const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(100);
 pub const DEFAULT_PAUSED_UNREADY_AFTER: Duration = Duration::from_secs(120);
 /// How long one dead-letter delivery may take before the batch is retried.
 pub const DEAD_LETTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a stopping consumer waits for its final offset commit.
+pub const FINAL_COMMIT_WAIT: Duration = Duration::from_secs(5);
 
 /// How the consumer reads and batches.
 #[derive(Debug, Clone)]
@@ -310,15 +312,7 @@ impl RequestConsumer {
                 break;
             }
         }
-        // The final commit waits for the coordinator: off the async
-        // runtime, where it would stall the tasks sharing this thread.
-        let consumer = self.consumer.clone();
-        let committed =
-            tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync))
-                .await;
-        if let Ok(Err(e)) = committed {
-            tracing::debug!(error = %e, "final commit had nothing to do or failed");
-        }
+        self.final_commit().await;
         let stats = ConsumerStats {
             poll_interval_exceeded: self
                 .poll_interval_exceeded
@@ -326,6 +320,38 @@ impl RequestConsumer {
         };
         self.close();
         stats
+    }
+
+    /// Commits what is durable one last time. librdkafka's synchronous
+    /// commit has no timeout and waits for the group coordinator, which may
+    /// never answer (down, or holding a rebalance that no poll serves any
+    /// more): so it runs on a thread of its own, neither on the async
+    /// runtime (it would stall the tasks sharing that thread) nor on its
+    /// blocking pool (the runtime waits for those at exit), and is waited
+    /// for at most [`FINAL_COMMIT_WAIT`]. What it leaves uncommitted the
+    /// next owner reads again, and finds as rows already.
+    async fn final_commit(&self) {
+        let consumer = self.consumer.clone();
+        let (done, committed) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("final-commit".into())
+            .spawn(move || {
+                let _ = done.send(consumer.commit_consumer_state(CommitMode::Sync));
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread for the final commit: the next owner reads the last requests again");
+            return;
+        }
+        match tokio::time::timeout(FINAL_COMMIT_WAIT, committed).await {
+            Ok(Ok(Ok(()))) | Ok(Err(_)) => {}
+            Ok(Ok(Err(e))) => {
+                tracing::debug!(error = %e, "final commit had nothing to do or failed");
+            }
+            Err(_) => tracing::warn!(
+                waited = ?FINAL_COMMIT_WAIT,
+                "the group coordinator did not answer the final commit: the next owner reads the last requests again"
+            ),
+        }
     }
 
     /// Waits for the next message, then takes more for up to `batch_wait`,
