@@ -1,7 +1,9 @@
 //! Cancelling a RUNNING job: the request is recorded at once, the worker
 //! holding the job learns it at its next heartbeat, drops the calls under
 //! way (the target sees the request aborted) and ends the job CANCELLED;
-//! a job whose worker went away is cancelled when next claimed.
+//! a segment that parks, sleeps, ends or requeues the job before that
+//! heartbeat lands it CANCELLED instead (a completion included); a job
+//! whose worker went away is cancelled when next claimed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -333,17 +335,22 @@ async fn a_cancel_asked_while_a_step_runs_wins_over_the_park_on_the_external_ste
 ) {
     let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let engine = quiet_engine(&pool, gated(started.clone(), open.clone()), manual_clock());
-    let approve = json!({"name": "approve", "target": "gate", "method": "m", "completion": "external"});
+    let approve =
+        json!({"name": "approve", "target": "gate", "method": "m", "completion": "external"});
     engine
         .register_workflow(&gated_then("approval", &approve))
         .await
         .unwrap();
-    let (job_id, outcome) = asked_while_the_gate_is_shut(&engine, &started, &open, "approval").await;
+    let (job_id, outcome) =
+        asked_while_the_gate_is_shut(&engine, &started, &open, "approval").await;
     assert_eq!(outcome, Outcome::Cancelled(job_id), "not Parked");
     assert_cancelled_as_asked(&pool, job_id, &[E::Accepted, E::StepCheckpoint]).await;
     assert!(
         matches!(
-            engine.complete_step(job_id, "approve", json!({})).await.unwrap(),
+            engine
+                .complete_step(job_id, "approve", json!({}))
+                .await
+                .unwrap(),
             CompleteOutcome::WrongState {
                 status: RunStatus::Cancelled,
                 ..
@@ -448,7 +455,11 @@ async fn a_parent_cancelled_as_it_parks_on_its_child_cancels_the_child(pool: PgP
         .await
         .unwrap();
     let (parent, outcome) = asked_while_the_gate_is_shut(&engine, &started, &open, "parent").await;
-    assert_eq!(outcome, Outcome::Cancelled(parent), "not Parked on its child");
+    assert_eq!(
+        outcome,
+        Outcome::Cancelled(parent),
+        "not Parked on its child"
+    );
     assert_eq!(row(&pool, parent).await.status, RunStatus::Cancelled);
     let child = flotilla_worker::engine::children::child_id(parent, "spawn");
     let child = row(&pool, child).await;
