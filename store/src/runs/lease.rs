@@ -8,7 +8,9 @@
 //! A cancel asked of a RUNNING job (`request_cancel`) is honoured by
 //! whatever takes the job out of RUNNING next: its holder's transition
 //! (CANCELLED instead of parked, asleep, finished or queued again), or the
-//! sweep of its lapsed lease.
+//! sweep of its lapsed lease. Only a shutdown's `hand_back_all` leaves the
+//! ask on the QUEUED row, eligible at once: the next claim honours it
+//! before anything is called.
 
 use std::borrow::Cow;
 
