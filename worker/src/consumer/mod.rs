@@ -64,6 +64,9 @@ pub const DEFAULT_PAUSED_UNREADY_AFTER: Duration = Duration::from_secs(120);
 pub const DEAD_LETTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a stopping consumer waits for its final offset commit.
 pub const FINAL_COMMIT_WAIT: Duration = Duration::from_secs(5);
+/// Longest a stopping worker waits for its Kafka clients to close (the
+/// consumer to leave its group) before it exits.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// How the consumer reads and batches.
 #[derive(Debug, Clone)]
@@ -450,6 +453,7 @@ impl RequestConsumer {
         KafkaClients {
             _consumer: self.consumer.clone(),
             _dead_letters: self.dead_letter_producer(),
+            destroyed: self.consumer.context().destroyed(),
         }
     }
 
@@ -466,6 +470,8 @@ impl RequestConsumer {
 pub struct KafkaClients {
     _consumer: Arc<StreamConsumer<RequestConsumerContext>>,
     _dead_letters: FutureProducer,
+    /// Closed when the consumer is gone, whoever released it last.
+    destroyed: tokio::sync::watch::Receiver<()>,
 }
 
 impl std::fmt::Debug for KafkaClients {
@@ -478,5 +484,26 @@ impl KafkaClients {
     /// Releases this hold on a thread of its own.
     pub fn drop_off_runtime(self) {
         std::thread::spawn(move || drop(self));
+    }
+
+    /// Releases these holds on threads of their own, and waits at most
+    /// [`CLOSE_WAIT`] for the consumers to be gone. The last hold of a
+    /// consumer, released, closes it: librdkafka revokes the partitions and
+    /// tells the group coordinator that the member leaves. A process that
+    /// exits before that message is out leaves the group to notice at the
+    /// session timeout, with the member's partitions unread until then.
+    pub async fn release_all(holds: impl IntoIterator<Item = Self>) {
+        let gone = holds.into_iter().map(|hold| {
+            let mut destroyed = hold.destroyed.clone();
+            hold.drop_off_runtime();
+            async move { while destroyed.changed().await.is_ok() {} }
+        });
+        let all = futures_util::future::join_all(gone);
+        if tokio::time::timeout(CLOSE_WAIT, all).await.is_err() {
+            tracing::warn!(
+                waited = ?CLOSE_WAIT,
+                "Kafka consumer still closing at exit; its group sees the member leave at the session timeout"
+            );
+        }
     }
 }
