@@ -71,7 +71,7 @@ pub(crate) enum Command {
         api: client::ApiArgs,
         job_id: String,
     },
-    /// Cancel a job (a RUNNING one is ended by its worker at its next heartbeat).
+    /// Cancel a job (a RUNNING one is ended by its worker at its next heartbeat, or sooner when it parks, sleeps or ends).
     Cancel {
         #[command(flatten)]
         api: client::ApiArgs,

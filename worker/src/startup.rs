@@ -302,17 +302,20 @@ impl Application {
             finish_by(deadline, "reply consumer", replies).await;
         }
         finish_by(deadline, "API", api).await;
-        for clients in [clients, reply_clients].into_iter().flatten() {
-            clients.drop_off_runtime();
-        }
-        // Closing waits for every connection to come back; one stuck on a
-        // dead link must not keep the process from exiting.
-        if tokio::time::timeout(Duration::from_secs(5), engine.close())
-            .await
-            .is_err()
-        {
-            tracing::warn!("database connections still busy at exit; leaving them");
-        }
+        // The consumers leave their groups while the pool closes; both are
+        // bounded. Closing the pool waits for every connection to come
+        // back; one stuck on a dead link must not keep the process from
+        // exiting.
+        let kafka = KafkaClients::release_all([clients, reply_clients].into_iter().flatten());
+        let database = async {
+            if tokio::time::timeout(Duration::from_secs(5), engine.close())
+                .await
+                .is_err()
+            {
+                tracing::warn!("database connections still busy at exit; leaving them");
+            }
+        };
+        tokio::join!(kafka, database);
         tracing::info!(worker_id = %engine.settings().worker_id, "worker stopped");
     }
 }

@@ -907,7 +907,7 @@
         if (!ctx.alive) return;
         actionResult.className = 'outcome ok';
         actionResult.textContent = updated && updated.status === 'RUNNING'
-          ? `${label}: asked; the worker running the job ends it at its next heartbeat.`
+          ? `${label}: asked; the worker running the job ends it at its next heartbeat, or sooner when it parks, sleeps or ends.`
           : `${label}: done, the job is now ${updated && updated.status ? updated.status : 'updated'}.`;
       } catch (e) {
         if (e.authFailed || !ctx.alive) return;

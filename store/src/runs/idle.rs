@@ -31,12 +31,13 @@ pub async fn resume_waiting(
          WHERE job_id = $1 AND status = 'WAITING'",
         layout.assignment("$2")
     );
-    let stamp: Option<EventStamp> = crate::sql::query_as(&checkpoint_write(&update, "$2", 0))
-        .bind(job_id)
-        .bind(Json(checkpoint))
-        .bind(now)
-        .fetch_optional(&mut **tx)
-        .await?;
+    let stamp: Option<EventStamp> =
+        crate::sql::query_as(&checkpoint_write(&update, "$2", 0, STAMP))
+            .bind(job_id)
+            .bind(Json(checkpoint))
+            .bind(now)
+            .fetch_optional(&mut **tx)
+            .await?;
     let Some(stamp) = stamp else { return Ok(false) };
     let event = EventKind::StepCheckpoint {
         step: checkpoint.name.clone(),

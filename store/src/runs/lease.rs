@@ -4,6 +4,15 @@
 //! Every write to a RUNNING row is conditioned on the lease token it was
 //! claimed with (a fresh UUID per claim, never reused); a write that matches
 //! no row means the lease is gone and nothing was written.
+//!
+//! A cancel asked of a RUNNING job (`request_cancel`) is honoured by
+//! whatever takes the job out of RUNNING next: its holder's transition
+//! (CANCELLED instead of parked, asleep, finished or queued again), or the
+//! sweep of its lapsed lease. Only a shutdown's `hand_back_all` leaves the
+//! ask on the QUEUED row, eligible at once: the next claim honours it
+//! before anything is called.
+
+use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
@@ -97,7 +106,10 @@ pub enum Renewal {
 
 /// Asks the worker running `job_id` to cancel it with `reason`: recorded in
 /// the row (the first ask is kept), no event, nothing the holder's fence
-/// compares. `None`: the job is not RUNNING.
+/// compares. `None`: the job is not RUNNING. The holder's heartbeat sees
+/// the ask; its next transition out of RUNNING honours it in any case
+/// (see [`Written::Cancelled`]), so a segment that parks, sleeps, ends or
+/// hands the job back first still leaves it CANCELLED.
 ///
 /// # Errors
 /// Database errors.
@@ -131,6 +143,8 @@ pub struct Fence {
 
 /// A change to a RUNNING row by its lease holder. Each one states the event
 /// it commits, so a transition cannot be written without its outbox row.
+/// One that takes the job out of RUNNING writes CANCELLED (and its event)
+/// instead when a cancel was asked while the segment ran.
 /// Owned, so a writer can hand it to a shared commit and wait.
 #[derive(Debug, Clone)]
 pub enum Transition {
@@ -290,88 +304,310 @@ impl Transition {
         }
     }
 
+    /// Whether this transition takes the job out of RUNNING (and so
+    /// honours a cancel asked while its segment ran: [`out_of_running`]).
+    fn leaves_running(&self) -> bool {
+        !matches!(
+            self,
+            Self::Checkpoint { .. }
+                | Self::BeginCompensation { .. }
+                | Self::Compensated { .. }
+                | Self::Cancel { .. }
+        )
+    }
+
     /// The SET clause; parameters from `$5` on are bound by [`transition`].
     fn assignments(&self) -> String {
-        const RELEASE: &str = "lease_owner = NULL, lease_token = NULL, lease_until = NULL";
         // Every transition is the work going on: lapses before it no longer count.
-        const NEXT: &str = "event_sequence = event_sequence + 1, lease_losses = 0, hand_backs = 0, \
-             unplaced_since = NULL";
-        match self {
-            Self::Checkpoint { layout, .. } => format!(
-                "{}, {}, {NEXT}",
-                layout.assignment("$5"),
-                super::signals::TAKE_SIGNAL
-            ),
-            Self::Park { .. } => format!(
-                "status = CASE WHEN {WOKEN} THEN 'QUEUED' ELSE 'WAITING' END, \
-                 outstanding_step = CASE WHEN {WOKEN} THEN NULL ELSE $5 END, \
-                 run_after = CASE WHEN {WOKEN} THEN $3 ELSE run_after END, \
-                 attempt = CASE WHEN {WOKEN} THEN greatest(attempt - 1, 0) ELSE attempt END, \
-                 timers = CASE WHEN $6::jsonb IS NULL THEN timers ELSE coalesce(timers, '{{}}'::jsonb) || $6 END, \
-                 step_requests = CASE WHEN $9::jsonb IS NULL THEN step_requests ELSE coalesce(step_requests, '{{}}'::jsonb) || $9 END, \
-                 reply_deadline = CASE WHEN {WOKEN} THEN NULL ELSE $11 END, \
-                 {RELEASE}, {NEXT}",
-                WOKEN = format!(
+        let next = || {
+            [
+                ("event_sequence", "event_sequence + 1"),
+                ("lease_losses", "0"),
+                ("hand_backs", "0"),
+                ("unplaced_since", "NULL"),
+            ]
+        };
+        let release = || {
+            [
+                ("lease_owner", "NULL"),
+                ("lease_token", "NULL"),
+                ("lease_until", "NULL"),
+            ]
+        };
+        let (mut set, also): (Vec<(&str, Cow<str>)>, Option<String>) = match self {
+            Self::Checkpoint { layout, .. } => {
+                let also = format!(
+                    "{}, {}",
+                    layout.assignment("$5"),
+                    super::signals::TAKE_SIGNAL
+                );
+                (lit(&next()), Some(also))
+            }
+            Self::Park { .. } => {
+                let woken = format!(
                     "({} OR {} OR {})",
                     super::signals::PENDING_ONE_OF_7,
                     super::children::FINISHED_ONE_OF_8,
                     super::step_requests::REPLIED_ONE_OF_10
-                )
-            ),
-            Self::Sleep { .. } => format!(
-                "status = 'QUEUED', timers = coalesce(timers, '{{}}'::jsonb) || $5, run_after = $6, \
-                 attempt = greatest(attempt - 1, 0), error = NULL, {RELEASE}, {NEXT}"
+                );
+                let if_woken = |then: &str, otherwise: &str| -> Cow<str> {
+                    format!("CASE WHEN {woken} THEN {then} ELSE {otherwise} END").into()
+                };
+                let set = vec![
+                    ("status", if_woken("'QUEUED'", "'WAITING'")),
+                    ("outstanding_step", if_woken("NULL", "$5")),
+                    ("run_after", if_woken("$3", "run_after")),
+                    ("attempt", if_woken("greatest(attempt - 1, 0)", "attempt")),
+                    (
+                        "timers",
+                        "CASE WHEN $6::jsonb IS NULL THEN timers \
+                         ELSE coalesce(timers, '{}'::jsonb) || $6 END"
+                            .into(),
+                    ),
+                    (
+                        "step_requests",
+                        "CASE WHEN $9::jsonb IS NULL THEN step_requests \
+                         ELSE coalesce(step_requests, '{}'::jsonb) || $9 END"
+                            .into(),
+                    ),
+                    ("reply_deadline", if_woken("NULL", "$11")),
+                ];
+                (set, None)
+            }
+            Self::Sleep { .. } => (
+                lit(&[
+                    ("status", "'QUEUED'"),
+                    ("timers", "coalesce(timers, '{}'::jsonb) || $5"),
+                    ("run_after", "$6"),
+                    ("attempt", "greatest(attempt - 1, 0)"),
+                    ("error", "NULL"),
+                ]),
+                None,
             ),
             Self::BeginCompensation { .. } => {
-                "compensation = jsonb_build_object('failure', $5::jsonb, 'done', '[]'::jsonb), \
-                 lease_losses = 0, hand_backs = 0"
-                    .to_owned()
+                return "compensation = jsonb_build_object('failure', $5::jsonb, 'done', '[]'::jsonb), \
+                     lease_losses = 0, hand_backs = 0"
+                    .to_owned();
             }
-            Self::Compensated { .. } => format!(
-                "compensation = jsonb_set(compensation, '{{done}}', \
-                     (compensation -> 'done') || jsonb_build_array($5::jsonb)), {NEXT}"
-            ),
-            Self::Complete { .. } => format!(
-                "status = 'COMPLETED', result = $5, verdict = $6, error = NULL, {RELEASE}, {NEXT}"
-            ),
-            Self::CheckpointAndComplete { .. } => format!(
-                "{}, {}, status = 'COMPLETED', result = $6, verdict = $7, error = NULL, {RELEASE}, \
-                 event_sequence = event_sequence + 2, lease_losses = 0, hand_backs = 0, \
-                 unplaced_since = NULL",
-                CheckpointLayout::Array.assignment("$5"),
-                super::signals::TAKE_SIGNAL
-            ),
-            Self::Fail { .. } => {
-                format!("status = 'FAILED', error = $5, verdict = $6, {RELEASE}, {NEXT}")
+            Self::Compensated { .. } => {
+                let mut set = lit(&[(
+                    "compensation",
+                    "jsonb_set(compensation, '{done}', \
+                         (compensation -> 'done') || jsonb_build_array($5::jsonb))",
+                )]);
+                set.extend(lit(&next()));
+                (set, None)
             }
-            Self::Dead { .. } => format!("status = 'DEAD', error = $5, {RELEASE}, {NEXT}"),
-            Self::Cancel { .. } => format!(
-                "status = 'CANCELLED', error = $5, outstanding_step = NULL, {RELEASE}, {NEXT}"
+            Self::Complete { .. } => (
+                lit(&[
+                    ("status", "'COMPLETED'"),
+                    ("result", "$5"),
+                    ("verdict", "$6"),
+                    ("error", "NULL"),
+                ]),
+                None,
             ),
-            Self::Requeue { .. } => format!(
-                "status = 'QUEUED', error = $5, run_after = $6, lease_losses = 0, unplaced_since = NULL, {}, {RELEASE}",
-                super::children::FORGET_DEAD
+            Self::CheckpointAndComplete { .. } => (
+                lit(&[
+                    ("status", "'COMPLETED'"),
+                    ("result", "$6"),
+                    ("verdict", "$7"),
+                    ("error", "NULL"),
+                    ("event_sequence", "event_sequence + 2"),
+                    ("lease_losses", "0"),
+                    ("hand_backs", "0"),
+                    ("unplaced_since", "NULL"),
+                ]),
+                Some(format!(
+                    "{}, {}",
+                    CheckpointLayout::Array.assignment("$5"),
+                    super::signals::TAKE_SIGNAL
+                )),
             ),
-            Self::Release { .. } => format!(
-                "status = 'QUEUED', error = $5, run_after = $6, attempt = greatest(attempt - 1, 0),
-                 unplaced_since = coalesce(unplaced_since, $7), {RELEASE}"
+            Self::Fail { .. } => (
+                lit(&[("status", "'FAILED'"), ("error", "$5"), ("verdict", "$6")]),
+                None,
             ),
-            Self::Yield { .. } => format!(
-                "status = 'QUEUED', error = $5, run_after = $3, attempt = greatest(attempt - 1, 0), {RELEASE}"
+            Self::Dead { .. } => (lit(&[("status", "'DEAD'"), ("error", "$5")]), None),
+            Self::Cancel { .. } => (
+                lit(&[
+                    ("status", "'CANCELLED'"),
+                    ("error", "$5"),
+                    ("outstanding_step", "NULL"),
+                ]),
+                None,
             ),
-            Self::HandBack { .. } => format!(
-                "status = 'QUEUED', error = $5,
-                 run_after = $6 + least(power(2, hand_backs), 64) * $7 * interval '1 millisecond',
-                 hand_backs = hand_backs + 1, attempt = greatest(attempt - 1, 0), {RELEASE}"
+            Self::Requeue { .. } => (
+                lit(&[
+                    ("status", "'QUEUED'"),
+                    ("error", "$5"),
+                    ("run_after", "$6"),
+                    ("lease_losses", "0"),
+                    ("unplaced_since", "NULL"),
+                ]),
+                Some(super::children::FORGET_DEAD.to_owned()),
             ),
+            Self::Release { .. } => (
+                lit(&[
+                    ("status", "'QUEUED'"),
+                    ("error", "$5"),
+                    ("run_after", "$6"),
+                    ("attempt", "greatest(attempt - 1, 0)"),
+                    ("unplaced_since", "coalesce(unplaced_since, $7)"),
+                ]),
+                None,
+            ),
+            Self::Yield { .. } => (
+                lit(&[
+                    ("status", "'QUEUED'"),
+                    ("error", "$5"),
+                    ("run_after", "$3"),
+                    ("attempt", "greatest(attempt - 1, 0)"),
+                ]),
+                None,
+            ),
+            Self::HandBack { .. } => (
+                lit(&[
+                    ("status", "'QUEUED'"),
+                    ("error", "$5"),
+                    (
+                        "run_after",
+                        "$6 + least(power(2, hand_backs), 64) * $7 * interval '1 millisecond'",
+                    ),
+                    ("hand_backs", "hand_backs + 1"),
+                    ("attempt", "greatest(attempt - 1, 0)"),
+                ]),
+                None,
+            ),
+        };
+        // Transitions out of RUNNING release the lease; the commit points
+        // among them are the work going on.
+        if self.leaves_running() || matches!(self, Self::Cancel { .. }) {
+            set.extend(lit(&release()));
+            if self.is_commit_point() && !matches!(self, Self::CheckpointAndComplete { .. }) {
+                set.extend(lit(&next()));
+            }
+        }
+        let set = if self.leaves_running() {
+            out_of_running(&set)
+        } else {
+            set.iter()
+                .map(|(column, value)| format!("{column} = {value}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match also {
+            Some(also) => format!("{set}, {also}"),
+            None => set,
         }
     }
 }
 
+/// `(column, value)` pairs of literal SQL, as a SET clause is built.
+fn lit(pairs: &[(&'static str, &'static str)]) -> Vec<(&'static str, Cow<'static, str>)> {
+    pairs
+        .iter()
+        .map(|&(column, value)| (column, value.into()))
+        .collect()
+}
+
+/// Whether someone asked to cancel the job while it ran.
+const ASKED: &str = "cancel_requested IS NOT NULL";
+
+/// What a transition out of RUNNING writes instead when [`ASKED`]: what
+/// [`Transition::Cancel`] writes, the reason asked as the error. `None`:
+/// the column as it was (not what the transition meant to set).
+const CANCELLED_INSTEAD: &[(&str, Option<&str>)] = &[
+    ("status", Some("'CANCELLED'")),
+    ("error", Some("cancel_requested")),
+    ("outstanding_step", Some("NULL")),
+    ("lease_losses", Some("0")),
+    ("hand_backs", Some("0")),
+    // Typed: a CASE of two bare NULLs is text.
+    ("unplaced_since", Some("NULL::timestamptz")),
+    ("result", None),
+    ("verdict", None),
+    ("run_after", None),
+    ("attempt", None),
+    ("timers", None),
+    ("step_requests", None),
+    ("reply_deadline", None),
+];
+
+/// The SET clause of a transition out of RUNNING: `set` (column, value)
+/// where no cancel was asked, and CANCELLED (as [`Transition::Cancel`]
+/// writes it, with one event more) where one was. A cancel is asked of
+/// RUNNING rows only (`request_cancel`), and the row lock orders the ask
+/// and this write: an ask this statement does not see finds the row no
+/// longer RUNNING, so none is left behind on a row no worker holds.
+fn out_of_running(set: &[(&str, Cow<str>)]) -> String {
+    let mut out: Vec<String> = set
+        .iter()
+        .map(
+            |(column, value)| match CANCELLED_INSTEAD.iter().find(|(c, _)| c == column) {
+                Some((_, instead)) => format!(
+                    "{column} = CASE WHEN {ASKED} THEN {} ELSE {value} END",
+                    instead.unwrap_or(*column)
+                ),
+                None => format!("{column} = {value}"),
+            },
+        )
+        .collect();
+    for (column, instead) in CANCELLED_INSTEAD {
+        if let Some(instead) = instead
+            && !set.iter().any(|(c, _)| c == column)
+        {
+            out.push(format!(
+                "{column} = CASE WHEN {ASKED} THEN {instead} ELSE {column} END"
+            ));
+        }
+    }
+    if !set.iter().any(|(c, _)| *c == "event_sequence") {
+        // Not a commit point, unless it is cancelled instead.
+        out.push(format!(
+            "event_sequence = event_sequence + CASE WHEN {ASKED} THEN 1 ELSE 0 END"
+        ));
+    }
+    out.join(", ")
+}
+
+/// What a fenced write came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The lease is lost or the change was already written: zero rows
+    /// matched and nothing was written.
+    Lost,
+    /// Written as asked, with its event.
+    Done,
+    /// A transition out of RUNNING found a cancel asked of the job while
+    /// its segment ran, and wrote CANCELLED instead (the reason asked as
+    /// its error, one CANCELLED event; a last checkpoint it carried is
+    /// kept, requests it would have sent are not).
+    Cancelled,
+}
+
+impl Written {
+    /// Whether something was written.
+    #[must_use]
+    pub fn is_written(self) -> bool {
+        !matches!(self, Self::Lost)
+    }
+}
+
+/// The stamp of a written row, and whether it landed CANCELLED.
+#[derive(sqlx::FromRow)]
+struct Landed {
+    #[sqlx(flatten)]
+    stamp: EventStamp,
+    status: crate::RunStatus,
+    error: Option<String>,
+}
+
 /// Applies `change` if `fence` still holds the lease on `job_id` (and, for
 /// a commit point, the row is still at the fence's sequence), with its
-/// outbox row in the same transaction. `false`: the lease is lost or the
-/// change was already written; zero rows matched and nothing was written.
+/// outbox row in the same transaction. A change that takes the job out of
+/// RUNNING writes CANCELLED instead when a cancel was asked meanwhile
+/// ([`Written::Cancelled`]).
 ///
 /// # Errors
 /// Database errors; an event the contract refuses.
@@ -381,7 +617,7 @@ pub async fn transition(
     fence: Fence,
     now: DateTime<Utc>,
     change: &Transition,
-) -> Result<bool, StoreError> {
+) -> Result<Written, StoreError> {
     // A hand-back after an ambiguous commit must match whatever the
     // sequence became: only commit points compare it. Events others wrote
     // meanwhile (signals received) are not the holder's and do not count.
@@ -395,12 +631,14 @@ pub async fn transition(
          WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'{sequence}",
         change.assignments()
     );
+    // The event stamp, and the status and error the row landed in.
+    let landed = format!("{STAMP}, status, error");
     let sql = match change {
-        Transition::Checkpoint { .. } => checkpoint_write(&update, "$5", 0),
+        Transition::Checkpoint { .. } => checkpoint_write(&update, "$5", 0, &landed),
         // The checkpoint row takes the STEP_CHECKPOINT event's sequence,
-        // the one before the COMPLETED event's.
-        Transition::CheckpointAndComplete { .. } => checkpoint_write(&update, "$5", 1),
-        _ => format!("{update} RETURNING {STAMP}"),
+        // the one before the COMPLETED (or CANCELLED) event's.
+        Transition::CheckpointAndComplete { .. } => checkpoint_write(&update, "$5", 1, &landed),
+        _ => format!("{update} RETURNING {landed}"),
     };
     let query = crate::sql::query_as(&sql)
         .bind(job_id)
@@ -457,10 +695,21 @@ pub async fn transition(
             .bind(*now)
             .bind(i64::try_from(backoff.as_millis()).unwrap_or(i64::MAX)),
     };
-    let stamp: Option<EventStamp> = query.fetch_optional(&mut **tx).await?;
-    let Some(stamp) = stamp else {
-        return Ok(false);
+    let landed: Option<Landed> = query.fetch_optional(&mut **tx).await?;
+    let Some(Landed {
+        stamp,
+        status,
+        error,
+    }) = landed
+    else {
+        return Ok(Written::Lost);
     };
+    // Cancelled instead of where the segment meant the job to go.
+    let instead = (change.leaves_running() && status == crate::RunStatus::Cancelled).then(|| {
+        EventKind::Cancelled {
+            reason: error.unwrap_or_default(),
+        }
+    });
     // The pair's checkpoint takes the sequence before the completion's;
     // both rows go in one statement.
     let checkpointed = match change {
@@ -480,16 +729,21 @@ pub async fn transition(
     if let Some((before, kind)) = &checkpointed {
         events.push((before, kind.clone()));
     }
-    if let Some(kind) = change.event() {
+    let cancelled = instead.is_some();
+    if let Some(kind) = instead.or_else(|| change.event()) {
         events.push((&stamp, kind));
     }
     if !events.is_empty() {
         outbox::insert_many(tx, events, now).await?;
     }
+    if cancelled {
+        // Its requests are not sent: the job will not wait for them.
+        return Ok(Written::Cancelled);
+    }
     if let Transition::Park { replies, .. } = change {
         super::step_requests::insert_outgoing(tx, job_id, &replies.sending).await?;
     }
-    Ok(true)
+    Ok(Written::Done)
 }
 
 /// Locks the rows of `jobs` that no other session holds, in job-id order,

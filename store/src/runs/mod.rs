@@ -132,14 +132,14 @@ impl CheckpointLayout {
 /// RETURNING clause, bumping `event_sequence`) and, if the run keeps its
 /// checkpoints as rows, inserts the parameter `entry` as the row of the new
 /// sequence less `back` (1 when the checkpoint's event precedes another
-/// event of the same write). Returns the event stamp, no row when the
-/// update matched none.
-fn checkpoint_write(update: &str, entry: &str, back: i64) -> String {
+/// event of the same write). Returns the columns `returning` (plain names,
+/// the event stamp's among them), no row when the update matched none.
+fn checkpoint_write(update: &str, entry: &str, back: i64, returning: &str) -> String {
     format!(
-        "WITH written AS ({update} RETURNING {STAMP}, has_checkpoint_rows),
+        "WITH written AS ({update} RETURNING {returning}, has_checkpoint_rows),
          kept AS (INSERT INTO workflow_run_checkpoint (job_id, event_sequence, entry)
              SELECT job_id, event_sequence - {back}, {entry}::jsonb FROM written WHERE has_checkpoint_rows)
-         SELECT {STAMP} FROM written"
+         SELECT {returning} FROM written"
     )
 }
 

@@ -336,7 +336,7 @@ pub(super) struct CancelBody {
     reason: Option<String>,
 }
 
-#[utoipa::path(post, path = "/v1/jobs/{job_id}/cancel", params(("job_id" = Uuid, Path)), request_body(content = Option<CancelBody>), responses((status = 200, description = "cancelled (it was QUEUED or WAITING)", body = JobView), (status = 202, description = "RUNNING: the request is recorded and the worker holding the job ends it CANCELLED at its next heartbeat", body = JobView), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "already finished", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/cancel", params(("job_id" = Uuid, Path)), request_body(content = Option<CancelBody>), responses((status = 200, description = "cancelled (it was QUEUED or WAITING)", body = JobView), (status = 202, description = "RUNNING: the request is recorded and the worker holding the job ends it CANCELLED at its next heartbeat, or sooner when its segment parks, sleeps or ends (a completion included)", body = JobView), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "already finished", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(super) async fn cancel(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
@@ -353,7 +353,7 @@ pub(super) async fn cancel(
     Ok(match state.engine.cancel(job_id(&raw)?, &reason).await? {
         Cancelled::Done(row) => (StatusCode::OK, axum::Json(JobView::from(*row))),
         // RUNNING: the request is recorded; its worker ends it CANCELLED at
-        // its next heartbeat.
+        // its next heartbeat or its next write out of RUNNING.
         Cancelled::Asked(row) => (StatusCode::ACCEPTED, axum::Json(JobView::from(*row))),
     })
 }

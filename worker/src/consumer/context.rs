@@ -30,9 +30,17 @@ pub struct RequestConsumerContext {
     fresh: Mutex<HashSet<(String, i32)>>,
     /// Told when partitions are assigned, so an idle consumer checks them.
     assigned: tokio::sync::Notify,
+    /// Dropped with the context, when librdkafka has closed the consumer
+    /// and destroyed it: its receivers learn that the member has left.
+    destroyed: tokio::sync::watch::Sender<()>,
 }
 
 impl RequestConsumerContext {
+    /// A receiver whose sender goes with the consumer (see `destroyed`).
+    pub(super) fn destroyed(&self) -> tokio::sync::watch::Receiver<()> {
+        self.destroyed.subscribe()
+    }
+
     pub(super) fn set_outage(&self, on: bool) {
         self.outage.store(on, Ordering::SeqCst);
     }

@@ -62,6 +62,11 @@ pub(crate) const OUTAGE_BACKOFF_MIN: Duration = Duration::from_millis(100);
 pub const DEFAULT_PAUSED_UNREADY_AFTER: Duration = Duration::from_secs(120);
 /// How long one dead-letter delivery may take before the batch is retried.
 pub const DEAD_LETTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a stopping consumer waits for its final offset commit.
+pub const FINAL_COMMIT_WAIT: Duration = Duration::from_secs(5);
+/// Longest a stopping worker waits for its Kafka clients to close (the
+/// consumer to leave its group) before it exits.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// How the consumer reads and batches.
 #[derive(Debug, Clone)]
@@ -310,15 +315,7 @@ impl RequestConsumer {
                 break;
             }
         }
-        // The final commit waits for the coordinator: off the async
-        // runtime, where it would stall the tasks sharing this thread.
-        let consumer = self.consumer.clone();
-        let committed =
-            tokio::task::spawn_blocking(move || consumer.commit_consumer_state(CommitMode::Sync))
-                .await;
-        if let Ok(Err(e)) = committed {
-            tracing::debug!(error = %e, "final commit had nothing to do or failed");
-        }
+        self.final_commit().await;
         let stats = ConsumerStats {
             poll_interval_exceeded: self
                 .poll_interval_exceeded
@@ -326,6 +323,38 @@ impl RequestConsumer {
         };
         self.close();
         stats
+    }
+
+    /// Commits what is durable one last time. librdkafka's synchronous
+    /// commit has no timeout and waits for the group coordinator, which may
+    /// never answer (down, or holding a rebalance that no poll serves any
+    /// more): so it runs on a thread of its own, neither on the async
+    /// runtime (it would stall the tasks sharing that thread) nor on its
+    /// blocking pool (the runtime waits for those at exit), and is waited
+    /// for at most [`FINAL_COMMIT_WAIT`]. What it leaves uncommitted the
+    /// next owner reads again, and finds as rows already.
+    async fn final_commit(&self) {
+        let consumer = self.consumer.clone();
+        let (done, committed) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("final-commit".into())
+            .spawn(move || {
+                let _ = done.send(consumer.commit_consumer_state(CommitMode::Sync));
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread for the final commit: the next owner reads the last requests again");
+            return;
+        }
+        match tokio::time::timeout(FINAL_COMMIT_WAIT, committed).await {
+            Ok(Ok(Ok(()))) | Ok(Err(_)) => {}
+            Ok(Ok(Err(e))) => {
+                tracing::debug!(error = %e, "final commit had nothing to do or failed");
+            }
+            Err(_) => tracing::warn!(
+                waited = ?FINAL_COMMIT_WAIT,
+                "the group coordinator did not answer the final commit: the next owner reads the last requests again"
+            ),
+        }
     }
 
     /// Waits for the next message, then takes more for up to `batch_wait`,
@@ -424,6 +453,7 @@ impl RequestConsumer {
         KafkaClients {
             _consumer: self.consumer.clone(),
             _dead_letters: self.dead_letter_producer(),
+            destroyed: self.consumer.context().destroyed(),
         }
     }
 
@@ -440,6 +470,8 @@ impl RequestConsumer {
 pub struct KafkaClients {
     _consumer: Arc<StreamConsumer<RequestConsumerContext>>,
     _dead_letters: FutureProducer,
+    /// Closed when the consumer is gone, whoever released it last.
+    destroyed: tokio::sync::watch::Receiver<()>,
 }
 
 impl std::fmt::Debug for KafkaClients {
@@ -452,5 +484,26 @@ impl KafkaClients {
     /// Releases this hold on a thread of its own.
     pub fn drop_off_runtime(self) {
         std::thread::spawn(move || drop(self));
+    }
+
+    /// Releases these holds on threads of their own, and waits at most
+    /// [`CLOSE_WAIT`] for the consumers to be gone. The last hold of a
+    /// consumer, released, closes it: librdkafka revokes the partitions and
+    /// tells the group coordinator that the member leaves. A process that
+    /// exits before that message is out leaves the group to notice at the
+    /// session timeout, with the member's partitions unread until then.
+    pub async fn release_all(holds: impl IntoIterator<Item = Self>) {
+        let gone = holds.into_iter().map(|hold| {
+            let mut destroyed = hold.destroyed.clone();
+            hold.drop_off_runtime();
+            async move { while destroyed.changed().await.is_ok() {} }
+        });
+        let all = futures_util::future::join_all(gone);
+        if tokio::time::timeout(CLOSE_WAIT, all).await.is_err() {
+            tracing::warn!(
+                waited = ?CLOSE_WAIT,
+                "Kafka consumer still closing at exit; its group sees the member leave at the session timeout"
+            );
+        }
     }
 }

@@ -2,8 +2,9 @@
 //! fenced on the lease token and carries its event (see
 //! [`flotilla_store::runs::lease::Transition`]); a write that matches no row
 //! means another worker holds the job now, and the holder must stop without
-//! writing more. The heartbeat that keeps the lease alive hangs off the
-//! same handle.
+//! writing more. A write that takes the job out of RUNNING lands CANCELLED
+//! instead when a cancel was asked meanwhile ([`SegmentStop::Cancelled`]).
+//! The heartbeat that keeps the lease alive hangs off the same handle.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use flotilla_runtime::supervise::panic_message;
 use flotilla_store::StoreError;
-use flotilla_store::runs::lease::{self, Fence as LeaseFence, Transition};
+use flotilla_store::runs::lease::{self, Fence as LeaseFence, Transition, Written};
 use flotilla_store::runs::{Checkpoint, RunRow};
 use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +41,12 @@ pub enum SegmentStop {
     /// hold, say): the job was FAILED as a defect with this reason instead.
     #[error("{0}")]
     Refused(String),
+    /// A cancel was asked while the segment ran, and its write out of
+    /// RUNNING (park, sleep, completion, failure, requeue, hand-back)
+    /// wrote CANCELLED instead, with its event: the segment ends as
+    /// cancelled, its children to be cancelled with it.
+    #[error("cancelled as asked while the segment ran")]
+    Cancelled,
 }
 
 impl From<sqlx::Error> for SegmentStop {
@@ -140,11 +147,16 @@ impl Lease {
             sequence: self.sequence.load(Ordering::SeqCst),
         };
         let events = change.events_written();
-        if group.write(self.job_id, fence, now, change).await? {
-            self.sequence.fetch_add(events, Ordering::SeqCst);
-            Ok(())
-        } else {
-            Err(LeaseLost.into())
+        match group.write(self.job_id, fence, now, change).await? {
+            Written::Done => {
+                self.sequence.fetch_add(events, Ordering::SeqCst);
+                Ok(())
+            }
+            Written::Cancelled => {
+                self.finished("CANCELLED");
+                Err(SegmentStop::Cancelled)
+            }
+            Written::Lost => Err(LeaseLost.into()),
         }
     }
 }
@@ -297,7 +309,10 @@ impl ClaimedRun {
             checkpoint: checkpoint.clone(),
             layout: self.lease.engine.checkpoint_layout(),
         };
-        lease::transition(tx, self.lease.job_id, fence, now, &change).await
+        // A checkpoint keeps the job RUNNING: never cancelled instead.
+        lease::transition(tx, self.lease.job_id, fence, now, &change)
+            .await
+            .map(Written::is_written)
     }
 
     /// Counts `events` the holder committed outside the group commit.
@@ -355,7 +370,7 @@ impl ClaimedRun {
                         asked.cancel();
                     }
                     Err(SegmentStop::LeaseLost(_)) => return,
-                    Err(SegmentStop::Refused(_)) => {}
+                    Err(SegmentStop::Refused(_) | SegmentStop::Cancelled) => {}
                     Err(SegmentStop::Store(e)) => {
                         tracing::warn!(%job_id, %workflow_name, trace_id = %trace, error = %e, "lease renewal failed; retrying");
                     }

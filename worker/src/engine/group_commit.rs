@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
-use flotilla_store::runs::lease::{self, Fence, Transition};
+use flotilla_store::runs::lease::{self, Fence, Transition, Written};
 use flotilla_store::wake::{Channel, Doorbell};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -119,8 +119,9 @@ impl GroupCommit {
     }
 
     /// Writes `change` to `job_id` if `fence` still holds, in a transaction
-    /// it may share with other jobs' changes; `Ok(false)` when the lease is
-    /// lost or the change was already written (nothing written now).
+    /// it may share with other jobs' changes; [`Written::Lost`] when the
+    /// lease is lost or the change was already written (nothing written
+    /// now).
     ///
     /// # Errors
     /// The database refused this change, failed, or cannot say whether the
@@ -131,7 +132,7 @@ impl GroupCommit {
         fence: Fence,
         now: DateTime<Utc>,
         change: Transition,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Written, StoreError> {
         let write = Write {
             job_id,
             fence,
@@ -159,8 +160,8 @@ enum Failed {
 
 impl Serve for Committer {
     type Request = Write;
-    /// `Ok(false)`: the lease is lost and nothing was written.
-    type Answer = Result<bool, StoreError>;
+    /// `Ok(Written::Lost)`: the lease is lost and nothing was written.
+    type Answer = Result<Written, StoreError>;
     const MAX_BATCH: usize = 64;
 
     async fn serve(&self, batch: Vec<Write>) -> Vec<Self::Answer> {
@@ -180,7 +181,7 @@ impl Serve for Committer {
             let writes: Vec<&Write> = pending.iter().map(|&i| &batch[i]).collect();
             match self.attempt(&writes, deadline, skip_held).await {
                 Ok(outcomes) => {
-                    if outcomes.contains(&Some(true)) {
+                    if outcomes.iter().flatten().any(|w| w.is_written()) {
                         self.doorbell.ring(Channel::Outbox);
                     }
                     for (&i, written) in pending.iter().zip(outcomes) {
@@ -241,7 +242,7 @@ impl Committer {
         writes: &[&Write],
         deadline: tokio::time::Instant,
         skip_held: bool,
-    ) -> Result<Vec<Option<bool>>, Failed> {
+    ) -> Result<Vec<Option<Written>>, Failed> {
         let timed_out = || {
             StoreError::Shared(Arc::new(sqlx::Error::Protocol(format!(
                 "a shared commit took longer than {:?}",
@@ -285,7 +286,7 @@ impl Committer {
         let (tx, outcomes) = tokio::time::timeout_at(deadline, statements)
             .await
             .map_err(|_| Failed::Before(timed_out()))??;
-        if !outcomes.contains(&Some(true)) {
+        if !outcomes.iter().flatten().any(|w| w.is_written()) {
             // Nothing to commit: release the connection clean.
             tx.rollback().await.map_err(|e| Failed::Before(e.into()))?;
             return Ok(outcomes);
@@ -399,9 +400,17 @@ mod tests {
                 checkpoint(serde_json::json!({"bad": "\u{0}"}), rows)
             ),
         );
-        assert!(a.unwrap(), "written alone");
-        assert!(b.unwrap(), "written beside the others' failures");
-        assert!(!c.unwrap(), "the lost lease answers only its writer");
+        assert_eq!(a.unwrap(), Written::Done, "written alone");
+        assert_eq!(
+            b.unwrap(),
+            Written::Done,
+            "written beside the others' failures"
+        );
+        assert_eq!(
+            c.unwrap(),
+            Written::Lost,
+            "the lost lease answers only its writer"
+        );
         let refusal = d.expect_err("refused");
         assert!(refusal.is_about_the_data(), "{refusal}");
         for (job, expected) in [(first, 1), (good, 1), (lost, 0), (refused, 0)] {
@@ -451,7 +460,7 @@ mod tests {
             .enumerate()
             .map(|(n, job)| group.write(*job, fence(token), Utc::now(), change(n)));
         let outcomes = futures_util::future::join_all(writes).await;
-        assert!(outcomes.into_iter().all(|o| o.unwrap()));
+        assert!(outcomes.into_iter().all(|o| o.unwrap() == Written::Done));
         for (n, job) in jobs.iter().enumerate() {
             assert_eq!(count(&pool, "workflow_run_outbox", *job).await, 1);
             let status: String = flotilla_store::sql::query_scalar(
@@ -513,7 +522,7 @@ mod tests {
                 )
                 .await;
             assert!(
-                !again.unwrap(),
+                again.unwrap() == Written::Lost,
                 "a repeat at the old sequence appends nothing"
             );
             assert_eq!(
@@ -563,7 +572,13 @@ mod tests {
                     checkpoint: named_checkpoint("first", 1),
                     layout,
                 };
-                assert!(group.write(job, at, Utc::now(), first).await.unwrap());
+                assert!(
+                    group
+                        .write(job, at, Utc::now(), first)
+                        .await
+                        .unwrap()
+                        .is_written()
+                );
                 at.sequence += 1;
                 names.push("first");
             }
@@ -573,7 +588,13 @@ mod tests {
                 result: serde_json::json!({"total": 3}),
                 verdict: "done".into(),
             };
-            assert!(group.write(job, at, Utc::now(), change()).await.unwrap());
+            assert!(
+                group
+                    .write(job, at, Utc::now(), change())
+                    .await
+                    .unwrap()
+                    .is_written()
+            );
             let (status, sequence): (String, i64) = flotilla_store::sql::query_as(
                 "SELECT status, event_sequence FROM workflow_run WHERE job_id = $1",
             )
@@ -629,7 +650,7 @@ mod tests {
             };
             assert_eq!(rows, expected_rows, "{earlier:?}");
             assert!(
-                !group.write(job, at, Utc::now(), change()).await.unwrap(),
+                group.write(job, at, Utc::now(), change()).await.unwrap() == Written::Lost,
                 "a repeat at the old sequence writes nothing"
             );
             assert_eq!(
@@ -685,7 +706,10 @@ mod tests {
                 let error = outcome.expect_err("a locked row's write fails");
                 assert!(error.is_a_blocked_row(), "{error}");
             } else {
-                assert!(outcome.unwrap(), "{job} written beside the blocked rows");
+                assert!(
+                    outcome.unwrap().is_written(),
+                    "{job} written beside the blocked rows"
+                );
             }
         }
         assert!(

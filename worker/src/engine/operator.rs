@@ -39,8 +39,10 @@ impl From<sqlx::Error> for OperatorError {
 pub enum Cancelled {
     /// The job is CANCELLED.
     Done(Box<RunRow>),
-    /// The job is RUNNING: the request is recorded and its worker ends it
-    /// at its next heartbeat.
+    /// The job is RUNNING: the request is recorded, and its worker ends it
+    /// CANCELLED at its next heartbeat or, sooner, when its segment leaves
+    /// RUNNING (parks, sleeps, finishes or queues it again): that write
+    /// lands CANCELLED instead, a completion included.
     Asked(Box<RunRow>),
 }
 
@@ -69,7 +71,8 @@ impl Engine {
 
     /// Cancels a QUEUED or WAITING job, with `reason` as its error; for a
     /// RUNNING one, records the request for the worker holding it, which
-    /// ends it CANCELLED at its next heartbeat.
+    /// ends it CANCELLED at its next heartbeat or when its segment leaves
+    /// RUNNING, whichever comes first ([`Cancelled::Asked`]).
     ///
     /// # Errors
     /// Unknown job, a job in another state, store errors.
@@ -81,24 +84,41 @@ impl Engine {
             reason
         };
         let now = self.now();
-        let mut tx = self.pool().begin().await?;
-        if !idle::settle_idle(&mut tx, job_id, IdleSettle::Cancel { reason }, now).await? {
+        // Made safe here: the worker's write out of RUNNING stores it as it is.
+        let asked = super::sanitize::error_text(&format!("{reason} (asked while it ran)"));
+        // A RUNNING job may park, sleep or be queued again between the two
+        // tries: it is idle then, and the next round cancels it in place.
+        let mut rounds = 0;
+        let mut tx = loop {
+            rounds += 1;
+            let mut tx = self.pool().begin().await?;
+            if idle::settle_idle(&mut tx, job_id, IdleSettle::Cancel { reason }, now).await? {
+                break tx;
+            }
             tx.rollback().await?;
-            let asked = format!("{reason} (asked while it ran)");
-            let row =
+            let answer =
                 flotilla_store::sql::session(
                     self.pool(),
                     async |conn| match lease::request_cancel(conn, job_id, &asked).await? {
-                        Some(row) => Ok(row),
-                        None => Err(self
+                        Some(row) => Ok::<_, OperatorError>(Ok(row)),
+                        None => Ok(Err(self
                             .refusal(conn, job_id, "cancel", "QUEUED, WAITING or RUNNING jobs")
-                            .await),
+                            .await)),
                     },
                 )
                 .await?;
-            tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "cancellation asked of a running job");
-            return Ok(Cancelled::Asked(Box::new(row)));
-        }
+            match answer {
+                Ok(row) => {
+                    tracing::info!(%job_id, workflow_name = %row.workflow_name, reason, "cancellation asked of a running job");
+                    return Ok(Cancelled::Asked(Box::new(row)));
+                }
+                Err(OperatorError::WrongState {
+                    status: RunStatus::Queued | RunStatus::Waiting,
+                    ..
+                }) if rounds < 3 => {}
+                Err(refused) => return Err(refused),
+            }
+        };
         let row = runs::get(&mut tx, job_id)
             .await?
             .ok_or(OperatorError::NotFound(job_id))?;

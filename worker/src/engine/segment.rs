@@ -117,8 +117,15 @@ impl Engine {
                     .map(|()| Outcome::Failed(job_id))
             }
         };
+        // A cancel asked while the segment ran, honoured by its last write:
+        // the children go with the job, as when the heartbeat saw the ask.
+        let cancelled = async || {
+            tracing::Instrument::instrument(self.cascade_cancel(job_id), span.clone()).await;
+            Outcome::Cancelled(job_id)
+        };
         let outcome = match outcome {
             Ok(outcome) => outcome,
+            Err(SegmentStop::Cancelled) => cancelled().await,
             Err(SegmentStop::LeaseLost(_)) if heartbeat.lost().is_cancelled() => {
                 Outcome::LeaseLost(job_id)
             }
@@ -130,6 +137,7 @@ impl Engine {
                     tracing::Instrument::instrument(fence.yield_changed(), span.clone()).await;
                 match yielded {
                     Ok(true) => Outcome::Requeued(job_id),
+                    Err(SegmentStop::Cancelled) => cancelled().await,
                     Ok(false) | Err(_) => Outcome::LeaseLost(job_id),
                 }
             }
@@ -140,12 +148,17 @@ impl Engine {
                 let reason = format!("handed back: the store failed mid-segment: {e}");
                 let handed =
                     tracing::Instrument::instrument(fence.hand_back(&reason), span.clone()).await;
-                span.in_scope(|| match handed {
+                span.in_scope(|| match &handed {
                     Ok(()) => tracing::warn!(error = %e, "store failed mid-segment; job handed back"),
+                    Err(SegmentStop::Cancelled) => tracing::warn!(error = %e,
+                        "store failed mid-segment; job cancelled as asked instead of handed back"),
                     Err(back) => tracing::error!(error = %e, hand_back = %back,
                         "store failed mid-segment and the job could not be handed back; its lease will lapse"),
                 });
-                Outcome::StoreFailed(job_id)
+                match handed {
+                    Err(SegmentStop::Cancelled) => cancelled().await,
+                    _ => Outcome::StoreFailed(job_id),
+                }
             }
         };
         if heartbeat.lost().is_cancelled() && !matches!(outcome, Outcome::LeaseLost(_)) {

@@ -48,7 +48,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{MIGRATOR, PARTITIONS, Recorder, count, read_topics, start, start_target};
+use super::{MIGRATOR, PARTITIONS, Recorder, quiesce, read_topics, start, start_target};
 
 /// The workers' lease: renewed every quarter of it.
 const LEASE: Duration = Duration::from_secs(6);
@@ -589,25 +589,7 @@ async fn broker_faults(pool: PgPool) {
     let produced: HashSet<Uuid> = sent.iter().copied().collect();
     assert_eq!(produced.len(), sent.len(), "distinct job ids produced");
 
-    // Quiescence: every job settled and every event published.
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let settled = count(&pool, "SELECT count(*) FROM workflow_run WHERE status IN ('COMPLETED','FAILED','DEAD','CANCELLED')").await;
-        let pending = count(
-            &pool,
-            "SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING'",
-        )
-        .await;
-        if settled == i64::try_from(produced.len()).unwrap() && pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no quiescence: {settled} settled of {}, {pending} events pending",
-            produced.len()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    quiesce(&pool, produced.len(), Duration::from_secs(180)).await;
     stop.cancel();
     let leases = leases.await.unwrap();
     responder.await.unwrap();

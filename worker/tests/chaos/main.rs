@@ -142,6 +142,28 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
+/// Polls until `jobs` rows have settled and no event waits in the outbox;
+/// fails the run after `within`.
+async fn quiesce(pool: &PgPool, jobs: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let settled = count(pool, "SELECT count(*) FROM workflow_run WHERE status IN ('COMPLETED','FAILED','DEAD','CANCELLED')").await;
+        let pending = count(
+            pool,
+            "SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING'",
+        )
+        .await;
+        if settled == i64::try_from(jobs).unwrap() && pending == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no quiescence: {settled} settled of {jobs}, {pending} events pending"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// A record read back from a topic.
 struct Record {
     topic: String,

@@ -36,8 +36,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{
-    Faults, MIGRATOR, PARTITIONS, Recorder, call_figures, committed_offsets, count, read_topics,
-    start, start_target,
+    Faults, MIGRATOR, PARTITIONS, Recorder, call_figures, committed_offsets, count, quiesce,
+    read_topics, start, start_target,
 };
 
 /// Claim loops per worker (`FLOTILLA_WORKER_COUNT`): at most this many jobs
@@ -537,25 +537,7 @@ async fn chaos(pool: PgPool, run: Run) {
     let produced: HashMap<Uuid, Asked> = asked.iter().copied().collect();
     assert_eq!(produced.len(), asked.len(), "distinct job ids produced");
 
-    // Quiescence: every job settled and every event published.
-    let deadline = Instant::now() + Duration::from_secs(150);
-    loop {
-        let settled = count(&pool, "SELECT count(*) FROM workflow_run WHERE status IN ('COMPLETED','FAILED','DEAD','CANCELLED')").await;
-        let pending = count(
-            &pool,
-            "SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING'",
-        )
-        .await;
-        if settled == i64::try_from(produced.len()).unwrap() && pending == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no quiescence: {settled} settled of {}, {pending} events pending",
-            produced.len()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    quiesce(&pool, produced.len(), Duration::from_secs(150)).await;
 
     // Everything the checks need, read back before any is asserted, so the
     // figures are printed even when a check fails.

@@ -1,7 +1,9 @@
 //! Cancelling a RUNNING job: the request is recorded at once, the worker
 //! holding the job learns it at its next heartbeat, drops the calls under
 //! way (the target sees the request aborted) and ends the job CANCELLED;
-//! a job whose worker went away is cancelled when next claimed.
+//! a segment that parks, sleeps, ends or requeues the job before that
+//! heartbeat lands it CANCELLED instead (a completion included); a job
+//! whose worker went away is cancelled when next claimed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::{Cancelled, Engine, Outcome};
+use flotilla_worker::engine::{Cancelled, CompleteOutcome, Engine, ManualClock, Outcome};
 use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -237,4 +239,236 @@ async fn the_sweeper_cancels_a_job_asked_to_cancel_whose_worker_is_gone(pool: Pg
         .map(|e| e.event_type())
         .collect();
     assert_eq!(types, [E::Accepted, E::Cancelled]);
+}
+
+/// A target `gate` that signals `started` when called and answers only
+/// once `open` is notified (a retryable failure when its request says
+/// `fail`): a step under way while the test asks to cancel.
+fn gated(started: Arc<Notify>, open: Arc<Notify>) -> Targets {
+    let mut targets = Targets::default();
+    targets.register(
+        "gate",
+        Arc::new(FnTarget(move |call: TargetCall| {
+            let (started, open) = (started.clone(), open.clone());
+            async move {
+                started.notify_one();
+                open.notified().await;
+                if call.request["fail"] == json!(true) {
+                    return Err(StepFailure::retryable(
+                        flotilla_worker::target::RetryClass::Transport,
+                        "connection reset",
+                    ));
+                }
+                Ok::<_, StepFailure>(json!({"ok": true}))
+            }
+        })),
+        8,
+    );
+    targets
+}
+
+/// An engine whose heartbeat would first beat 2.5 minutes in (a 10-minute
+/// lease): whatever honours a cancel in these tests, it is not a renewal.
+fn quiet_engine(pool: &PgPool, targets: Targets, clock: Arc<ManualClock>) -> Engine {
+    let mut settings = settings("w");
+    settings.lease = Duration::from_secs(600);
+    Engine::new(pool.clone(), targets, clock, settings)
+}
+
+/// Submits `workflow` (whose first step runs on `gate`), runs a segment,
+/// asks to cancel while the gated step runs, then lets it answer; returns
+/// the job and the segment's outcome.
+async fn asked_while_the_gate_is_shut(
+    engine: &Engine,
+    started: &Notify,
+    open: &Notify,
+    workflow: &str,
+) -> (uuid::Uuid, Outcome) {
+    let job_id = submit(engine, workflow, json!({})).await;
+    let running = segment_started(engine, started).await;
+    let Cancelled::Asked(asked) = engine.cancel(job_id, "stop").await.unwrap() else {
+        panic!("a running job is asked, not cancelled in place")
+    };
+    assert_eq!(asked.status, RunStatus::Running);
+    open.notify_one();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the segment never ended")
+        .unwrap();
+    (job_id, outcome)
+}
+
+/// Asserts `job_id` ended CANCELLED as asked, with one CANCELLED event
+/// after `before` and no other event after them.
+async fn assert_cancelled_as_asked(pool: &PgPool, job_id: uuid::Uuid, before: &[E]) {
+    let done = row(pool, job_id).await;
+    assert_eq!(
+        (done.status, done.error.as_deref(), done.lease_token),
+        (
+            RunStatus::Cancelled,
+            Some("stop (asked while it ran)"),
+            None
+        ),
+        "CANCELLED as the segment ended, no heartbeat needed"
+    );
+    assert_eq!(done.outstanding_step, None);
+    let mut expected = before.to_vec();
+    expected.push(E::Cancelled);
+    assert_eq!(
+        crate::support::event_types(pool, job_id).await,
+        expected,
+        "one CANCELLED event, nothing written as if the job went on"
+    );
+}
+
+/// `name`: a gated step `quick`, then `then`.
+fn gated_then(name: &str, then: &Value) -> Value {
+    json!({
+        "name": name, "input_schema": {},
+        "steps": [{"name": "quick", "target": "gate", "method": "m"}, then]
+    })
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_cancel_asked_while_a_step_runs_wins_over_the_park_on_the_external_step_after_it(
+    pool: PgPool,
+) {
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let engine = quiet_engine(&pool, gated(started.clone(), open.clone()), manual_clock());
+    let approve =
+        json!({"name": "approve", "target": "gate", "method": "m", "completion": "external"});
+    engine
+        .register_workflow(&gated_then("approval", &approve))
+        .await
+        .unwrap();
+    let (job_id, outcome) =
+        asked_while_the_gate_is_shut(&engine, &started, &open, "approval").await;
+    assert_eq!(outcome, Outcome::Cancelled(job_id), "not Parked");
+    assert_cancelled_as_asked(&pool, job_id, &[E::Accepted, E::StepCheckpoint]).await;
+    assert!(
+        matches!(
+            engine
+                .complete_step(job_id, "approve", json!({}))
+                .await
+                .unwrap(),
+            CompleteOutcome::WrongState {
+                status: RunStatus::Cancelled,
+                ..
+            }
+        ),
+        "nothing waits for the approval"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_cancel_asked_while_a_step_runs_wins_over_the_sleep_after_it(pool: PgPool) {
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let clock = manual_clock();
+    let engine = quiet_engine(&pool, gated(started.clone(), open.clone()), clock.clone());
+    let nap = json!({"name": "nap", "sleep": "1h"});
+    engine
+        .register_workflow(&gated_then("napping", &nap))
+        .await
+        .unwrap();
+    let (job_id, outcome) = asked_while_the_gate_is_shut(&engine, &started, &open, "napping").await;
+    assert_eq!(outcome, Outcome::Cancelled(job_id), "not Sleeping");
+    assert_cancelled_as_asked(&pool, job_id, &[E::Accepted, E::StepCheckpoint]).await;
+    clock.advance(Duration::from_secs(2 * 3600));
+    assert_eq!(
+        engine.run_once().await.unwrap(),
+        Outcome::Idle,
+        "nothing wakes an hour on"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_cancel_asked_while_a_step_runs_wins_over_the_signal_park_after_it(pool: PgPool) {
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let engine = quiet_engine(&pool, gated(started.clone(), open.clone()), manual_clock());
+    let paid = json!({"name": "paid", "wait_for": "x"});
+    engine
+        .register_workflow(&gated_then("paying", &paid))
+        .await
+        .unwrap();
+    let (job_id, outcome) = asked_while_the_gate_is_shut(&engine, &started, &open, "paying").await;
+    assert_eq!(outcome, Outcome::Cancelled(job_id), "not Parked");
+    assert_cancelled_as_asked(&pool, job_id, &[E::Accepted, E::StepCheckpoint]).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_cancel_asked_while_a_step_runs_wins_over_the_requeue_of_its_retryable_failure(
+    pool: PgPool,
+) {
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let engine = quiet_engine(&pool, gated(started.clone(), open.clone()), manual_clock());
+    engine
+        .register_workflow(&json!({
+            "name": "flaky", "input_schema": {},
+            "steps": [{"name": "quick", "target": "gate", "method": "m", "rules": ["fail = true"]}]
+        }))
+        .await
+        .unwrap();
+    let (job_id, outcome) = asked_while_the_gate_is_shut(&engine, &started, &open, "flaky").await;
+    assert_eq!(outcome, Outcome::Cancelled(job_id), "not Requeued");
+    assert_cancelled_as_asked(&pool, job_id, &[E::Accepted]).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_cancel_asked_during_the_last_step_wins_over_the_completion(pool: PgPool) {
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let engine = quiet_engine(&pool, gated(started.clone(), open.clone()), manual_clock());
+    engine
+        .register_workflow(&json!({
+            "name": "short", "input_schema": {},
+            "steps": [{"name": "quick", "target": "gate", "method": "m"}]
+        }))
+        .await
+        .unwrap();
+    let (job_id, outcome) = asked_while_the_gate_is_shut(&engine, &started, &open, "short").await;
+    assert_eq!(outcome, Outcome::Cancelled(job_id), "not Completed");
+    // The step's answer is kept, as any answer that came before the notice.
+    assert_cancelled_as_asked(&pool, job_id, &[E::Accepted, E::StepCheckpoint]).await;
+    let done = row(&pool, job_id).await;
+    assert_eq!(checkpoint_names(&done), ["quick"]);
+    assert_eq!((done.result, done.verdict), (None, None), "no result made");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_parent_cancelled_as_it_parks_on_its_child_cancels_the_child(pool: PgPool) {
+    let (started, open) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let engine = quiet_engine(&pool, gated(started.clone(), open.clone()), manual_clock());
+    engine
+        .register_workflow(&json!({
+            "name": "kid", "input_schema": {},
+            "steps": [{"name": "hold", "wait_for": "never"}]
+        }))
+        .await
+        .unwrap();
+    engine
+        .register_workflow(&json!({
+            "name": "parent", "input_schema": {},
+            "steps": [
+                {"name": "quick", "target": "gate", "method": "m", "needs": []},
+                {"name": "spawn", "start": {"workflow": "kid", "input": []}, "needs": []}
+            ]
+        }))
+        .await
+        .unwrap();
+    let (parent, outcome) = asked_while_the_gate_is_shut(&engine, &started, &open, "parent").await;
+    assert_eq!(
+        outcome,
+        Outcome::Cancelled(parent),
+        "not Parked on its child"
+    );
+    assert_eq!(row(&pool, parent).await.status, RunStatus::Cancelled);
+    let child = flotilla_worker::engine::children::child_id(parent, "spawn");
+    let child = row(&pool, child).await;
+    assert_eq!(
+        (child.status, child.error.as_deref()),
+        (
+            RunStatus::Cancelled,
+            Some(format!("its parent {parent} was cancelled").as_str())
+        ),
+        "the child goes with its parent, at once"
+    );
 }
