@@ -20,7 +20,8 @@ use sqlx::{PgConnection, PgTransaction};
 use uuid::Uuid;
 
 use super::{
-    COLUMNS, Checkpoint, CheckpointLayout, RunRow, STAMP, checkpoint_write, reread_checkpoint_rows,
+    COLUMNS, COLUMNS_BUT_CHECKPOINT_ROWS, Checkpoint, CheckpointLayout, RunRow, STAMP,
+    checkpoint_write, reread_checkpoint_rows,
 };
 use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
@@ -29,7 +30,8 @@ use crate::outbox::{self, EventKind, EventStamp};
 /// can read ([`super::READER_LEVEL`]) in one statement: flips them to RUNNING, stamps the lease and a fresh token per
 /// row (never reused), and counts the attempt. Rows come back oldest first,
 /// the checkpoint rows of resumed runs read in a second statement
-/// (see `reread_checkpoint_rows`).
+/// (see `reread_checkpoint_rows`): a run whose list Postgres cannot build
+/// comes back with [`RunRow::unreadable`] set, beside the others.
 ///
 /// # Errors
 /// Database errors.
@@ -51,7 +53,7 @@ pub async fn claim(
              lease_token = gen_random_uuid(), lease_until = $3,
              attempt = attempt + 1, updated_at = $2
          FROM picked WHERE job_id = picked_id
-         RETURNING {COLUMNS}"
+         RETURNING {COLUMNS_BUT_CHECKPOINT_ROWS}"
     ))
     .bind(worker_id)
     .bind(now)

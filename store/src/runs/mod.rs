@@ -209,6 +209,11 @@ pub struct RunRow {
     pub tracestate: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Why the checkpoints could not be read (then `checkpoints` is JSON
+    /// `null`): a claim hands the run over all the same, to be failed,
+    /// rather than fail the statement that claimed it with others.
+    #[sqlx(skip)]
+    pub unreadable: Option<String>,
 }
 
 impl RunRow {
@@ -246,23 +251,37 @@ macro_rules! checkpoint_list {
     };
 }
 
-/// Every column of the row. `definition` is the row's copy or, for a row
-/// that points at its stored version, that version's document; JSON `null`
-/// if neither exists (a row another writer broke), which fails the job when
-/// it runs rather than the statement that read it. `checkpoints` is the
-/// whole list ([`checkpoint_list`]); a statement that locks a row after
-/// another transaction changed it must read them again
+/// Every column of the row, the checkpoints as `$list`. `definition` is
+/// the row's copy or, for a row that points at its stored version, that
+/// version's document; JSON `null` if neither exists (a row another writer
+/// broke), which fails the job when it runs rather than the statement that
+/// read it. A macro so that the lists below are built at compile time.
+macro_rules! columns {
+    ($list:expr) => {
+        concat!(
+            "job_id, workflow_name, workflow_version, \
+            coalesce(definition, (SELECT d.definition FROM workflow_definition d \
+                WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
+            input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
+            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, ",
+            $list,
+            " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
+            lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
+        )
+    };
+}
+
+/// Every column of the row, `checkpoints` the whole list
+/// ([`checkpoint_list`]); a statement that locks a row after another
+/// transaction changed it must read them again
 /// ([`reread_checkpoint_rows`]).
-const COLUMNS: &str = concat!(
-    "job_id, workflow_name, workflow_version, \
-    coalesce(definition, (SELECT d.definition FROM workflow_definition d \
-        WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
-    parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, ",
-    checkpoint_list!(),
-    " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
-    lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
-);
+const COLUMNS: &str = columns!(checkpoint_list!());
+
+/// Every column of the row, `checkpoints` only the row's array: for a
+/// statement that reads the checkpoint rows again in any case
+/// ([`reread_checkpoint_rows`]), and must not fail with the one run whose
+/// list cannot be built.
+const COLUMNS_BUT_CHECKPOINT_ROWS: &str = columns!("checkpoints");
 
 /// Reads again, in a statement of its own, the checkpoints of those `rows`
 /// that keep them as rows. At READ COMMITTED a statement that locks a row
@@ -283,21 +302,61 @@ async fn reread_checkpoint_rows(
     if ids.is_empty() {
         return Ok(());
     }
-    let lists: Vec<(Uuid, Json<serde_json::Value>)> = crate::sql::query_as(concat!(
+    let mut lists: std::collections::HashMap<Uuid, Result<_, String>> =
+        match read_checkpoint_lists(conn, &ids).await {
+            Ok(lists) => lists.into_iter().map(|(id, list)| (id, Ok(list))).collect(),
+            Err(e) if is_beyond_jsonb_limits(&e) => {
+                // A run's list is past what a jsonb value holds: each is
+                // read alone, so only that run learns it.
+                let mut lists = std::collections::HashMap::new();
+                for id in ids {
+                    match read_checkpoint_lists(conn, &[id]).await {
+                        Ok(list) => lists.extend(list.into_iter().map(|(id, l)| (id, Ok(l)))),
+                        Err(e) if is_beyond_jsonb_limits(&e) => {
+                            lists.insert(id, Err(e.to_string()));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                lists
+            }
+            Err(e) => return Err(e),
+        };
+    for row in rows {
+        match lists.remove(&row.job_id) {
+            Some(Ok(list)) => row.checkpoints = list,
+            Some(Err(e)) => {
+                row.checkpoints = Json(serde_json::Value::Null);
+                row.unreadable = Some(format!("its stored checkpoints cannot be read: {e}"));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// The whole checkpoint list of each run of `ids`.
+async fn read_checkpoint_lists(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+) -> Result<Vec<(Uuid, Json<serde_json::Value>)>, sqlx::Error> {
+    crate::sql::query_as(concat!(
         "SELECT job_id, ",
         checkpoint_list!(),
         " FROM workflow_run WHERE job_id = ANY($1)"
     ))
-    .bind(&ids)
+    .bind(ids)
     .fetch_all(conn)
-    .await?;
-    let mut lists: std::collections::HashMap<Uuid, _> = lists.into_iter().collect();
-    for row in rows {
-        if let Some(list) = lists.remove(&row.job_id) {
-            row.checkpoints = list;
-        }
-    }
-    Ok(())
+    .await
+}
+
+/// Whether Postgres refused to build a value past its limits
+/// (`program_limit_exceeded`: a jsonb array past 256 MB, among others):
+/// an error about the run read, not about the database.
+fn is_beyond_jsonb_limits(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "54000")
 }
 
 /// The columns an event repeats, returned by every commit-point statement.

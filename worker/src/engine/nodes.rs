@@ -25,6 +25,7 @@ use super::items::Items;
 use super::kafka_steps::{KafkaStep, Replies};
 use super::schedule::Schedule;
 use super::step::{Invocation, build, check_response, over_budget};
+use super::stored_bytes::StoredBytes;
 use super::timers::{self, Sleeping};
 use crate::target::kafka::KafkaTarget;
 use crate::target::{RetryClass, StepFailure};
@@ -152,6 +153,10 @@ impl<'a> Nodes<'a> {
         let deadline = Duration::from_millis(self.compiled.definition.deadline_ms);
         let mut calls: FuturesUnordered<Called<'_>> = FuturesUnordered::new();
         let mut answered: VecDeque<(Node, Checkpoint)> = VecDeque::new();
+        let mut stored = StoredBytes::new(
+            self.engine.settings().max_stored_bytes,
+            &self.claimed.row().checkpoints.0,
+        );
         let mut writing: Option<(Node, Checkpoint, Write<'a>)> = None;
         let mut items = Items::default();
         // Paged steps whose next page is due: (step, page, cursor).
@@ -485,6 +490,10 @@ impl<'a> Nodes<'a> {
                 {
                     // The last checkpoint goes with the completion.
                     let (_, last) = answered.pop_front().expect("one answer waits");
+                    if let Err(over) = stored.admit(&last) {
+                        failure.get_or_insert((over, Some(last.name)));
+                        continue;
+                    }
                     if !last.skipped {
                         steps.insert(last.name.clone(), last.response.clone());
                     }
@@ -497,6 +506,14 @@ impl<'a> Nodes<'a> {
             if writing.is_none()
                 && let Some((node, checkpoint)) = answered.pop_front()
             {
+                if let Err(over) = stored.admit(&checkpoint) {
+                    // Nothing more is stored: the calls under way are
+                    // dropped, the answers in hand left unwritten.
+                    failure.get_or_insert((over, Some(checkpoint.name)));
+                    answered.clear();
+                    calls = FuturesUnordered::new();
+                    continue;
+                }
                 let claimed = self.claimed;
                 let write = checkpoint.clone();
                 let child = checkpoint.child.and_then(|_| to_start.remove(&node.step));
@@ -524,7 +541,17 @@ impl<'a> Nodes<'a> {
                         let name = self.compiled.steps[node.step].definition.name.clone();
                         match (node.page, response) {
                             (Some(page), Some(answer)) if answer.get("more") == Some(&Json::Bool(true)) => {
+                                let most = self.compiled.steps[node.step].definition.max_pages();
                                 match answer.get("cursor") {
+                                    Some(_) if page.saturating_add(1) >= most => {
+                                        let failed = StepFailure::Verdict {
+                                            message: format!(
+                                                "step {name}: page {page} says more: true, but the step fetches at most {most} pages (max_pages)"
+                                            ),
+                                            violations: vec![format!("max_pages: {most}")],
+                                        };
+                                        failure.get_or_insert((failed, Some(name)));
+                                    }
                                     Some(cursor) => {
                                         let mut kept = checkpoint(name, None, Some(serde_json::json!({ "cursor": cursor })));
                                         kept.page = Some(page);

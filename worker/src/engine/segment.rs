@@ -184,6 +184,11 @@ impl Engine {
             self.cascade_cancel(job_id).await;
             return Ok(Outcome::Cancelled(job_id));
         }
+        // A list past what Postgres can build (written by a release
+        // without a bound on stored answers) can never be replayed.
+        if let Some(unreadable) = claimed.row().unreadable.clone() {
+            return settle(self, claimed, StepFailure::Defect(unreadable)).await;
+        }
         let missing = self.missing_targets(&claimed.row().definition.0);
         if !missing.is_empty() {
             return self.release_for_others(claimed, &missing).await;

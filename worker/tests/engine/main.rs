@@ -21,6 +21,7 @@ mod responses;
 mod retention;
 mod schedules;
 mod signals;
+mod stored_answers;
 mod submission;
 mod support;
 mod switches;
