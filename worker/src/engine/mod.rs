@@ -131,6 +131,10 @@ pub struct EngineSettings {
     /// ([`stored_bytes`]): the checkpoint that would cross it is the job's
     /// verdict.
     pub max_stored_bytes: u64,
+    /// The most jobs one family (a job nobody started and every job
+    /// started under it) may hold: a `start` step past it is the job's
+    /// verdict.
+    pub max_family_jobs: i32,
     /// Whether a job of a stored workflow points at its version instead of
     /// carrying a copy of the definition: by default, once no worker of an
     /// earlier release (which reads only the copy) is alive (`switches.rs`).
@@ -166,6 +170,7 @@ impl EngineSettings {
             listen_for_work: true,
             max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
             max_stored_bytes: stored_bytes::DEFAULT_MAX_STORED_BYTES,
+            max_family_jobs: children::DEFAULT_MAX_FAMILY_JOBS,
             definition_by_reference: Switch::Auto,
             checkpoint_rows: Switch::Auto,
             reserved_connections: DEFAULT_RESERVED_CONNECTIONS,

@@ -121,8 +121,9 @@ impl Node {
     }
 }
 
-/// A checkpoint's fenced write.
-type Write<'a> = BoxFuture<'a, Result<(), SegmentStop>>;
+/// A checkpoint's fenced write; a verdict when the step's child was not
+/// started (its family is full).
+type Write<'a> = BoxFuture<'a, Result<Option<StepFailure>, SegmentStop>>;
 
 /// A call's answer, or its step's `when` saying no (`None`).
 type Called<'a> = BoxFuture<'a, (Node, Result<Option<Json>, Invocation>)>;
@@ -523,7 +524,7 @@ impl<'a> Nodes<'a> {
                     Box::pin(async move {
                         match child {
                             Some(child) => claimed.start_child(&write.name, child).await,
-                            None => claimed.checkpoint(&write).await,
+                            None => claimed.checkpoint(&write).await.map(|()| None),
                         }
                     }),
                 ));
@@ -596,7 +597,10 @@ impl<'a> Nodes<'a> {
                     if writing.is_some() =>
                 {
                     let (node, checkpoint, _) = writing.take().expect("a write was under way");
-                    written?;
+                    if let Some(refused) = written? {
+                        failure.get_or_insert((refused, Some(checkpoint.name)));
+                        continue;
+                    }
                     written_count += 1;
                     if let Some(item) = node.item {
                         metrics::counter!("flotilla_items_done_total").increment(1);

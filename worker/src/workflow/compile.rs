@@ -8,7 +8,9 @@ use serde_json::{Map, Value as Json};
 
 use super::expr::Expression;
 use super::graph::Graph;
-use super::limits::{self, MAX_PATTERNS, MAX_RULES, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT};
+use super::limits::{
+    self, MAX_PATTERNS, MAX_RULES, MAX_START_STEPS, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT,
+};
 use super::model::{
     MAX_ATTEMPTS, MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, StartChild,
     StepDefinition, WorkflowDefinition,
@@ -140,6 +142,17 @@ impl CompiledWorkflow {
             problems.top(
                 "steps",
                 format!("{step_count} steps (on_failure included), over the limit of {MAX_STEPS}"),
+            );
+        }
+        let starts = definition
+            .steps
+            .iter()
+            .filter(|s| s.start.is_some())
+            .count();
+        if starts > MAX_START_STEPS {
+            problems.top(
+                "steps",
+                format!("{starts} start steps, over the limit of {MAX_START_STEPS}"),
             );
         }
         problems.count(None, "output", definition.output.len());
