@@ -90,9 +90,11 @@ fn outcome_state(step: &str, outcome: ChildOutcome) -> Result<ChildState, StepFa
     let message = format!("step {step}: child job {job_id} ended {status}: {why}");
     Ok(match status {
         RunStatus::Completed => ChildState::Completed(result.unwrap_or(serde_json::Value::Null)),
-        // A child that ran out of attempts is a failure of the world: the
-        // parent retries its step (the child, retried) by its own rules.
-        RunStatus::Dead => ChildState::Failed(StepFailure::retryable(RetryClass::Other, message)),
+        // A child that ran out of attempts spent its own retry budget on
+        // the world already: retrying it from the parent would multiply
+        // the budgets down the family (3 attempts at each of 8 levels is
+        // 6,561 runs of the leaf). It fails the step as a verdict, like a
+        // FAILED child; an operator's retry of the parent retries it.
         _ => ChildState::Failed(StepFailure::Verdict {
             violations: vec![message.clone()],
             message,

@@ -446,3 +446,48 @@ async fn a_definition_may_start_at_most_64_children(pool: PgPool) {
         "{refused}"
     );
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_child_that_went_dead_on_its_own_retries_is_not_retried_by_its_parent(pool: PgPool) {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut targets = Targets::default();
+    let counted = calls.clone();
+    targets.register(
+        "down",
+        Arc::new(FnTarget(move |_call: TargetCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Err::<Value, _>(StepFailure::retryable(
+                    flotilla_worker::target::RetryClass::Other,
+                    "503",
+                ))
+            }
+        })),
+        8,
+    );
+    let mut settings = settings("w");
+    settings.backoff_base = Duration::ZERO;
+    let engine = Engine::new(pool.clone(), targets, manual_clock(), settings);
+    for document in [
+        json!({"name": "leaf", "input_schema": {}, "max_attempts": 3,
+               "steps": [{"name": "call", "target": "down", "method": "m"}]}),
+        json!({"name": "middle", "input_schema": {}, "max_attempts": 3,
+               "steps": [{"name": "leaf", "start": {"workflow": "leaf"}}]}),
+        json!({"name": "top", "input_schema": {}, "max_attempts": 3,
+               "steps": [{"name": "middle", "start": {"workflow": "middle"}}]}),
+    ] {
+        engine.register_workflow(&document).await.unwrap();
+    }
+    let top = submit(&engine, "top", json!({})).await;
+    let mut segments = 0;
+    while engine.run_once().await.unwrap() != Outcome::Idle {
+        segments += 1;
+        assert!(segments < 100, "the family never settled");
+    }
+    // The leaf's own three attempts, once: not 3 × 3 × 3.
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let ended = row(&pool, top).await;
+    assert_eq!(ended.status, RunStatus::Failed);
+    let error = ended.error.unwrap_or_default();
+    assert!(error.contains("ended DEAD"), "{error}");
+}
