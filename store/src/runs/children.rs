@@ -213,7 +213,10 @@ pub async fn children_of(
 }
 
 /// Up to `limit` unfinished children, cancelled with their parent, whose
-/// parent is CANCELLED: what the cancel cascade has left to do.
+/// parent is CANCELLED: what the cancel cascade has left to do, oldest
+/// change first. A RUNNING child already asked to cancel is left out: its
+/// holder honours the ask, or the sweep of its lapsed lease does, and a
+/// pass full of them would never reach the orphans behind.
 ///
 /// # Errors
 /// Database errors.
@@ -226,6 +229,8 @@ pub async fn orphaned_by_cancel(
          JOIN workflow_run p ON p.job_id = c.parent_job_id
          WHERE c.parent_job_id IS NOT NULL AND c.cancel_with_parent
            AND c.status IN ('QUEUED', 'RUNNING', 'WAITING') AND p.status = 'CANCELLED'
+           AND NOT (c.status = 'RUNNING' AND c.cancel_requested IS NOT NULL)
+         ORDER BY c.updated_at
          LIMIT $1",
     )
     .bind(limit)
