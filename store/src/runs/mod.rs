@@ -526,13 +526,21 @@ pub async fn graft(
     job_id: Uuid,
     (revision, reader_level): (i32, i16),
     definition: &serde_json::Value,
-    steps: Vec<String>,
+    (steps, wake): (Vec<String>, bool),
     now: DateTime<Utc>,
 ) -> Result<Option<i32>, StoreError> {
+    // Woken: a WAITING job goes back to the queue with fresh attempts (as
+    // a woken park does), an asleep one (timers set) is due now; a job
+    // queued for a retry keeps its backoff.
     let stamp: Option<EventStamp> = crate::sql::query_as(&format!(
         "UPDATE workflow_run SET definition = $3, revision = revision + 1,
              reader_level = greatest(reader_level, $4), event_sequence = event_sequence + 1,
-             updated_at = $5
+             updated_at = $5,
+             attempt = CASE WHEN $6 AND status = 'WAITING' THEN 0 ELSE attempt END,
+             outstanding_step = CASE WHEN $6 AND status = 'WAITING' THEN NULL ELSE outstanding_step END,
+             run_after = CASE WHEN $6 AND (status = 'WAITING' OR timers IS NOT NULL)
+                              THEN least(run_after, $5) ELSE run_after END,
+             status = CASE WHEN $6 AND status = 'WAITING' THEN 'QUEUED' ELSE status END
          WHERE job_id = $1 AND revision = $2 AND status IN ('QUEUED', 'RUNNING', 'WAITING')
          RETURNING {STAMP}"
     ))
@@ -541,6 +549,7 @@ pub async fn graft(
     .bind(Json(definition))
     .bind(reader_level)
     .bind(now)
+    .bind(wake)
     .fetch_optional(&mut **tx)
     .await?;
     let Some(stamp) = stamp else {

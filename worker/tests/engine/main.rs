@@ -8,6 +8,7 @@ mod children;
 mod claims;
 mod deadlines;
 mod failures;
+mod grafts;
 mod graphs;
 mod hostile;
 mod item_lists;
