@@ -346,12 +346,7 @@ impl Transition {
                 (lit(&next()), Some(also))
             }
             Self::Park { .. } => {
-                let woken = format!(
-                    "({} OR {} OR {})",
-                    super::signals::PENDING_ONE_OF_7,
-                    super::children::FINISHED_ONE_OF_8,
-                    super::step_requests::REPLIED_ONE_OF_10
-                );
+                let woken = park_woken();
                 let if_woken = |then: &str, otherwise: &str| -> Cow<str> {
                     format!("CASE WHEN {woken} THEN {then} ELSE {otherwise} END").into()
                 };
@@ -489,6 +484,20 @@ impl Transition {
             if self.is_commit_point() && !matches!(self, Self::CheckpointAndComplete { .. }) {
                 set.extend(lit(&next()));
             }
+            if matches!(self, Self::Park { .. }) {
+                // A woken park leaves no WAITING event (the job never
+                // waited), so it takes no sequence; cancelled instead, it
+                // takes one for its CANCELLED event.
+                let sequence = format!(
+                    "event_sequence + CASE WHEN {} AND NOT {ASKED} THEN 0 ELSE 1 END",
+                    park_woken()
+                );
+                for (column, value) in &mut set {
+                    if *column == "event_sequence" {
+                        *value = sequence.clone().into();
+                    }
+                }
+            }
         }
         let set = if self.leaves_running() {
             out_of_running(&set)
@@ -503,6 +512,18 @@ impl Transition {
             None => set,
         }
     }
+}
+
+/// Whether a park finds what it would wait for there already: one of the
+/// signals, finished children or replies it names (parameters 7, 8, 10).
+/// Then the job goes back to the queue instead of WAITING.
+fn park_woken() -> String {
+    format!(
+        "({} OR {} OR {})",
+        super::signals::PENDING_ONE_OF_7,
+        super::children::FINISHED_ONE_OF_8,
+        super::step_requests::REPLIED_ONE_OF_10
+    )
 }
 
 /// `(column, value)` pairs of literal SQL, as a SET clause is built.
@@ -732,7 +753,10 @@ pub async fn transition(
         events.push((before, kind.clone()));
     }
     let cancelled = instead.is_some();
-    if let Some(kind) = instead.or_else(|| change.event()) {
+    // A park that found its answer there already queued the job: no wait
+    // to tell of (its statement took no sequence for one).
+    let woken = matches!(change, Transition::Park { .. }) && status == crate::RunStatus::Queued;
+    if let Some(kind) = instead.or_else(|| change.event()).filter(|_| !woken) {
         events.push((&stamp, kind));
     }
     if !events.is_empty() {
