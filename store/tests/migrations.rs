@@ -35,6 +35,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
             "relay_member",
             "worker_member",
             "workflow_definition",
+            "workflow_family",
             "workflow_run",
             "workflow_run_checkpoint",
             "workflow_run_outbox",

@@ -240,6 +240,18 @@ pub struct EngineConfig {
     #[arg(long, env = "FLOTILLA_MAX_EVENT_BYTES", default_value_t = topics::DEFAULT_MAX_MESSAGE_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(4096..=1_000_000_000))]
     pub max_event_bytes: usize,
 
+    /// The most bytes one job's stored answers (its checkpoints) may take:
+    /// the answer that would cross it ends the job with a verdict. Every
+    /// claim reads them all, and Postgres builds no value past 256 MB.
+    #[arg(long, env = "FLOTILLA_MAX_STORED_BYTES", default_value_t = crate::engine::stored_bytes::DEFAULT_MAX_STORED_BYTES, value_parser = clap::value_parser!(u64).range(1_048_576..=200 * 1_048_576))]
+    pub max_stored_bytes: u64,
+
+    /// The most jobs one family (a job nobody started and every job started
+    /// under it, at any depth) may hold, the root included: a `start` step
+    /// past it fails its job with a verdict.
+    #[arg(long, env = "FLOTILLA_MAX_FAMILY_JOBS", default_value_t = crate::engine::children::DEFAULT_MAX_FAMILY_JOBS, value_parser = clap::value_parser!(i32).range(2..=1_000_000))]
+    pub max_family_jobs: i32,
+
     /// Longest an idle claim loop waits before polling the queue again.
     #[arg(long, env = "FLOTILLA_IDLE_POLL_MAX", default_value_t = engine::DEFAULT_IDLE_POLL_MAX.into(), value_parser = duration_between(MILLISECOND, HOUR))]
     pub idle_poll_max: humantime::Duration,

@@ -393,6 +393,8 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.idle_poll_max = *engine.idle_poll_max;
     settings.listen_for_work = engine.listen_for_work;
     settings.max_event_bytes = engine.max_event_bytes;
+    settings.max_stored_bytes = engine.max_stored_bytes;
+    settings.max_family_jobs = engine.max_family_jobs;
     settings.definition_by_reference = engine.definition_by_reference;
     settings.checkpoint_rows = engine.checkpoint_rows;
     let retention = &engine.retention;

@@ -73,7 +73,8 @@ pub async fn link(
     cancel_with_parent: bool,
 ) -> Result<(), sqlx::Error> {
     crate::sql::query(
-        "UPDATE workflow_run SET parent_job_id = $2, parent_step = $3, depth = $4, cancel_with_parent = $5
+        "UPDATE workflow_run SET parent_job_id = $2, parent_step = $3, depth = $4, cancel_with_parent = $5,
+             root_job_id = (SELECT coalesce(p.root_job_id, p.job_id) FROM workflow_run p WHERE p.job_id = $2)
          WHERE job_id = $1 AND parent_job_id IS NULL",
     )
     .bind(child)
@@ -84,6 +85,33 @@ pub async fn link(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Counts one more job into the family of `parent` (its root's, or its
+/// own when nobody started it), unless the family already holds `most`
+/// jobs (the root included). The family and, when it is full, `None`.
+/// Takes the family's row lock: call it after every lock on a run row.
+///
+/// # Errors
+/// Database errors.
+pub async fn join_family(
+    tx: &mut PgTransaction<'_>,
+    parent: Uuid,
+    most: i32,
+) -> Result<(Uuid, Option<i32>), sqlx::Error> {
+    crate::sql::query_as(
+        "WITH root AS (SELECT coalesce(root_job_id, job_id) AS id FROM workflow_run WHERE job_id = $1),
+         counted AS (
+             INSERT INTO workflow_family (root_job_id, jobs) SELECT id, 2 FROM root
+             ON CONFLICT (root_job_id) DO UPDATE SET jobs = workflow_family.jobs + 1
+                 WHERE workflow_family.jobs < $2
+             RETURNING jobs)
+         SELECT (SELECT id FROM root), (SELECT jobs FROM counted)",
+    )
+    .bind(parent)
+    .bind(most)
+    .fetch_one(&mut **tx)
+    .await
 }
 
 /// Copies the outcome of the finished child `child` into its parent's
@@ -185,7 +213,10 @@ pub async fn children_of(
 }
 
 /// Up to `limit` unfinished children, cancelled with their parent, whose
-/// parent is CANCELLED: what the cancel cascade has left to do.
+/// parent is CANCELLED: what the cancel cascade has left to do, oldest
+/// change first. A RUNNING child already asked to cancel is left out: its
+/// holder honours the ask, or the sweep of its lapsed lease does, and a
+/// pass full of them would never reach the orphans behind.
 ///
 /// # Errors
 /// Database errors.
@@ -198,6 +229,8 @@ pub async fn orphaned_by_cancel(
          JOIN workflow_run p ON p.job_id = c.parent_job_id
          WHERE c.parent_job_id IS NOT NULL AND c.cancel_with_parent
            AND c.status IN ('QUEUED', 'RUNNING', 'WAITING') AND p.status = 'CANCELLED'
+           AND NOT (c.status = 'RUNNING' AND c.cancel_requested IS NOT NULL)
+         ORDER BY c.updated_at
          LIMIT $1",
     )
     .bind(limit)

@@ -20,7 +20,8 @@ use sqlx::{PgConnection, PgTransaction};
 use uuid::Uuid;
 
 use super::{
-    COLUMNS, Checkpoint, CheckpointLayout, RunRow, STAMP, checkpoint_write, reread_checkpoint_rows,
+    COLUMNS, COLUMNS_BUT_CHECKPOINT_ROWS, Checkpoint, CheckpointLayout, RunRow, STAMP,
+    checkpoint_write, reread_checkpoint_rows,
 };
 use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
@@ -29,7 +30,8 @@ use crate::outbox::{self, EventKind, EventStamp};
 /// can read ([`super::READER_LEVEL`]) in one statement: flips them to RUNNING, stamps the lease and a fresh token per
 /// row (never reused), and counts the attempt. Rows come back oldest first,
 /// the checkpoint rows of resumed runs read in a second statement
-/// (see `reread_checkpoint_rows`).
+/// (see `reread_checkpoint_rows`): a run whose list Postgres cannot build
+/// comes back with [`RunRow::unreadable`] set, beside the others.
 ///
 /// # Errors
 /// Database errors.
@@ -51,7 +53,7 @@ pub async fn claim(
              lease_token = gen_random_uuid(), lease_until = $3,
              attempt = attempt + 1, updated_at = $2
          FROM picked WHERE job_id = picked_id
-         RETURNING {COLUMNS}"
+         RETURNING {COLUMNS_BUT_CHECKPOINT_ROWS}"
     ))
     .bind(worker_id)
     .bind(now)
@@ -226,9 +228,10 @@ pub enum Transition {
         since: DateTime<Utc>,
     },
     /// Handed back at once by a worker whose job changed under it (a graft
-    /// moved its event sequence, so its next commit point was refused):
-    /// no attempt spent, no lapse counted, no backoff, no event; fenced on
-    /// the lease token only.
+    /// moved its event sequence, so its next commit point was refused), or
+    /// whose segment met its deadline after writing checkpoints (progress,
+    /// not a failure): no attempt spent, no lapse counted, no backoff, no
+    /// event; fenced on the lease token only.
     Yield { reason: String },
     /// Handed back by a worker that cannot go on with it for a reason of
     /// the world (the database failed mid-segment): no attempt spent, no
@@ -343,12 +346,7 @@ impl Transition {
                 (lit(&next()), Some(also))
             }
             Self::Park { .. } => {
-                let woken = format!(
-                    "({} OR {} OR {})",
-                    super::signals::PENDING_ONE_OF_7,
-                    super::children::FINISHED_ONE_OF_8,
-                    super::step_requests::REPLIED_ONE_OF_10
-                );
+                let woken = park_woken();
                 let if_woken = |then: &str, otherwise: &str| -> Cow<str> {
                     format!("CASE WHEN {woken} THEN {then} ELSE {otherwise} END").into()
                 };
@@ -486,6 +484,20 @@ impl Transition {
             if self.is_commit_point() && !matches!(self, Self::CheckpointAndComplete { .. }) {
                 set.extend(lit(&next()));
             }
+            if matches!(self, Self::Park { .. }) {
+                // A woken park leaves no WAITING event (the job never
+                // waited), so it takes no sequence; cancelled instead, it
+                // takes one for its CANCELLED event.
+                let sequence = format!(
+                    "event_sequence + CASE WHEN {} AND NOT {ASKED} THEN 0 ELSE 1 END",
+                    park_woken()
+                );
+                for (column, value) in &mut set {
+                    if *column == "event_sequence" {
+                        *value = sequence.clone().into();
+                    }
+                }
+            }
         }
         let set = if self.leaves_running() {
             out_of_running(&set)
@@ -500,6 +512,18 @@ impl Transition {
             None => set,
         }
     }
+}
+
+/// Whether a park finds what it would wait for there already: one of the
+/// signals, finished children or replies it names (parameters 7, 8, 10).
+/// Then the job goes back to the queue instead of WAITING.
+fn park_woken() -> String {
+    format!(
+        "({} OR {} OR {})",
+        super::signals::PENDING_ONE_OF_7,
+        super::children::FINISHED_ONE_OF_8,
+        super::step_requests::REPLIED_ONE_OF_10
+    )
 }
 
 /// `(column, value)` pairs of literal SQL, as a SET clause is built.
@@ -729,7 +753,10 @@ pub async fn transition(
         events.push((before, kind.clone()));
     }
     let cancelled = instead.is_some();
-    if let Some(kind) = instead.or_else(|| change.event()) {
+    // A park that found its answer there already queued the job: no wait
+    // to tell of (its statement took no sequence for one).
+    let woken = matches!(change, Transition::Park { .. }) && status == crate::RunStatus::Queued;
+    if let Some(kind) = instead.or_else(|| change.event()).filter(|_| !woken) {
         events.push((&stamp, kind));
     }
     if !events.is_empty() {

@@ -30,11 +30,13 @@ use crate::status::RunStatus;
 /// runs that wait for signals (`wait_for`), whose row holds `signals` and
 /// whose fence leaves out `foreign_events`; 4, runs that start child
 /// workflows (`start`), whose rows hold `children`; 5, runs with a step
-/// whose target is a pair of Kafka topics, whose rows hold `step_requests`. A run
+/// whose target is a pair of Kafka topics, whose rows hold `step_requests`; 6,
+/// runs with a `for_each` step, whose item checkpoints may hold the digest
+/// of the step's list (`list`), which an earlier release refuses. A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 5;
+pub const READER_LEVEL: i16 = 6;
 /// The level of a run whose definition is a graph.
 pub const GRAPH_READER_LEVEL: i16 = 2;
 /// The level of a run whose definition waits for signals.
@@ -43,6 +45,8 @@ pub const SIGNAL_READER_LEVEL: i16 = 3;
 pub const CHILD_READER_LEVEL: i16 = 4;
 /// The level of a run with a step whose target is a pair of Kafka topics.
 pub const KAFKA_READER_LEVEL: i16 = 5;
+/// The level of a run with a `for_each` step.
+pub const FOR_EACH_READER_LEVEL: i16 = 6;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,6 +72,12 @@ pub struct Checkpoint {
     /// own checkpoint, the child's result, comes once the child completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<Uuid>,
+    /// For the first item checkpointed of a `for_each` step: the digest of
+    /// the step's whole list, which the list of every later segment must
+    /// match (the answers are kept by index). Only in runs at
+    /// [`FOR_EACH_READER_LEVEL`] or above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list: Option<String>,
 }
 
 impl Checkpoint {
@@ -199,6 +209,11 @@ pub struct RunRow {
     pub tracestate: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Why the checkpoints could not be read (then `checkpoints` is JSON
+    /// `null`): a claim hands the run over all the same, to be failed,
+    /// rather than fail the statement that claimed it with others.
+    #[sqlx(skip)]
+    pub unreadable: Option<String>,
 }
 
 impl RunRow {
@@ -236,23 +251,37 @@ macro_rules! checkpoint_list {
     };
 }
 
-/// Every column of the row. `definition` is the row's copy or, for a row
-/// that points at its stored version, that version's document; JSON `null`
-/// if neither exists (a row another writer broke), which fails the job when
-/// it runs rather than the statement that read it. `checkpoints` is the
-/// whole list ([`checkpoint_list`]); a statement that locks a row after
-/// another transaction changed it must read them again
+/// Every column of the row, the checkpoints as `$list`. `definition` is
+/// the row's copy or, for a row that points at its stored version, that
+/// version's document; JSON `null` if neither exists (a row another writer
+/// broke), which fails the job when it runs rather than the statement that
+/// read it. A macro so that the lists below are built at compile time.
+macro_rules! columns {
+    ($list:expr) => {
+        concat!(
+            "job_id, workflow_name, workflow_version, \
+            coalesce(definition, (SELECT d.definition FROM workflow_definition d \
+                WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
+            input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
+            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, ",
+            $list,
+            " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
+            lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
+        )
+    };
+}
+
+/// Every column of the row, `checkpoints` the whole list
+/// ([`checkpoint_list`]); a statement that locks a row after another
+/// transaction changed it must read them again
 /// ([`reread_checkpoint_rows`]).
-const COLUMNS: &str = concat!(
-    "job_id, workflow_name, workflow_version, \
-    coalesce(definition, (SELECT d.definition FROM workflow_definition d \
-        WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-    input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
-    parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, ",
-    checkpoint_list!(),
-    " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
-    lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
-);
+const COLUMNS: &str = columns!(checkpoint_list!());
+
+/// Every column of the row, `checkpoints` only the row's array: for a
+/// statement that reads the checkpoint rows again in any case
+/// ([`reread_checkpoint_rows`]), and must not fail with the one run whose
+/// list cannot be built.
+const COLUMNS_BUT_CHECKPOINT_ROWS: &str = columns!("checkpoints");
 
 /// Reads again, in a statement of its own, the checkpoints of those `rows`
 /// that keep them as rows. At READ COMMITTED a statement that locks a row
@@ -273,21 +302,61 @@ async fn reread_checkpoint_rows(
     if ids.is_empty() {
         return Ok(());
     }
-    let lists: Vec<(Uuid, Json<serde_json::Value>)> = crate::sql::query_as(concat!(
+    let mut lists: std::collections::HashMap<Uuid, Result<_, String>> =
+        match read_checkpoint_lists(conn, &ids).await {
+            Ok(lists) => lists.into_iter().map(|(id, list)| (id, Ok(list))).collect(),
+            Err(e) if is_beyond_jsonb_limits(&e) => {
+                // A run's list is past what a jsonb value holds: each is
+                // read alone, so only that run learns it.
+                let mut lists = std::collections::HashMap::new();
+                for id in ids {
+                    match read_checkpoint_lists(conn, &[id]).await {
+                        Ok(list) => lists.extend(list.into_iter().map(|(id, l)| (id, Ok(l)))),
+                        Err(e) if is_beyond_jsonb_limits(&e) => {
+                            lists.insert(id, Err(e.to_string()));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                lists
+            }
+            Err(e) => return Err(e),
+        };
+    for row in rows {
+        match lists.remove(&row.job_id) {
+            Some(Ok(list)) => row.checkpoints = list,
+            Some(Err(e)) => {
+                row.checkpoints = Json(serde_json::Value::Null);
+                row.unreadable = Some(format!("its stored checkpoints cannot be read: {e}"));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// The whole checkpoint list of each run of `ids`.
+async fn read_checkpoint_lists(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+) -> Result<Vec<(Uuid, Json<serde_json::Value>)>, sqlx::Error> {
+    crate::sql::query_as(concat!(
         "SELECT job_id, ",
         checkpoint_list!(),
         " FROM workflow_run WHERE job_id = ANY($1)"
     ))
-    .bind(&ids)
+    .bind(ids)
     .fetch_all(conn)
-    .await?;
-    let mut lists: std::collections::HashMap<Uuid, _> = lists.into_iter().collect();
-    for row in rows {
-        if let Some(list) = lists.remove(&row.job_id) {
-            row.checkpoints = list;
-        }
-    }
-    Ok(())
+    .await
+}
+
+/// Whether Postgres refused to build a value past its limits
+/// (`program_limit_exceeded`: a jsonb array past 256 MB, among others):
+/// an error about the run read, not about the database.
+fn is_beyond_jsonb_limits(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "54000")
 }
 
 /// The columns an event repeats, returned by every commit-point statement.
@@ -457,13 +526,21 @@ pub async fn graft(
     job_id: Uuid,
     (revision, reader_level): (i32, i16),
     definition: &serde_json::Value,
-    steps: Vec<String>,
+    (steps, wake): (Vec<String>, bool),
     now: DateTime<Utc>,
 ) -> Result<Option<i32>, StoreError> {
+    // Woken: a WAITING job goes back to the queue with fresh attempts (as
+    // a woken park does), an asleep one (timers set) is due now; a job
+    // queued for a retry keeps its backoff.
     let stamp: Option<EventStamp> = crate::sql::query_as(&format!(
         "UPDATE workflow_run SET definition = $3, revision = revision + 1,
              reader_level = greatest(reader_level, $4), event_sequence = event_sequence + 1,
-             updated_at = $5
+             updated_at = $5,
+             attempt = CASE WHEN $6 AND status = 'WAITING' THEN 0 ELSE attempt END,
+             outstanding_step = CASE WHEN $6 AND status = 'WAITING' THEN NULL ELSE outstanding_step END,
+             run_after = CASE WHEN $6 AND (status = 'WAITING' OR timers IS NOT NULL)
+                              THEN least(run_after, $5) ELSE run_after END,
+             status = CASE WHEN $6 AND status = 'WAITING' THEN 'QUEUED' ELSE status END
          WHERE job_id = $1 AND revision = $2 AND status IN ('QUEUED', 'RUNNING', 'WAITING')
          RETURNING {STAMP}"
     ))
@@ -472,6 +549,7 @@ pub async fn graft(
     .bind(Json(definition))
     .bind(reader_level)
     .bind(now)
+    .bind(wake)
     .fetch_optional(&mut **tx)
     .await?;
     let Some(stamp) = stamp else {

@@ -90,9 +90,11 @@ fn outcome_state(step: &str, outcome: ChildOutcome) -> Result<ChildState, StepFa
     let message = format!("step {step}: child job {job_id} ended {status}: {why}");
     Ok(match status {
         RunStatus::Completed => ChildState::Completed(result.unwrap_or(serde_json::Value::Null)),
-        // A child that ran out of attempts is a failure of the world: the
-        // parent retries its step (the child, retried) by its own rules.
-        RunStatus::Dead => ChildState::Failed(StepFailure::retryable(RetryClass::Other, message)),
+        // A child that ran out of attempts spent its own retry budget on
+        // the world already: retrying it from the parent would multiply
+        // the budgets down the family (3 attempts at each of 8 levels is
+        // 6,561 runs of the leaf). It fails the step as a verdict, like a
+        // FAILED child; an operator's retry of the parent retries it.
         _ => ChildState::Failed(StepFailure::Verdict {
             violations: vec![message.clone()],
             message,
@@ -139,6 +141,9 @@ impl Engine {
     }
 }
 
+/// The default bound on the jobs of one family, the root included.
+pub const DEFAULT_MAX_FAMILY_JOBS: i32 = 1_000;
+
 /// Whether a job of `depth` may start a child.
 pub(super) fn may_start_at(depth: i16) -> Result<(), StepFailure> {
     if depth + 1 > MAX_DEPTH {
@@ -169,7 +174,14 @@ impl ClaimedRun {
     /// # Errors
     /// Lease lost, or the store failed (nothing was written, or, when the
     /// commit's outcome is unknown, the next claim sees what was).
-    pub(super) async fn start_child(&self, step: &str, child: NewChild) -> Result<(), SegmentStop> {
+    ///
+    /// A new child past the family's bound (`max_family_jobs`) is not
+    /// started: nothing is written, and the step's verdict is returned.
+    pub(super) async fn start_child(
+        &self,
+        step: &str,
+        child: NewChild,
+    ) -> Result<Option<StepFailure>, SegmentStop> {
         let parent = self.row();
         let id = child_id(parent.job_id, step);
         let checkpoint = Checkpoint {
@@ -180,6 +192,7 @@ impl ClaimedRun {
             page: None,
             signal: None,
             child: Some(id),
+            list: None,
         };
         let submission = Submission {
             job_id: id,
@@ -204,7 +217,20 @@ impl ClaimedRun {
         // when it ended without completing, its result recorded when it
         // completed and its parent's row lost the outcome.
         let existing = match submitted {
-            Ok(Submitted::Created(_)) => None,
+            Ok(Submitted::Created(_)) => {
+                let most = engine.settings().max_family_jobs;
+                if let (root, None) = children::join_family(&mut tx, parent.job_id, most).await? {
+                    tx.rollback().await?;
+                    let message = format!(
+                        "step {step}: the family of job {root} has {most} jobs, its bound (FLOTILLA_MAX_FAMILY_JOBS): no child is started"
+                    );
+                    return Ok(Some(StepFailure::Verdict {
+                        message,
+                        violations: vec![format!("max_family_jobs: {most}")],
+                    }));
+                }
+                None
+            }
             Ok(Submitted::Existing(row)) => Some(row.status),
             Ok(Submitted::Removed(removed)) => Some(removed.status),
             // The child exists with other input (the parent's rules read
@@ -241,7 +267,7 @@ impl ClaimedRun {
         tx.commit().await?;
         self.advance_fence(1);
         engine.wake();
-        Ok(())
+        Ok(None)
     }
 }
 

@@ -602,6 +602,20 @@ impl ClaimedRun {
             .await
     }
 
+    /// Back to the queue at once, its attempt given back: the segment met
+    /// its deadline after writing checkpoints, which is progress, not a
+    /// failure. Fenced on the lease token only, as it commits no event.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    pub async fn give_way(self, reason: &str) -> Result<(), SegmentStop> {
+        self.lease
+            .write(Transition::Yield {
+                reason: sanitize::error_text(reason),
+            })
+            .await
+    }
+
     /// Back to the queue after a retryable failure of `class`, eligible
     /// again at `run_after`.
     ///

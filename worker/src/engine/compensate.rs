@@ -136,6 +136,7 @@ pub(super) async fn compensate(
                     page: None,
                     signal: None,
                     child: None,
+                    list: None,
                 };
                 claimed.compensated(&checkpoint).await?;
             }

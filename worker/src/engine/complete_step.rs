@@ -185,6 +185,7 @@ impl Engine {
                     page: None,
                     signal: None,
                     child: None,
+                    list: None,
                     response,
                 };
                 if !idle::resume_waiting(

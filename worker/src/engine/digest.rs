@@ -1,5 +1,7 @@
 //! What identifies a submission's content, so a repeated `job_id` can be
-//! told apart as an idempotent repeat or a conflict.
+//! told apart as an idempotent repeat or a conflict; and what identifies a
+//! `for_each` step's list, so a segment can tell that it lists the items of
+//! the segments before it, in their order.
 
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
@@ -19,7 +21,25 @@ pub(super) fn request_digest(submission: &Submission) -> String {
         &serde_json::json!({ "workflow": workflow, "input": submission.input }),
         &mut canonical,
     );
-    let digest = Sha256::digest(canonical.as_bytes());
+    hex_sha256(&canonical)
+}
+
+/// What identifies a `for_each` step's list: its items in order, hashed
+/// over canonical JSON.
+pub(super) fn list_digest(list: &[Json]) -> String {
+    let mut canonical = String::from("[");
+    for (i, item) in list.iter().enumerate() {
+        if i > 0 {
+            canonical.push(',');
+        }
+        write_canonical(item, &mut canonical);
+    }
+    canonical.push(']');
+    hex_sha256(&canonical)
+}
+
+fn hex_sha256(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -80,5 +100,14 @@ mod tests {
         ));
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn a_list_digest_tells_the_order_of_the_items_and_not_the_order_of_keys() {
+        let a = list_digest(&[serde_json::json!({"x": 1, "y": 2}), serde_json::json!("b")]);
+        let b = list_digest(&[serde_json::json!({"y": 2, "x": 1}), serde_json::json!("b")]);
+        let swapped = list_digest(&[serde_json::json!("b"), serde_json::json!({"x": 1, "y": 2})]);
+        assert_eq!(a, b);
+        assert_ne!(a, swapped);
     }
 }

@@ -6,6 +6,16 @@
 //! compiled as at registration, and the job's revision goes one up with an
 //! ACCEPTED event naming the steps. A stale revision is refused; the same
 //! graft sent again (every step already there, unchanged) is a repeat.
+//!
+//! Only plain call steps are grafted: no child, signal, timer, list,
+//! pages or external completion, which would add waits the job never had.
+//! The combined definition is compiled before the row is locked (its
+//! revision, checked under the lock, says it is the one compiled), so a
+//! large definition does not hold the lock the job's holder writes under.
+//! A job that is not running (WAITING, or asleep on a timer) whose grafted
+//! steps are ready now is queued again at once, as a woken park is.
+
+use std::collections::HashSet;
 
 use flotilla_store::runs::{self, READER_LEVEL, RunRow};
 use flotilla_store::{RunStatus, StoreError};
@@ -14,7 +24,7 @@ use uuid::Uuid;
 
 use super::Engine;
 use super::storable::{self, Unstorable};
-use crate::workflow::InvalidDefinition;
+use crate::workflow::{CompiledWorkflow, DefinitionProblem, InvalidDefinition, StepDefinition};
 
 /// What a graft came to.
 #[derive(Debug)]
@@ -76,6 +86,27 @@ impl Engine {
             .as_array()
             .filter(|steps| !steps.is_empty())
             .ok_or_else(|| GraftError::Malformed("a non-empty list of steps".into()))?;
+        let plain = plain_call_problems(grafted);
+        if !plain.is_empty() {
+            return Err(InvalidDefinition { problems: plain }.into());
+        }
+        // Read and compiled without the lock; the revision checked under
+        // it says the definition did not change meanwhile.
+        let seen =
+            flotilla_store::sql::session(self.pool(), async |conn| runs::get(conn, job_id).await)
+                .await?
+                .ok_or(GraftError::NotFound(job_id))?;
+        let compiling = if seen.revision == revision && !seen.status.is_finished() {
+            let mut definition = seen.definition.0.clone();
+            if let Some(list) = definition["steps"].as_array_mut() {
+                list.extend(grafted.iter().cloned());
+            }
+            // The combined graph is checked as a registration is.
+            let compiled = self.compile(&definition).await;
+            Some((definition, compiled))
+        } else {
+            None
+        };
         let mut tx = self.pool().begin().await?;
         let row = runs::get_for_update(&mut tx, job_id)
             .await?
@@ -101,42 +132,38 @@ impl Engine {
                 status: row.status,
             });
         }
-        if row.revision != revision {
-            return Err(GraftError::Stale {
-                job_id,
-                sent: revision,
-                current: row.revision,
-            });
-        }
-        let mut definition = row.definition.0.clone();
-        if let Some(list) = definition["steps"].as_array_mut() {
-            list.extend(grafted.iter().cloned());
-        }
-        // The combined graph is checked as a registration is.
-        let compiled = self.compile(&definition).await?;
+        let stale = GraftError::Stale {
+            job_id,
+            sent: revision,
+            current: row.revision,
+        };
+        let Some((definition, compiled)) = compiling.filter(|_| row.revision == revision) else {
+            return Err(stale);
+        };
+        let compiled = compiled?;
         let reader_level = self
             .reader_level_of(&compiled)
             .max(flotilla_store::runs::GRAPH_READER_LEVEL);
-        let names = grafted
+        let names: Vec<String> = grafted
             .iter()
             .map(|step| step["name"].as_str().unwrap_or_default().to_owned())
             .collect();
+        let wake = row.status != RunStatus::Running && any_ready(&compiled, &row, &names);
         let now = self.now();
         runs::graft(
             &mut tx,
             job_id,
             (revision, reader_level),
             &definition,
-            names,
+            (names, wake),
             now,
         )
         .await?
-        .ok_or(GraftError::Stale {
-            job_id,
-            sent: revision,
-            current: row.revision,
-        })?;
+        .ok_or(stale)?;
         tx.commit().await?;
+        if wake {
+            self.wake();
+        }
         // Its ACCEPTED event waits for the relays.
         self.inner
             .doorbell
@@ -147,4 +174,63 @@ impl Engine {
                 .ok_or(GraftError::NotFound(job_id))?;
         Ok(GraftOutcome::Grafted(Box::new(row)))
     }
+}
+
+/// Why each grafted step that is not a plain call cannot be grafted (a
+/// step that does not parse is left to the compiler to name).
+fn plain_call_problems(steps: &[Json]) -> Vec<DefinitionProblem> {
+    let mut problems = Vec::new();
+    for step in steps {
+        let Ok(step) = serde_json::from_value::<StepDefinition>(step.clone()) else {
+            continue;
+        };
+        let waits = [
+            ("start", step.start.is_some()),
+            ("wait_for", step.wait_for.is_some()),
+            ("sleep", step.sleep.is_some()),
+            ("until", step.until.is_some()),
+            ("for_each", step.for_each.is_some()),
+            ("paged", step.paged),
+            ("completion", step.completion.is_some()),
+        ];
+        for (field, present) in waits {
+            if present {
+                problems.push(DefinitionProblem {
+                    step: Some(step.name.clone()),
+                    field: field.into(),
+                    message: "a grafted step is a plain call (target, method, needs, when, rules, validate, output_schema)".into(),
+                });
+            }
+        }
+    }
+    problems
+}
+
+/// Whether one of the grafted steps `names` has every need ended in the
+/// checkpoints of `row`: then it can run now.
+fn any_ready(compiled: &CompiledWorkflow, row: &RunRow, names: &[String]) -> bool {
+    // A step's own checkpoint ends it; items, pages and child starts do not.
+    let ended: HashSet<&str> = row
+        .checkpoints
+        .0
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|entry| {
+            ["item", "page", "child"]
+                .iter()
+                .all(|part| entry.get(part).is_none())
+        })
+        .filter_map(|entry| entry.get("name").and_then(Json::as_str))
+        .collect();
+    names
+        .iter()
+        .filter_map(|name| compiled.step_index(name))
+        .any(|index| {
+            compiled
+                .graph
+                .needs(index)
+                .iter()
+                .all(|&need| ended.contains(compiled.steps[need].definition.name.as_str()))
+        })
 }

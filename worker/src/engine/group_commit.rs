@@ -355,6 +355,7 @@ mod tests {
                 page: None,
                 signal: None,
                 child: None,
+                list: None,
                 response,
             },
             layout,
@@ -541,6 +542,7 @@ mod tests {
             page: None,
             signal: None,
             child: None,
+            list: None,
             response: serde_json::json!({ "n": n }),
         }
     }

@@ -4,7 +4,9 @@
 //! item's answer is a checkpoint of its own (`Checkpoint::item`), so a
 //! resumed segment calls only the items without one; once every item has
 //! its checkpoint, the step's own checkpoint (the answers in item order)
-//! ends the step.
+//! ends the step. Answers are kept by index, so the first item checkpoint
+//! holds the list's digest too, which every later segment's list must
+//! match (`nodes.rs`).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -18,6 +20,8 @@ struct Step {
     /// The step's scope, without `item` and `index`.
     scope: Scope,
     list: Vec<Json>,
+    /// The list's digest, until the first item answered takes it.
+    digest: Option<String>,
     answers: Vec<Option<Json>>,
     /// Items without an answer, not yet called.
     to_call: VecDeque<usize>,
@@ -29,13 +33,14 @@ pub(super) struct Items(BTreeMap<usize, Step>);
 
 impl Items {
     /// Starts step `step` over `list`, with the answers checkpointed
-    /// before (`answered`: index → answer). Gives the answers in order
+    /// before (`answered`: index → answer) and the list's digest when the
+    /// first item checkpoint is to hold it. Gives the answers in order
     /// when every item has one already.
     pub(super) fn start(
         &mut self,
         step: usize,
         scope: Scope,
-        list: Vec<Json>,
+        (list, digest): (Vec<Json>, Option<String>),
         answered: Option<BTreeMap<u32, Json>>,
     ) -> Option<Json> {
         let mut answers = vec![None; list.len()];
@@ -50,6 +55,7 @@ impl Items {
             Step {
                 scope,
                 list,
+                digest,
                 answers,
                 to_call,
             },
@@ -69,6 +75,12 @@ impl Items {
                 .with("index", &Json::from(index));
             Some((step, index, scope))
         })
+    }
+
+    /// The list digest for the checkpoint of `step`'s first item answered
+    /// (`None` for every later one).
+    pub(super) fn take_list_digest(&mut self, step: usize) -> Option<String> {
+        self.0.get_mut(&step)?.digest.take()
     }
 
     /// Item `index` of `step` has its checkpoint; gives the answers in
@@ -99,7 +111,7 @@ mod tests {
     fn items_are_called_in_order_and_the_step_ends_with_every_answer_in_item_order() {
         let mut items = Items::default();
         let list = vec![json!("a"), json!("b"), json!("c")];
-        assert_eq!(items.start(4, Scope::default(), list, None), None);
+        assert_eq!(items.start(4, Scope::default(), (list, None), None), None);
         let calls: Vec<(usize, usize)> = std::iter::from_fn(|| items.next_call())
             .map(|(step, index, _)| (step, index))
             .collect();
@@ -110,11 +122,24 @@ mod tests {
     }
 
     #[test]
+    fn the_first_item_answered_takes_the_list_digest_and_no_other() {
+        let mut items = Items::default();
+        let list = (vec![json!("a"), json!("b")], Some("digest".to_owned()));
+        assert_eq!(items.start(0, Scope::default(), list, None), None);
+        assert_eq!(items.take_list_digest(0).as_deref(), Some("digest"));
+        assert_eq!(items.take_list_digest(0), None);
+        assert_eq!(items.take_list_digest(1), None);
+    }
+
+    #[test]
     fn a_resumed_step_calls_only_the_items_without_an_answer() {
         let mut items = Items::default();
         let list = vec![json!(10), json!(11), json!(12)];
         let before = BTreeMap::from([(0, json!("x")), (2, json!("z"))]);
-        assert_eq!(items.start(0, Scope::default(), list, Some(before)), None);
+        assert_eq!(
+            items.start(0, Scope::default(), (list, None), Some(before)),
+            None
+        );
         let (_, index, _) = items.next_call().unwrap();
         assert_eq!(index, 1);
         assert!(items.next_call().is_none());
@@ -128,12 +153,12 @@ mod tests {
     fn an_empty_list_or_one_fully_answered_ends_at_once() {
         let mut items = Items::default();
         assert_eq!(
-            items.start(0, Scope::default(), vec![], None),
+            items.start(0, Scope::default(), (vec![], None), None),
             Some(json!([]))
         );
         let done = BTreeMap::from([(0, json!(1))]);
         assert_eq!(
-            items.start(1, Scope::default(), vec![json!(0)], Some(done)),
+            items.start(1, Scope::default(), (vec![json!(0)], None), Some(done)),
             Some(json!([1]))
         );
         assert!(items.next_call().is_none());

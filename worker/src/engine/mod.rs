@@ -36,6 +36,7 @@ mod settle;
 pub mod signals;
 mod step;
 mod storable;
+pub mod stored_bytes;
 mod submit;
 mod switches;
 mod telemetry;
@@ -126,6 +127,14 @@ pub struct EngineSettings {
     /// The largest event the relay can publish: a result whose COMPLETED
     /// event would be larger fails the job instead.
     pub max_event_bytes: usize,
+    /// The most bytes one job's stored answers may take
+    /// ([`stored_bytes`]): the checkpoint that would cross it is the job's
+    /// verdict.
+    pub max_stored_bytes: u64,
+    /// The most jobs one family (a job nobody started and every job
+    /// started under it) may hold: a `start` step past it is the job's
+    /// verdict.
+    pub max_family_jobs: i32,
     /// Whether a job of a stored workflow points at its version instead of
     /// carrying a copy of the definition: by default, once no worker of an
     /// earlier release (which reads only the copy) is alive (`switches.rs`).
@@ -160,6 +169,8 @@ impl EngineSettings {
             idle_poll_min: DEFAULT_IDLE_POLL_MIN,
             listen_for_work: true,
             max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
+            max_stored_bytes: stored_bytes::DEFAULT_MAX_STORED_BYTES,
+            max_family_jobs: children::DEFAULT_MAX_FAMILY_JOBS,
             definition_by_reference: Switch::Auto,
             checkpoint_rows: Switch::Auto,
             reserved_connections: DEFAULT_RESERVED_CONNECTIONS,

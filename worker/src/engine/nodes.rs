@@ -20,10 +20,12 @@ use tokio_util::sync::CancellationToken;
 use super::Engine;
 use super::children::{ChildState, NewChild, child_id, may_start_at};
 use super::claimed::{ClaimedRun, SegmentStop};
+use super::digest::list_digest;
 use super::items::Items;
 use super::kafka_steps::{KafkaStep, Replies};
 use super::schedule::Schedule;
 use super::step::{Invocation, build, check_response, over_budget};
+use super::stored_bytes::StoredBytes;
 use super::timers::{self, Sleeping};
 use crate::target::kafka::KafkaTarget;
 use crate::target::{RetryClass, StepFailure};
@@ -57,6 +59,13 @@ pub(super) enum Stop {
     /// Someone asked to cancel the job: the calls under way were dropped
     /// (aborted) and every answer already in hand was checkpointed.
     Cancelled,
+    /// The segment's deadline came after it wrote `written` checkpoints:
+    /// progress, not a failure (the job goes back at once, its attempt
+    /// given back); `error` says how the deadline was met.
+    OutOfTime {
+        error: String,
+        written: usize,
+    },
     /// Every step ended; `last` is the checkpoint not yet written, which
     /// goes with the completion.
     Finished {
@@ -73,6 +82,8 @@ pub(super) struct Replayed {
     pub(super) steps: Map<String, Json>,
     pub(super) ended: Vec<usize>,
     pub(super) items: HashMap<usize, BTreeMap<u32, Json>>,
+    /// The digests of those steps' lists, stored with their first item.
+    pub(super) lists: HashMap<usize, String>,
     pub(super) pages: HashMap<usize, (u32, Json)>,
     /// `start` steps whose child this run started already.
     pub(super) started: HashSet<usize>,
@@ -110,8 +121,9 @@ impl Node {
     }
 }
 
-/// A checkpoint's fenced write.
-type Write<'a> = BoxFuture<'a, Result<(), SegmentStop>>;
+/// A checkpoint's fenced write; a verdict when the step's child was not
+/// started (its family is full).
+type Write<'a> = BoxFuture<'a, Result<Option<StepFailure>, SegmentStop>>;
 
 /// A call's answer, or its step's `when` saying no (`None`).
 type Called<'a> = BoxFuture<'a, (Node, Result<Option<Json>, Invocation>)>;
@@ -133,6 +145,7 @@ impl<'a> Nodes<'a> {
             mut steps,
             ended,
             items: mut earlier_items,
+            lists: mut earlier_lists,
             pages: mut earlier_pages,
             mut started,
         } = replayed;
@@ -141,12 +154,20 @@ impl<'a> Nodes<'a> {
         let deadline = Duration::from_millis(self.compiled.definition.deadline_ms);
         let mut calls: FuturesUnordered<Called<'_>> = FuturesUnordered::new();
         let mut answered: VecDeque<(Node, Checkpoint)> = VecDeque::new();
+        let mut stored = StoredBytes::new(
+            self.engine.settings().max_stored_bytes,
+            &self.claimed.row().checkpoints.0,
+        );
         let mut writing: Option<(Node, Checkpoint, Write<'a>)> = None;
         let mut items = Items::default();
         // Paged steps whose next page is due: (step, page, cursor).
         let mut next_pages: VecDeque<(usize, u32, Json)> = VecDeque::new();
         // The first failure, and the step it came from.
         let mut failure: Option<(StepFailure, Option<String>)> = None;
+        // Whether that failure is the segment's deadline, met before the
+        // next call or during one; and the checkpoints this segment wrote.
+        let mut out_of_time = false;
+        let mut written_count = 0usize;
         let mut park_on: Option<String> = None;
         // The signals the claim found, and the names of the ready
         // `wait_for` steps that found none (a park checks them again).
@@ -185,6 +206,7 @@ impl<'a> Nodes<'a> {
                         deadline.as_millis()
                     );
                     failure = Some((StepFailure::retryable(RetryClass::Deadline, error), None));
+                    out_of_time = true;
                     break;
                 };
                 // Pages and items of a step under way go before new steps.
@@ -371,9 +393,31 @@ impl<'a> Nodes<'a> {
                 if step.for_each.is_some() {
                     match self.list(index, &scope).await {
                         Ok(None) => answered.push_back((node, checkpoint(name, None, None))),
-                        Ok(Some(list)) => {
+                        Ok(Some((list, digest))) => {
                             let before = earlier_items.remove(&index);
-                            if let Some(all) = items.start(index, scope, list, before) {
+                            // Answers are kept by index: a list other than the
+                            // one they answered would give them to other items.
+                            let to_store = match earlier_lists.remove(&index) {
+                                Some(stored) if stored != digest => {
+                                    let failed = StepFailure::Defect(format!(
+                                        "step {name}: for_each gave a different list from the one \
+                                         its answered items were called over (a for_each list must \
+                                         be the same on every segment)"
+                                    ));
+                                    failure = Some((failed, Some(name)));
+                                    continue;
+                                }
+                                // Stored with the first item, in a run that
+                                // only releases reading digests claim.
+                                None if before.is_none()
+                                    && self.claimed.row().reader_level
+                                        >= flotilla_store::runs::FOR_EACH_READER_LEVEL =>
+                                {
+                                    Some(digest)
+                                }
+                                _ => None,
+                            };
+                            if let Some(all) = items.start(index, scope, (list, to_store), before) {
                                 answered.push_back((node, checkpoint(name, None, Some(all))));
                             }
                         }
@@ -397,6 +441,15 @@ impl<'a> Nodes<'a> {
             if calls.is_empty() && writing.is_none() {
                 let unwritten = answered.len();
                 if unwritten == 0 {
+                    if let Some((failed, _)) = &failure
+                        && out_of_time
+                        && written_count > 0
+                    {
+                        return Ok(Stop::OutOfTime {
+                            error: failed.to_string(),
+                            written: written_count,
+                        });
+                    }
                     return Ok(if let Some((failure, step)) = failure {
                         Stop::Failed {
                             failure,
@@ -438,6 +491,10 @@ impl<'a> Nodes<'a> {
                 {
                     // The last checkpoint goes with the completion.
                     let (_, last) = answered.pop_front().expect("one answer waits");
+                    if let Err(over) = stored.admit(&last) {
+                        failure.get_or_insert((over, Some(last.name)));
+                        continue;
+                    }
                     if !last.skipped {
                         steps.insert(last.name.clone(), last.response.clone());
                     }
@@ -450,6 +507,14 @@ impl<'a> Nodes<'a> {
             if writing.is_none()
                 && let Some((node, checkpoint)) = answered.pop_front()
             {
+                if let Err(over) = stored.admit(&checkpoint) {
+                    // Nothing more is stored: the calls under way are
+                    // dropped, the answers in hand left unwritten.
+                    failure.get_or_insert((over, Some(checkpoint.name)));
+                    answered.clear();
+                    calls = FuturesUnordered::new();
+                    continue;
+                }
                 let claimed = self.claimed;
                 let write = checkpoint.clone();
                 let child = checkpoint.child.and_then(|_| to_start.remove(&node.step));
@@ -459,7 +524,7 @@ impl<'a> Nodes<'a> {
                     Box::pin(async move {
                         match child {
                             Some(child) => claimed.start_child(&write.name, child).await,
-                            None => claimed.checkpoint(&write).await,
+                            None => claimed.checkpoint(&write).await.map(|()| None),
                         }
                     }),
                 ));
@@ -477,7 +542,17 @@ impl<'a> Nodes<'a> {
                         let name = self.compiled.steps[node.step].definition.name.clone();
                         match (node.page, response) {
                             (Some(page), Some(answer)) if answer.get("more") == Some(&Json::Bool(true)) => {
+                                let most = self.compiled.steps[node.step].definition.max_pages();
                                 match answer.get("cursor") {
+                                    Some(_) if page.saturating_add(1) >= most => {
+                                        let failed = StepFailure::Verdict {
+                                            message: format!(
+                                                "step {name}: page {page} says more: true, but the step fetches at most {most} pages (max_pages)"
+                                            ),
+                                            violations: vec![format!("max_pages: {most}")],
+                                        };
+                                        failure.get_or_insert((failed, Some(name)));
+                                    }
                                     Some(cursor) => {
                                         let mut kept = checkpoint(name, None, Some(serde_json::json!({ "cursor": cursor })));
                                         kept.page = Some(page);
@@ -492,7 +567,13 @@ impl<'a> Nodes<'a> {
                                 }
                             }
                             (_, response) => {
-                                answered.push_back((Node { page: None, ..node }, checkpoint(name, node.item, response)));
+                                let mut kept = checkpoint(name, node.item, response);
+                                if node.item.is_some() {
+                                    // Checkpoints are written in answer order:
+                                    // the first item answered is written first.
+                                    kept.list = items.take_list_digest(node.step);
+                                }
+                                answered.push_back((Node { page: None, ..node }, kept));
                             }
                         }
                     }
@@ -501,14 +582,26 @@ impl<'a> Nodes<'a> {
                     // nothing new starts.
                     Err(Invocation::Failed(failed)) => {
                         let name = self.compiled.steps[node.step].definition.name.clone();
-                        failure.get_or_insert((failed, Some(name)));
+                        if failure.is_none() {
+                            // A call cut by the segment's deadline, not by
+                            // its own timeout.
+                            out_of_time = matches!(
+                                failed,
+                                StepFailure::Retryable { class: RetryClass::Timeout | RetryClass::Deadline, .. }
+                            ) && self.started.elapsed() >= deadline;
+                            failure = Some((failed, Some(name)));
+                        }
                     }
                 },
                 written = async { (&mut writing.as_mut().expect("polled only while writing").2).await },
                     if writing.is_some() =>
                 {
                     let (node, checkpoint, _) = writing.take().expect("a write was under way");
-                    written?;
+                    if let Some(refused) = written? {
+                        failure.get_or_insert((refused, Some(checkpoint.name)));
+                        continue;
+                    }
+                    written_count += 1;
                     if let Some(item) = node.item {
                         metrics::counter!("flotilla_items_done_total").increment(1);
                         if let Some(all) = items.answered(node.step, item, checkpoint.response) {
@@ -676,9 +769,14 @@ impl<'a> Nodes<'a> {
         }
     }
 
-    /// The items of `for_each` step `index`, or `None` when its `when`
-    /// skips it. More items than the step allows is the job's verdict.
-    async fn list(&self, index: usize, scope: &Scope) -> Result<Option<Vec<Json>>, StepFailure> {
+    /// The items of `for_each` step `index` and their digest, or `None`
+    /// when its `when` skips it. More items than the step allows is the
+    /// job's verdict.
+    async fn list(
+        &self,
+        index: usize,
+        scope: &Scope,
+    ) -> Result<Option<(Vec<Json>, String)>, StepFailure> {
         if !self.holds(index, scope).await? {
             return Ok(None);
         }
@@ -688,10 +786,18 @@ impl<'a> Nodes<'a> {
             let (compiled, scope) = (self.compiled.clone(), scope.clone());
             self.engine
                 .off_runtime(move || {
-                    compiled.steps[index]
+                    let listed = compiled.steps[index]
                         .for_each
                         .as_ref()
-                        .map_or(Ok(Json::Array(Vec::new())), |list| list.evaluate(&scope))
+                        .map_or(Ok(Json::Array(Vec::new())), |list| list.evaluate(&scope))?;
+                    // Not a list: given back whole, for the error.
+                    Ok::<_, String>(match listed {
+                        Json::Array(list) => {
+                            let digest = list_digest(&list);
+                            Ok((list, digest))
+                        }
+                        other => Err(other),
+                    })
                 })
                 .await
         };
@@ -700,12 +806,12 @@ impl<'a> Nodes<'a> {
             Ok(Err(e)) => return Err(StepFailure::Defect(format!("step {name}: for_each: {e}"))),
             Err(exhausted) => return Err(over_budget(name, "evaluating for_each", &exhausted)),
         };
-        let Json::Array(list) = listed else {
-            return Err(StepFailure::Defect(format!(
+        let (list, digest) = listed.map_err(|other| {
+            StepFailure::Defect(format!(
                 "step {name}: for_each gave {}, not a list",
-                kind(&listed)
-            )));
-        };
+                kind(&other)
+            ))
+        })?;
         let most = step.definition.max_items();
         if list.len() > most {
             let message = format!(
@@ -717,7 +823,7 @@ impl<'a> Nodes<'a> {
                 message,
             });
         }
-        Ok(Some(list))
+        Ok(Some((list, digest)))
     }
 
     /// A step's call (its `when` first), or one item's.
@@ -799,6 +905,7 @@ fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Chec
         page: None,
         signal: None,
         child: None,
+        list: None,
     }
 }
 

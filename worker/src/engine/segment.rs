@@ -39,7 +39,9 @@ pub enum Outcome {
     Failed(Uuid),
     /// DEAD: attempts exhausted.
     Dead(Uuid),
-    /// QUEUED again after a retryable failure.
+    /// QUEUED again: after a retryable failure, or at once with the
+    /// attempt given back (the job changed under the segment, or its
+    /// deadline came after it wrote checkpoints).
     Requeued(Uuid),
     /// Handed back: this worker lacks a target the job needs.
     Released(Uuid),
@@ -182,6 +184,11 @@ impl Engine {
             self.cascade_cancel(job_id).await;
             return Ok(Outcome::Cancelled(job_id));
         }
+        // A list past what Postgres can build (written by a release
+        // without a bound on stored answers) can never be replayed.
+        if let Some(unreadable) = claimed.row().unreadable.clone() {
+            return settle(self, claimed, StepFailure::Defect(unreadable)).await;
+        }
         let missing = self.missing_targets(&claimed.row().definition.0);
         if !missing.is_empty() {
             return self.release_for_others(claimed, &missing).await;
@@ -290,6 +297,17 @@ impl Engine {
                 claimed.sleep(&step, set, wakes_at).await?;
                 Ok(Outcome::Sleeping(job_id))
             }
+            Stop::OutOfTime { error, written } => {
+                // Progress, not a failure: a long graph or for_each runs
+                // on over as many segments as it needs, its attempts kept
+                // for segments that get nowhere.
+                let reason = format!(
+                    "{error}, after {written} checkpoint(s): resumed at once, the attempt given back"
+                );
+                tracing::info!(%job_id, %reason, "segment deadline reached after progress; job handed on");
+                claimed.give_way(&reason).await?;
+                Ok(Outcome::Requeued(job_id))
+            }
             Stop::Finished { steps, last } => {
                 finish(self, claimed, (&compiled, &input), steps, last, lease_lost).await
             }
@@ -317,7 +335,8 @@ impl Engine {
 }
 
 /// Checks the stored checkpoints strictly against the definition: each
-/// names a step of it, once (an item of a `for_each` step once per item),
+/// names a step of it, once (an item of a `for_each` step once per item,
+/// the digest of its list on one item only),
 /// after the checkpoints of every step it needs, and each answer fits its
 /// step's output schema (a `for_each` step's, each item's).
 fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, String> {
@@ -328,6 +347,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         steps: Map::new(),
         ended: Vec::with_capacity(entries.len()),
         items: HashMap::new(),
+        lists: HashMap::new(),
         pages: HashMap::new(),
         started: HashSet::new(),
     };
@@ -415,6 +435,18 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
                 })?;
             }
         }
+        if let Some(list) = &checkpoint.list {
+            if checkpoint.item.is_none() {
+                return Err(format!(
+                    "checkpoint {i} ({name}) holds a list digest and is not an item"
+                ));
+            }
+            if replayed.lists.insert(index, list.clone()).is_some() {
+                return Err(format!(
+                    "checkpoint {i} repeats the list digest of step {name:?}"
+                ));
+            }
+        }
         if let Some(item) = checkpoint.item {
             let earlier = replayed.items.entry(index).or_default();
             if earlier.insert(item, checkpoint.response).is_some() {
@@ -427,6 +459,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         ended[index] = true;
         replayed.ended.push(index);
         replayed.items.remove(&index);
+        replayed.lists.remove(&index);
         replayed.pages.remove(&index);
         if !checkpoint.skipped {
             replayed.steps.insert(checkpoint.name, checkpoint.response);

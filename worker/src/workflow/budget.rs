@@ -5,8 +5,12 @@
 //! each `+` charges the size of what it built (wrapped in `@grow`: strings
 //! and bytes by length, lists and maps by entries, which share their
 //! elements).
-//! Charges check the time too. The names start with `@`, which CEL source
-//! cannot write, so no expression can call or shadow them.
+//! Charges check the time too. The same pass has every comprehension
+//! iterate a map in sorted key order (its range wrapped in `@in_key_order`):
+//! the crate iterates a map in its hash order, which differs from one
+//! evaluation to the next, so `input.m.map(k, k)` would give a `for_each`
+//! a list in another order on every segment. The names start with `@`,
+//! which CEL source cannot write, so no expression can call or shadow them.
 //!
 //! An evaluation runs with a budget set on its thread ([`Budget::run`]);
 //! what it spends is tracked there and an exhausted budget fails the
@@ -45,6 +49,7 @@ pub struct Exhausted(pub String);
 
 const TICK: &str = "@tick";
 const GROW: &str = "@grow";
+const IN_KEY_ORDER: &str = "@in_key_order";
 
 /// What is left of the budget of the evaluation running on this thread.
 struct Left {
@@ -151,10 +156,30 @@ pub(super) fn install(context: &mut cel::Context<'_, '_>) {
         charge(0, size(&built))?;
         Ok(built)
     });
+    let _ = context.add_function(
+        IN_KEY_ORDER,
+        |range: Value| -> Result<Value, ExecutionError> { Ok(in_key_order(range)) },
+    );
+}
+
+/// What a comprehension iterates: a map's keys as a sorted list (which a
+/// comprehension iterates as it would the map), anything else as it is.
+fn in_key_order(range: Value) -> Value {
+    match range {
+        Value::Map(map) => {
+            let mut keys: Vec<cel::objects::Key> = map.map.keys().cloned().collect();
+            keys.sort_unstable();
+            Value::List(std::sync::Arc::new(
+                keys.into_iter().map(Value::from).collect(),
+            ))
+        }
+        other => other,
+    }
 }
 
 /// Instruments `expr` in place: every comprehension charges a step per
-/// iteration, every `+` the size of what it built.
+/// iteration and iterates a map in sorted key order, every `+` charges the
+/// size of what it built.
 pub(super) fn instrument(expr: &mut IdedExpr) {
     let id = expr.id;
     match &mut expr.expr {
@@ -177,6 +202,7 @@ pub(super) fn instrument(expr: &mut IdedExpr) {
             instrument(&mut comprehension.loop_step);
             instrument(&mut comprehension.result);
             tick_each_iteration(comprehension);
+            wrap_in(IN_KEY_ORDER, &mut comprehension.iter_range);
         }
         Expr::List(list) => list.elements.iter_mut().for_each(instrument),
         Expr::Map(map) => map
@@ -234,8 +260,13 @@ fn tick_each_iteration(comprehension: &mut ComprehensionExpr) {
 }
 
 fn tick(expr: &mut IdedExpr) {
+    wrap_in(TICK, expr);
+}
+
+/// Replaces `expr` with `function(expr)`.
+fn wrap_in(function: &str, expr: &mut IdedExpr) {
     let inner = std::mem::take(&mut expr.expr);
-    expr.expr = wrap(TICK, expr.id, inner);
+    expr.expr = wrap(function, expr.id, inner);
 }
 
 fn instrument_entry(entry: &mut EntryExpr) {

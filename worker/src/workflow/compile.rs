@@ -8,8 +8,13 @@ use serde_json::{Map, Value as Json};
 
 use super::expr::Expression;
 use super::graph::Graph;
-use super::limits::{self, MAX_PATTERNS, MAX_RULES, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT};
-use super::model::{MAX_ITEMS, MAX_PARALLELISM, StartChild, StepDefinition, WorkflowDefinition};
+use super::limits::{
+    self, MAX_PATTERNS, MAX_RULES, MAX_START_STEPS, MAX_STEPS, MAX_VIOLATIONS, PATTERN_SIZE_LIMIT,
+};
+use super::model::{
+    MAX_ATTEMPTS, MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, StartChild,
+    StepDefinition, WorkflowDefinition,
+};
 
 /// One thing wrong with a definition, located by step and field.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -139,6 +144,17 @@ impl CompiledWorkflow {
                 format!("{step_count} steps (on_failure included), over the limit of {MAX_STEPS}"),
             );
         }
+        let starts = definition
+            .steps
+            .iter()
+            .filter(|s| s.start.is_some())
+            .count();
+        if starts > MAX_START_STEPS {
+            problems.top(
+                "steps",
+                format!("{starts} start steps, over the limit of {MAX_START_STEPS}"),
+            );
+        }
         problems.count(None, "output", definition.output.len());
         let patterns = std::iter::once(&definition.input_schema)
             .chain(
@@ -162,14 +178,23 @@ impl CompiledWorkflow {
                 problems: problems.0,
             });
         }
-        if definition.max_attempts < 1 {
+        if !(1..=MAX_ATTEMPTS).contains(&definition.max_attempts) {
             problems.top(
                 "max_attempts",
-                format!("must be at least 1, got {}", definition.max_attempts),
+                format!(
+                    "must be 1 to {MAX_ATTEMPTS}, got {}",
+                    definition.max_attempts
+                ),
             );
         }
-        if definition.deadline_ms == 0 {
-            problems.top("deadline_ms", "must be above 0");
+        if !(1..=MAX_DEADLINE_MS).contains(&definition.deadline_ms) {
+            problems.top(
+                "deadline_ms",
+                format!(
+                    "must be 1 to {MAX_DEADLINE_MS} (a day), got {}",
+                    definition.deadline_ms
+                ),
+            );
         }
         if let Some(parallelism) = definition.parallelism
             && !(1..=MAX_PARALLELISM).contains(&parallelism)
@@ -267,7 +292,9 @@ impl CompiledWorkflow {
     /// (`runs::READER_LEVEL`).
     #[must_use]
     pub fn reader_level(&self) -> i16 {
-        if self.definition.steps.iter().any(|s| s.start.is_some()) {
+        if self.steps.iter().any(|s| s.for_each.is_some()) {
+            flotilla_store::runs::FOR_EACH_READER_LEVEL
+        } else if self.definition.steps.iter().any(|s| s.start.is_some()) {
             flotilla_store::runs::CHILD_READER_LEVEL
         } else if self.waits_for_signals() {
             flotilla_store::runs::SIGNAL_READER_LEVEL
@@ -480,6 +507,17 @@ impl Problems {
                 "max_items",
                 format!("must be 1 to {MAX_ITEMS}, got {max}"),
             );
+        }
+        if let Some(max) = step.max_pages {
+            if !step.paged {
+                self.add(at, "max_pages", "is for a paged step (paged: true)");
+            } else if !(1..=MAX_PAGES).contains(&max) {
+                self.add(
+                    at,
+                    "max_pages",
+                    format!("must be 1 to {MAX_PAGES}, got {max}"),
+                );
+            }
         }
         if step.paged && (step.is_timer() || step.is_external() || step.for_each.is_some()) {
             self.add(

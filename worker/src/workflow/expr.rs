@@ -5,6 +5,9 @@
 //!
 //! JSON integers become CEL `int` (not `uint`) so that `input.n + 1` works as
 //! a workflow author expects; only integers beyond `i64` become `uint`.
+//! A JSON object becomes a CEL map, which a comprehension iterates in
+//! sorted key order (`budget.rs` arranges it), so an expression gives the
+//! same list on every evaluation.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -317,6 +320,36 @@ mod tests {
         assert_eq!(bracket_depth(r"r'\' + (((1))) + ''"), 3);
         assert_eq!(bracket_depth("1 // '\n + (((1)))"), 3);
         assert_eq!(bracket_depth("1 // ((((("), 0);
+    }
+
+    /// The crate iterates a map in its hash order, a new one for every
+    /// map: without the sort two evaluations of 30 keys would surely differ.
+    #[test]
+    fn comprehensions_over_a_map_see_its_keys_in_sorted_order_every_time() {
+        let keys: Vec<String> = (0..30).rev().map(|i| format!("k{i:02}")).collect();
+        let map: serde_json::Map<String, Json> =
+            keys.iter().map(|k| (k.clone(), Json::from(1))).collect();
+        let scope = Scope::default().with("m", &Json::Object(map));
+        let mut sorted = keys.clone();
+        sorted.sort();
+        for source in [
+            "m.map(k, k)",
+            "m.filter(k, m[k] == 1)",
+            "[1].map(x, m.map(k, k))[0]",
+        ] {
+            let expression = Expression::compile(source).unwrap();
+            for _ in 0..5 {
+                assert_eq!(
+                    expression.evaluate(&scope).unwrap(),
+                    Json::from(sorted.clone()),
+                    "{source}"
+                );
+            }
+        }
+        // A list is iterated as it is.
+        let list = Scope::default().with("l", &Json::from(keys.clone()));
+        let kept = Expression::compile("l.map(x, x)").unwrap().evaluate(&list);
+        assert_eq!(kept.unwrap(), Json::from(keys));
     }
 
     #[test]

@@ -8,6 +8,10 @@ use serde_json::Value as Json;
 
 /// Steps in one workflow.
 pub const MAX_STEPS: usize = 999;
+/// `start` steps in one workflow: each starts a child, which may start
+/// its own; the family's bound (`FLOTILLA_MAX_FAMILY_JOBS`) stops the
+/// whole tree, this keeps one definition from spending it at once.
+pub const MAX_START_STEPS: usize = 64;
 /// Bytes of one step's name (names key checkpoints, events and graphs).
 pub const MAX_STEP_NAME_BYTES: usize = 128;
 /// The longest signal name a `wait_for` may wait for, in bytes.

@@ -17,6 +17,7 @@ pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
 pub use compile::{CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition, Timer};
 pub use graph::Graph;
 pub use model::{
-    Completion, DEFAULT_MAX_ITEMS, DEFAULT_PARALLELISM, MAX_ITEMS, MAX_PARALLELISM, StartChild,
-    StepDefinition, WorkflowDefinition,
+    Completion, DEFAULT_MAX_ITEMS, DEFAULT_MAX_PAGES, DEFAULT_PARALLELISM, MAX_ATTEMPTS,
+    MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, StartChild, StepDefinition,
+    WorkflowDefinition,
 };

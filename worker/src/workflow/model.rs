@@ -18,6 +18,14 @@ pub const MAX_PARALLELISM: u32 = 64;
 pub const DEFAULT_MAX_ITEMS: u32 = 1_000;
 /// The most a step may ask for.
 pub const MAX_ITEMS: u32 = 10_000;
+/// The most pages of one paged step, unless its step says.
+pub const DEFAULT_MAX_PAGES: u32 = 10_000;
+/// The most a step may ask for.
+pub const MAX_PAGES: u32 = 1_000_000;
+/// The longest segment a definition may ask for (`deadline_ms`): a day.
+pub const MAX_DEADLINE_MS: u64 = 24 * 60 * 60 * 1000;
+/// The most attempts a definition may ask for.
+pub const MAX_ATTEMPTS: i32 = 100;
 
 /// A workflow: steps over a validated input, each needing the one before
 /// it unless it names its `needs` (a graph: `graph.rs`).
@@ -111,6 +119,11 @@ pub struct StepDefinition {
     /// response is the last page's answer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paged: bool,
+    /// The most pages a paged step may fetch (default
+    /// [`DEFAULT_MAX_PAGES`]); a page saying `more: true` past them is
+    /// the job's verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pages: Option<u32>,
     /// The target called; empty for a timer.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target: String,
@@ -154,6 +167,12 @@ impl StepDefinition {
     #[must_use]
     pub fn max_items(&self) -> usize {
         self.max_items.unwrap_or(DEFAULT_MAX_ITEMS) as usize
+    }
+
+    /// The most pages it may fetch, when paged.
+    #[must_use]
+    pub fn max_pages(&self) -> u32 {
+        self.max_pages.unwrap_or(DEFAULT_MAX_PAGES)
     }
 
     #[must_use]

@@ -493,7 +493,13 @@ async fn grafted_steps_join_a_running_graph_at_its_revision(pool: PgPool) {
         .collect();
     assert!(verdicts.contains(&"grafted revision 1: audit"), "{events}");
 
-    // The grafted step runs once the job resumes.
+    // The grafted step is ready (its need ended): the WAITING job was
+    // queued again, runs it, and waits for its answer again.
+    api.engine.run_once().await.unwrap();
+    let (_, waiting) = api
+        .call(Method::GET, &format!("/v1/jobs/{job_id}"), None)
+        .await;
+    assert_eq!(waiting["status"], "WAITING", "{waiting}");
     let (status, _) = api
         .call(
             Method::POST,
@@ -513,7 +519,7 @@ async fn grafted_steps_join_a_running_graph_at_its_revision(pool: PgPool) {
         .iter()
         .filter_map(|c| c["name"].as_str())
         .collect();
-    assert_eq!(names, ["fetch", "approve", "audit"]);
+    assert_eq!(names, ["fetch", "audit", "approve"]);
 
     let (status, finished) = graft(json!({"revision": 1, "steps": [
         {"name": "after", "target": "echo", "method": "m"}]}))

@@ -376,3 +376,118 @@ async fn a_start_step_is_not_answered_through_complete_step(pool: PgPool) {
     );
     assert_eq!(row(&pool, parent).await.status, RunStatus::Waiting);
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_workflow_that_starts_three_of_itself_stops_at_the_family_bound(pool: PgPool) {
+    let mut settings = settings("w");
+    settings.max_family_jobs = 20;
+    let engine = Engine::new(
+        pool.clone(),
+        echo_targets(&Calls::default()),
+        manual_clock(),
+        settings,
+    );
+    engine
+        .register_workflow(&json!({
+            "name": "bomb", "input_schema": {},
+            "steps": [
+                {"name": "a", "needs": [], "start": {"workflow": "bomb"}},
+                {"name": "b", "needs": [], "start": {"workflow": "bomb"}},
+                {"name": "c", "needs": [], "start": {"workflow": "bomb"}}
+            ]
+        }))
+        .await
+        .unwrap();
+    let root = submit(&engine, "bomb", json!({})).await;
+    // Unbounded, three per level to depth 8 would be 9,841 jobs.
+    let mut segments = 0;
+    while engine.run_once().await.unwrap() != Outcome::Idle {
+        segments += 1;
+        assert!(segments < 200, "the family never stopped growing");
+    }
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 20, "the family holds exactly its bound");
+    let refused: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT error, verdict FROM workflow_run WHERE verdict LIKE 'max_family_jobs%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        !refused.is_empty(),
+        "no job was refused a child by the bound"
+    );
+    for (error, verdict) in &refused {
+        assert!(
+            error.contains("the family of job") && error.contains("has 20 jobs"),
+            "{error}"
+        );
+        assert_eq!(verdict.as_deref(), Some("max_family_jobs: 20"));
+    }
+    assert_eq!(row(&pool, root).await.status, RunStatus::Failed);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_definition_may_start_at_most_64_children(pool: PgPool) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    let steps: Vec<Value> = (0..65)
+        .map(|i| json!({"name": format!("s{i}"), "start": {"workflow": "check"}}))
+        .collect();
+    let refused = engine
+        .register_workflow(&json!({"name": "wide", "input_schema": {}, "steps": steps}))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("65 start steps, over the limit of 64"),
+        "{refused}"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_child_that_went_dead_on_its_own_retries_is_not_retried_by_its_parent(pool: PgPool) {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut targets = Targets::default();
+    let counted = calls.clone();
+    targets.register(
+        "down",
+        Arc::new(FnTarget(move |_call: TargetCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Err::<Value, _>(StepFailure::retryable(
+                    flotilla_worker::target::RetryClass::Other,
+                    "503",
+                ))
+            }
+        })),
+        8,
+    );
+    let mut settings = settings("w");
+    settings.backoff_base = Duration::ZERO;
+    let engine = Engine::new(pool.clone(), targets, manual_clock(), settings);
+    for document in [
+        json!({"name": "leaf", "input_schema": {}, "max_attempts": 3,
+               "steps": [{"name": "call", "target": "down", "method": "m"}]}),
+        json!({"name": "middle", "input_schema": {}, "max_attempts": 3,
+               "steps": [{"name": "leaf", "start": {"workflow": "leaf"}}]}),
+        json!({"name": "top", "input_schema": {}, "max_attempts": 3,
+               "steps": [{"name": "middle", "start": {"workflow": "middle"}}]}),
+    ] {
+        engine.register_workflow(&document).await.unwrap();
+    }
+    let top = submit(&engine, "top", json!({})).await;
+    let mut segments = 0;
+    while engine.run_once().await.unwrap() != Outcome::Idle {
+        segments += 1;
+        assert!(segments < 100, "the family never settled");
+    }
+    // The leaf's own three attempts, once: not 3 × 3 × 3.
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let ended = row(&pool, top).await;
+    assert_eq!(ended.status, RunStatus::Failed);
+    let error = ended.error.unwrap_or_default();
+    assert!(error.contains("ended DEAD"), "{error}");
+}

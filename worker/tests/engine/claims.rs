@@ -221,6 +221,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
         page: None,
         signal: None,
         child: None,
+        list: None,
     };
     assert!(matches!(
         old.checkpoint(&checkpoint).await,
@@ -402,6 +403,7 @@ async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPo
         page: None,
         signal: None,
         child: None,
+        list: None,
     };
     tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
         .await

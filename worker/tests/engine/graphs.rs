@@ -963,7 +963,7 @@ async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool:
                     call.job_id,
                     (0, flotilla_store::runs::GRAPH_READER_LEVEL),
                     &definition,
-                    vec!["late".into()],
+                    (vec!["late".into()], false),
                     chrono::Utc::now(),
                 )
                 .await

@@ -106,6 +106,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
             page: None,
             signal: None,
             child: None,
+            list: None,
         })
         .await
         .unwrap();

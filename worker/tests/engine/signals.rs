@@ -17,7 +17,9 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::support::{Calls, echo_targets, events, manual_clock, row, settings, submit};
+use crate::support::{
+    Calls, echo_targets, event_types, events, manual_clock, row, settings, submit,
+};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
@@ -200,6 +202,13 @@ async fn a_signal_arriving_while_the_job_runs_leaves_the_segment_alone_and_is_ta
         .collect();
     let expected: Vec<i64> = (1..=i64::try_from(sequences.len()).unwrap()).collect();
     assert_eq!(sequences, expected, "one stream, no gap, no repeat");
+    // The park never left the job WAITING: it says nothing of a wait
+    // (review L5: a WAITING event for a job that went QUEUED).
+    let types = event_types(&pool, job_id).await;
+    assert!(
+        !types.contains(&E::Waiting),
+        "a woken park wrote a WAITING event: {types:?}"
+    );
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
