@@ -20,6 +20,7 @@ use futures_util::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::compensate::Headed;
 use super::{Engine, sanitize};
 use crate::target::RetryClass;
 
@@ -82,6 +83,9 @@ struct JobFacts {
     created_at: DateTime<Utc>,
     /// Hand-backs in a row before this claim.
     hand_backs: i32,
+    /// Whether the job has `on_failure` steps and has not begun them: an
+    /// end for good heads there first.
+    compensates: bool,
 }
 
 /// Hand-backs in a row, with no progress between them, after which the
@@ -115,16 +119,53 @@ impl Lease {
                 let error =
                     sanitize::error_text(&format!("the store refused a value of this job: {e}"));
                 tracing::error!(job_id = %self.job_id, %error, "job failed: the store refused its data");
-                self.try_write(Transition::Fail {
+                self.end(Headed {
+                    step: None,
                     error: error.clone(),
                     verdict: None,
+                    dead: false,
                 })
                 .await?;
-                self.finished("FAILED");
                 Err(SegmentStop::Refused(error))
             }
             other => other,
         }
+    }
+
+    /// Ends the job for good as `headed` says, outside the segment's own
+    /// settling (a value the store refused, a panic, the last hand-back):
+    /// a job with compensation steps not yet begun is headed there instead
+    /// (the failure written as the row's compensation, no event) and given
+    /// back at once, so the next claim runs them and then ends it so.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    async fn end(&self, headed: Headed) -> Result<(), SegmentStop> {
+        if self.job.compensates {
+            let failure = serde_json::to_value(&headed).unwrap_or(serde_json::Value::Null);
+            self.try_write(Transition::BeginCompensation { failure })
+                .await?;
+            return self
+                .try_write(Transition::Yield {
+                    reason: format!("headed to end: {}; compensating first", headed.error),
+                })
+                .await;
+        }
+        let (change, state) = if headed.dead {
+            (
+                Transition::Dead {
+                    error: headed.error,
+                },
+                "DEAD",
+            )
+        } else {
+            let error = headed.error;
+            let verdict = headed.verdict;
+            (Transition::Fail { error, verdict }, "FAILED")
+        };
+        self.try_write(change).await?;
+        self.finished(state);
+        Ok(())
     }
 
     /// Counts the job as finished in `state`.
@@ -184,14 +225,15 @@ impl Fence {
             ));
             // Fenced on the sequence: a commit of this segment whose outcome
             // was unknown, and that did commit, was progress.
-            match lease.try_write(Transition::Dead { error }).await {
+            let headed = Headed {
+                step: None,
+                error,
+                verdict: None,
+                dead: true,
+            };
+            match lease.end(headed).await {
                 Err(SegmentStop::LeaseLost(_)) => {}
-                dead => {
-                    if dead.is_ok() {
-                        lease.finished("DEAD");
-                    }
-                    return dead;
-                }
+                ended => return ended,
             }
         }
         lease
@@ -219,16 +261,16 @@ impl Fence {
         }
     }
 
-    /// Fails the job as a defect, if this worker still holds it.
+    /// Fails the job as a defect, if this worker still holds it (after
+    /// its compensation, when it has one: see `Lease::end`).
     pub(super) async fn fail_defect(&self, error: &str) -> Result<(), SegmentStop> {
-        self.0
-            .write(Transition::Fail {
-                error: sanitize::error_text(error),
-                verdict: None,
-            })
-            .await?;
-        self.0.finished("FAILED");
-        Ok(())
+        let headed = Headed {
+            step: None,
+            error: sanitize::error_text(error),
+            verdict: None,
+            dead: false,
+        };
+        self.0.end(headed).await
     }
 }
 
@@ -281,6 +323,10 @@ impl ClaimedRun {
                 workflow_version: row.workflow_version,
                 created_at: row.created_at,
                 hand_backs: row.hand_backs,
+                compensates: row.compensation.is_none()
+                    && row.definition.0["on_failure"]
+                        .as_array()
+                        .is_some_and(|steps| !steps.is_empty()),
             }),
         };
         Some(Self { lease, row })

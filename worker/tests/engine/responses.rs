@@ -101,6 +101,41 @@ async fn a_target_answering_with_a_nul_fails_the_job_on_its_first_attempt_with_t
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
+async fn a_value_the_store_refuses_still_runs_the_jobs_compensation(pool: PgPool) {
+    let engine = hostile_engine(&pool).await;
+    engine
+        .register_workflow(&json!({
+            "name": "charged", "input_schema": {},
+            "steps": [{"name": "charge", "target": "http", "method": "ok"},
+                      {"name": "greet", "target": "nul", "method": "any"}],
+            "on_failure": [{"name": "refund", "target": "http", "method": "ok"}]
+        }))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "charged", json!({})).await;
+    let mut segments = 0;
+    while engine.run_once().await.unwrap() != Outcome::Idle {
+        segments += 1;
+        assert!(segments < 10, "the job never settled");
+    }
+    let failed = row(&pool, job_id).await;
+    assert_eq!(failed.status, RunStatus::Failed);
+    let error = failed.error.unwrap_or_default();
+    assert!(
+        error.contains("the store refused a value of this job"),
+        "{error}"
+    );
+    let refunded = failed
+        .compensation
+        .map(|c| c.0["done"].clone())
+        .unwrap_or_default();
+    assert_eq!(
+        refunded[0]["name"], "refund",
+        "the charge was never refunded: {refunded}"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
 async fn an_error_body_is_kept_only_when_the_operator_asks_and_then_sanitised(pool: PgPool) {
     let engine = hostile_engine(&pool).await;
     // By default: the body's length and type, nothing of what it says.
