@@ -209,33 +209,45 @@ fn receipt(job_id: Uuid, entry: &SignalEntry, repeat: bool, woke_job: bool) -> S
     }
 }
 
-/// Whether the job waits for `name` now or soon: queued (a claim will
-/// reach the wait, or see it again) or parked on a `wait_for` step, and
-/// a step waiting for it has not ended. A job parked on an external
-/// (human) step keeps the signal until it resumes.
+/// Whether the signal `name` wakes the job: it is parked on a `wait_for`
+/// step, and a `wait_for` step of that name is ready now (every step it
+/// needs has ended) and unanswered. Anything else keeps the signal for
+/// the job's next run: a QUEUED job takes it when it is claimed, at the
+/// time it already had (a retry's backoff, a timer's instant, both kept);
+/// a job parked on an external (human) step, when it resumes.
 fn wakes(row: &RunRow, name: &str) -> bool {
-    let steps = row.definition.0["steps"].as_array();
-    let step = |wanted: &str| {
-        steps
-            .into_iter()
-            .flatten()
-            .find(|s| s["name"].as_str() == Some(wanted))
-    };
+    if row.status != RunStatus::Waiting {
+        return false;
+    }
+    let steps: &[Json] = row.definition.0["steps"]
+        .as_array()
+        .map_or(&[], Vec::as_slice);
+    let step = |wanted: &str| steps.iter().find(|s| s["name"].as_str() == Some(wanted));
     let parked_on_a_wait = row
         .outstanding_step
         .as_deref()
         .and_then(step)
         .is_some_and(|s| s["wait_for"].is_string());
-    let unanswered = steps.into_iter().flatten().any(|s| {
-        s["wait_for"].as_str() == Some(name)
-            && s["name"].as_str().is_some_and(|n| !row.has_checkpoint(n))
-    });
-    unanswered
-        && match row.status {
-            RunStatus::Waiting => parked_on_a_wait,
-            RunStatus::Queued => true,
-            _ => false,
-        }
+    // A step's own checkpoint ends it; items, pages and child starts do not.
+    let ended = |wanted: &str| {
+        row.checkpoints.0.as_array().into_iter().flatten().any(|entry| {
+            entry["name"].as_str() == Some(wanted)
+                && ["item", "page", "child"]
+                    .iter()
+                    .all(|part| entry.get(part).is_none())
+        })
+    };
+    // A step without `needs` needs the one before it (the graph's rule).
+    let ready = |at: usize, s: &Json| match s["needs"].as_array() {
+        Some(needs) => needs.iter().filter_map(Json::as_str).all(ended),
+        None => at == 0 || steps[at - 1]["name"].as_str().is_some_and(ended),
+    };
+    parked_on_a_wait
+        && steps.iter().enumerate().any(|(at, s)| {
+            s["wait_for"].as_str() == Some(name)
+                && s["name"].as_str().is_some_and(|n| !ended(n))
+                && ready(at, s)
+        })
 }
 
 impl Engine {

@@ -460,3 +460,94 @@ async fn a_signal_for_a_row_another_session_holds_fails_within_the_lock_wait_and
     assert!(send(&engine, settled).await.woke_job);
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
 }
+
+/// Sends a signal named `name` to `job_id` under a fresh key.
+async fn send_named(engine: &Engine, job_id: Uuid, name: &str) -> SignalReceipt {
+    let mut named = signal(job_id, &Uuid::new_v4().to_string(), json!({"amount": 1}));
+    name.clone_into(&mut named.name);
+    send(engine, named).await
+}
+
+/// What a signal must leave alone: the row's status, when it may run and
+/// its attempt.
+async fn schedule_of(
+    pool: &PgPool,
+    job_id: Uuid,
+) -> (RunStatus, chrono::DateTime<chrono::Utc>, i32) {
+    let row = row(pool, job_id).await;
+    (row.status, row.run_after, row.attempt)
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_signal_for_a_later_wait_leaves_a_job_backing_off_to_its_backoff(pool: PgPool) {
+    let mut targets = Targets::default();
+    targets.register(
+        "down",
+        Arc::new(FnTarget(|_: TargetCall| async {
+            Err::<Value, _>(StepFailure::retryable(
+                flotilla_worker::target::RetryClass::Other,
+                "503",
+            ))
+        })),
+        8,
+    );
+    let document = json!({
+        "name": "later", "input_schema": {},
+        "steps": [{"name": "call", "target": "down", "method": "m"},
+                  {"name": "paid", "wait_for": "payment-settled"}]
+    });
+    let engine = engine_with(&pool, targets, &document).await;
+    let job_id = submit(&engine, "later", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    let backing_off = schedule_of(&pool, job_id).await;
+    let receipt = send_named(&engine, job_id, "payment-settled").await;
+    assert!(!receipt.woke_job);
+    assert_eq!(
+        schedule_of(&pool, job_id).await,
+        backing_off,
+        "the signal cut the job's backoff short"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_signal_for_the_wait_after_a_timer_does_not_wake_the_sleeping_job(pool: PgPool) {
+    let document = json!({
+        "name": "nap-then-wait", "input_schema": {},
+        "steps": [{"name": "nap", "sleep": "24h"},
+                  {"name": "paid", "wait_for": "payment-settled"}]
+    });
+    let engine = engine_with(&pool, echo_targets(&Calls::default()), &document).await;
+    let job_id = submit(&engine, "nap-then-wait", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Sleeping(job_id));
+    let asleep = schedule_of(&pool, job_id).await;
+    let receipt = send_named(&engine, job_id, "payment-settled").await;
+    assert!(!receipt.woke_job);
+    assert_eq!(
+        schedule_of(&pool, job_id).await,
+        asleep,
+        "woken a day early"
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Idle);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_signal_for_a_wait_not_yet_reached_leaves_a_job_parked_on_another(pool: PgPool) {
+    let document = json!({
+        "name": "two-waits", "input_schema": {},
+        "steps": [{"name": "first", "wait_for": "a"},
+                  {"name": "second", "wait_for": "b"}]
+    });
+    let engine = engine_with(&pool, echo_targets(&Calls::default()), &document).await;
+    let job_id = submit(&engine, "two-waits", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let parked = schedule_of(&pool, job_id).await;
+    let receipt = send_named(&engine, job_id, "b").await;
+    assert!(
+        !receipt.woke_job,
+        "a signal for the second wait woke the first"
+    );
+    assert_eq!(schedule_of(&pool, job_id).await, parked);
+    // The first wait's signal wakes it; the second's, kept, is then taken.
+    assert!(send_named(&engine, job_id, "a").await.woke_job);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+}
