@@ -45,5 +45,8 @@ async fn children_already_asked_to_cancel_do_not_fill_the_cascades_pass(pool: Pg
     .unwrap();
     let mut conn = pool.acquire().await.unwrap();
     let left = orphaned_by_cancel(&mut conn, 64).await.unwrap();
-    assert_eq!(left, [(queued, parent)]);
+    assert_eq!(
+        left,
+        [(queued, parent, flotilla_store::RunStatus::Cancelled)]
+    );
 }

@@ -213,8 +213,8 @@ pub async fn children_of(
 }
 
 /// Up to `limit` unfinished children, cancelled with their parent, whose
-/// parent is CANCELLED: what the cancel cascade has left to do, oldest
-/// change first. A RUNNING child already asked to cancel is left out: its
+/// parent ended CANCELLED, FAILED or DEAD (with that status): what the
+/// cancel cascade has left to do, oldest change first. A RUNNING child already asked to cancel is left out: its
 /// holder honours the ask, or the sweep of its lapsed lease does, and a
 /// pass full of them would never reach the orphans behind.
 ///
@@ -223,12 +223,13 @@ pub async fn children_of(
 pub async fn orphaned_by_cancel(
     conn: &mut PgConnection,
     limit: i64,
-) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
+) -> Result<Vec<(Uuid, Uuid, RunStatus)>, sqlx::Error> {
     crate::sql::query_as(
-        "SELECT c.job_id, c.parent_job_id FROM workflow_run c
+        "SELECT c.job_id, c.parent_job_id, p.status FROM workflow_run c
          JOIN workflow_run p ON p.job_id = c.parent_job_id
          WHERE c.parent_job_id IS NOT NULL AND c.cancel_with_parent
-           AND c.status IN ('QUEUED', 'RUNNING', 'WAITING') AND p.status = 'CANCELLED'
+           AND c.status IN ('QUEUED', 'RUNNING', 'WAITING')
+           AND p.status IN ('CANCELLED', 'FAILED', 'DEAD')
            AND NOT (c.status = 'RUNNING' AND c.cancel_requested IS NOT NULL)
          ORDER BY c.updated_at
          LIMIT $1",

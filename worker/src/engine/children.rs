@@ -232,7 +232,18 @@ impl ClaimedRun {
                 None
             }
             Ok(Submitted::Existing(row)) => Some(row.status),
-            Ok(Submitted::Removed(removed)) => Some(removed.status),
+            // Gone with its outcome: nothing to retry, record or wait for.
+            Ok(Submitted::Removed(removed)) => {
+                tx.rollback().await?;
+                let message = format!(
+                    "step {step}: its child {id} ended {} and was removed by retention: its outcome is gone, so the step cannot be retried",
+                    removed.status
+                );
+                return Ok(Some(StepFailure::Verdict {
+                    violations: vec![message.clone()],
+                    message,
+                }));
+            }
             // The child exists with other input (the parent's rules read
             // something that changed): that child is the step's.
             Err(SubmitError::Conflict(_)) => children::status_of(&mut tx, id).await?,
@@ -272,14 +283,23 @@ impl ClaimedRun {
 }
 
 impl Engine {
-    /// Cancels the unfinished children of `parent` that go with it, and
-    /// theirs; returns how many were cancelled or asked to be.
+    /// Cancels the unfinished children of `parent` that go with it (their
+    /// start step did not say `cancel_children: false`), once `parent`
+    /// ended CANCELLED, FAILED or DEAD; returns how many were cancelled
+    /// or asked to be. Theirs follow as each is cancelled.
     ///
     /// # Errors
     /// The store failed (the sweeper's cascade finishes the job later).
     pub async fn cancel_children_of(&self, parent: Uuid) -> Result<usize, OperatorError> {
-        let family = flotilla_store::sql::session(self.pool(), async |conn| {
-            children::children_of(conn, parent).await
+        let (ended, family) = flotilla_store::sql::session(self.pool(), async |conn| {
+            let ended = children::status_of(conn, parent).await?;
+            let family = match ended {
+                Some(RunStatus::Cancelled | RunStatus::Failed | RunStatus::Dead) => {
+                    children::children_of(conn, parent).await?
+                }
+                _ => Vec::new(),
+            };
+            Ok::<_, sqlx::Error>((ended, family))
         })
         .await?;
         let mut cancelled = 0;
@@ -287,7 +307,7 @@ impl Engine {
             if !child.cancel_with_parent || child.status.is_finished() {
                 continue;
             }
-            let reason = format!("its parent {parent} was cancelled");
+            let reason = cascade_reason(parent, ended);
             match self.cancel(child.job_id, &reason).await {
                 Ok(_) => cancelled += 1,
                 // Finished meanwhile.
@@ -298,29 +318,37 @@ impl Engine {
         Ok(cancelled)
     }
 
-    /// Cancels the children of `parent`, just cancelled by this worker; a
-    /// failure is logged and left to the sweeper's cascade.
+    /// Cancels the children of `parent`, just ended by this worker (a
+    /// parent still running or queued has none cancelled); a failure is
+    /// logged and left to the sweeper's cascade.
     pub(super) async fn cascade_cancel(&self, parent: Uuid) {
         if let Err(e) = self.cancel_children_of(parent).await {
             tracing::warn!(%parent, error = %e, "cancelling the children failed; the sweeper retries");
         }
     }
 
-    /// The sweeper's share of the cascade: children of cancelled parents
-    /// still unfinished (their parent's worker was gone, or the first
-    /// cascade failed), cancelled now.
+    /// The sweeper's share of the cascade: children of parents that ended
+    /// (cancelled, failed, dead) still unfinished (their parent's worker
+    /// was gone, the parent was ended by the sweeper, or the first cascade
+    /// failed), cancelled now. A child its cancel fails for is logged and
+    /// passed: one row does not hold the rest back.
     pub(super) async fn cascade_cancels(&self) -> Result<usize, OperatorError> {
         let orphans = flotilla_store::sql::session(self.pool(), async |conn| {
             children::orphaned_by_cancel(conn, CASCADE_BATCH).await
         })
         .await?;
         let mut cancelled = 0;
-        for (child, parent) in orphans {
-            let reason = format!("its parent {parent} was cancelled");
+        for (child, parent, ended) in orphans {
+            let reason = cascade_reason(parent, Some(ended));
             match self.cancel(child, &reason).await {
                 Ok(_) => cancelled += 1,
                 Err(OperatorError::WrongState { .. }) => {}
-                Err(e) => return Err(e),
+                Err(OperatorError::Store(e)) if !e.is_about_the_data() => {
+                    return Err(OperatorError::Store(e));
+                }
+                Err(e) => {
+                    tracing::warn!(%child, %parent, error = %e, "the cascade could not cancel this child; passing it");
+                }
             }
         }
         Ok(cancelled)
@@ -336,5 +364,13 @@ impl Engine {
         })
         .await?;
         Ok(rows.into_iter().map(ChildLink::from).collect())
+    }
+}
+
+/// Why the cascade cancels a child of `parent`, which ended `ended`.
+fn cascade_reason(parent: Uuid, ended: Option<RunStatus>) -> String {
+    match ended {
+        Some(RunStatus::Cancelled) | None => format!("its parent {parent} was cancelled"),
+        Some(status) => format!("its parent {parent} ended {status}"),
     }
 }

@@ -164,6 +164,12 @@ impl Engine {
         if heartbeat.lost().is_cancelled() && !matches!(outcome, Outcome::LeaseLost(_)) {
             span.in_scope(|| tracing::warn!(?outcome, "lease was lost during the segment"));
         }
+        // A job that ended FAILED or DEAD closes its children as a
+        // cancelled one does (each start step's `cancel_children`); a job
+        // headed to compensate first is not ended yet, and keeps them.
+        if matches!(outcome, Outcome::Failed(_) | Outcome::Dead(_)) {
+            tracing::Instrument::instrument(self.cascade_cancel(job_id), span.clone()).await;
+        }
         outcome
     }
 

@@ -230,12 +230,17 @@ fn wakes(row: &RunRow, name: &str) -> bool {
         .is_some_and(|s| s["wait_for"].is_string());
     // A step's own checkpoint ends it; items, pages and child starts do not.
     let ended = |wanted: &str| {
-        row.checkpoints.0.as_array().into_iter().flatten().any(|entry| {
-            entry["name"].as_str() == Some(wanted)
-                && ["item", "page", "child"]
-                    .iter()
-                    .all(|part| entry.get(part).is_none())
-        })
+        row.checkpoints
+            .0
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|entry| {
+                entry["name"].as_str() == Some(wanted)
+                    && ["item", "page", "child"]
+                        .iter()
+                        .all(|part| entry.get(part).is_none())
+            })
     };
     // A step without `needs` needs the one before it (the graph's rule).
     let ready = |at: usize, s: &Json| match s["needs"].as_array() {

@@ -491,3 +491,106 @@ async fn a_child_that_went_dead_on_its_own_retries_is_not_retried_by_its_parent(
     let error = ended.error.unwrap_or_default();
     assert!(error.contains("ended DEAD"), "{error}");
 }
+
+/// `parent`: starts `waiter` (which waits for a signal that never comes)
+/// beside a step that fails as a verdict; `cancel_children` as given.
+fn failing_parent(cancel_children: bool) -> Value {
+    json!({
+        "name": "failing-parent", "input_schema": {},
+        "steps": [
+            {"name": "kid", "needs": [], "start": {"workflow": "waiter"},
+             "cancel_children": cancel_children},
+            {"name": "boom", "needs": [], "target": "echo", "method": "m", "validate": ["false"]}
+        ]
+    })
+}
+
+async fn parent_fails_beside_its_child(pool: &PgPool, cancel_children: bool) -> (Uuid, Uuid) {
+    let engine = fleet_with(pool, echo_targets(&Calls::default())).await;
+    for document in [
+        json!({"name": "waiter", "input_schema": {},
+               "steps": [{"name": "hear", "wait_for": "never"}]}),
+        failing_parent(cancel_children),
+    ] {
+        engine.register_workflow(&document).await.unwrap();
+    }
+    let parent = submit(&engine, "failing-parent", json!({})).await;
+    let mut segments = 0;
+    while engine.run_once().await.unwrap() != Outcome::Idle {
+        segments += 1;
+        assert!(segments < 20, "the family never settled");
+    }
+    assert_eq!(row(pool, parent).await.status, RunStatus::Failed);
+    (parent, child_id(parent, "kid"))
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_parent_that_fails_cancels_its_unfinished_children(pool: PgPool) {
+    let (parent, child) = parent_fails_beside_its_child(&pool, true).await;
+    let orphan = row(&pool, child).await;
+    assert_eq!(
+        orphan.status,
+        RunStatus::Cancelled,
+        "the child outlived its failed parent"
+    );
+    let error = orphan.error.unwrap_or_default();
+    assert!(
+        error.contains(&format!("its parent {parent} ended FAILED")),
+        "{error}"
+    );
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_child_whose_step_opts_out_outlives_its_failed_parent(pool: PgPool) {
+    let (_, child) = parent_fails_beside_its_child(&pool, false).await;
+    assert_eq!(row(&pool, child).await.status, RunStatus::Waiting);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_retried_parent_whose_child_retention_removed_fails_the_step_instead_of_waiting(
+    pool: PgPool,
+) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    engine
+        .register_workflow(&json!({
+            "name": "check-then-fail", "input_schema": {},
+            "steps": [
+                {"name": "verify", "start": {"workflow": "check", "input": ["who = 'mallory'"]}}
+            ]
+        }))
+        .await
+        .unwrap();
+    let parent = submit(&engine, "check-then-fail", json!({})).await;
+    while engine.run_once().await.unwrap() != Outcome::Idle {}
+    assert_eq!(row(&pool, parent).await.status, RunStatus::Failed);
+    // The child FAILED, so did its step; retention removes the child,
+    // keeping its id as removed.
+    let child = child_id(parent, "verify");
+    sqlx::query(
+        "INSERT INTO workflow_run_removed (job_id, workflow_name, request_digest, status, finished_at, removed_at)
+         SELECT job_id, workflow_name, request_digest, status, updated_at, now() FROM workflow_run WHERE job_id = $1",
+    )
+    .bind(child)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("DELETE FROM workflow_run WHERE job_id = $1")
+        .bind(child)
+        .execute(&pool)
+        .await
+        .unwrap();
+    engine.retry(parent).await.unwrap();
+    let mut segments = 0;
+    while engine.run_once().await.unwrap() != Outcome::Idle {
+        segments += 1;
+        assert!(segments < 20, "the retried parent never settled");
+    }
+    let retried = row(&pool, parent).await;
+    assert_eq!(
+        retried.status,
+        RunStatus::Failed,
+        "the parent waits for a child that is gone"
+    );
+    let error = retried.error.unwrap_or_default();
+    assert!(error.contains("was removed"), "{error}");
+}
