@@ -185,6 +185,10 @@ pub enum Transition {
     /// Starts compensating: the job is headed to end with `failure`
     /// (`{step, error, verdict, ends}`); no event.
     BeginCompensation { failure: serde_json::Value },
+    /// Keeps the instants of timers just reached (step → instant), added
+    /// to the row's: whatever ends the segment, they do not start again.
+    /// No event.
+    KeepTimers { timers: serde_json::Value },
     /// A compensation step answered (event: STEP_CHECKPOINT noted
     /// `compensation`).
     Compensated { checkpoint: Checkpoint },
@@ -282,7 +286,8 @@ impl Transition {
             | Self::Release { .. }
             | Self::HandBack { .. }
             | Self::Yield { .. }
-            | Self::BeginCompensation { .. } => return None,
+            | Self::BeginCompensation { .. }
+            | Self::KeepTimers { .. } => return None,
         })
     }
 
@@ -300,7 +305,8 @@ impl Transition {
             | Self::Release { .. }
             | Self::HandBack { .. }
             | Self::Yield { .. }
-            | Self::BeginCompensation { .. } => 0,
+            | Self::BeginCompensation { .. }
+            | Self::KeepTimers { .. } => 0,
             Self::CheckpointAndComplete { .. } => 2,
             _ => 1,
         }
@@ -313,6 +319,7 @@ impl Transition {
             self,
             Self::Checkpoint { .. }
                 | Self::BeginCompensation { .. }
+                | Self::KeepTimers { .. }
                 | Self::Compensated { .. }
                 | Self::Cancel { .. }
         )
@@ -385,6 +392,9 @@ impl Transition {
                 return "compensation = jsonb_build_object('failure', $5::jsonb, 'done', '[]'::jsonb), \
                      lease_losses = 0, hand_backs = 0"
                     .to_owned();
+            }
+            Self::KeepTimers { .. } => {
+                return "timers = coalesce(timers, '{}'::jsonb) || $5".to_owned();
             }
             Self::Compensated { .. } => {
                 let mut set = lit(&[(
@@ -685,6 +695,7 @@ pub async fn transition(
             .bind(&replies.steps)
             .bind(replies.deadline),
         Transition::BeginCompensation { failure } => query.bind(Json(failure)),
+        Transition::KeepTimers { timers } => query.bind(Json(timers)),
         Transition::Compensated { checkpoint } => query.bind(Json(checkpoint)),
         Transition::Sleep {
             timers, wakes_at, ..

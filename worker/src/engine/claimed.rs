@@ -588,6 +588,20 @@ impl ClaimedRun {
             .await
     }
 
+    /// Keeps the instant `at` of the timer `step`, just reached, in the
+    /// row: a segment that then fails, yields or loses its lease does not
+    /// take it with it.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    pub async fn keep_timer(&self, step: &str, at: &str) -> Result<(), SegmentStop> {
+        self.lease
+            .write(Transition::KeepTimers {
+                timers: serde_json::json!({ step: at }),
+            })
+            .await
+    }
+
     /// A compensation step answered.
     ///
     /// # Errors

@@ -385,7 +385,14 @@ impl<'a> Nodes<'a> {
                             let response = serde_json::json!({ "woke_at": timers::instant(at) });
                             answered.push_back((node, checkpoint(name, None, Some(response))));
                         }
-                        Ok((at, new)) => sleeping.add(name, at, new),
+                        Ok((at, new)) => {
+                            if new {
+                                // Stored at once: the instant counts from
+                                // now, whatever ends this segment.
+                                self.claimed.keep_timer(&name, &timers::instant(at)).await?;
+                            }
+                            sleeping.add(name, at, new);
+                        }
                         Err(failed) => failure = Some((failed, Some(name))),
                     }
                     continue;

@@ -1096,3 +1096,52 @@ async fn a_stored_timer_that_is_no_instant_fails_its_job_alone(pool: PgPool) {
     let fine = submit(&engine, "napping", json!({})).await;
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Sleeping(fine));
 }
+
+/// A `sleep` counts from the moment it is first reached, whatever ends
+/// that segment (review M3): here a sibling's retryable failure requeues
+/// the job with a backoff, and the next segment must keep the instant.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_sleep_reached_in_a_segment_that_then_fails_keeps_its_first_instant(pool: PgPool) {
+    let clock = manual_clock();
+    let calls = Calls::default();
+    let mut targets = echo_targets(&calls);
+    let tries = Arc::new(AtomicUsize::new(0));
+    let counted = tries.clone();
+    targets.register(
+        "flaky",
+        Arc::new(FnTarget(move |_call: TargetCall| {
+            let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    Err(StepFailure::retryable(RetryClass::Other, "503"))
+                } else {
+                    Ok(json!({}))
+                }
+            }
+        })),
+        8,
+    );
+    let engine = engine(&pool, targets, clock.clone(), "w");
+    engine
+        .register_workflow(&json!({
+            "name": "nap-beside", "input_schema": {},
+            "steps": [
+                {"name": "prepare", "target": "echo", "method": "m"},
+                {"name": "nap", "needs": ["prepare"], "sleep": "30m"},
+                {"name": "flaky", "needs": ["prepare"], "target": "flaky", "method": "m"}
+            ]
+        }))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "nap-beside", json!({})).await;
+    let reached = clock.now();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
+    clock.advance(Duration::from_secs(300));
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Sleeping(job_id));
+    let asleep = row(&pool, job_id).await;
+    assert_eq!(
+        asleep.run_after,
+        reached + Duration::from_secs(1800),
+        "the sleep started again after the backoff"
+    );
+}
