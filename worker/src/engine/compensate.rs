@@ -96,6 +96,11 @@ pub(super) async fn compensate(
     let deadline = Duration::from_millis(compiled.definition.deadline_ms);
     let started = Instant::now();
     let failure = json!({"step": headed.step, "error": headed.error});
+    // Converted once: every compensation step sees the same scope.
+    let scope = Scope::default()
+        .with("input", input)
+        .with("steps", &Json::Object(steps.clone()))
+        .with("failure", &failure);
     let mut note = None;
     for (n, step) in compiled.on_failure.iter().enumerate() {
         let name = &step.definition.name;
@@ -112,10 +117,6 @@ pub(super) async fn compensate(
             ));
             break;
         };
-        let scope = Scope::default()
-            .with("input", input)
-            .with("steps", &Json::Object(steps.clone()))
-            .with("failure", &failure);
         let index = compiled.steps.len() + n;
         let called = engine
             .invoke(

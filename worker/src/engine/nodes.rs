@@ -30,7 +30,7 @@ use super::timers::{self, Sleeping};
 use crate::target::kafka::KafkaTarget;
 use crate::target::{RetryClass, StepFailure};
 use crate::workflow::CompiledWorkflow;
-use crate::workflow::expr::Scope;
+use crate::workflow::expr::{Cel, Scope, to_cel};
 
 /// How the steps of a segment stopped.
 pub(super) enum Stop {
@@ -121,6 +121,13 @@ impl Node {
     }
 }
 
+/// The segment's input and answers converted to CEL, each once.
+#[derive(Default)]
+struct Converted {
+    input: Option<Cel>,
+    answers: HashMap<String, Cel>,
+}
+
 /// A checkpoint's fenced write; a verdict when the step's child was not
 /// started (its family is full).
 type Write<'a> = BoxFuture<'a, Result<Option<StepFailure>, SegmentStop>>;
@@ -189,6 +196,7 @@ impl<'a> Nodes<'a> {
         let mut sleeping = Sleeping::default();
         let mut replies = Replies::default();
         let mut cancelling = false;
+        let mut converted = Converted::default();
         'segment: loop {
             if self.lease_lost.is_cancelled() {
                 return Ok(Stop::LeaseLost);
@@ -215,7 +223,9 @@ impl<'a> Nodes<'a> {
                         page: Some(page),
                         ..Node::step(step)
                     };
-                    let scope = self.scope(step, &steps).with("cursor", &cursor);
+                    let scope = self
+                        .scope(step, &steps, &mut converted)
+                        .with("cursor", &cursor);
                     calls.push(Box::pin(self.call(node, scope, (left, deadline))));
                     continue;
                 }
@@ -234,7 +244,7 @@ impl<'a> Nodes<'a> {
                 let name = step.definition.name.clone();
                 let node = Node::step(index);
                 if let Some(signal) = &step.definition.wait_for {
-                    let scope = self.scope(index, &steps);
+                    let scope = self.scope(index, &steps, &mut converted);
                     match self.holds(index, &scope).await {
                         Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
                         Ok(true) => match pending.take(signal) {
@@ -258,7 +268,7 @@ impl<'a> Nodes<'a> {
                     continue;
                 }
                 if let Some(start) = &step.definition.start {
-                    let scope = self.scope(index, &steps);
+                    let scope = self.scope(index, &steps, &mut converted);
                     match self.holds(index, &scope).await {
                         Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
                         Ok(true) => {
@@ -323,7 +333,7 @@ impl<'a> Nodes<'a> {
                 }
                 if let Some(target) = self.engine.targets().kafka(&step.definition.target) {
                     let target = target.clone();
-                    let scope = self.scope(index, &steps);
+                    let scope = self.scope(index, &steps, &mut converted);
                     match self.holds(index, &scope).await {
                         Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
                         Ok(true) => match self
@@ -368,7 +378,7 @@ impl<'a> Nodes<'a> {
                     park_on.get_or_insert(name);
                     continue;
                 }
-                let scope = self.scope(index, &steps);
+                let scope = self.scope(index, &steps, &mut converted);
                 if step.timer.is_some() {
                     // A timer calls nothing: woken, it is checkpointed like
                     // an answer; not yet, the job sleeps once nothing else
@@ -639,11 +649,31 @@ impl<'a> Nodes<'a> {
     }
 
     /// What step `index` sees: `input` and the answers of its ancestors.
-    fn scope(&self, index: usize, steps: &Map<String, Json>) -> Scope {
-        Scope::default().with("input", &self.input).with(
-            "steps",
-            &Json::Object(self.compiled.steps_in_scope(index, steps)),
-        )
+    /// Each answer is converted to CEL once per segment (`converted`, by
+    /// step; an answer never changes once given), so a long graph costs
+    /// one conversion per answer, not one per answer per later step.
+    fn scope(&self, index: usize, steps: &Map<String, Json>, converted: &mut Converted) -> Scope {
+        let input = converted
+            .input
+            .get_or_insert_with(|| to_cel(&self.input))
+            .clone();
+        let mut ancestors = HashMap::new();
+        for (name, answer) in steps {
+            let ancestor = self
+                .compiled
+                .step_index(name)
+                .is_some_and(|j| self.compiled.graph.is_ancestor(j, index));
+            if ancestor {
+                let cel = converted
+                    .answers
+                    .entry(name.clone())
+                    .or_insert_with(|| to_cel(answer));
+                ancestors.insert(name.clone(), cel.clone());
+            }
+        }
+        Scope::default()
+            .with_cel("input", input)
+            .with_cel("steps", Cel::from(ancestors))
     }
 
     /// The input of step `index`'s child, built by its `start.input`.

@@ -50,7 +50,7 @@ impl StoredBytes {
 }
 
 /// The length of `value` written as JSON, without writing it anywhere.
-fn serialized_len(value: &Json) -> u64 {
+fn serialized_len(value: &impl serde::Serialize) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

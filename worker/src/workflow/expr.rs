@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use cel::{Context, Env, IdedExpr, Value as Cel};
+/// A CEL value, as rules and expressions see JSON.
+pub use cel::Value as Cel;
+use cel::{Context, Env, IdedExpr};
 use serde_json::Value as Json;
 
 use super::budget;
@@ -204,6 +206,14 @@ impl Scope {
     #[must_use]
     pub fn with(mut self, name: &str, value: &Json) -> Self {
         self.variables.push((name.to_owned(), to_cel(value)));
+        self
+    }
+
+    /// As [`Scope::with`], for a value converted already: CEL's lists,
+    /// maps and strings are shared, so this clone costs no copy.
+    #[must_use]
+    pub fn with_cel(mut self, name: &str, value: Cel) -> Self {
+        self.variables.push((name.to_owned(), value));
         self
     }
 }
