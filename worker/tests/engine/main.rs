@@ -20,6 +20,7 @@ mod parking;
 mod placement;
 mod responses;
 mod retention;
+mod scheduler_property;
 mod schedules;
 mod signals;
 mod stored_answers;
