@@ -67,7 +67,9 @@ pub enum SignalError {
         "signal key {key:?} was received by job {job_id} with other content; the first one stays"
     )]
     Conflict { job_id: Uuid, key: String },
-    #[error("no step of job {job_id}'s workflow waits for a signal named {name:?}")]
+    #[error(
+        "no step of job {job_id}'s workflow waits for a signal named {name:?}, or each that does has its answer"
+    )]
     NotAwaited { job_id: Uuid, name: String },
     #[error("the payload does not fit the output schema of the step waiting for it: {}", violations.join("; "))]
     Misfit {
@@ -318,11 +320,18 @@ impl Engine {
         }
         // Read from the job's own definition, not compiled against this
         // worker's targets (a worker lacking one must not refuse a signal).
+        // A wait that has its answer takes no more: a signal kept for it
+        // would only fill the row (review M6).
         let awaited = row.definition.0["steps"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|step| step["wait_for"].as_str() == Some(signal.name.as_str()));
+            .any(|step| {
+                step["wait_for"].as_str() == Some(signal.name.as_str())
+                    && step["name"]
+                        .as_str()
+                        .is_some_and(|n| !row.has_checkpoint(n))
+            });
         if !awaited {
             tx.rollback().await?;
             return Err(SignalError::NotAwaited {

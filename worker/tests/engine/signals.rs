@@ -551,3 +551,26 @@ async fn a_signal_for_a_wait_not_yet_reached_leaves_a_job_parked_on_another(pool
     assert!(send_named(&engine, job_id, "a").await.woke_job);
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_signal_for_a_wait_that_has_its_answer_is_refused_not_kept(pool: PgPool) {
+    let document = json!({
+        "name": "two-waits", "input_schema": {},
+        "steps": [{"name": "first", "wait_for": "a"},
+                  {"name": "second", "wait_for": "b"}]
+    });
+    let engine = engine_with(&pool, echo_targets(&Calls::default()), &document).await;
+    let job_id = submit(&engine, "two-waits", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    assert!(send_named(&engine, job_id, "a").await.woke_job);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let mut late = signal(job_id, "late-a", json!({"amount": 1}));
+    "a".clone_into(&mut late.name);
+    let refused = engine.send_signal(late).await.unwrap_err();
+    assert_eq!(refused.code(), Some("not_awaited"), "{refused}");
+    assert_eq!(
+        engine.signals(job_id).await.unwrap().len(),
+        1,
+        "a signal nothing will take was kept"
+    );
+}
