@@ -154,13 +154,27 @@ impl Every {
                     .map(|at| millis(at.with_timezone(&Utc)))
                     .filter(|latest| *latest >= due)
                     .unwrap_or(due);
-                // Whether ticks came between: counted as one, at least.
-                let before = u64::from(latest > due);
+                // Each tick from `due` to `latest`, counted up to a bound
+                // (a year of minutes): an outage of a week on an hourly
+                // cron missed 167 ticks, not one.
+                let mut before = 0;
+                let mut at = due;
+                while at < latest && before < MAX_COUNTED_TICKS {
+                    before += 1;
+                    match self.next_after(at) {
+                        Some(next) => at = next,
+                        None => break,
+                    }
+                }
                 (latest, before)
             }
         }
     }
 }
+
+/// The most missed ticks of a cron counted at once (a year of minutes);
+/// past it the count stops there.
+const MAX_COUNTED_TICKS: u64 = 366 * 24 * 60;
 
 /// Instants are kept to the millisecond (as timers are).
 fn millis(at: DateTime<Utc>) -> DateTime<Utc> {
@@ -566,6 +580,19 @@ mod tests {
             (due + TimeDelta::seconds(120), 2)
         );
         assert_eq!(every.latest_due(due, due), (due, 0));
+    }
+
+    #[test]
+    fn the_latest_due_tick_of_a_cron_counts_every_tick_before_it() {
+        // Hourly, a week behind: 168 ticks, the last taken, 167 before it.
+        let hourly = Every::parse(Some("0 * * * *"), "UTC", None).unwrap();
+        let due = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let now = due + TimeDelta::days(7) - TimeDelta::minutes(30);
+        assert_eq!(
+            hourly.latest_due(due, now),
+            (due + TimeDelta::hours(167), 167)
+        );
+        assert_eq!(hourly.latest_due(due, due), (due, 0));
     }
 
     #[test]
