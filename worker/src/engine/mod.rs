@@ -215,6 +215,9 @@ struct Inner {
     switches: switches::InUse,
     /// The bounded pool CEL and JSON Schema run on.
     evaluations: evaluate::Evaluations,
+    /// When the burst of due schedules this engine is working through
+    /// began: set while its passes come back full (see `schedules.rs`).
+    schedule_burst: std::sync::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
     /// When this engine was made (on its clock): announced to the fleet, so
     /// a worker started again under the same id is told from the one before.
     started_at: chrono::DateTime<chrono::Utc>,
@@ -363,6 +366,7 @@ impl Engine {
                 finishes: finishes::Finishes::default(),
                 switches: switches::InUse::default(),
                 evaluations,
+                schedule_burst: std::sync::Mutex::new(None),
                 started_at,
             }),
         }

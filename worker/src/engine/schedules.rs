@@ -436,13 +436,31 @@ impl Engine {
     /// # Errors
     /// The database failed (the schedule stays due for the next pass).
     pub async fn run_schedules(&self) -> Result<Vec<Uuid>, ScheduleError> {
+        self.schedules_pass().await.map(|(started, _)| started)
+    }
+
+    /// One pass of [`Engine::run_schedules`]; also whether it was full
+    /// (more may be due). A tick is judged late against when the burst it
+    /// belongs to began: passes that come back full, one after another,
+    /// are one burst, so a healthy fleet working through many schedules
+    /// due at once does not count the tail as missed.
+    async fn schedules_pass(&self) -> Result<(Vec<Uuid>, bool), ScheduleError> {
         let mut started = Vec::new();
+        let since = self
+            .inner
+            .schedule_burst
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .unwrap_or_else(|| self.now());
+        let mut taken = 0;
         for _ in 0..PER_PASS {
             let now = self.now();
             let mut tx = self.pool().begin().await?;
             let Some(row) = schedules::take_due(&mut tx, now, 1).await?.pop() else {
                 break;
             };
+            taken += 1;
             let Ok(every) = Every::of(&row) else {
                 // A row another version wrote: paused, so it stops being due.
                 tracing::error!(schedule = %row.name, "a stored schedule does not parse; paused");
@@ -451,7 +469,7 @@ impl Engine {
                 continue;
             };
             let (tick, missed_before) = every.latest_due(row.next_run_at, now);
-            let late = (now - tick).to_std().unwrap_or_default();
+            let late = (since.min(now) - tick).to_std().unwrap_or_default();
             let start = row.missed == "run_once" || late <= GRACE;
             let skipped = missed_before + u64::from(!start);
             if skipped > 0 {
@@ -509,7 +527,15 @@ impl Engine {
         if !started.is_empty() {
             self.wake();
         }
-        Ok(started)
+        let full = taken == PER_PASS;
+        if full {
+            *self
+                .inner
+                .schedule_burst
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(since);
+        }
+        Ok((started, full))
     }
 
     /// Starts due schedules every [`SCHEDULE_POLL`] until `shutdown`.
@@ -521,8 +547,17 @@ impl Engine {
                 _ = ticks.tick() => {}
                 () = shutdown.cancelled() => break,
             }
-            if let Err(e) = self.run_schedules().await {
-                tracing::warn!(error = %e, "starting due schedules failed; tried again next pass");
+            // A full pass goes on at once: what is due is taken without an
+            // idle tick between passes.
+            loop {
+                match self.schedules_pass().await {
+                    Ok((_, true)) if !shutdown.is_cancelled() => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "starting due schedules failed; tried again next pass");
+                        break;
+                    }
+                }
             }
         }
     }

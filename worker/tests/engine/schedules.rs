@@ -197,3 +197,24 @@ async fn a_schedule_that_cannot_work_is_refused_naming_why_and_a_repeat_changes_
     daily.input = json!({"n": 2});
     assert_eq!(engine.put_schedule(&daily).await.unwrap().0, Put::Replaced);
 }
+
+/// A burst of due schedules on a healthy fleet is worked through, not
+/// judged missed (review L1): 100 schedules due at the same tick take two
+/// passes of 64; the second, a slow minute and more after the first, still
+/// starts every remaining tick, since the burst began within the grace.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_burst_of_due_schedules_is_started_across_passes_not_skipped(pool: PgPool) {
+    let (engines, clock) = fleet(&pool, 1).await;
+    for n in 0..100 {
+        engines[0]
+            .put_schedule(&every(&format!("daily-{n}"), "1d", "skip"))
+            .await
+            .unwrap();
+    }
+    clock.advance(Duration::from_secs(24 * 3600 + 10));
+    let first = engines[0].run_schedules().await.unwrap();
+    assert_eq!(first.len(), 64);
+    clock.advance(Duration::from_secs(70));
+    let second = engines[0].run_schedules().await.unwrap();
+    assert_eq!(second.len(), 36, "the burst's tail was counted as missed");
+}
