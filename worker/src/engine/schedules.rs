@@ -302,11 +302,28 @@ impl Engine {
         }
         self.check_startable(&spec.workflow_name, &spec.input)
             .await?;
+        let interval_ms = interval.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let mut tx = self.pool().begin().await?;
+        let before = schedules::get(&mut tx, &spec.name, true).await?;
+        // Under the schedule's lock, so a pass that started a tick
+        // meanwhile is seen (review L2): a tick due and not yet started is
+        // kept, and one started already is not due again.
         let now = self.now();
-        let next_run_at = every
+        let mut next_run_at = every
             .next_after(now)
             .ok_or_else(|| invalid("the schedule never ticks".into()))?;
-        let interval_ms = interval.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        if let Some(before) = before.as_ref().filter(|before| !before.paused) {
+            if before.next_run_at <= now {
+                next_run_at = before.next_run_at;
+            }
+            if let Some(last) = before.last_tick_at
+                && next_run_at <= last
+            {
+                next_run_at = every
+                    .next_after(last)
+                    .ok_or_else(|| invalid("the schedule never ticks".into()))?;
+            }
+        }
         let new = NewSchedule {
             name: &spec.name,
             workflow_name: &spec.workflow_name,
@@ -317,8 +334,6 @@ impl Engine {
             missed,
             next_run_at,
         };
-        let mut tx = self.pool().begin().await?;
-        let before = schedules::get(&mut tx, &spec.name, true).await?;
         if let Some(before) = before.as_ref().filter(|before| new.matches(before)) {
             let unchanged = before.clone();
             tx.rollback().await?;

@@ -218,3 +218,24 @@ async fn a_burst_of_due_schedules_is_started_across_passes_not_skipped(pool: PgP
     let second = engines[0].run_schedules().await.unwrap();
     assert_eq!(second.len(), 36, "the burst's tail was counted as missed");
 }
+
+/// A schedule replaced while its tick is due and not yet started keeps
+/// that tick (review L2): the next pass starts it, with the new input.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_schedule_replaced_while_its_tick_is_due_still_starts_that_tick(pool: PgPool) {
+    let (engines, clock) = fleet(&pool, 1).await;
+    engines[0]
+        .put_schedule(&every("daily", "1d", "skip"))
+        .await
+        .unwrap();
+    // The tick is due; no pass has taken it yet when the schedule changes.
+    clock.advance(Duration::from_millis(24 * 3600 * 1000 + 400));
+    let mut changed = every("daily", "1d", "skip");
+    changed.input = json!({"n": 2});
+    let (put, _) = engines[0].put_schedule(&changed).await.unwrap();
+    assert_eq!(put, Put::Replaced);
+    let started = engines[0].run_schedules().await.unwrap();
+    assert_eq!(started.len(), 1, "the due tick was dropped by the replace");
+    // And only once: the next pass starts nothing more for it.
+    assert!(engines[0].run_schedules().await.unwrap().is_empty());
+}
