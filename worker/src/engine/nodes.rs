@@ -553,6 +553,10 @@ impl<'a> Nodes<'a> {
                 () = self.cancel_asked.cancelled(), if !cancelling => {
                     cancelling = true;
                     calls = FuturesUnordered::new();
+                    // No child is started for a job being cancelled (review
+                    // L7): it would be created only to be cancelled.
+                    answered.retain(|(_, checkpoint)| checkpoint.child.is_none());
+                    to_start.clear();
                 }
                 Some((node, called)) = calls.next(), if !calls.is_empty() => match called {
                     Ok(response) => {
