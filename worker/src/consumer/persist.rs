@@ -51,6 +51,11 @@ pub enum Outage {
     /// Kafka did not say where the group's committed offsets are.
     #[error("reading the group's committed offsets: {0}")]
     Committed(String),
+    /// A signal's job was written by a newer release than this worker
+    /// (a rolling deploy under way): a newer worker takes it, or this one
+    /// once replaced; it is not the signal's fault.
+    #[error("signal for job {job_id}: {reason}")]
+    TooNew { job_id: uuid::Uuid, reason: String },
     /// Seeking a partition back to the database's offset failed.
     #[error("seeking {partition} back to the database's offset: {error}")]
     Seek {
@@ -141,22 +146,11 @@ impl RequestConsumer {
         for (message, signal) in signals {
             match self.engine.send_signal(signal).await {
                 Ok(_) => report.signals += 1,
-                // The database failed: the batch is retried (a signal
-                // kept already repeats its key, changing nothing).
-                Err(SignalError::Store(store)) if !store.is_about_the_data() => {
-                    return Err(Outage::Store(store));
-                }
                 Err(e) => {
-                    let code = e.code().unwrap_or("refused");
+                    let letter = refused_signal(e)?;
                     tracing::warn!(partition = message.partition(), offset = message.offset(),
-                        code, reason = %e, "signal refused; dead-lettered");
-                    letters.push((
-                        message,
-                        DeadLetter {
-                            code,
-                            reason: e.to_string(),
-                        },
-                    ));
+                        code = letter.code, reason = %letter.reason, "signal refused; dead-lettered");
+                    letters.push((message, letter));
                 }
             }
         }
@@ -334,5 +328,48 @@ impl RequestConsumer {
             traceparent,
             tracestate,
         }))
+    }
+}
+
+/// What a refused signal comes to: a dead letter when the refusal is about
+/// the signal, an outage (the batch tried again) when it is about the
+/// world: the database failed (a signal kept already repeats its key,
+/// changing nothing), or the job needs a newer release than this worker,
+/// as during a rolling deploy.
+fn refused_signal(refused: SignalError) -> Result<DeadLetter, Outage> {
+    match refused {
+        SignalError::Store(store) if !store.is_about_the_data() => Err(Outage::Store(store)),
+        too_new @ SignalError::TooNew { job_id, .. } => Err(Outage::TooNew {
+            job_id,
+            reason: too_new.to_string(),
+        }),
+        e => Ok(DeadLetter {
+            code: e.code().unwrap_or("refused"),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_for_a_job_of_a_newer_release_is_retried_not_dead_lettered() {
+        let job_id = uuid::Uuid::new_v4();
+        let too_new = SignalError::TooNew {
+            job_id,
+            needs: 9,
+            reads: 1,
+        };
+        assert!(
+            matches!(refused_signal(too_new), Err(Outage::TooNew { job_id: j, .. }) if j == job_id)
+        );
+        let not_awaited = SignalError::NotAwaited {
+            job_id,
+            name: "x".into(),
+        };
+        let letter = refused_signal(not_awaited).unwrap();
+        assert_eq!(letter.code, "not_awaited");
     }
 }
