@@ -30,6 +30,9 @@ pub struct RequestConsumerContext {
     fresh: Mutex<HashSet<(String, i32)>>,
     /// Told when partitions are assigned, so an idle consumer checks them.
     assigned: tokio::sync::Notify,
+    /// The topics this consumer has held partitions of: a topic left with
+    /// none shows 0 rather than its last count.
+    held_topics: Mutex<HashSet<String>>,
     /// Dropped with the context, when librdkafka has closed the consumer
     /// and destroyed it: its receivers learn that the member has left.
     destroyed: tokio::sync::watch::Sender<()>,
@@ -68,6 +71,26 @@ impl RequestConsumerContext {
         self.fresh
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sets `flotilla_consumer_assigned_partitions` per topic: the
+    /// request, signal and reply topics each show their own count.
+    fn show_assignment(&self, assignment: &TopicPartitionList) {
+        let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        for e in assignment.elements() {
+            *counts.entry(e.topic().to_owned()).or_default() += 1;
+        }
+        let mut held = self
+            .held_topics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.extend(counts.keys().cloned());
+        for topic in held.iter() {
+            let count = counts.get(topic).copied().unwrap_or(0);
+            #[allow(clippy::cast_precision_loss)]
+            metrics::gauge!("flotilla_consumer_assigned_partitions", "topic" => topic.clone())
+                .set(count as f64);
+        }
     }
 
     fn note_assignment(&self, rebalance: &Rebalance<'_>) {
@@ -116,8 +139,7 @@ impl ConsumerContext for RequestConsumerContext {
         // What this worker holds after any kind of rebalance (eager or
         // incremental): a worker holding nothing is idle by assignment.
         if let Ok(assignment) = consumer.assignment() {
-            #[allow(clippy::cast_precision_loss)]
-            metrics::gauge!("flotilla_consumer_assigned_partitions").set(assignment.count() as f64);
+            self.show_assignment(&assignment);
         }
         if let (Rebalance::Assign(partitions), true) =
             (rebalance, self.outage.load(Ordering::SeqCst))
