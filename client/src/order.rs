@@ -15,7 +15,9 @@
 //! applied sequence of each job in its own store; [`JobSequences`] keeps
 //! it in memory for [`EventStream`](crate::EventStream).
 
-use std::collections::{HashMap, VecDeque};
+use std::num::NonZeroUsize;
+
+use lru::LruCache;
 
 use uuid::Uuid;
 
@@ -59,18 +61,16 @@ pub fn classify(last_applied: Option<i64>, sequence: i64) -> Verdict {
 }
 
 /// The last sequence delivered per job, and the partition it came from, for
-/// at most `capacity` jobs (those first seen longest ago are forgotten
-/// first).
+/// at most `capacity` jobs: those heard from longest ago are forgotten
+/// first (a least-recently-used cache), so a job still running keeps its
+/// place however long ago it began.
 ///
 /// A forgotten job counts as never seen: a repeat of its last event after
 /// that is delivered again. The capacity bounds memory (about 70 bytes a
 /// job); keep it above the number of jobs whose events can still repeat.
 #[derive(Debug)]
 pub struct JobSequences {
-    last: HashMap<Uuid, (i64, i32)>,
-    /// Jobs in the order they were first seen, for forgetting.
-    seen: VecDeque<Uuid>,
-    capacity: usize,
+    last: LruCache<Uuid, (i64, i32)>,
 }
 
 impl JobSequences {
@@ -78,24 +78,18 @@ impl JobSequences {
     #[must_use]
     pub fn new(capacity: usize) -> Self {
         Self {
-            last: HashMap::new(),
-            seen: VecDeque::new(),
-            capacity: capacity.max(1),
+            last: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
         }
     }
 
     /// Judges `sequence` of `job`, read from `partition`, and, unless it is
     /// a repeat, moves the job's last sequence to it (after a gap the stream
-    /// goes on from what came).
+    /// goes on from what came). Any event of a job, a repeat too, makes it
+    /// the most recently heard from.
     pub fn observe(&mut self, job: Uuid, sequence: i64, partition: i32) -> Verdict {
         let verdict = classify(self.last.get(&job).map(|&(last, _)| last), sequence);
-        if verdict != Verdict::Repeat && self.last.insert(job, (sequence, partition)).is_none() {
-            self.seen.push_back(job);
-            while self.seen.len() > self.capacity {
-                if let Some(oldest) = self.seen.pop_front() {
-                    self.last.remove(&oldest);
-                }
-            }
+        if verdict != Verdict::Repeat {
+            self.last.put(job, (sequence, partition));
         }
         verdict
     }
@@ -105,9 +99,15 @@ impl JobSequences {
     /// group's last commit) is delivered again rather than judged against
     /// events that may never have been acknowledged.
     pub fn forget_partition(&mut self, partition: i32) {
-        self.last.retain(|_, &mut (_, from)| from != partition);
-        let last = &self.last;
-        self.seen.retain(|job| last.contains_key(job));
+        let gone: Vec<Uuid> = self
+            .last
+            .iter()
+            .filter(|(_, (_, from))| *from == partition)
+            .map(|(&job, _)| job)
+            .collect();
+        for job in gone {
+            self.last.pop(&job);
+        }
     }
 
     /// How many jobs are remembered.
@@ -180,7 +180,7 @@ mod tests {
     }
 
     #[test]
-    fn the_jobs_seen_longest_ago_are_forgotten_beyond_the_capacity() {
+    fn the_jobs_heard_from_longest_ago_are_forgotten_beyond_the_capacity() {
         let mut jobs = JobSequences::new(2);
         let [a, b, c] = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
         jobs.observe(a, 1, 0);
@@ -188,9 +188,10 @@ mod tests {
         jobs.observe(a, 2, 0);
         jobs.observe(c, 1, 0);
         assert_eq!(jobs.len(), 2);
-        // `a` was seen first, so it went: its repeat counts as new.
-        assert_eq!(jobs.observe(a, 2, 0), Verdict::Next);
+        // `a` was seen first but is still going: `b`, idle since, went.
+        assert_eq!(jobs.observe(a, 2, 0), Verdict::Repeat);
         assert_eq!(jobs.observe(c, 1, 0), Verdict::Repeat);
+        assert_eq!(jobs.observe(b, 1, 0), Verdict::Next);
     }
 
     #[test]
