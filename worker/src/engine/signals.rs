@@ -211,12 +211,12 @@ fn receipt(job_id: Uuid, entry: &SignalEntry, repeat: bool, woke_job: bool) -> S
     }
 }
 
-/// Whether the signal `name` wakes the job: it is parked on a `wait_for`
-/// step, and a `wait_for` step of that name is ready now (every step it
-/// needs has ended) and unanswered. Anything else keeps the signal for
-/// the job's next run: a QUEUED job takes it when it is claimed, at the
-/// time it already had (a retry's backoff, a timer's instant, both kept);
-/// a job parked on an external (human) step, when it resumes.
+/// Whether the signal `name` wakes the job: it is parked (on whatever
+/// step: a person's answer, another wait, a child), and a `wait_for` step
+/// of that name is ready now (every step it needs has ended) and
+/// unanswered. Anything else keeps the signal for the job's next run: a
+/// QUEUED job takes it when it is claimed, at the time it already had (a
+/// retry's backoff, a timer's instant, both kept).
 fn wakes(row: &RunRow, name: &str) -> bool {
     if row.status != RunStatus::Waiting {
         return false;
@@ -224,12 +224,6 @@ fn wakes(row: &RunRow, name: &str) -> bool {
     let steps: &[Json] = row.definition.0["steps"]
         .as_array()
         .map_or(&[], Vec::as_slice);
-    let step = |wanted: &str| steps.iter().find(|s| s["name"].as_str() == Some(wanted));
-    let parked_on_a_wait = row
-        .outstanding_step
-        .as_deref()
-        .and_then(step)
-        .is_some_and(|s| s["wait_for"].is_string());
     // A step's own checkpoint ends it; items, pages and child starts do not.
     let ended = |wanted: &str| {
         row.checkpoints
@@ -249,12 +243,11 @@ fn wakes(row: &RunRow, name: &str) -> bool {
         Some(needs) => needs.iter().filter_map(Json::as_str).all(ended),
         None => at == 0 || steps[at - 1]["name"].as_str().is_some_and(ended),
     };
-    parked_on_a_wait
-        && steps.iter().enumerate().any(|(at, s)| {
-            s["wait_for"].as_str() == Some(name)
-                && s["name"].as_str().is_some_and(|n| !ended(n))
-                && ready(at, s)
-        })
+    steps.iter().enumerate().any(|(at, s)| {
+        s["wait_for"].as_str() == Some(name)
+            && s["name"].as_str().is_some_and(|n| !ended(n))
+            && ready(at, s)
+    })
 }
 
 impl Engine {

@@ -594,3 +594,48 @@ async fn a_retried_parent_whose_child_retention_removed_fails_the_step_instead_o
     let error = retried.error.unwrap_or_default();
     assert!(error.contains("was removed"), "{error}");
 }
+
+/// A parent parked on a human step wakes when a child it also waits for
+/// finishes (issue 49: a parked job wakes on anything it awaits), takes
+/// the child's answer, runs what needed it, and waits for the human again.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_parent_parked_on_another_step_wakes_when_its_child_finishes(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = fleet_with(&pool, echo_targets(&calls)).await;
+    engine
+        .register_workflow(&json!({
+            "name": "two-waits", "input_schema": {},
+            "steps": [
+                {"name": "approve", "needs": [], "target": "echo", "method": "m",
+                 "completion": "external"},
+                {"name": "verify", "needs": [], "start": {"workflow": "check", "input": ["who = 'ada'"]}},
+                {"name": "greet", "needs": ["verify"], "target": "echo", "method": "greet"}
+            ]
+        }))
+        .await
+        .unwrap();
+    let parent = submit(&engine, "two-waits", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    assert_eq!(
+        row(&pool, parent).await.outstanding_step.as_deref(),
+        Some("approve"),
+        "the parent waits for the human first"
+    );
+    let child = child_id(parent, "verify");
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(child));
+    assert_eq!(
+        row(&pool, parent).await.status,
+        RunStatus::Queued,
+        "the child's end did not wake its parent"
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    assert!(
+        calls.of(parent).contains(&"greet".to_owned()),
+        "{:?}",
+        calls.of(parent)
+    );
+    assert_eq!(
+        row(&pool, parent).await.outstanding_step.as_deref(),
+        Some("approve")
+    );
+}

@@ -574,3 +574,33 @@ async fn a_signal_for_a_wait_that_has_its_answer_is_refused_not_kept(pool: PgPoo
         "a signal nothing will take was kept"
     );
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_parked_on_a_human_step_wakes_for_a_signal_a_ready_wait_takes(pool: PgPool) {
+    let document = json!({
+        "name": "human-and-signal", "input_schema": {},
+        "steps": [{"name": "approve", "needs": [], "target": "echo", "method": "m",
+                   "completion": "external"},
+                  {"name": "paid", "needs": [], "wait_for": "payment-settled"}]
+    });
+    let engine = engine_with(&pool, echo_targets(&Calls::default()), &document).await;
+    let job_id = submit(&engine, "human-and-signal", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.outstanding_step.as_deref(),
+        Some("approve")
+    );
+    assert!(
+        send_named(&engine, job_id, "payment-settled")
+            .await
+            .woke_job,
+        "the ready wait's signal waited for the human"
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let parked = row(&pool, job_id).await;
+    assert!(
+        parked.has_checkpoint("paid"),
+        "the wait did not take its signal"
+    );
+    assert_eq!(parked.outstanding_step.as_deref(), Some("approve"));
+}
