@@ -87,6 +87,22 @@ pub async fn link(
     Ok(())
 }
 
+/// Locks the row of the child `child`, if there is one, until the
+/// transaction ends: a parent that writes its child takes the child's lock
+/// before its own row's, the order a child's terminal write takes them in
+/// (the child's row, then, by the trigger, its parent's), so the two wait
+/// for each other instead of deadlocking.
+///
+/// # Errors
+/// Database errors.
+pub async fn lock_child(tx: &mut PgTransaction<'_>, child: Uuid) -> Result<(), sqlx::Error> {
+    crate::sql::query("SELECT 1 FROM workflow_run WHERE job_id = $1 FOR UPDATE")
+        .bind(child)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// Counts one more job into the family of `parent` (its root's, or its
 /// own when nobody started it), unless the family already holds `most`
 /// jobs (the root included). The family and, when it is full, `None`.

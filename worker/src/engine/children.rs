@@ -204,6 +204,9 @@ impl ClaimedRun {
         let engine = self.engine();
         let now = engine.now();
         let mut tx = engine.begin_reserved().await?;
+        // The child's row first, then the parent's (by its checkpoint): the
+        // order a child's own terminal write takes them in.
+        children::lock_child(&mut tx, id).await?;
         // Each refusal below ends the transaction before returning: a
         // dropped one keeps the parent's row locked (its checkpoint
         // written) until its connection is next used, and the FAILED write

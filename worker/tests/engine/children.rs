@@ -639,3 +639,72 @@ async fn a_parent_parked_on_another_step_wakes_when_its_child_finishes(pool: PgP
         Some("approve")
     );
 }
+
+/// One lock order between a child and its parent (issue 49): a child's
+/// terminal write locks the child, then (its trigger) the parent; a
+/// parent starting that child again takes the child's lock before its own
+/// row's, so the two queue instead of deadlocking. Here another session
+/// holds the child and then writes the parent, as a child's end does,
+/// while the retried parent's start step runs.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_parent_restarting_its_child_and_the_childs_own_write_do_not_deadlock(pool: PgPool) {
+    let engine = fleet_with(&pool, echo_targets(&Calls::default())).await;
+    engine
+        .register_workflow(&json!({
+            "name": "check-mallory", "input_schema": {},
+            "steps": [{"name": "verify", "start": {"workflow": "check", "input": ["who = 'mallory'"]}}]
+        }))
+        .await
+        .unwrap();
+    let parent = submit(&engine, "check-mallory", json!({})).await;
+    while engine.run_once().await.unwrap() != Outcome::Idle {}
+    assert_eq!(row(&pool, parent).await.status, RunStatus::Failed);
+    let child = child_id(parent, "verify");
+    engine.retry(parent).await.unwrap();
+
+    // The "child's write": holds the child row.
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM workflow_run WHERE job_id = $1 FOR UPDATE")
+        .bind(child)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let running = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.run_once().await }
+    });
+    // Wait until the parent's segment waits for a row lock.
+    crate::support::eventually(
+        Duration::from_secs(10),
+        "the parent to wait for a lock",
+        || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                    > 0
+            }
+        },
+    )
+    .await;
+    // Then it writes the parent, as the child's trigger does.
+    let wrote = sqlx::query("UPDATE workflow_run SET updated_at = updated_at WHERE job_id = $1")
+        .bind(parent)
+        .execute(&mut *other)
+        .await;
+    assert!(wrote.is_ok(), "the child's side deadlocked: {wrote:?}");
+    other.commit().await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the parent's segment never ended")
+        .unwrap();
+    assert!(
+        matches!(outcome, Ok(Outcome::Parked(p)) if p == parent),
+        "the parent's side failed: {outcome:?}"
+    );
+}
