@@ -229,6 +229,24 @@ impl RunRow {
         }
     }
 
+    /// The steps that have ended: those with a checkpoint of their own
+    /// (an item's, a page's or a child start's entry does not end a step).
+    #[must_use]
+    pub fn ended_steps(&self) -> std::collections::HashSet<&str> {
+        self.checkpoints
+            .0
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|entry| {
+                ["item", "page", "child"]
+                    .iter()
+                    .all(|part| entry.get(part).is_none())
+            })
+            .filter_map(|entry| entry.get("name").and_then(serde_json::Value::as_str))
+            .collect()
+    }
+
     /// Whether the checkpoints hold an entry for `step`.
     #[must_use]
     pub fn has_checkpoint(&self, step: &str) -> bool {

@@ -15,8 +15,6 @@
 //! A job that is not running (WAITING, or asleep on a timer) whose grafted
 //! steps are ready now is queued again at once, as a woken park is.
 
-use std::collections::HashSet;
-
 use flotilla_store::runs::{self, READER_LEVEL, RunRow};
 use flotilla_store::{RunStatus, StoreError};
 use serde_json::Value as Json;
@@ -209,20 +207,7 @@ fn plain_call_problems(steps: &[Json]) -> Vec<DefinitionProblem> {
 /// Whether one of the grafted steps `names` has every need ended in the
 /// checkpoints of `row`: then it can run now.
 fn any_ready(compiled: &CompiledWorkflow, row: &RunRow, names: &[String]) -> bool {
-    // A step's own checkpoint ends it; items, pages and child starts do not.
-    let ended: HashSet<&str> = row
-        .checkpoints
-        .0
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|entry| {
-            ["item", "page", "child"]
-                .iter()
-                .all(|part| entry.get(part).is_none())
-        })
-        .filter_map(|entry| entry.get("name").and_then(Json::as_str))
-        .collect();
+    let ended = row.ended_steps();
     names
         .iter()
         .filter_map(|name| compiled.step_index(name))

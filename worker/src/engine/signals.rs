@@ -224,20 +224,8 @@ fn wakes(row: &RunRow, name: &str) -> bool {
     let steps: &[Json] = row.definition.0["steps"]
         .as_array()
         .map_or(&[], Vec::as_slice);
-    // A step's own checkpoint ends it; items, pages and child starts do not.
-    let ended = |wanted: &str| {
-        row.checkpoints
-            .0
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|entry| {
-                entry["name"].as_str() == Some(wanted)
-                    && ["item", "page", "child"]
-                        .iter()
-                        .all(|part| entry.get(part).is_none())
-            })
-    };
+    let ended_steps = row.ended_steps();
+    let ended = |wanted: &str| ended_steps.contains(wanted);
     // A step without `needs` needs the one before it (the graph's rule).
     let ready = |at: usize, s: &Json| match s["needs"].as_array() {
         Some(needs) => needs.iter().filter_map(Json::as_str).all(ended),
