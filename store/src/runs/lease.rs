@@ -139,8 +139,14 @@ pub async fn request_cancel(
 pub struct Fence {
     pub token: Uuid,
     /// The row's `event_sequence` before this write, less its
-    /// `foreign_events` (the events its holder did not write).
+    /// `foreign_events` and its `revision` (the events its holder did not
+    /// write: signals received, grafts).
     pub sequence: i64,
+    /// The definition's revision the holder runs: a write that ends the
+    /// segment's graph (a park, a sleep, a completion) is refused once a
+    /// graft moved it, so the job resumes with the grafted steps; its
+    /// checkpoints are not, so the answers in hand are kept.
+    pub revision: i32,
 }
 
 /// A change to a RUNNING row by its lease holder. Each one states the event
@@ -310,6 +316,19 @@ impl Transition {
             Self::CheckpointAndComplete { .. } => 2,
             _ => 1,
         }
+    }
+
+    /// Whether this transition is where the segment's graph ends (a park,
+    /// a sleep, a completion): what it decides depends on every step of
+    /// the definition, so a graft since the claim refuses it.
+    fn ends_the_graph(&self) -> bool {
+        matches!(
+            self,
+            Self::Park { .. }
+                | Self::Sleep { .. }
+                | Self::Complete { .. }
+                | Self::CheckpointAndComplete { .. }
+        )
     }
 
     /// Whether this transition takes the job out of RUNNING (and so
@@ -655,13 +674,18 @@ pub async fn transition(
     // sequence became: only commit points compare it. Events others wrote
     // meanwhile (signals received) are not the holder's and do not count.
     let sequence = if change.is_commit_point() {
-        " AND event_sequence - foreign_events = $4"
+        " AND event_sequence - foreign_events - revision = $4"
     } else {
         ""
     };
+    let revision = if change.ends_the_graph() {
+        format!(" AND revision = {}", fence.revision)
+    } else {
+        String::new()
+    };
     let update = format!(
         "UPDATE workflow_run SET {}, updated_at = $3
-         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'{sequence}",
+         WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'{sequence}{revision}",
         change.assignments()
     );
     // The event stamp, and the status and error the row landed in.

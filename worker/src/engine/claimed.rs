@@ -72,6 +72,8 @@ struct Lease {
     job_id: Uuid,
     token: Uuid,
     sequence: Arc<AtomicI64>,
+    /// The definition's revision when claimed (see `lease::Fence`).
+    revision: i32,
     job: Arc<JobFacts>,
 }
 
@@ -186,6 +188,7 @@ impl Lease {
         let fence = LeaseFence {
             token: self.token,
             sequence: self.sequence.load(Ordering::SeqCst),
+            revision: self.revision,
         };
         let events = change.events_written();
         match group.write(self.job_id, fence, now, change).await? {
@@ -316,8 +319,9 @@ impl ClaimedRun {
             token: row.lease_token?,
             // The fence counts the holder's own events only (see `lease::Fence`).
             sequence: Arc::new(AtomicI64::new(
-                row.event_sequence - i64::from(row.foreign_events),
+                row.event_sequence - i64::from(row.foreign_events) - i64::from(row.revision),
             )),
+            revision: row.revision,
             job: Arc::new(JobFacts {
                 workflow_name: row.workflow_name.clone(),
                 workflow_version: row.workflow_version,
@@ -350,6 +354,7 @@ impl ClaimedRun {
         let fence = LeaseFence {
             token: self.lease.token,
             sequence: self.lease.sequence.load(Ordering::SeqCst),
+            revision: self.lease.revision,
         };
         let change = Transition::Checkpoint {
             checkpoint: checkpoint.clone(),
@@ -554,9 +559,21 @@ impl ClaimedRun {
             result: result.clone(),
             verdict: verdict.to_owned(),
         };
-        tracing::Instrument::instrument(self.lease.write(change), span).await?;
-        self.finished("COMPLETED");
-        Ok(())
+        match tracing::Instrument::instrument(self.lease.write(change), span).await {
+            Ok(()) => {
+                self.finished("COMPLETED");
+                Ok(())
+            }
+            Err(SegmentStop::LeaseLost(lost)) => {
+                // A graft since the claim refuses the completion, not the
+                // answer: it is kept (a lease really lost refuses both).
+                if let Err(e) = self.checkpoint(checkpoint).await {
+                    tracing::debug!(error = %e, "the last answer was not kept either; it is called again");
+                }
+                Err(SegmentStop::LeaseLost(lost))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn finished(&self, state: &'static str) {

@@ -327,7 +327,11 @@ mod tests {
 
     /// The fence of a row as [`running`] made it.
     fn fence(token: Uuid) -> Fence {
-        Fence { token, sequence: 0 }
+        Fence {
+            token,
+            sequence: 0,
+            revision: 0,
+        }
     }
 
     /// A RUNNING row leased with `token`.

@@ -931,19 +931,25 @@ async fn a_resumed_compensation_runs_only_what_is_left_and_never_the_failed_step
     assert!(row(&pool, job_id).await.compensation.is_none());
 }
 
-/// A graft made while a worker runs the job bumps its event sequence: the
-/// worker's next checkpoint is refused (its fenced write compares the
-/// sequence), the segment hands the job back at once (its lease still
-/// held), and the job resumes with the new steps.
+/// A graft made while a worker runs the job does not cost the answers in
+/// hand: the segment's checkpoints are still written (the graft's event is
+/// not the holder's), but its end (here the completion) is refused at the
+/// new revision, the job is handed back at once (its lease still held),
+/// and the next claim runs the grafted step with the answers kept.
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool: PgPool) {
+async fn a_graft_under_a_running_segment_keeps_its_answers_and_stops_it_before_its_end(
+    pool: PgPool,
+) {
     let calls = Calls::default();
     let mut targets = echo_targets(&calls);
     let grafter = pool.clone();
+    let grafting_calls = Arc::new(AtomicUsize::new(0));
+    let counted = grafting_calls.clone();
     targets.register(
         "grafting",
         Arc::new(FnTarget(move |call: TargetCall| {
             let pool = grafter.clone();
+            counted.fetch_add(1, Ordering::SeqCst);
             async move {
                 let mut tx = pool.begin().await.unwrap();
                 let definition: Value = sqlx::query_scalar(
@@ -987,9 +993,10 @@ async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool:
     let job_id = submit(&engine, "regrown", json!({})).await;
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
     let stopped = row(&pool, job_id).await;
-    assert!(
-        checkpoint_names(&stopped).is_empty(),
-        "the stale segment wrote nothing"
+    assert_eq!(
+        checkpoint_names(&stopped),
+        ["first", "second"],
+        "the answers in hand were kept; only the end was refused"
     );
     assert_eq!(stopped.revision, 1);
     // Handed back at once, its attempt unspent, no lapse to wait for.
@@ -1005,6 +1012,15 @@ async fn a_graft_under_a_running_segment_stops_it_at_its_next_commit_point(pool:
     names.sort();
     assert_eq!(names, ["first", "late", "second"], "the grafted step ran");
     assert_eq!(calls.of(job_id).iter().filter(|s| *s == "late").count(), 1);
+    assert_eq!(
+        grafting_calls.load(Ordering::SeqCst),
+        1,
+        "the step answered under the graft was called again"
+    );
+    assert_eq!(
+        calls.of(job_id).iter().filter(|s| *s == "second").count(),
+        1
+    );
 }
 
 /// A timer reached in the segment that parks on an external step keeps
