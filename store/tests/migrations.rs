@@ -62,6 +62,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
         "workflow_run_outbox_pending",
         "workflow_run_outbox_published",
         "workflow_run_reply_deadline",
+        "workflow_run_wake_at",
     ] {
         assert!(
             partial.iter().any(|i| i == index),

@@ -120,7 +120,7 @@ pub async fn retry(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
              lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,
-             step_requests = NULL, reply_deadline = NULL, {}
+             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, {}
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING {COLUMNS}",
         super::children::FORGET_UNFINISHED
@@ -129,4 +129,60 @@ pub async fn retry(
     .bind(now)
     .fetch_optional(conn)
     .await
+}
+
+/// Why a WAITING job was put back in the queue by [`wake_due`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DueWake {
+    /// A request to a Kafka target ran out (`reply_deadline`): the segment
+    /// finds it past its deadline and fails the step by the retry rules.
+    ReplyDeadline,
+    /// A timer reached on another branch came due (`wake_at`): the segment
+    /// runs what follows it and parks again.
+    Timer,
+}
+
+/// Puts back in the queue, attempt given back, up to `limit` WAITING jobs
+/// whose earliest awaited request ran out or whose earliest pending timer
+/// came due at `now`, whatever step they are parked on. Rows another
+/// session holds are left for the next sweep. Returns each job with why.
+///
+/// # Errors
+/// Database errors.
+pub async fn wake_due(
+    pool: &sqlx::PgPool,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<(Uuid, DueWake)>, sqlx::Error> {
+    let woken: Vec<(Uuid, bool)> = crate::sql::session(pool, async |conn| {
+        crate::sql::query_as(
+            "WITH due AS (
+                 SELECT job_id, coalesce(reply_deadline <= $1, false) AS ran_out
+                 FROM workflow_run
+                 WHERE status = 'WAITING' AND (reply_deadline <= $1 OR wake_at <= $1)
+                 ORDER BY least(reply_deadline, wake_at) LIMIT $2
+                 FOR UPDATE SKIP LOCKED)
+             UPDATE workflow_run r SET status = 'QUEUED', outstanding_step = NULL, run_after = $1,
+                 attempt = greatest(attempt - 1, 0), reply_deadline = NULL, wake_at = NULL,
+                 updated_at = $1
+             FROM due WHERE r.job_id = due.job_id AND r.status = 'WAITING'
+             RETURNING r.job_id, due.ran_out",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(conn)
+        .await
+    })
+    .await?;
+    Ok(woken
+        .into_iter()
+        .map(|(job_id, ran_out)| {
+            let why = if ran_out {
+                DueWake::ReplyDeadline
+            } else {
+                DueWake::Timer
+            };
+            (job_id, why)
+        })
+        .collect())
 }

@@ -179,6 +179,9 @@ pub enum Transition {
         /// written in its transaction) and the replies it waits for: one
         /// matched meanwhile requeues the job at once too.
         replies: super::step_requests::AwaitedReplies,
+        /// The earliest timer reached and not yet passed: the job is put
+        /// back in the queue then, whatever it waits for.
+        wakes_at: Option<DateTime<Utc>>,
     },
     /// Back to the queue until the first of the run's timers wakes (event:
     /// WAITING on `step`, saying until when), attempt given back, no lease
@@ -394,6 +397,7 @@ impl Transition {
                             .into(),
                     ),
                     ("reply_deadline", if_woken("NULL", "$11")),
+                    ("wake_at", if_woken("NULL", "$12")),
                 ];
                 (set, None)
             }
@@ -584,6 +588,7 @@ const CANCELLED_INSTEAD: &[(&str, Option<&str>)] = &[
     ("timers", None),
     ("step_requests", None),
     ("reply_deadline", None),
+    ("wake_at", None),
 ];
 
 /// The SET clause of a transition out of RUNNING: `set` (column, value)
@@ -710,6 +715,7 @@ pub async fn transition(
             signals,
             children,
             replies,
+            wakes_at,
         } => query
             .bind(step)
             .bind(timers.as_ref().map(Json))
@@ -717,7 +723,8 @@ pub async fn transition(
             .bind(children)
             .bind(replies.entries().map(Json))
             .bind(&replies.steps)
-            .bind(replies.deadline),
+            .bind(replies.deadline)
+            .bind(*wakes_at),
         Transition::BeginCompensation { failure } => query.bind(Json(failure)),
         Transition::KeepTimers { timers } => query.bind(Json(timers)),
         Transition::Compensated { checkpoint } => query.bind(Json(checkpoint)),

@@ -185,6 +185,8 @@ pub struct RunRow {
     pub step_requests: Option<Json<serde_json::Value>>,
     /// While WAITING: when the earliest request it waits on times out.
     pub reply_deadline: Option<DateTime<Utc>>,
+    /// While WAITING: when the earliest timer it has reached comes due.
+    pub wake_at: Option<DateTime<Utc>>,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -281,7 +283,7 @@ macro_rules! columns {
             coalesce(definition, (SELECT d.definition FROM workflow_definition d \
                 WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
             input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
-            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, ",
+            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, ",
             $list,
             " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
             lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

@@ -276,34 +276,3 @@ pub async fn record_reply(
         waited: entry.requested_at.map(|at| reply.received_at - at),
     })
 }
-
-/// Puts back in the queue up to `limit` WAITING jobs whose requests ran
-/// out at `now` (attempt given back: the segment finds the request past
-/// its deadline and fails the step by the retry rules). Rows another
-/// session holds are left for the next sweep. Returns their ids.
-///
-/// # Errors
-/// Database errors.
-pub async fn requeue_past_deadline(
-    pool: &PgPool,
-    now: DateTime<Utc>,
-    limit: i64,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    crate::sql::session(pool, async |conn| {
-        crate::sql::query_scalar(
-            "UPDATE workflow_run SET status = 'QUEUED', outstanding_step = NULL, run_after = $1,
-                 attempt = greatest(attempt - 1, 0), reply_deadline = NULL, updated_at = $1
-             WHERE job_id IN (SELECT job_id FROM workflow_run
-                              WHERE status = 'WAITING' AND reply_deadline <= $1
-                              ORDER BY reply_deadline LIMIT $2
-                              FOR UPDATE SKIP LOCKED)
-               AND status = 'WAITING'
-             RETURNING job_id",
-        )
-        .bind(now)
-        .bind(limit)
-        .fetch_all(conn)
-        .await
-    })
-    .await
-}

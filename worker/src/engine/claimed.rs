@@ -468,14 +468,19 @@ impl ClaimedRun {
     /// Parks on the external, `wait_for` or `start` step `step` (WAITING,
     /// with its event); requeued at once instead when one of `signals` (the
     /// names its ready `wait_for` steps wait for) arrived meanwhile, or a
-    /// child of one of the steps `children` finished meanwhile.
+    /// child of one of the steps `children` finished meanwhile. `timers`:
+    /// those first reached in this segment, to store, and the earliest of
+    /// all still asleep, when the job is queued again whatever it waits for.
     ///
     /// # Errors
     /// Lease lost, or the store failed.
     pub async fn park(
         self,
         step: &str,
-        timers: Option<serde_json::Value>,
+        (timers, wakes_at): (
+            Option<serde_json::Value>,
+            Option<chrono::DateTime<chrono::Utc>>,
+        ),
         (signals, children): (Vec<String>, Vec<String>),
         replies: flotilla_store::runs::step_requests::AwaitedReplies,
     ) -> Result<(), SegmentStop> {
@@ -488,6 +493,7 @@ impl ClaimedRun {
                 signals,
                 children,
                 replies,
+                wakes_at,
             }),
             span,
         )

@@ -449,6 +449,7 @@ mod tests {
                 signals: Vec::new(),
                 children: Vec::new(),
                 replies: flotilla_store::runs::step_requests::AwaitedReplies::default(),
+                wakes_at: None,
             },
             2 => Transition::Fail {
                 error: "refused".into(),

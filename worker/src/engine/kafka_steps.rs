@@ -11,7 +11,7 @@
 //! under the row lock ([`Engine::record_reply`]); a WAITING job is queued again at once, and its next segment judges the
 //! reply (`output_schema`, `validate`) and checkpoints it with its event, or
 //! fails the step by the retry rules. A request past its deadline puts the
-//! job back in the queue ([`Engine::sweep_reply_deadlines`]) and the step
+//! job back in the queue ([`Engine::wake_due_waits`]) and the step
 //! fails as timed out. Each attempt sends a new request with a new
 //! correlation id, so a reply to an earlier one finds nothing to match.
 //!
@@ -409,29 +409,5 @@ impl Engine {
         };
         metrics::counter!("flotilla_step_replies_total", "outcome" => outcome.label()).increment(1);
         Ok(outcome)
-    }
-
-    /// Queues again the WAITING jobs whose requests ran out (their steps
-    /// then fail as timed out, by the retry rules). Returns how many.
-    ///
-    /// # Errors
-    /// The database failed.
-    pub async fn sweep_reply_deadlines(&self) -> Result<usize, StoreError> {
-        let requeued = step_requests::requeue_past_deadline(
-            self.pool(),
-            self.now(),
-            self.settings().sweep_batch,
-        )
-        .await?;
-        if !requeued.is_empty() {
-            metrics::counter!("flotilla_step_reply_timeouts_total")
-                .increment(requeued.len() as u64);
-            tracing::info!(
-                jobs = requeued.len(),
-                "requests to Kafka targets ran out; their jobs are queued again"
-            );
-            self.wake();
-        }
-        Ok(requeued.len())
     }
 }

@@ -180,8 +180,8 @@ impl Engine {
             if let Err(e) = self.cascade_cancels().await {
                 tracing::warn!(error = %e, "cancelling the children of cancelled jobs failed");
             }
-            if let Err(e) = self.sweep_reply_deadlines().await {
-                tracing::warn!(error = %e, "requeueing jobs whose Kafka requests ran out failed");
+            if let Err(e) = self.wake_due_waits().await {
+                tracing::warn!(error = %e, "requeueing waiting jobs whose timers or Kafka requests came due failed");
             }
         }
     }

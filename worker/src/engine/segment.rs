@@ -289,8 +289,14 @@ impl Engine {
                 replies,
             } => {
                 let timers = (!sleeping.is_empty()).then(|| sleeping.newly_set());
+                let wakes_at = sleeping.first().map(|(_, at)| at);
                 claimed
-                    .park(&step, timers, (awaited, children), replies.into_inner())
+                    .park(
+                        &step,
+                        (timers, wakes_at),
+                        (awaited, children),
+                        replies.into_inner(),
+                    )
                     .await?;
                 Ok(Outcome::Parked(job_id))
             }

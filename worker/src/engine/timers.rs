@@ -6,8 +6,16 @@
 //! so a restart or a lapsed lease never starts the wait again. Instants are
 //! on the engine's clock, the one every lease and `run_after` is compared
 //! with.
+//!
+//! A job that parks (on a person, a signal, a child or a Kafka reply) while
+//! a timer on another branch is still asleep keeps the earliest such
+//! instant as `wake_at`; the sweeper puts it back in the queue then
+//! ([`Engine::wake_due_waits`]), so what follows the timer runs without
+//! waiting for the answer.
 
 use chrono::{DateTime, DurationRound as _, Utc};
+use flotilla_store::StoreError;
+use flotilla_store::runs::idle::{self, DueWake};
 use serde_json::Value as Json;
 
 use super::Engine;
@@ -126,4 +134,39 @@ fn parse_instant(value: &Json) -> Option<DateTime<Utc>> {
         .as_str()
         .and_then(|text| DateTime::parse_from_rfc3339(text).ok())
         .map(|at| at.with_timezone(&Utc))
+}
+
+impl Engine {
+    /// Queues again, attempt given back, the WAITING jobs whose earliest
+    /// timer came due or whose Kafka requests ran out (their steps then
+    /// time out by the retry rules). Returns how many.
+    ///
+    /// # Errors
+    /// The database failed.
+    pub async fn wake_due_waits(&self) -> Result<usize, StoreError> {
+        let woken = idle::wake_due(self.pool(), self.now(), self.settings().sweep_batch).await?;
+        let ran_out = woken
+            .iter()
+            .filter(|(_, why)| *why == DueWake::ReplyDeadline)
+            .count();
+        let timers = woken.len() - ran_out;
+        if ran_out > 0 {
+            metrics::counter!("flotilla_step_reply_timeouts_total").increment(ran_out as u64);
+            tracing::info!(
+                jobs = ran_out,
+                "requests to Kafka targets ran out; their jobs are queued again"
+            );
+        }
+        if timers > 0 {
+            metrics::counter!("flotilla_waits_woken_by_timers_total").increment(timers as u64);
+            tracing::debug!(
+                jobs = timers,
+                "timers came due while their jobs waited; queued again"
+            );
+        }
+        if !woken.is_empty() {
+            self.wake();
+        }
+        Ok(woken.len())
+    }
 }

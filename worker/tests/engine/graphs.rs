@@ -1063,6 +1063,57 @@ async fn a_timer_reached_beside_a_park_keeps_its_instant_through_the_wait(pool: 
     assert_eq!(calls.of(job_id), ["after"]);
 }
 
+/// A job parked on a person's step while a sleep on another branch is
+/// pending wakes when the timer comes due: the branch behind the timer
+/// runs without waiting for the person, and the job parks again.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_timer_that_comes_due_while_the_job_waits_on_another_step_wakes_it(pool: PgPool) {
+    let clock = manual_clock();
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), clock.clone(), "w");
+    let workflow = json!({
+        "name": "reminds", "input_schema": {},
+        "steps": [
+            {"name": "approve", "target": "echo", "method": "approve", "needs": [], "completion": "external"},
+            {"name": "nap", "needs": [], "sleep": "1h"},
+            {"name": "remind", "target": "echo", "method": "remind", "needs": ["nap"]},
+            {"name": "after", "target": "echo", "method": "after", "needs": ["approve", "remind"]}
+        ]
+    });
+    engine.register_workflow(&workflow).await.unwrap();
+    let job_id = submit(&engine, "reminds", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let parked = row(&pool, job_id).await;
+    assert_eq!(parked.status, RunStatus::Waiting);
+    assert_eq!(
+        parked.wake_at,
+        Some(clock.now() + Duration::from_secs(3600))
+    );
+
+    clock.advance(Duration::from_secs(3599));
+    assert_eq!(engine.wake_due_waits().await.unwrap(), 0, "not yet due");
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Idle);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(engine.wake_due_waits().await.unwrap(), 1);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    assert_eq!(
+        calls.of(job_id),
+        ["remind"],
+        "the reminder ran before the answer"
+    );
+    let parked = row(&pool, job_id).await;
+    assert_eq!(parked.outstanding_step.as_deref(), Some("approve"));
+    assert_eq!(parked.wake_at, None, "no timer left to wake it");
+    assert_eq!(parked.attempt, 1, "waking spent no attempt");
+
+    engine
+        .complete_step(job_id, "approve", json!({"ok": true}))
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(calls.of(job_id), ["remind", "after"]);
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn an_output_mapping_that_fails_after_the_last_step_is_compensated_too(pool: PgPool) {
     let calls = Calls::default();

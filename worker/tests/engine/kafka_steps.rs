@@ -20,7 +20,9 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{Calls, echo_targets, event_types, manual_clock, row, settings, submit};
+use crate::support::{
+    Calls, checkpoint_names, echo_targets, event_types, manual_clock, row, settings, submit,
+};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
@@ -338,9 +340,9 @@ async fn a_request_past_its_deadline_is_retried_and_the_late_reply_is_dropped(po
     let (job_id, first) = parked(&engine, &pool, 5).await;
 
     clock.advance(Duration::from_millis(4_999));
-    assert_eq!(engine.sweep_reply_deadlines().await.unwrap(), 0, "not yet");
+    assert_eq!(engine.wake_due_waits().await.unwrap(), 0, "not yet");
     clock.advance(Duration::from_millis(1));
-    assert_eq!(engine.sweep_reply_deadlines().await.unwrap(), 1);
+    assert_eq!(engine.wake_due_waits().await.unwrap(), 1);
     assert_eq!(row(&pool, job_id).await.status, RunStatus::Queued);
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
     let requeued = row(&pool, job_id).await;
@@ -729,6 +731,24 @@ async fn a_reply_on_another_targets_reply_topic_is_dropped_and_the_step_still_wa
     );
 }
 
+/// A job parked on a signal's wait with a request to the fraud target sent
+/// beside it.
+async fn parked_on_approval_with_a_request(engine: &Engine) -> Uuid {
+    engine
+        .register_workflow(&json!({
+            "name": "approved_scoring", "input_schema": {},
+            "steps": [
+                {"name": "approve", "wait_for": "approved", "needs": []},
+                {"name": "score", "target": "fraud", "method": "score", "rules": ["amount = 1"], "needs": []}
+            ]
+        }))
+        .await
+        .unwrap();
+    let job_id = submit(engine, "approved_scoring", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    job_id
+}
+
 /// approve (a signal) and score (Kafka, 5 s) side by side: score's
 /// deadline passes while the job waits for the signal too, and its reply
 /// comes before the sweep. The late reply neither wakes the job (status,
@@ -740,18 +760,7 @@ async fn a_late_reply_does_not_wake_a_job_waiting_for_a_signal_nor_answer_the_ti
 ) {
     let calls = Calls::default();
     let (engine, clock) = kafka_engine(&pool, &calls, Duration::from_secs(5), settings("w")).await;
-    engine
-        .register_workflow(&json!({
-            "name": "approved_scoring", "input_schema": {},
-            "steps": [
-                {"name": "approve", "wait_for": "approved", "needs": []},
-                {"name": "score", "target": "fraud", "method": "score", "rules": ["amount = 1"], "needs": []}
-            ]
-        }))
-        .await
-        .unwrap();
-    let job_id = submit(&engine, "approved_scoring", json!({})).await;
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let job_id = parked_on_approval_with_a_request(&engine).await;
     let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
     let before = row(&pool, job_id).await;
     assert_eq!(before.status, RunStatus::Waiting);
@@ -780,10 +789,37 @@ async fn a_late_reply_does_not_wake_a_job_waiting_for_a_signal_nor_answer_the_ti
     let entry = step_requests::entry_of(&after, "score").unwrap().unwrap();
     assert_eq!(entry.reply, None, "the late reply is not kept");
 
-    assert_eq!(engine.sweep_reply_deadlines().await.unwrap(), 1);
+    assert_eq!(engine.wake_due_waits().await.unwrap(), 1);
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
     let error = row(&pool, job_id).await.error.unwrap_or_default();
     assert!(error.contains("no reply on fraud-replies"), "{error}");
+}
+
+/// A reply in time wakes a job parked on another step (here a signal's
+/// wait): its next segment takes the reply and parks again on the wait.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_reply_in_time_wakes_a_job_parked_on_another_step_and_it_parks_again(pool: PgPool) {
+    let calls = Calls::default();
+    let (engine, clock) = kafka_engine(&pool, &calls, Duration::from_secs(5), settings("w")).await;
+    let job_id = parked_on_approval_with_a_request(&engine).await;
+    assert_eq!(
+        row(&pool, job_id).await.outstanding_step.as_deref(),
+        Some("approve")
+    );
+    let correlation = outbox(&pool, job_id).await[0].1.correlation_id();
+
+    clock.advance(Duration::from_secs(1));
+    assert!(matches!(
+        reply(&engine, job_id, correlation, json!({"score": 1})).await,
+        ReplyOutcome::Matched { woken: true, .. }
+    ));
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Queued);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let parked = row(&pool, job_id).await;
+    assert_eq!(parked.outstanding_step.as_deref(), Some("approve"));
+    assert_eq!(checkpoint_names(&parked), ["score"], "the reply is taken");
+    assert_eq!(parked.reply_deadline, None, "no request left to time out");
+    assert_eq!(parked.attempt, 1, "waking spent no attempt");
 }
 
 /// Why a reply is not also checked against the row's attempt: a reply
