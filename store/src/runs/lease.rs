@@ -856,16 +856,22 @@ pub enum Swept {
     Requeued,
     /// It lost its worker `max_lease_losses` times in a row: DEAD, with its event.
     Dead,
+    /// As `Dead`, but its workflow has `on_failure` steps and none have run
+    /// yet: queued to run them, headed DEAD (the row's `compensation`, no
+    /// event), with a fresh count of lapses. A compensation that loses its
+    /// workers as often ends DEAD without a second round.
+    Compensating,
     /// A cancellation was asked while it ran and its worker is gone:
     /// CANCELLED with the reason, with its event.
     Cancelled,
 }
 
 /// A lapsed lease as the sweep reads it: attempt, lapses in a row, owner,
-/// whether the owner is `alive`, `gone` or `unknown`, and a cancellation
-/// asked of the job.
+/// whether the owner is `alive`, `gone` or `unknown`, a cancellation
+/// asked of the job, and whether it would compensate before ending (its
+/// workflow has `on_failure` steps and no compensation has begun).
 #[derive(sqlx::FromRow)]
-struct LapsedRow(i32, i32, Option<String>, String, Option<String>);
+struct LapsedRow(i32, i32, Option<String>, String, Option<String>, bool);
 
 /// A lapsed lease that was settled: what happened, and during which attempt
 /// the lease lapsed.
@@ -963,7 +969,11 @@ pub async fn sweep_one(
                      WHEN m.last_seen >= r.lease_until THEN 'alive'
                      WHEN m.last_seen > now() - $3 * interval '1 millisecond' THEN 'unknown'
                      ELSE 'gone' END,
-                r.cancel_requested
+                r.cancel_requested,
+                r.compensation IS NULL AND coalesce((
+                    SELECT jsonb_typeof(d -> 'on_failure') = 'array' AND d -> 'on_failure' <> '[]'::jsonb
+                    FROM coalesce(r.definition, (SELECT w.definition FROM workflow_definition w
+                        WHERE w.name = r.workflow_name AND w.version = r.workflow_version)) AS d), false)
          FROM workflow_run r LEFT JOIN worker_member m ON m.worker_id = r.lease_owner
          WHERE r.job_id = $1 AND r.status = 'RUNNING' AND r.lease_until < $2
          FOR UPDATE OF r SKIP LOCKED",
@@ -973,7 +983,7 @@ pub async fn sweep_one(
     .bind(stale_ms)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some(LapsedRow(attempt, losses, owner, state, cancel_asked)) = lapsed else {
+    let Some(LapsedRow(attempt, losses, owner, state, cancel_asked, compensable)) = lapsed else {
         return Ok(None);
     };
     if state == "unknown" {
@@ -1013,14 +1023,22 @@ pub async fn sweep_one(
     let exponent = u32::try_from(losses.clamp(1, 20) - 1).unwrap_or(0);
     let backoff = policy.backoff_base.saturating_mul(1u32 << exponent);
     let run_after = now + chrono::Duration::from_std(backoff).unwrap_or(chrono::Duration::MAX);
+    let compensating = dead && compensable;
     let (set, error) = if dead {
-        (
-            "status = 'DEAD', event_sequence = event_sequence + 1",
-            format!(
-                "lost its worker {losses} times in a row (the last, {owner}, stopped renewing its lease during attempt {attempt}); \
-                 a job that stops its worker every time is not tried again"
-            ),
-        )
+        let error = format!(
+            "lost its worker {losses} times in a row (the last, {owner}, stopped renewing its lease during attempt {attempt}); \
+             a job that stops its worker every time is not tried again"
+        );
+        let set = if compensating {
+            // Headed DEAD as a retryable failure on the last attempt would
+            // be (`compensate.rs`), run by the next claim.
+            "status = 'QUEUED', run_after = $5, attempt = greatest(attempt - 1, 0),
+             compensation = jsonb_build_object('failure', jsonb_build_object(
+                 'step', NULL, 'error', $3::text, 'dead', true), 'done', '[]'::jsonb)"
+        } else {
+            "status = 'DEAD', event_sequence = event_sequence + 1"
+        };
+        (set, error)
     } else if owner_alive {
         (
             "status = 'QUEUED', run_after = $5, attempt = greatest(attempt - 1, 0)",
@@ -1046,11 +1064,13 @@ pub async fn sweep_one(
     .bind(job_id)
     .bind(now)
     .bind(&error)
-    .bind(losses)
+    .bind(if compensating { 0 } else { losses })
     .bind(run_after)
     .fetch_one(&mut **tx)
     .await?;
-    let outcome = if dead {
+    let outcome = if compensating {
+        Swept::Compensating
+    } else if dead {
         outbox::insert(tx, &stamp, EventKind::Dead { error }, now).await?;
         Swept::Dead
     } else {

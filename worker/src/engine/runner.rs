@@ -208,7 +208,7 @@ impl Engine {
             let span = sweep_span(&job, &self.settings().worker_id);
             match tracing::Instrument::instrument(self.sweep_lapsed(&job, now), span).await? {
                 Some(Swept::Requeued) => requeued += 1,
-                Some(Swept::Dead) => dead += 1,
+                Some(Swept::Dead | Swept::Compensating) => dead += 1,
                 Some(Swept::Cancelled) => cancelled += 1,
                 None => {}
             }
@@ -264,6 +264,13 @@ impl Engine {
                     job.created_at,
                 );
                 tracing::warn!(%job_id, attempt, lease_losses, "lease lapsed once too often; job is DEAD");
+            }
+            Swept::Compensating => {
+                span.record("flotilla.outcome", "compensating");
+                super::telemetry::lease_lost_dead();
+                tracing::warn!(%job_id, attempt, lease_losses,
+                    "lease lapsed once too often; job queued to run its on_failure steps, then DEAD");
+                self.wake();
             }
             Swept::Cancelled => {
                 span.record("flotilla.outcome", "cancelled");

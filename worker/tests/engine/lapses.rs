@@ -82,6 +82,65 @@ async fn a_job_that_loses_its_worker_three_times_in_a_row_goes_dead_saying_so(po
     assert_eq!(event_types(&pool, job_id).await, [E::Accepted, E::Dead]);
 }
 
+/// The sweeper's DEAD is an end like any other: a job with `on_failure`
+/// steps is queued to run them first, then ends DEAD with the lapse's
+/// error. A compensation that loses its workers as often ends DEAD
+/// without a second round.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_the_sweeper_sends_dead_runs_its_compensation_first(pool: PgPool) {
+    let clock = manual_clock();
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), clock.clone(), "w");
+    let refunding = |name: &str| {
+        let mut workflow = one_attempt(name);
+        workflow["on_failure"] = json!([{"name": "refund", "target": "echo", "method": "refund"}]);
+        workflow
+    };
+    for name in ["crashy", "crashier"] {
+        engine.register_workflow(&refunding(name)).await.unwrap();
+    }
+    let job_id = submit(&engine, "crashy", json!({})).await;
+    for _ in 0..3 {
+        lose_the_worker(&engine, &clock).await;
+        past_the_backoff(&clock);
+    }
+    let headed = row(&pool, job_id).await;
+    assert_eq!(headed.status, RunStatus::Queued, "queued to compensate");
+    let failure = &headed.compensation.as_ref().expect("compensation begun").0["failure"];
+    assert_eq!(failure["dead"], true);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Dead(job_id));
+    assert_eq!(
+        calls.of(job_id),
+        ["refund"],
+        "compensated, the step never run"
+    );
+    let dead = row(&pool, job_id).await;
+    assert!(
+        dead.error
+            .unwrap()
+            .contains("lost its worker 3 times in a row"),
+        "the lapses are the cause"
+    );
+    assert_eq!(
+        event_types(&pool, job_id).await,
+        [E::Accepted, E::StepCheckpoint, E::Dead]
+    );
+
+    let doomed = submit(&engine, "crashier", json!({})).await;
+    for _ in 0..6 {
+        lose_the_worker(&engine, &clock).await;
+        past_the_backoff(&clock);
+    }
+    let dead = row(&pool, doomed).await;
+    assert_eq!(
+        dead.status,
+        RunStatus::Dead,
+        "one round of compensation, no more"
+    );
+    assert!(calls.of(doomed).is_empty());
+    assert_eq!(event_types(&pool, doomed).await, [E::Accepted, E::Dead]);
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
     let clock = manual_clock();
