@@ -17,13 +17,31 @@ use crate::RunStatus;
 const LOCK: &str = "flotilla.run-retention";
 
 /// Which finished runs a batch removes: those of `status` that finished
-/// before `cutoff`, of `workflow` only, or of every workflow but `except`.
+/// before `cutoff`, of `workflow` only, or of every workflow but `except`;
+/// never one `passed_over` (the store refused to remove it), nor a child
+/// whose parent's row is still kept (the parent may still need its
+/// outcome: an operator's retry restarts the children that did not
+/// complete), so a family goes root first.
 #[derive(Debug, Clone, Copy)]
 pub struct Removal<'a> {
     pub status: RunStatus,
     pub workflow: Option<&'a str>,
     pub except: &'a [String],
     pub cutoff: DateTime<Utc>,
+    pub passed_over: &'a [Uuid],
+}
+
+/// The condition on the runs a [`Removal`] names: parameters 1 to 4 are
+/// its status, cutoff, workflow and exceptions, `passed_over` its own.
+fn doomed(passed_over: &str) -> String {
+    format!(
+        "status = $1 AND created_at < $2 AND updated_at < $2
+         AND ($3::text IS NULL OR workflow_name = $3)
+         AND workflow_name <> ALL($4::text[])
+         AND job_id <> ALL({passed_over}::uuid[])
+         AND (parent_job_id IS NULL OR NOT EXISTS (
+             SELECT 1 FROM workflow_run parent WHERE parent.job_id = workflow_run.parent_job_id))"
+    )
 }
 
 /// What a removed run left behind.
@@ -83,6 +101,17 @@ pub async fn remove_finished(
     limit: i64,
     now: DateTime<Utc>,
 ) -> Result<Option<u64>, sqlx::Error> {
+    remove(pool, removal, limit, now, None).await
+}
+
+/// [`remove_finished`], of `only` that run when given.
+async fn remove(
+    pool: &PgPool,
+    removal: Removal<'_>,
+    limit: i64,
+    now: DateTime<Utc>,
+    only: Option<Uuid>,
+) -> Result<Option<u64>, sqlx::Error> {
     let Some(mut tx) = begin_alone(pool).await? else {
         return Ok(None);
     };
@@ -91,12 +120,10 @@ pub async fn remove_finished(
     // index for FAILED, DEAD and CANCELLED, `workflow_run_newest` for
     // COMPLETED (no index names COMPLETED rows: each would cost every
     // completion an index entry; docs/operations.md, "Retention").
-    let removed = crate::sql::query(
+    let removed = crate::sql::query(&format!(
         "WITH doomed AS (
              SELECT job_id FROM workflow_run
-             WHERE status = $1 AND created_at < $2 AND updated_at < $2
-               AND ($3::text IS NULL OR workflow_name = $3)
-               AND workflow_name <> ALL($4::text[])
+             WHERE {} AND ($8::uuid IS NULL OR job_id = $8)
              ORDER BY created_at
              LIMIT $5
              FOR UPDATE SKIP LOCKED),
@@ -107,17 +134,62 @@ pub async fn remove_finished(
              (job_id, workflow_name, request_digest, status, finished_at, removed_at)
          SELECT job_id, workflow_name, request_digest, status, updated_at, $6 FROM gone
          ON CONFLICT (job_id) DO NOTHING",
-    )
+        doomed("$7")
+    ))
     .bind(removal.status)
     .bind(removal.cutoff)
     .bind(removal.workflow)
     .bind(removal.except)
     .bind(limit)
     .bind(now)
+    .bind(removal.passed_over)
+    .bind(only)
     .execute(&mut *tx)
     .await;
     let removed = end(tx, removed).await?;
     Ok(Some(removed))
+}
+
+/// Up to `limit` ids of the runs `removal` names, oldest first, read
+/// without locks: what a batch the store refused is tried as, one by one
+/// ([`remove_one`]).
+///
+/// # Errors
+/// Database errors.
+pub async fn candidates(
+    pool: &PgPool,
+    removal: Removal<'_>,
+    limit: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query_scalar(&format!(
+            "SELECT job_id FROM workflow_run WHERE {} ORDER BY created_at LIMIT $6",
+            doomed("$5")
+        ))
+        .bind(removal.status)
+        .bind(removal.cutoff)
+        .bind(removal.workflow)
+        .bind(removal.except)
+        .bind(removal.passed_over)
+        .bind(limit)
+        .fetch_all(conn)
+        .await
+    })
+    .await
+}
+
+/// Removes `job_id` with its record, if `removal` still names it, in a
+/// transaction of its own; `None` when another member is removing runs.
+///
+/// # Errors
+/// Database errors, among them the store refusing this run.
+pub async fn remove_one(
+    pool: &PgPool,
+    removal: Removal<'_>,
+    job_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<Option<u64>, sqlx::Error> {
+    remove(pool, removal, 1, now, Some(job_id)).await
 }
 
 /// Forgets up to `limit` records of runs removed before `before` whose

@@ -158,24 +158,26 @@ pub async fn delete(conn: &mut PgConnection, name: &str) -> Result<bool, sqlx::E
     Ok(deleted.rows_affected() > 0)
 }
 
-/// Up to `limit` running schedules due at `now`, locked until the
+/// The running schedule due longest at `now`, locked until the
 /// transaction ends; those another worker holds are skipped (it is
-/// starting their tick).
+/// starting their tick), and so are those `passed_over` (refused in this
+/// pass), so one bad row never holds up the schedules due after it.
 ///
 /// # Errors
 /// Database errors.
 pub async fn take_due(
     tx: &mut PgTransaction<'_>,
     now: DateTime<Utc>,
-    limit: i64,
-) -> Result<Vec<ScheduleRow>, sqlx::Error> {
+    passed_over: &[String],
+) -> Result<Option<ScheduleRow>, sqlx::Error> {
     crate::sql::query_as(&format!(
-        "SELECT {COLUMNS} FROM workflow_schedule WHERE NOT paused AND next_run_at <= $1
-         ORDER BY next_run_at LIMIT $2 FOR UPDATE SKIP LOCKED"
+        "SELECT {COLUMNS} FROM workflow_schedule
+         WHERE NOT paused AND next_run_at <= $1 AND name <> ALL($2)
+         ORDER BY next_run_at LIMIT 1 FOR UPDATE SKIP LOCKED"
     ))
     .bind(now)
-    .bind(limit)
-    .fetch_all(&mut **tx)
+    .bind(passed_over)
+    .fetch_optional(&mut **tx)
     .await
 }
 

@@ -218,6 +218,9 @@ struct Inner {
     /// When the burst of due schedules this engine is working through
     /// began: set while its passes come back full (see `schedules.rs`).
     schedule_burst: std::sync::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+    /// Finished runs the store refused to remove: passed over by this
+    /// engine's retention from then on (see `retention.rs`).
+    retention_refused: std::sync::Mutex<Vec<uuid::Uuid>>,
     /// When this engine was made (on its clock): announced to the fleet, so
     /// a worker started again under the same id is told from the one before.
     started_at: chrono::DateTime<chrono::Utc>,
@@ -367,6 +370,7 @@ impl Engine {
                 switches: switches::InUse::default(),
                 evaluations,
                 schedule_burst: std::sync::Mutex::new(None),
+                retention_refused: std::sync::Mutex::new(Vec::new()),
                 started_at,
             }),
         }

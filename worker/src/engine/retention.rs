@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use flotilla_store::RunStatus;
 use flotilla_store::retention::{self, Removal};
+use flotilla_store::{RunStatus, StoreError};
 use tokio_util::sync::CancellationToken;
 
 use super::Engine;
@@ -28,6 +28,9 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 const BATCHES_PER_PASS: usize = 20;
 /// The backlog metric counts up to this many rows per state.
 const BACKLOG_CAP: i64 = 100_000;
+/// Runs the store refused to remove that one engine remembers to pass
+/// over; past it, a refused run costs its batch a retry run by run.
+const MAX_REFUSED: usize = 10_000;
 
 /// How long runs of `workflow` that ended `status` are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +177,7 @@ impl Engine {
                     workflow: Some(rule.workflow.as_str()),
                     except: &[],
                     cutoff: cutoff(now, rule.keep),
+                    passed_over: &[],
                 })
                 .collect();
             let fleet_cutoff = cutoff(now, settings.fleet_keep(status));
@@ -182,6 +186,7 @@ impl Engine {
                 workflow: None,
                 except: &except,
                 cutoff: fleet_cutoff,
+                passed_over: &[],
             });
             for removal in removals {
                 let Some(removed) = self.remove_batches(removal, now).await? else {
@@ -219,7 +224,9 @@ impl Engine {
     }
 
     /// Up to [`BATCHES_PER_PASS`] batches of `removal`; `None` when another
-    /// member holds retention.
+    /// member holds retention. A batch the store refuses as data is tried
+    /// again run by run, and the runs refused alone are passed over from
+    /// then on, so one bad row never holds up those behind it.
     async fn remove_batches(
         &self,
         removal: Removal<'_>,
@@ -228,16 +235,78 @@ impl Engine {
         let limit = self.settings().retention.batch;
         let mut removed = 0;
         for _ in 0..BATCHES_PER_PASS {
-            let Some(count) = retention::remove_finished(self.pool(), removal, limit, now).await?
-            else {
-                return Ok(None);
+            let passed_over = self.retention_refused();
+            let removal = Removal {
+                passed_over: &passed_over,
+                ..removal
+            };
+            let batch = retention::remove_finished(self.pool(), removal, limit, now)
+                .await
+                .map_err(StoreError::from);
+            // Runs removed, and runs the batch went through.
+            let (count, taken) = match batch {
+                Ok(Some(count)) => (count, count),
+                Ok(None) => return Ok(None),
+                Err(e) if e.is_about_the_data() => {
+                    match self.remove_one_by_one(removal, now).await? {
+                        Some(counts) => counts,
+                        None => return Ok(None),
+                    }
+                }
+                Err(e) => return Err(e),
             };
             removed += count;
-            if count < batch_size(limit) {
+            if taken < batch_size(limit) {
                 break;
             }
         }
         Ok(Some(removed))
+    }
+
+    /// A batch of `removal`, each run in a transaction of its own; a run
+    /// the store refuses is logged and passed over from then on. Returns
+    /// the runs removed and the runs tried.
+    async fn remove_one_by_one(
+        &self,
+        removal: Removal<'_>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        let limit = self.settings().retention.batch;
+        let mut removed = 0;
+        let candidates = retention::candidates(self.pool(), removal, limit).await?;
+        let tried = candidates.len() as u64;
+        for job_id in candidates {
+            match retention::remove_one(self.pool(), removal, job_id, now).await {
+                Ok(Some(count)) => removed += count,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    let e = StoreError::from(e);
+                    if !e.is_about_the_data() {
+                        return Err(e);
+                    }
+                    tracing::error!(%job_id, error = %e,
+                        "the store refused to remove this finished run; it is kept and passed over");
+                    metrics::counter!("flotilla_runs_removal_refused_total").increment(1);
+                    let mut refused = self
+                        .inner
+                        .retention_refused
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if refused.len() < MAX_REFUSED {
+                        refused.push(job_id);
+                    }
+                }
+            }
+        }
+        Ok(Some((removed, tried)))
+    }
+
+    fn retention_refused(&self) -> Vec<uuid::Uuid> {
+        self.inner
+            .retention_refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Runs retention every `interval` until `shutdown`.

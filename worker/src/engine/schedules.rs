@@ -213,6 +213,18 @@ pub enum ScheduleError {
     Store(#[from] StoreError),
 }
 
+impl ScheduleError {
+    /// Whether the error is about one schedule (its job refused, a value
+    /// the store cannot hold) rather than the database as a service.
+    fn is_about_the_schedule(&self) -> bool {
+        match self {
+            Self::Invalid(_) | Self::Unstorable(_) => true,
+            Self::Store(e) => e.is_about_the_data(),
+            Self::NotFound(_) => false,
+        }
+    }
+}
+
 impl From<sqlx::Error> for ScheduleError {
     fn from(e: sqlx::Error) -> Self {
         Self::Store(e.into())
@@ -469,75 +481,41 @@ impl Engine {
             .take()
             .unwrap_or_else(|| self.now());
         let mut taken = 0;
+        // Schedules whose rows the store refused in this pass: passed over,
+        // so one of them does not hold up the others due after it.
+        let mut refused: Vec<String> = Vec::new();
         for _ in 0..PER_PASS {
             let now = self.now();
             let mut tx = self.pool().begin().await?;
-            let Some(row) = schedules::take_due(&mut tx, now, 1).await?.pop() else {
+            let Some(row) = schedules::take_due(&mut tx, now, &refused).await? else {
                 break;
             };
             taken += 1;
-            let Ok(every) = Every::of(&row) else {
-                // A row another version wrote: paused, so it stops being due.
-                tracing::error!(schedule = %row.name, "a stored schedule does not parse; paused");
-                schedules::set_paused(&mut tx, &row.name, true, None, now).await?;
-                tx.commit().await?;
-                continue;
-            };
-            let (tick, missed_before) = every.latest_due(row.next_run_at, now);
-            let late = (since.min(now) - tick).to_std().unwrap_or_default();
-            let start = row.missed == "run_once" || late <= GRACE;
-            let skipped = missed_before + u64::from(!start);
-            if skipped > 0 {
-                tracing::warn!(schedule = %row.name, skipped, policy = %row.missed,
-                    "ticks came while no worker could start them");
-                metrics::counter!("flotilla_schedule_ticks_total", "outcome" => "skipped")
-                    .increment(skipped);
-            }
-            let mut job = None;
-            if start {
-                let job_id = tick_job_id(row.schedule_id, tick);
-                let submission = Submission {
-                    job_id,
-                    workflow: WorkflowRef::Stored(row.workflow_name.clone()),
-                    input: row.input.0.clone(),
-                    traceparent: None,
-                    tracestate: None,
-                };
-                let submitted = self.submit_recorded(&mut tx, &submission, now).await;
-                match submitted {
-                    Ok(Submitted::Created(run)) => {
-                        if run.status == RunStatus::Failed {
-                            tracing::warn!(schedule = %row.name, %job_id, error = ?run.error,
-                                "the tick's job was refused and recorded FAILED");
-                        }
-                        metrics::counter!("flotilla_schedule_ticks_total", "outcome" => "started")
-                            .increment(1);
-                        started.push(job_id);
-                    }
-                    Ok(Submitted::Existing(_) | Submitted::Removed(_)) => {}
-                    Err(SubmitError::Store(e)) => return Err(e.into()),
-                    Err(e) => {
-                        // Not the world's fault, and the same at every
-                        // tick: the schedule is paused, said loudly.
-                        tracing::error!(schedule = %row.name, error = %e,
-                            "a tick's job cannot be submitted; the schedule is paused");
-                        tx.rollback().await?;
-                        session(self.pool(), async |conn| {
-                            schedules::set_paused(conn, &row.name, true, None, now).await
-                        })
-                        .await?;
-                        continue;
-                    }
+            match self.start_tick(&mut tx, &row, since, now).await {
+                Ok(job) => {
+                    tx.commit().await?;
+                    started.extend(job);
                 }
-                job = Some((tick, job_id));
+                Err(e) if e.is_about_the_schedule() => {
+                    // The same at every tick: the schedule is paused, said
+                    // loudly, in a transaction of its own.
+                    tx.rollback().await?;
+                    tracing::error!(schedule = %row.name, error = %e,
+                        "a tick of this schedule cannot be started; the schedule is paused");
+                    metrics::counter!("flotilla_schedule_ticks_total", "outcome" => "refused")
+                        .increment(1);
+                    let paused = session(self.pool(), async |conn| {
+                        schedules::set_paused(conn, &row.name, true, None, now).await
+                    })
+                    .await;
+                    if let Err(e) = paused {
+                        tracing::error!(schedule = %row.name, error = %e,
+                            "a refused schedule cannot even be paused; passed over");
+                    }
+                    refused.push(row.name);
+                }
+                Err(e) => return Err(e),
             }
-            let Some(next) = every.next_after_latest(tick, now) else {
-                schedules::set_paused(&mut tx, &row.name, true, None, now).await?;
-                tx.commit().await?;
-                continue;
-            };
-            schedules::advance(&mut tx, &row.name, next, job, now).await?;
-            tx.commit().await?;
         }
         if !started.is_empty() {
             self.wake();
@@ -551,6 +529,70 @@ impl Engine {
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(since);
         }
         Ok((started, full))
+    }
+
+    /// Takes one due schedule on in `tx`: starts the job of its latest due
+    /// tick (unless missed under `skip`), and moves it to its next tick,
+    /// or pauses it when it cannot go on. Returns the job started.
+    async fn start_tick(
+        &self,
+        tx: &mut sqlx::PgTransaction<'_>,
+        row: &ScheduleRow,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, ScheduleError> {
+        let Ok(every) = Every::of(row) else {
+            // A row another version wrote: paused, so it stops being due.
+            tracing::error!(schedule = %row.name, "a stored schedule does not parse; paused");
+            schedules::set_paused(tx, &row.name, true, None, now).await?;
+            return Ok(None);
+        };
+        let (tick, missed_before) = every.latest_due(row.next_run_at, now);
+        let late = (since.min(now) - tick).to_std().unwrap_or_default();
+        let start = row.missed == "run_once" || late <= GRACE;
+        let skipped = missed_before + u64::from(!start);
+        if skipped > 0 {
+            tracing::warn!(schedule = %row.name, skipped, policy = %row.missed,
+                "ticks came while no worker could start them");
+            metrics::counter!("flotilla_schedule_ticks_total", "outcome" => "skipped")
+                .increment(skipped);
+        }
+        let mut job = None;
+        let mut created = None;
+        if start {
+            let job_id = tick_job_id(row.schedule_id, tick);
+            let submission = Submission {
+                job_id,
+                workflow: WorkflowRef::Stored(row.workflow_name.clone()),
+                input: row.input.0.clone(),
+                traceparent: None,
+                tracestate: None,
+            };
+            match self.submit_recorded(tx, &submission, now).await {
+                Ok(Submitted::Created(run)) => {
+                    if run.status == RunStatus::Failed {
+                        tracing::warn!(schedule = %row.name, %job_id, error = ?run.error,
+                            "the tick's job was refused and recorded FAILED");
+                    }
+                    created = Some(job_id);
+                }
+                Ok(Submitted::Existing(_) | Submitted::Removed(_)) => {}
+                Err(SubmitError::Store(e)) => return Err(e.into()),
+                // Not the world's fault, and the same at every tick.
+                Err(e) => return Err(ScheduleError::Invalid(e.to_string())),
+            }
+            job = Some((tick, job_id));
+        }
+        match every.next_after_latest(tick, now) {
+            Some(next) => schedules::advance(tx, &row.name, next, job, now).await?,
+            None => {
+                schedules::set_paused(tx, &row.name, true, None, now).await?;
+            }
+        }
+        if created.is_some() {
+            metrics::counter!("flotilla_schedule_ticks_total", "outcome" => "started").increment(1);
+        }
+        Ok(created)
     }
 
     /// Starts due schedules every [`SCHEDULE_POLL`] until `shutdown`.

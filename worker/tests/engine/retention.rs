@@ -193,3 +193,101 @@ async fn one_member_removes_at_a_time(pool: PgPool) {
     assert_eq!(engine.apply_retention().await.unwrap().removed, 1);
     assert_eq!(status_of(&pool, job_id).await, None);
 }
+
+/// A finished run whose removal the store refuses (here a trigger refuses
+/// deleting it as data) stays, said loudly, and the runs behind it are
+/// removed still: one bad row is no head of the line, in this pass or the
+/// next.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_run_the_store_refuses_to_remove_stays_and_the_others_are_removed(pool: PgPool) {
+    let (engine, clock) = retaining_engine(&pool).await;
+    crate::support::refuse_as_data(&pool, "DELETE", "OLD.input ? 'poison'").await;
+    // The refused run is the oldest: every batch would take it first.
+    let poisoned = Uuid::new_v4();
+    engine
+        .submit(
+            stored(poisoned, "short", json!({"n": 1, "poison": true})),
+            RefusalMode::Record,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        engine.run_once().await.unwrap(),
+        Outcome::Completed(poisoned)
+    );
+    let mut others = Vec::new();
+    for n in 0..3 {
+        let job_id = Uuid::new_v4();
+        submit(&engine, job_id, "short", n).await.unwrap();
+        assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+        others.push(job_id);
+    }
+    clock.advance(2 * HOUR);
+    let pass = engine
+        .apply_retention()
+        .await
+        .expect("the pass goes past the refused run");
+    assert_eq!(pass.removed, 3);
+    for job_id in others {
+        assert_eq!(status_of(&pool, job_id).await, None);
+    }
+    assert_eq!(
+        status_of(&pool, poisoned).await.as_deref(),
+        Some("COMPLETED")
+    );
+    // Later runs are not held up behind it either.
+    let later = Uuid::new_v4();
+    submit(&engine, later, "short", 7).await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(later));
+    clock.advance(2 * HOUR);
+    assert_eq!(engine.apply_retention().await.unwrap().removed, 1);
+    assert_eq!(status_of(&pool, later).await, None);
+}
+
+/// A child is never removed while its parent's row is kept: the parent may
+/// still need its outcome (an unfinished parent, or an operator's retry of
+/// a finished one restarts the children that did not complete). Here the
+/// child's workflow is kept 1 h and the parent's 10 h.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_child_is_kept_while_its_parent_is_and_removed_after_it(pool: PgPool) {
+    let (engine, clock) = retaining_engine(&pool).await;
+    engine
+        .register_workflow(&json!({
+            "name": "kept", "input_schema": {},
+            "steps": [{"name": "check", "start": {"workflow": "short", "input": ["n = 1"]}}]
+        }))
+        .await
+        .unwrap();
+    let parent = Uuid::new_v4();
+    engine
+        .submit(stored(parent, "kept", json!({})), RefusalMode::Record)
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(parent));
+    let child: Uuid =
+        sqlx::query_scalar("SELECT job_id FROM workflow_run WHERE parent_job_id = $1")
+            .bind(parent)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(child));
+    // The parent, queued again by its child's end, has not run yet.
+    clock.advance(HOUR + Duration::from_secs(1));
+    engine.apply_retention().await.unwrap();
+    assert_eq!(
+        status_of(&pool, child).await.as_deref(),
+        Some("COMPLETED"),
+        "removed under a parent that had not taken its outcome"
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(parent));
+    clock.advance(HOUR);
+    engine.apply_retention().await.unwrap();
+    assert!(
+        status_of(&pool, child).await.is_some(),
+        "kept while its finished parent is"
+    );
+    clock.advance(10 * HOUR);
+    let pass = engine.apply_retention().await.unwrap();
+    assert_eq!(pass.removed, 2, "the parent, then its child");
+    assert_eq!(status_of(&pool, child).await, None);
+}

@@ -239,3 +239,30 @@ async fn a_schedule_replaced_while_its_tick_is_due_still_starts_that_tick(pool: 
     // And only once: the next pass starts nothing more for it.
     assert!(engines[0].run_schedules().await.unwrap().is_empty());
 }
+
+/// A schedule whose tick the store refuses (here a trigger refuses its
+/// job's row as data) is paused, said loudly, and the schedules due after
+/// it still start in the same pass: one bad row is no head of the line.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_schedule_the_store_refuses_is_paused_and_the_others_still_start(pool: PgPool) {
+    let (engines, clock) = fleet(&pool, 1).await;
+    crate::support::refuse_as_data(&pool, "INSERT", "NEW.input ? 'poison'").await;
+    let mut poisoned = every("poisoned", "1m", "skip");
+    poisoned.input = json!({"n": 1, "poison": true});
+    engines[0].put_schedule(&poisoned).await.unwrap();
+    engines[0]
+        .put_schedule(&every("healthy", "2m", "skip"))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(120));
+    let started = engines[0]
+        .run_schedules()
+        .await
+        .expect("the pass goes past the refused schedule");
+    let healthy = engines[0].schedule("healthy").await.unwrap();
+    assert_eq!(started, [healthy.last_job_id.unwrap()]);
+    let refused = engines[0].schedule("poisoned").await.unwrap();
+    assert!(refused.paused, "the refused schedule is paused");
+    assert_eq!(refused.last_job_id, None);
+    assert_eq!(rows(&pool).await, 1, "nothing of the refused tick");
+}

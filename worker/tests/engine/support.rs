@@ -276,3 +276,26 @@ impl RowHeld {
         sqlx::Connection::close(self.0).await.unwrap();
     }
 }
+
+/// Makes the store refuse as data (SQLSTATE 22023, as it refuses a value
+/// it cannot hold) every `event` (`INSERT`, `DELETE`…) of a run whose row
+/// (`NEW` or `OLD`, as `event` has it) matches `condition`.
+pub(crate) async fn refuse_as_data(pool: &PgPool, event: &str, condition: &str) {
+    let row = if event == "DELETE" { "OLD" } else { "NEW" };
+    sqlx::query(&format!(
+        "CREATE FUNCTION refuse_as_data() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF {condition} THEN
+             RAISE EXCEPTION 'refused' USING ERRCODE = 'invalid_parameter_value'; END IF;
+         RETURN {row}; END $$"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "CREATE TRIGGER refuse_as_data BEFORE {event} ON workflow_run
+         FOR EACH ROW EXECUTE FUNCTION refuse_as_data()"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+}
