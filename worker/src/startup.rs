@@ -171,9 +171,16 @@ impl Application {
         if tokens.is_empty() {
             tracing::warn!("the API serves /v1 WITHOUT AUTH (--insecure-no-auth)");
         }
+        let consumers = [
+            ("request consumer", &consumer),
+            ("reply consumer", &replies),
+        ]
+        .into_iter()
+        .filter_map(|(name, c)| c.as_ref().map(|c| (name, c.health())))
+        .collect();
         let readiness = api::readiness::Readiness::new(
             engine.clone(),
-            consumer.as_ref().map(RequestConsumer::health),
+            consumers,
             *config.consumer.paused_unready_after,
         );
         readiness.ping().await;

@@ -1,7 +1,8 @@
 //! What `/readyz` reads: state kept up to date in the background, so a
 //! probe costs no database round trip and no Kafka client, however often it
 //! comes. The database is pinged every [`PING_EVERY`]; the supervised tasks
-//! and the request consumer report their own state.
+//! and every consumer the worker runs (requests, replies) report their own
+//! state.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,7 +25,8 @@ pub struct Readiness {
     engine: Engine,
     /// The last ping: when it answered, or why it did not.
     database: Arc<Mutex<Result<Instant, String>>>,
-    consumer: Option<Arc<ConsumerHealth>>,
+    /// Each consumer the worker runs, by what it reads.
+    consumers: Vec<(&'static str, Arc<ConsumerHealth>)>,
     paused_unready_after: Duration,
 }
 
@@ -32,13 +34,13 @@ impl Readiness {
     #[must_use]
     pub fn new(
         engine: Engine,
-        consumer: Option<Arc<ConsumerHealth>>,
+        consumers: Vec<(&'static str, Arc<ConsumerHealth>)>,
         paused_unready_after: Duration,
     ) -> Self {
         Self {
             engine,
             database: Arc::new(Mutex::new(Err("not pinged yet".into()))),
-            consumer,
+            consumers,
             paused_unready_after,
         }
     }
@@ -86,13 +88,15 @@ impl Readiness {
             Err(reason) => problems.push(reason.clone()),
         }
         problems.extend(self.engine.health().problems());
-        if let Some((paused, reason)) = self.consumer.as_ref().and_then(|c| c.paused_for())
-            && paused >= self.paused_unready_after
-        {
-            problems.push(format!(
-                "the request consumer has been paused for {} s: {reason}",
-                paused.as_secs()
-            ));
+        for (name, consumer) in &self.consumers {
+            if let Some((paused, reason)) = consumer.paused_for()
+                && paused >= self.paused_unready_after
+            {
+                problems.push(format!(
+                    "the {name} has been paused for {} s: {reason}",
+                    paused.as_secs()
+                ));
+            }
         }
         problems
     }
@@ -103,7 +107,8 @@ mod tests {
     use super::*;
 
     /// A consumer paused by an outage is reported once the bound has passed
-    /// (not before), naming the outage; a resumed one no longer is.
+    /// (not before), naming the consumer and the outage; a resumed one no
+    /// longer is. The reply consumer counts as the request consumer does.
     #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
     async fn a_consumer_paused_past_the_bound_makes_the_worker_unready(pool: sqlx::PgPool) {
         let engine = crate::engine::Engine::new(
@@ -113,12 +118,13 @@ mod tests {
             crate::engine::EngineSettings::new("w"),
         );
         let consumer = Arc::new(ConsumerHealth::default());
-        let patient = Readiness::new(
-            engine.clone(),
-            Some(consumer.clone()),
-            Duration::from_secs(3600),
-        );
-        let strict = Readiness::new(engine, Some(consumer.clone()), Duration::ZERO);
+        let replies = Arc::new(ConsumerHealth::default());
+        let consumers = vec![
+            ("request consumer", consumer.clone()),
+            ("reply consumer", replies.clone()),
+        ];
+        let patient = Readiness::new(engine.clone(), consumers.clone(), Duration::from_secs(3600));
+        let strict = Readiness::new(engine, consumers, Duration::ZERO);
         patient.ping().await;
         strict.ping().await;
         assert!(strict.problems().is_empty(), "{:?}", strict.problems());
@@ -132,6 +138,16 @@ mod tests {
             "{problems:?}"
         );
         consumer.resumed();
+        assert!(strict.problems().is_empty());
+        replies.paused("database: connection refused".into());
+        let problems = strict.problems();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("the reply consumer has been paused")),
+            "{problems:?}"
+        );
+        replies.resumed();
         assert!(strict.problems().is_empty());
     }
 
@@ -148,7 +164,7 @@ mod tests {
             std::sync::Arc::new(crate::engine::SystemClock),
             crate::engine::EngineSettings::new("w"),
         );
-        let readiness = Readiness::new(engine, None, Duration::from_secs(60));
+        let readiness = Readiness::new(engine, Vec::new(), Duration::from_secs(60));
         readiness.ping().await;
         let problems = readiness.problems();
         assert!(
