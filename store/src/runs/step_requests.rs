@@ -276,3 +276,37 @@ pub async fn record_reply(
         waited: entry.requested_at.map(|at| reply.received_at - at),
     })
 }
+
+/// When the earliest request still waiting for its reply was made, over
+/// every job that has not finished (`None`: none waits). An entry that
+/// does not say when (an earlier release's) counts from its job's
+/// creation; one that does not read is passed over.
+///
+/// # Errors
+/// Database errors.
+pub async fn earliest_awaited(pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    use futures_util::TryStreamExt as _;
+    crate::sql::session(pool, async |conn| {
+        let mut entries = crate::sql::query_as::<(Option<String>, DateTime<Utc>)>(
+            "SELECT e.value ->> 'requested_at', r.created_at
+             FROM workflow_run r, LATERAL jsonb_each(CASE WHEN jsonb_typeof(r.step_requests) = 'object'
+                                                         THEN r.step_requests ELSE '{}'::jsonb END) e
+             WHERE r.status IN ('QUEUED', 'RUNNING', 'WAITING') AND r.step_requests IS NOT NULL
+               AND e.value -> 'reply' IS NULL",
+        )
+        .fetch(conn);
+        let mut earliest: Option<DateTime<Utc>> = None;
+        while let Some((requested_at, created_at)) = entries.try_next().await? {
+            let at = match requested_at {
+                Some(text) => match DateTime::parse_from_rfc3339(&text) {
+                    Ok(at) => at.with_timezone(&Utc),
+                    Err(_) => continue,
+                },
+                None => created_at,
+            };
+            earliest = Some(earliest.map_or(at, |e| e.min(at)));
+        }
+        Ok(earliest)
+    })
+    .await
+}

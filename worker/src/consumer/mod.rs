@@ -20,6 +20,7 @@ mod offsets;
 mod outage;
 mod persist;
 mod received;
+mod reply_start;
 
 use std::sync::Arc;
 use std::time::Duration;

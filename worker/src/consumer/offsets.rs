@@ -340,6 +340,12 @@ impl RequestConsumer {
         }
         let anchored: HashSet<Partition> =
             kept.into_iter().map(|o| (o.topic, o.partition)).collect();
+        let unkept: Vec<Partition> = fresh
+            .iter()
+            .filter(|partition| !anchored.contains(*partition))
+            .cloned()
+            .collect();
+        sought.extend(self.start_replies(&unkept).await?);
         self.consumer.context().checked(&fresh);
         // Assigned anew: what this member wrote before it held them last,
         // and where it started them, are no measure of the database now.
@@ -421,7 +427,7 @@ impl RequestConsumer {
 
     /// The group's committed offsets in Kafka for these partitions (those
     /// without one left out), asked off the async runtime.
-    async fn committed(
+    pub(super) async fn committed(
         &self,
         partitions: &[Partition],
     ) -> Result<BTreeMap<Partition, i64>, Outage> {

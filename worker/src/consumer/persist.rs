@@ -51,6 +51,10 @@ pub enum Outage {
     /// Kafka did not say where the group's committed offsets are.
     #[error("reading the group's committed offsets: {0}")]
     Committed(String),
+    /// Kafka did not say which offsets an instant gives (where a reply
+    /// partition with no offset anywhere starts).
+    #[error("finding the offsets of an instant: {0}")]
+    OffsetsAt(String),
     /// A signal's job was written by a newer release than this worker
     /// (a rolling deploy under way): a newer worker takes it, or this one
     /// once replaced; it is not the signal's fault.

@@ -9,6 +9,7 @@ mod hostile;
 mod lag;
 mod offsets;
 mod poison;
+mod replies;
 mod seat;
 mod signals;
 

@@ -61,26 +61,7 @@ async fn signals_from_the_topic_reach_their_jobs_and_refused_ones_are_dead_lette
             }))
             .await
             .unwrap();
-        let submit = |job_id: Uuid| {
-            let engine = engine.clone();
-            async move {
-                engine
-                    .submit(
-                        flotilla_worker::engine::Submission {
-                            job_id,
-                            workflow: flotilla_worker::engine::WorkflowRef::Stored(
-                                "payment".into(),
-                            ),
-                            input: json!({}),
-                            traceparent: None,
-                            tracestate: None,
-                        },
-                        flotilla_worker::engine::RefusalMode::Refuse,
-                    )
-                    .await
-                    .unwrap();
-            }
-        };
+        let submit = |job_id: Uuid| support::submit_stored(&engine, job_id, "payment");
         // `parked` waits already; `early` has not reached its wait.
         let (parked, early) = (Uuid::new_v4(), Uuid::new_v4());
         submit(parked).await;

@@ -310,3 +310,21 @@ impl MockTopics {
         ConsumerSettings::new(self.broker(), &self.requests, &unique("mock-workers"))
     }
 }
+
+/// Submits a job of the stored `workflow` with an empty input, through
+/// the engine (not the topic).
+pub(crate) async fn submit_stored(engine: &Engine, job_id: Uuid, workflow: &str) {
+    engine
+        .submit(
+            flotilla_worker::engine::Submission {
+                job_id,
+                workflow: flotilla_worker::engine::WorkflowRef::Stored(workflow.into()),
+                input: json!({}),
+                traceparent: None,
+                tracestate: None,
+            },
+            flotilla_worker::engine::RefusalMode::Refuse,
+        )
+        .await
+        .unwrap();
+}

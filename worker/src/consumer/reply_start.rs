@@ -1,0 +1,110 @@
+//! Where the reply consumer starts a partition that has no offset anywhere
+//! (a new reply group, or one whose offsets are gone from Kafka and from
+//! the database alike). The request consumer must read such a partition
+//! from its start (`auto.offset.reset`), since every request there may be
+//! owed a run; a reply matters only to a request still waiting for it, so
+//! the reply consumer starts at the first record written since the
+//! earliest such request was made (less [`REPLY_START_MARGIN`] for the
+//! clocks of the worker and the responder), or at the end when none
+//! waits: not at a retention's worth of replies, each dropped as stale.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use flotilla_store::runs::step_requests;
+use rdkafka::consumer::Consumer as _;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::offsets::Partition;
+use super::{Outage, RequestConsumer};
+
+/// How far before the earliest waiting request a reply partition starts:
+/// the responder stamps its records by its own clock.
+pub(super) const REPLY_START_MARGIN: Duration = Duration::from_secs(300);
+
+/// How long the broker may take to say which offsets a time gives.
+const TIMES_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl RequestConsumer {
+    /// Seeks the reply partitions among `unkept` (fresh, with no offset in
+    /// the database) that have no committed offset in Kafka either to the
+    /// first record since the earliest waiting request; returns those
+    /// sought.
+    ///
+    /// # Errors
+    /// The database, the committed offsets, the broker's answer or a seek
+    /// failed: checked again, the batch held back meanwhile.
+    pub(super) async fn start_replies(
+        &self,
+        unkept: &[Partition],
+    ) -> Result<HashSet<Partition>, Outage> {
+        let replies: Vec<Partition> = unkept
+            .iter()
+            .filter(|(topic, _)| self.settings.is_reply_topic(topic))
+            .cloned()
+            .collect();
+        if replies.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let committed = self.committed(&replies).await?;
+        let unstarted: Vec<Partition> = replies
+            .into_iter()
+            .filter(|partition| !committed.contains_key(partition))
+            .collect();
+        if unstarted.is_empty() {
+            return Ok(HashSet::new());
+        }
+        // Compared with the records' timestamps: the wall clock, as theirs.
+        let now = Utc::now();
+        let waiting = step_requests::earliest_awaited(self.engine.pool())
+            .await
+            .map_err(|e| Outage::Store(e.into()))?;
+        let since = waiting.map_or(now, |at| at.min(now)) - REPLY_START_MARGIN;
+        let offsets = self.offsets_at(&unstarted, since).await?;
+        let mut sought = HashSet::new();
+        for (partition, offset) in offsets {
+            self.consumer
+                .seek(&partition.0, partition.1, offset, TIMES_TIMEOUT)
+                .map_err(|error| Outage::Seek {
+                    partition: format!("{}/{}", partition.0, partition.1),
+                    error,
+                })?;
+            tracing::info!(topic = %partition.0, partition = partition.1, ?offset, %since,
+                "a reply partition with no offset anywhere starts at the earliest waiting request, not at the topic's start");
+            sought.insert(partition);
+        }
+        Ok(sought)
+    }
+
+    /// The first offset at or after `since` of each of `partitions` (the
+    /// end where no record is that recent).
+    async fn offsets_at(
+        &self,
+        partitions: &[Partition],
+        since: DateTime<Utc>,
+    ) -> Result<Vec<(Partition, Offset)>, Outage> {
+        let mut list = TopicPartitionList::new();
+        for (topic, partition) in partitions {
+            list.add_partition_offset(topic, *partition, Offset::Offset(since.timestamp_millis()))
+                .map_err(|e| Outage::OffsetsAt(e.to_string()))?;
+        }
+        let consumer = self.consumer.clone();
+        let answer =
+            tokio::task::spawn_blocking(move || consumer.offsets_for_times(list, TIMES_TIMEOUT))
+                .await
+                .map_err(|e| Outage::OffsetsAt(e.to_string()))?
+                .map_err(|e| Outage::OffsetsAt(e.to_string()))?;
+        Ok(answer
+            .elements()
+            .iter()
+            .map(|e| {
+                let offset = match e.offset() {
+                    Offset::Offset(offset) => Offset::Offset(offset),
+                    _ => Offset::End,
+                };
+                ((e.topic().to_owned(), e.partition()), offset)
+            })
+            .collect())
+    }
+}
