@@ -291,6 +291,26 @@ macro_rules! columns {
     };
 }
 
+/// Each checkpoint's outline, in list order: the entry without its
+/// `response` (what a signal needs to judge a job's graph: which steps
+/// have ended, which wait is ready), so reading it costs the job's step
+/// count, not its answers. An entry that is not an object is kept as is.
+macro_rules! checkpoint_outline {
+    () => {
+        "(SELECT coalesce(jsonb_agg(CASE WHEN jsonb_typeof(a.e) = 'object' THEN a.e - 'response' ELSE a.e END \
+            ORDER BY a.n), '[]'::jsonb) \
+            FROM jsonb_array_elements(CASE WHEN jsonb_typeof(checkpoints) = 'array' THEN checkpoints \
+                ELSE '[]'::jsonb END) WITH ORDINALITY AS a(e, n)) \
+         || CASE WHEN has_checkpoint_rows THEN coalesce((SELECT jsonb_agg(c.entry - 'response' ORDER BY c.event_sequence) \
+            FROM workflow_run_checkpoint c WHERE c.job_id = workflow_run.job_id), '[]'::jsonb) \
+            ELSE '[]'::jsonb END"
+    };
+}
+
+/// Every column of the row, `checkpoints` their outlines
+/// ([`checkpoint_outline`]).
+const OUTLINE_COLUMNS: &str = columns!(checkpoint_outline!());
+
 /// Every column of the row, `checkpoints` the whole list
 /// ([`checkpoint_list`]); a statement that locks a row after another
 /// transaction changed it must read them again
@@ -630,6 +650,54 @@ pub async fn get_for_update(
     .await?;
     reread_checkpoint_rows(conn, row.as_mut_slice()).await?;
     Ok(row)
+}
+
+/// The row of `job_id` locked until the transaction ends, its checkpoints
+/// in outline only (no answers: [`checkpoint_outline`]): for a change that
+/// judges the job's graph but never replays it (a signal). The lock is
+/// taken first, in a statement of its own, so the outline, read next,
+/// sees every checkpoint committed before it.
+///
+/// # Errors
+/// Database errors.
+pub async fn outline_for_update(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> Result<Option<RunRow>, sqlx::Error> {
+    let locked: Option<i32> =
+        crate::sql::query_scalar("SELECT 1 FROM workflow_run WHERE job_id = $1 FOR UPDATE")
+            .bind(job_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if locked.is_none() {
+        return Ok(None);
+    }
+    crate::sql::query_as(&format!(
+        "SELECT {OUTLINE_COLUMNS} FROM workflow_run WHERE job_id = $1"
+    ))
+    .bind(job_id)
+    .fetch_optional(conn)
+    .await
+}
+
+/// The definition `job_id` runs: its own copy, or the stored version it
+/// points at (`None`: no such job).
+///
+/// # Errors
+/// Database errors.
+pub async fn definition_of(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+) -> Result<Option<serde_json::Value>, sqlx::Error> {
+    let found: Option<Json<serde_json::Value>> = crate::sql::query_scalar(
+        "SELECT coalesce(definition, (SELECT d.definition FROM workflow_definition d \
+             WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) \
+         FROM workflow_run WHERE job_id = $1",
+    )
+    .bind(job_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(found.map(|Json(definition)| definition))
 }
 
 /// Which jobs a listing returns.

@@ -253,19 +253,20 @@ impl Engine {
         // The payload is judged before the row is locked: compiling and
         // checking a schema must not hold the lock a running job's
         // checkpoint needs.
-        let definition = {
-            flotilla_store::sql::session(self.pool(), async |conn| runs::get(conn, job_id).await)
-                .await?
-                .ok_or(SignalError::NotFound(job_id))?
-                .definition
-        };
-        self.check_payload(job_id, &definition.0, &signal).await?;
+        let definition = flotilla_store::sql::session(self.pool(), async |conn| {
+            runs::definition_of(conn, job_id).await
+        })
+        .await?
+        .ok_or(SignalError::NotFound(job_id))?;
+        self.check_payload(job_id, &definition, &signal).await?;
         let now = self.now();
         let mut tx = self.pool().begin().await?;
         // A row another session holds fails the signal (about the world:
         // retried) rather than stall the consumer's batch.
         flotilla_store::sql::bound_lock_wait(&mut tx, self.row_lock_wait()).await?;
-        let row = runs::get_for_update(&mut tx, job_id)
+        // Read once, locked, without the answers: a signal judges which
+        // steps have ended, never what they said (review M6).
+        let row = runs::outline_for_update(&mut tx, job_id)
             .await?
             .ok_or(SignalError::NotFound(job_id))?;
         if row.reader_level > READER_LEVEL {

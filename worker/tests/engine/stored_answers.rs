@@ -148,6 +148,21 @@ async fn a_job_whose_answers_would_pass_the_stored_bytes_bound_fails_with_a_verd
     assert!(stored <= budget as usize, "{stored} bytes stored");
 }
 
+/// Gives `job_id` 27 answers of 10 MiB kept as rows: 270 MiB, past the
+/// 256 MB one jsonb value holds.
+async fn store_answers_past_one_read(pool: &PgPool, job_id: Uuid) {
+    sqlx::query(
+        "INSERT INTO workflow_run_checkpoint (job_id, event_sequence, entry)
+         SELECT $1, n, jsonb_build_object('name', 'one', 'skipped', false,
+                                          'response', repeat('x', 10 * 1024 * 1024))
+         FROM generate_series(1, 27) n",
+    )
+    .bind(job_id)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_job_whose_stored_checkpoints_cannot_be_read_fails_and_the_others_still_run(
     pool: PgPool,
@@ -175,16 +190,7 @@ async fn a_job_whose_stored_checkpoints_cannot_be_read_fails_and_the_others_stil
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query(
-        "INSERT INTO workflow_run_checkpoint (job_id, event_sequence, entry)
-         SELECT $1, n, jsonb_build_object('name', 'one', 'skipped', false,
-                                          'response', repeat('x', 10 * 1024 * 1024))
-         FROM generate_series(1, 27) n",
-    )
-    .bind(oversized)
-    .execute(&pool)
-    .await
-    .unwrap();
+    store_answers_past_one_read(&pool, oversized).await;
     let fine = submit(&engine, "small", json!({})).await;
     // Oldest first: the unreadable job is claimed first and fails alone.
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(oversized));
@@ -203,4 +209,49 @@ async fn a_job_whose_stored_checkpoints_cannot_be_read_fails_and_the_others_stil
             && error.contains("exceeds the maximum"),
         "{error}"
     );
+}
+
+/// A signal reads its job once, locked, without the answers (review M6):
+/// it reaches a job whose stored answers are past what one read of them
+/// may build (27 answers of 10 MiB, an older release's row), and wakes it.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_signal_reaches_a_job_whose_stored_answers_are_past_what_one_read_may_build(
+    pool: PgPool,
+) {
+    let engine = engine_with(&pool, targets(Arc::default(), 10), 64 * 1024 * 1024);
+    let waiting = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO workflow_run (job_id, workflow_name, definition, input, request_digest,
+                                   status, outstanding_step, max_attempts, has_checkpoint_rows,
+                                   reader_level, event_sequence, created_at, run_after)
+         VALUES ($1, 'waits', $2, '{}', 'd', 'WAITING', 'go', 3, true, 1, 28,
+                 '2025-12-31T00:00:00Z', '2025-12-31T00:00:00Z')",
+    )
+    .bind(waiting)
+    .bind(json!({
+        "name": "waits", "input_schema": {},
+        "steps": [{"name": "one", "target": "big", "method": "m"},
+                  {"name": "go", "wait_for": "go"}]
+    }))
+    .execute(&pool)
+    .await
+    .unwrap();
+    store_answers_past_one_read(&pool, waiting).await;
+    let receipt = engine
+        .send_signal(flotilla_worker::engine::signals::Signal {
+            job_id: waiting,
+            name: "go".into(),
+            payload: json!({"ok": true}),
+            source: json!({}),
+            idempotency_key: "k".into(),
+        })
+        .await
+        .expect("the signal is kept");
+    assert!(receipt.woke_job, "{receipt:?}");
+    let status: RunStatus = sqlx::query_scalar("SELECT status FROM workflow_run WHERE job_id = $1")
+        .bind(waiting)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, RunStatus::Queued);
 }
