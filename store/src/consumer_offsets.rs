@@ -125,3 +125,17 @@ pub async fn next_offsets(
     })
     .await
 }
+
+/// The topics `group` keeps any offset of.
+///
+/// # Errors
+/// Database errors.
+pub async fn topics_kept(pool: &PgPool, group: &str) -> Result<Vec<String>, sqlx::Error> {
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query_scalar("SELECT DISTINCT topic FROM consumer_offset WHERE group_id = $1")
+            .bind(group)
+            .fetch_all(conn)
+            .await
+    })
+    .await
+}

@@ -167,6 +167,62 @@ fn start(command: Command, ready: &str) -> Running {
     running
 }
 
+/// Produces one request to each partition and waits until each is a
+/// COMPLETED row on the primary and the group keeps an offset of every
+/// partition there; returns their jobs.
+async fn warm_up(
+    kafka: &flotilla_runtime::BrokerConfig,
+    fleet: &Fleet,
+    primary: std::net::SocketAddr,
+) -> Vec<Uuid> {
+    let producer: rdkafka::producer::FutureProducer =
+        kafka.acknowledged_producer().create().unwrap();
+    let mut jobs = Vec::new();
+    for partition in 0..PARTITIONS {
+        let job = Uuid::new_v4();
+        let request = WorkflowRunRequest::new(job, "failover", json!({})).unwrap();
+        let payload = flotilla_contracts::json::encode(&request).unwrap();
+        let key = job.to_string();
+        let record = rdkafka::producer::FutureRecord::to(&fleet.topic)
+            .partition(partition)
+            .key(&key)
+            .payload(&payload);
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        jobs.push(job);
+    }
+    let pool = pool_to(primary).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let completed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM workflow_run WHERE job_id = ANY($1) AND status = 'COMPLETED'",
+        )
+        .bind(&jobs)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let kept: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM consumer_offset WHERE group_id = $1")
+                .bind(&fleet.group)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if completed == i64::from(PARTITIONS) && kept == i64::from(PARTITIONS) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fleet never settled: {completed} of the warm-up jobs COMPLETED, {kept} partitions with an offset kept"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pool.close().await;
+    jobs
+}
+
 async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
@@ -241,6 +297,12 @@ async fn fail_over(mode: Replication) {
         .unwrap()
     };
 
+    // The group settled before the clock starts: one request on each
+    // partition, each a COMPLETED row with its partition's offset kept,
+    // so every partition has an offset in the database that the standby
+    // receives long before the stall (a partition first read during the
+    // stall would be a loss of another kind, read again from its start).
+    let warm_up = warm_up(&kafka, &fleet, postgres.primary.address()).await;
     let producing = {
         let (kafka, topic) = (kafka.clone(), fleet.topic.clone());
         tokio::spawn(async move {
@@ -336,7 +398,8 @@ async fn fail_over(mode: Replication) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
 
-    let jobs = producing.await.unwrap();
+    let mut jobs = producing.await.unwrap();
+    jobs.extend(warm_up);
     // Quiescence: every request a COMPLETED row, every event published.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -420,10 +483,17 @@ async fn fail_over(mode: Replication) {
         worker.terminate(Duration::from_secs(30));
     }
     relay.terminate(Duration::from_secs(30));
+    // Every way a partition is read again: back to the database's offset
+    // (a member that kept it, or a new one), resumed there where Kafka
+    // has none, or from its start where the database lost it all.
     let rewinds = workers
         .iter()
         .flat_map(|worker| &worker.output)
-        .filter(|line| line.contains("reading those messages again"))
+        .filter(|line| {
+            line.contains("reading those messages again")
+                || line.contains("resuming at the database's")
+                || line.contains("reading it again from its start")
+        })
         .count();
     let calls = calls.0.lock().unwrap().clone();
     let figures = Figures {

@@ -346,6 +346,7 @@ impl RequestConsumer {
             .cloned()
             .collect();
         sought.extend(self.start_replies(&unkept).await?);
+        sought.extend(self.read_lost_from_the_start(&unkept).await?);
         self.consumer.context().checked(&fresh);
         // Assigned anew: what this member wrote before it held them last,
         // and where it started them, are no measure of the database now.
@@ -360,6 +361,57 @@ impl RequestConsumer {
             } else {
                 unanchored.insert(partition.clone());
             }
+        }
+        Ok(sought)
+    }
+
+    /// Seeks to their start the request and signal partitions among
+    /// `unkept` (fresh, with no offset in the database) that Kafka has a
+    /// committed offset for, while the database keeps offsets of other
+    /// partitions of their topic: the group read them before, so the
+    /// database had their offsets too, the anchor written before their
+    /// first batch at least, and lost them all with their rows (a failover
+    /// to a standby that received none of it). Returns those sought.
+    ///
+    /// # Errors
+    /// The database, the committed offsets or a seek failed: checked
+    /// again, the batch held back meanwhile.
+    async fn read_lost_from_the_start(
+        &self,
+        unkept: &[Partition],
+    ) -> Result<HashSet<Partition>, Outage> {
+        let candidates: Vec<Partition> = unkept
+            .iter()
+            .filter(|(topic, _)| !self.settings.is_reply_topic(topic))
+            .cloned()
+            .collect();
+        if candidates.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let topics = consumer_offsets::topics_kept(self.engine.pool(), &self.settings.group)
+            .await
+            .map_err(|e| Outage::Store(e.into()))?;
+        let candidates: Vec<Partition> = candidates
+            .into_iter()
+            .filter(|(topic, _)| topics.contains(topic))
+            .collect();
+        if candidates.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let committed = self.committed(&candidates).await?;
+        let mut sought = HashSet::new();
+        for (partition, kafka) in committed {
+            self.consumer
+                .seek(&partition.0, partition.1, Offset::Beginning, SEEK_TIMEOUT)
+                .map_err(|error| Outage::Seek {
+                    partition: format!("{}/{}", partition.0, partition.1),
+                    error,
+                })?;
+            metrics::counter!("flotilla_consumer_rewinds_total", "topic" => partition.0.clone())
+                .increment(1);
+            tracing::warn!(topic = %partition.0, partition = partition.1, kafka,
+                "the database keeps no offset of this partition, though Kafka's is at {kafka} and it keeps the topic's other partitions' (a failover lost its whole history?): reading it again from its start");
+            sought.insert(partition);
         }
         Ok(sought)
     }

@@ -436,3 +436,76 @@ async fn a_group_without_kafka_offsets_resumes_at_the_databases_not_the_topics_s
     })
     .await;
 }
+
+/// A failover can lose a partition's whole history in the database: its
+/// rows and every offset of it, the anchor written before its first batch
+/// included (all committed only to the primary), while Kafka kept the
+/// group's committed offset and the database still holds the other
+/// partitions' offsets. That partition is read again from its start, not
+/// resumed at Kafka's offset past the lost requests.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_partition_whose_whole_history_the_database_lost_is_read_again_from_its_start(
+    pool: PgPool,
+) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let producer = producer();
+        let mut produced: Vec<(Uuid, i32)> = Vec::new();
+        while produced.len() < 12
+            || produced
+                .iter()
+                .map(|(_, p)| *p)
+                .collect::<HashSet<_>>()
+                .len()
+                < usize::try_from(PARTITIONS).unwrap()
+        {
+            produced.push(produce(&producer, &topics.requests).await);
+        }
+        let total = i64::try_from(produced.len()).unwrap();
+        let (stop, running) = spawn(support::consumer(&engine, &topics));
+        wait_rows(&pool, total).await;
+        support::wait_committed_to_end(&topics.requests, &topics.group).await;
+        stop.cancel();
+        running.await.unwrap();
+
+        // The failover: partition `gone` lost everything.
+        let gone = produced[0].1;
+        let lost: Vec<Uuid> = produced
+            .iter()
+            .filter(|(_, p)| *p == gone)
+            .map(|(id, _)| *id)
+            .collect();
+        for table in ["workflow_run_outbox", "workflow_run"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE job_id = ANY($1)"))
+                .bind(&lost)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        sqlx::query("DELETE FROM consumer_offset WHERE group_id = $1 AND partition = $2")
+            .bind(&topics.group)
+            .bind(gone)
+            .execute(&pool)
+            .await
+            .unwrap();
+
+        let (stop, running) = spawn(support::consumer(&engine, &topics));
+        wait_rows(&pool, total).await;
+        let back: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM workflow_run WHERE job_id = ANY($1)")
+                .bind(&lost)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            back,
+            i64::try_from(lost.len()).unwrap(),
+            "every lost request is a row again"
+        );
+        stop.cancel();
+        running.await.unwrap();
+    })
+    .await;
+}
