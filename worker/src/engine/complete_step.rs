@@ -242,7 +242,7 @@ impl Engine {
             })
         };
         let compiled = self
-            .compile(&row.definition.0)
+            .compile_to_run(&row.definition.0)
             .await
             .map_err(|e| corrupt(e.to_string()))?;
         let index = compiled

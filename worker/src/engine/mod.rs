@@ -481,7 +481,30 @@ impl Engine {
         &self,
         document: &serde_json::Value,
     ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
-        self.compile_cached(document, true).await
+        match crate::workflow::limits::held_to_bounds(document) {
+            Some(held) => self.compile_cached(&held, true).await,
+            None => self.compile_cached(document, true).await,
+        }
+    }
+
+    /// Compiles the definition a job runs (its row's): as [`Engine::compile`],
+    /// but one accepted before this release's bounds on `max_attempts`
+    /// and `deadline_ms` is held to them rather than refused
+    /// (`limits::held_to_bounds`).
+    ///
+    /// # Errors
+    /// Every problem of the definition.
+    pub(super) async fn compile_to_run(
+        &self,
+        document: &serde_json::Value,
+    ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
+        match crate::workflow::limits::held_to_bounds(document) {
+            Some(held) => {
+                tracing::debug!(workflow = %held["name"], "a definition stored before the bounds on max_attempts and deadline_ms runs held to them");
+                self.compile_cached(&held, false).await
+            }
+            None => self.compile_cached(document, false).await,
+        }
     }
 
     async fn compile_cached(

@@ -199,7 +199,7 @@ impl Engine {
         if !missing.is_empty() {
             return self.release_for_others(claimed, &missing).await;
         }
-        let compiled = match self.compile(&claimed.row().definition.0).await {
+        let compiled = match self.compile_to_run(&claimed.row().definition.0).await {
             Ok(compiled) => compiled,
             Err(invalid) => {
                 let error =

@@ -375,7 +375,7 @@ impl Engine {
         definition: &Json,
         signal: &Signal,
     ) -> Result<(), SignalError> {
-        let Ok(compiled) = self.compile(definition).await else {
+        let Ok(compiled) = self.compile_to_run(definition).await else {
             return Ok(());
         };
         let refused = {

@@ -282,3 +282,50 @@ async fn a_batch_gives_each_request_its_own_outcome(pool: PgPool) {
     }
     assert_eq!(row(&pool, twice).await.input.0, json!({"n": 2}));
 }
+
+/// The bounds on `deadline_ms` (a day) and `max_attempts` (100) came with
+/// a later release than some stored definitions: registering past them is
+/// refused, but a definition stored before keeps running, held to the
+/// bounds, instead of every job of it failing as a definition that no
+/// longer compiles.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_definition_stored_before_the_bounds_keeps_running_held_to_them(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = engine(&pool, echo_targets(&calls), manual_clock(), "w");
+    let old = json!({
+        "name": "patient", "input_schema": {}, "deadline_ms": 172_800_000, "max_attempts": 500,
+        "steps": [{"name": "one", "target": "echo", "method": "one"}]
+    });
+    let refused = engine
+        .register_workflow(&old)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("deadline_ms") && refused.contains("max_attempts"),
+        "{refused}"
+    );
+    sqlx::query(
+        "INSERT INTO workflow_definition (name, version, definition) VALUES ('patient', 1, $1)",
+    )
+    .bind(&old)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let job_id = Uuid::new_v4();
+    let submitted = engine
+        .submit(stored(job_id, "patient", json!({})), RefusalMode::Refuse)
+        .await
+        .expect("a job of the stored definition is accepted");
+    assert!(matches!(submitted, Submitted::Created(_)), "{submitted:?}");
+    assert_eq!(
+        engine.run_once().await.unwrap(),
+        flotilla_worker::engine::Outcome::Completed(job_id)
+    );
+    assert_eq!(calls.of(job_id), ["one"]);
+    assert_eq!(
+        row(&pool, job_id).await.max_attempts,
+        100,
+        "held to the bound"
+    );
+}
