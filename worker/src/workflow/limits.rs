@@ -94,6 +94,30 @@ pub fn patterns_in(schema: &Json) -> usize {
     }
 }
 
+/// A definition stored before the bounds on `max_attempts` and
+/// `deadline_ms` (this release's) held to them, or `None` when it is
+/// within them already. Registering past them is refused; a definition
+/// the fleet accepted earlier keeps running, held to them, rather than
+/// every job of it failing as a definition that no longer compiles.
+#[must_use]
+pub fn held_to_bounds(document: &Json) -> Option<Json> {
+    use super::{MAX_ATTEMPTS, MAX_DEADLINE_MS};
+    let over =
+        |field: &str, bound: u64| document[field].as_u64().is_some_and(|value| value > bound);
+    let attempts = u64::try_from(MAX_ATTEMPTS).unwrap_or(u64::MAX);
+    if !over("max_attempts", attempts) && !over("deadline_ms", MAX_DEADLINE_MS) {
+        return None;
+    }
+    let mut held = document.clone();
+    if over("max_attempts", attempts) {
+        held["max_attempts"] = Json::from(MAX_ATTEMPTS);
+    }
+    if over("deadline_ms", MAX_DEADLINE_MS) {
+        held["deadline_ms"] = Json::from(MAX_DEADLINE_MS);
+    }
+    Some(held)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,28 +171,4 @@ mod tests {
             None
         );
     }
-}
-
-/// A definition stored before the bounds on `max_attempts` and
-/// `deadline_ms` (this release's) held to them, or `None` when it is
-/// within them already. Registering past them is refused; a definition
-/// the fleet accepted earlier keeps running, held to them, rather than
-/// every job of it failing as a definition that no longer compiles.
-#[must_use]
-pub fn held_to_bounds(document: &Json) -> Option<Json> {
-    use super::{MAX_ATTEMPTS, MAX_DEADLINE_MS};
-    let over =
-        |field: &str, bound: u64| document[field].as_u64().is_some_and(|value| value > bound);
-    let attempts = u64::try_from(MAX_ATTEMPTS).unwrap_or(u64::MAX);
-    if !over("max_attempts", attempts) && !over("deadline_ms", MAX_DEADLINE_MS) {
-        return None;
-    }
-    let mut held = document.clone();
-    if over("max_attempts", attempts) {
-        held["max_attempts"] = Json::from(MAX_ATTEMPTS);
-    }
-    if over("deadline_ms", MAX_DEADLINE_MS) {
-        held["deadline_ms"] = Json::from(MAX_DEADLINE_MS);
-    }
-    Some(held)
 }
