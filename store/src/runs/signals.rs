@@ -21,6 +21,12 @@ use crate::outbox::{self, EventKind, EventStamp};
 /// job holding this many unconsumed refuses the next.
 pub const MAX_KEPT: usize = 100;
 
+/// The most bytes (as JSON text) of signals a row keeps, taken ones
+/// included: a signal rewrites the row's array, so this bounds what one
+/// costs. One signal (a 64 KiB payload and a 16 KiB source at most)
+/// always fits.
+pub const MAX_KEPT_BYTES: usize = 1024 * 1024;
+
 /// One signal as the row keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SignalEntry {

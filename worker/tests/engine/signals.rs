@@ -318,6 +318,48 @@ async fn a_job_holding_a_hundred_untaken_signals_refuses_the_next(pool: PgPool) 
     assert_eq!(history.last().unwrap().consumed_by.as_deref(), Some("w"));
 }
 
+/// Signals kept are bounded in bytes too (review M6): each signal
+/// rewrites the row's array, so a flood of large untaken ones would make
+/// every next one dearer (measured: 187 ms for the 99th of 60 KiB, 3 ms
+/// for a small one). Past a mebibyte the next is refused `signals_full`;
+/// taken ones make room as for the count.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_holding_a_mebibyte_of_untaken_signals_refuses_the_next(pool: PgPool) {
+    let document = json!({
+        "name": "heavy", "input_schema": {},
+        "steps": [{"name": "w", "wait_for": "tick"}, {"name": "v", "wait_for": "tock"}]
+    });
+    let engine = engine_with(&pool, Targets::default(), &document).await;
+    let job_id = submit(&engine, "heavy", json!({})).await;
+    let pad = "x".repeat(60 * 1024);
+    let tick = |n: usize| Signal {
+        job_id,
+        name: "tick".into(),
+        payload: json!({"n": n, "pad": pad}),
+        source: Value::Null,
+        idempotency_key: format!("t{n}"),
+    };
+    let mut kept = 0;
+    let refused = loop {
+        match engine.send_signal(tick(kept)).await {
+            Ok(_) => kept += 1,
+            Err(e) => break e,
+        }
+        assert!(kept <= 100, "a hundred signals of 60 KiB were all kept");
+    };
+    assert_eq!(refused.code(), Some("signals_full"), "{refused}");
+    assert_eq!(kept, 17, "a mebibyte holds 17 signals of 60 KiB");
+    // `w` takes the oldest; its room goes to the next.
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let tock = Signal {
+        name: "tock".into(),
+        idempotency_key: "tock".into(),
+        ..tick(kept)
+    };
+    let receipt = engine.send_signal(tock).await.unwrap();
+    assert!(receipt.woke_job, "{receipt:?}");
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn taken_signals_make_room_for_new_ones(pool: PgPool) {
     let document = json!({
