@@ -1,6 +1,6 @@
-//! What the request consumer says about itself, read by readiness and the
-//! metrics without asking the broker anything: whether it is riding out an
-//! outage (since when, and why).
+//! What a consumer (of requests, or of replies) says about itself, read by
+//! readiness and the metrics without asking the broker anything: whether
+//! it is riding out an outage (since when, and why).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -8,10 +8,26 @@ use std::time::{Duration, Instant};
 /// The consumer's own state, shared with the API.
 #[derive(Debug, Default)]
 pub struct ConsumerHealth {
+    /// The consumer's group: the label of its outage gauge, so the request
+    /// and reply consumers of one process do not overwrite each other's.
+    group: String,
     outage: Mutex<Option<(Instant, String)>>,
 }
 
 impl ConsumerHealth {
+    /// The state of the consumer of `group`.
+    #[must_use]
+    pub fn of_group(group: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            outage: Mutex::default(),
+        }
+    }
+
+    fn outage_gauge(&self) -> metrics::Gauge {
+        metrics::gauge!("flotilla_consumer_outage_seconds", "group" => self.group.clone())
+    }
+
     fn outage(&self) -> std::sync::MutexGuard<'_, Option<(Instant, String)>> {
         self.outage
             .lock()
@@ -25,13 +41,13 @@ impl ConsumerHealth {
         let since = outage
             .as_ref()
             .map_or_else(Instant::now, |(since, _)| *since);
-        metrics::gauge!("flotilla_consumer_outage_seconds").set(since.elapsed().as_secs_f64());
+        self.outage_gauge().set(since.elapsed().as_secs_f64());
         *outage = Some((since, reason));
     }
 
     /// The outage is over: the partitions consume again.
     pub(crate) fn resumed(&self) {
-        metrics::gauge!("flotilla_consumer_outage_seconds").set(0.0);
+        self.outage_gauge().set(0.0);
         *self.outage() = None;
     }
 

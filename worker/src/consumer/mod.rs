@@ -254,7 +254,7 @@ impl RequestConsumer {
         Ok(Self {
             consumer,
             dead_letters: std::sync::Mutex::new(dead_letters),
-            health: Arc::default(),
+            health: Arc::new(ConsumerHealth::of_group(&settings.group)),
             engine,
             codec,
             settings,
