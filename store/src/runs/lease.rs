@@ -51,7 +51,7 @@ pub async fn claim(
              FOR UPDATE SKIP LOCKED)
          UPDATE workflow_run SET status = 'RUNNING', lease_owner = $1,
              lease_token = gen_random_uuid(), lease_until = $3,
-             attempt = attempt + 1, updated_at = $2
+             attempt = attempt + 1, updated_at = $2, wake_at = NULL
          FROM picked WHERE job_id = picked_id
          RETURNING {COLUMNS_BUT_CHECKPOINT_ROWS}"
     ))
@@ -1032,7 +1032,7 @@ pub async fn sweep_one(
         let set = if compensating {
             // Headed DEAD as a retryable failure on the last attempt would
             // be (`compensate.rs`), run by the next claim.
-            "status = 'QUEUED', run_after = $5, attempt = greatest(attempt - 1, 0),
+            "status = 'QUEUED', run_after = $5, attempt = greatest(attempt - 1, 0), hand_backs = 0,
              compensation = jsonb_build_object('failure', jsonb_build_object(
                  'step', NULL, 'error', $3::text, 'dead', true), 'done', '[]'::jsonb)"
         } else {

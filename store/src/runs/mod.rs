@@ -301,7 +301,8 @@ macro_rules! checkpoint_outline {
             ORDER BY a.n), '[]'::jsonb) \
             FROM jsonb_array_elements(CASE WHEN jsonb_typeof(checkpoints) = 'array' THEN checkpoints \
                 ELSE '[]'::jsonb END) WITH ORDINALITY AS a(e, n)) \
-         || CASE WHEN has_checkpoint_rows THEN coalesce((SELECT jsonb_agg(c.entry - 'response' ORDER BY c.event_sequence) \
+         || CASE WHEN has_checkpoint_rows THEN coalesce((SELECT jsonb_agg(CASE WHEN jsonb_typeof(c.entry) = 'object' \
+            THEN c.entry - 'response' ELSE c.entry END ORDER BY c.event_sequence) \
             FROM workflow_run_checkpoint c WHERE c.job_id = workflow_run.job_id), '[]'::jsonb) \
             ELSE '[]'::jsonb END"
     };
@@ -555,8 +556,10 @@ impl NewRun<'_> {
 /// Grafts steps onto `job_id` at `revision`: its definition becomes
 /// `definition` (the job's copy), its revision one more, its reader level
 /// at least `reader_level` (that of the combined definition), with an ACCEPTED event naming the steps. Bumps the event
-/// sequence, so a worker running the job stops at its next commit point
-/// and the job resumes with the new steps. `None`: the job is finished or
+/// sequence and the revision: a worker running the job goes on writing
+/// its checkpoints (its fence leaves the graft's event out), but the write
+/// that would end its graph is refused, and the job resumes with the new
+/// steps. `None`: the job is finished or
 /// no longer at `revision` (nothing written).
 ///
 /// # Errors

@@ -327,11 +327,6 @@ impl RequestConsumer {
     }
 }
 
-/// What a refused signal comes to: a dead letter when the refusal is about
-/// the signal, an outage (the batch tried again) when it is about the
-/// world: the database failed (a signal kept already repeats its key,
-/// changing nothing), or the job needs a newer release than this worker,
-/// as during a rolling deploy.
 /// Jobs whose signals one batch keeps at once (review M6): a flood of
 /// signals to many jobs costs the batch a few row round trips each, not
 /// one after another, while each job's signals stay in partition order.
@@ -401,6 +396,11 @@ impl RequestConsumer {
     }
 }
 
+/// What a refused signal comes to: a dead letter when the refusal is about
+/// the signal, an outage (the batch tried again) when it is about the
+/// world: the database failed (a signal kept already repeats its key,
+/// changing nothing), or the job needs a newer release than this worker,
+/// as during a rolling deploy.
 fn refused_signal(refused: SignalError) -> Result<DeadLetter, Outage> {
     match refused {
         SignalError::Store(store) if !store.is_about_the_data() => Err(Outage::Store(store)),

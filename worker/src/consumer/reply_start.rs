@@ -77,8 +77,9 @@ impl RequestConsumer {
         Ok(sought)
     }
 
-    /// The first offset at or after `since` of each of `partitions` (the
-    /// end where no record is that recent).
+    /// The first offset at or after `since` of each of `partitions`, or
+    /// its end where no record is that recent: a number either way, read
+    /// now, so a reply written before the first fetch is not passed by.
     async fn offsets_at(
         &self,
         partitions: &[Partition],
@@ -90,21 +91,27 @@ impl RequestConsumer {
                 .map_err(|e| Outage::OffsetsAt(e.to_string()))?;
         }
         let consumer = self.consumer.clone();
-        let answer =
-            tokio::task::spawn_blocking(move || consumer.offsets_for_times(list, TIMES_TIMEOUT))
-                .await
-                .map_err(|e| Outage::OffsetsAt(e.to_string()))?
-                .map_err(|e| Outage::OffsetsAt(e.to_string()))?;
-        Ok(answer
-            .elements()
-            .iter()
-            .map(|e| {
-                let offset = match e.offset() {
-                    Offset::Offset(offset) => Offset::Offset(offset),
-                    _ => Offset::End,
+        tokio::task::spawn_blocking(move || {
+            let answer = consumer.offsets_for_times(list, TIMES_TIMEOUT)?;
+            let mut offsets = Vec::new();
+            for element in answer.elements() {
+                element.error()?;
+                let partition = (element.topic().to_owned(), element.partition());
+                let offset = match element.offset() {
+                    Offset::Offset(offset) => offset,
+                    // No record that recent: the end as it is now.
+                    _ => {
+                        consumer
+                            .fetch_watermarks(&partition.0, partition.1, TIMES_TIMEOUT)?
+                            .1
+                    }
                 };
-                ((e.topic().to_owned(), e.partition()), offset)
-            })
-            .collect())
+                offsets.push((partition, Offset::Offset(offset)));
+            }
+            Ok::<_, rdkafka::error::KafkaError>(offsets)
+        })
+        .await
+        .map_err(|e| Outage::OffsetsAt(e.to_string()))?
+        .map_err(|e| Outage::OffsetsAt(e.to_string()))
     }
 }

@@ -375,8 +375,10 @@ impl Engine {
                 "unknown workflow {workflow:?}: a schedule starts a stored workflow"
             )));
         };
+        // As a submission of it compiles it: stored, so held to this
+        // release's bounds rather than refused by them.
         let compiled = self
-            .compile(&stored.definition.0)
+            .compile_stored(&stored.definition.0)
             .await
             .map_err(|e| ScheduleError::Invalid(e.to_string()))?;
         compiled.check_input(input).map_err(|violations| {

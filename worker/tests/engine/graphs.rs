@@ -1114,6 +1114,47 @@ async fn a_timer_that_comes_due_while_the_job_waits_on_another_step_wakes_it(poo
     assert_eq!(calls.of(job_id), ["remind", "after"]);
 }
 
+/// A worker of an earlier release parks without writing `wake_at`: every
+/// claim clears it, so the instant of an earlier park is never left on a
+/// WAITING row for the sweeper to wake it at again and again.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_claim_clears_the_wake_instant_an_earlier_park_left(pool: PgPool) {
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    engine
+        .register_workflow(&json!({
+            "name": "asks", "input_schema": {},
+            "steps": [{"name": "approve", "target": "echo", "method": "a", "completion": "external"}]
+        }))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "asks", json!({})).await;
+    sqlx::query("UPDATE workflow_run SET wake_at = $2 WHERE job_id = $1")
+        .bind(job_id)
+        .bind(clock.now() - Duration::from_secs(60))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let claimed = engine.claim().await.unwrap().expect("claimable");
+    assert_eq!(
+        row(&pool, job_id).await.wake_at,
+        None,
+        "cleared by the claim"
+    );
+    drop(claimed);
+    // The park of an earlier release: WAITING, `wake_at` untouched.
+    sqlx::query("UPDATE workflow_run SET status = 'WAITING', outstanding_step = 'approve', lease_owner = NULL, lease_token = NULL, lease_until = NULL WHERE job_id = $1")
+        .bind(job_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        engine.wake_due_waits().await.unwrap(),
+        0,
+        "nothing to wake it"
+    );
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn an_output_mapping_that_fails_after_the_last_step_is_compensated_too(pool: PgPool) {
     let calls = Calls::default();
