@@ -656,7 +656,7 @@ pub async fn get_for_update(
 }
 
 /// The row of `job_id` locked until the transaction ends, its checkpoints
-/// in outline only (no answers: [`checkpoint_outline`]): for a change that
+/// in outline only (no answers; see `checkpoint_outline`): for a change that
 /// judges the job's graph but never replays it (a signal). The lock is
 /// taken first, in a statement of its own, so the outline, read next,
 /// sees every checkpoint committed before it.
