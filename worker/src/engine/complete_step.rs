@@ -72,9 +72,13 @@ enum Gate {
 fn gate(row: &RunRow, step: &str) -> Gate {
     // Only an external step is answered here: a job parked on a `wait_for`
     // step takes a signal, one parked on a `start` step its child's end.
+    // A waiting job takes the answer of any of its external steps that is
+    // ready and unanswered, not only the one it is parked on: two people
+    // asked at once may answer in either order.
     if row.status == RunStatus::Waiting
-        && row.outstanding_step.as_deref() == Some(step)
         && is_external_step(row, step)
+        && (row.outstanding_step.as_deref() == Some(step)
+            || super::graph_view::is_ready_now(row, step))
     {
         Gate::Proceed
     } else if row.has_checkpoint(step) && is_external_step(row, step) {

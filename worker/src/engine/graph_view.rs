@@ -171,3 +171,24 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
         nodes,
     })
 }
+
+/// Whether `step` of the job's own definition is ready now: every step it
+/// needs has ended (one without `needs` needs the step before it, the
+/// graph's rule), read from the row alone, and it has not ended itself.
+pub(super) fn is_ready_now(row: &RunRow, step: &str) -> bool {
+    let steps: &[Json] = row.definition.0["steps"]
+        .as_array()
+        .map_or(&[], Vec::as_slice);
+    let ended_steps = row.ended_steps();
+    let ended = |wanted: &str| ended_steps.contains(wanted);
+    let Some(at) = steps.iter().position(|s| s["name"].as_str() == Some(step)) else {
+        return false;
+    };
+    if ended(step) {
+        return false;
+    }
+    match steps[at]["needs"].as_array() {
+        Some(needs) => needs.iter().filter_map(Json::as_str).all(ended),
+        None => at == 0 || steps[at - 1]["name"].as_str().is_some_and(ended),
+    }
+}

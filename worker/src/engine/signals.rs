@@ -221,21 +221,13 @@ fn wakes(row: &RunRow, name: &str) -> bool {
     if row.status != RunStatus::Waiting {
         return false;
     }
-    let steps: &[Json] = row.definition.0["steps"]
+    row.definition.0["steps"]
         .as_array()
-        .map_or(&[], Vec::as_slice);
-    let ended_steps = row.ended_steps();
-    let ended = |wanted: &str| ended_steps.contains(wanted);
-    // A step without `needs` needs the one before it (the graph's rule).
-    let ready = |at: usize, s: &Json| match s["needs"].as_array() {
-        Some(needs) => needs.iter().filter_map(Json::as_str).all(ended),
-        None => at == 0 || steps[at - 1]["name"].as_str().is_some_and(ended),
-    };
-    steps.iter().enumerate().any(|(at, s)| {
-        s["wait_for"].as_str() == Some(name)
-            && s["name"].as_str().is_some_and(|n| !ended(n))
-            && ready(at, s)
-    })
+        .into_iter()
+        .flatten()
+        .filter(|s| s["wait_for"].as_str() == Some(name))
+        .filter_map(|s| s["name"].as_str())
+        .any(|step| super::graph_view::is_ready_now(row, step))
 }
 
 impl Engine {

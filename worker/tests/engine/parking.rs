@@ -241,3 +241,78 @@ async fn operators_cancel_waiting_jobs_and_retry_failed_ones(pool: PgPool) {
         Err(OperatorError::NotFound(_))
     ));
 }
+
+/// Two people asked at once answer in either order: the job parks on the
+/// first external step, and takes the answer of the second, ready and
+/// unanswered, too (it waits for anything it awaits). A step not yet
+/// ready (its needs have not ended) is still refused.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn two_people_asked_at_once_may_answer_in_either_order(pool: PgPool) {
+    let calls = Calls::default();
+    let engine = Engine::new(
+        pool.clone(),
+        support::echo_targets(&calls),
+        support::manual_clock(),
+        support::settings("w"),
+    );
+    engine
+        .register_workflow(&json!({
+            "name": "two-approvals", "input_schema": {},
+            "steps": [
+                {"name": "legal", "target": "echo", "method": "legal", "needs": [], "completion": "external"},
+                {"name": "finance", "target": "echo", "method": "finance", "needs": [], "completion": "external"},
+                {"name": "sign", "target": "echo", "method": "sign", "needs": ["legal", "finance"], "completion": "external"},
+                {"name": "ship", "target": "echo", "method": "ship", "needs": ["sign"]}
+            ]
+        }))
+        .await
+        .unwrap();
+    let job_id = submit(&engine, "two-approvals", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.outstanding_step.as_deref(),
+        Some("legal")
+    );
+
+    let early = engine
+        .complete_step(job_id, "sign", json!({}))
+        .await
+        .unwrap();
+    assert!(
+        matches!(early, CompleteOutcome::WrongState { .. }),
+        "{early:?}"
+    );
+    assert_eq!(
+        engine
+            .complete_step(job_id, "finance", json!({"ok": true}))
+            .await
+            .unwrap(),
+        CompleteOutcome::Completed,
+        "the step it is not parked on, ready and unanswered"
+    );
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    assert_eq!(
+        row(&pool, job_id).await.outstanding_step.as_deref(),
+        Some("legal")
+    );
+    assert_eq!(
+        engine
+            .complete_step(job_id, "finance", json!({"ok": true}))
+            .await
+            .unwrap(),
+        CompleteOutcome::AlreadyDone
+    );
+    for step in ["legal", "sign"] {
+        assert_eq!(
+            engine
+                .complete_step(job_id, step, json!({"ok": true}))
+                .await
+                .unwrap(),
+            CompleteOutcome::Completed,
+            "{step}"
+        );
+        engine.run_once().await.unwrap();
+    }
+    assert_eq!(row(&pool, job_id).await.status, RunStatus::Completed);
+    assert_eq!(calls.of(job_id), ["ship"]);
+}
