@@ -36,6 +36,14 @@ pub(super) const AUDIT_INTERVAL: Duration = Duration::from_secs(3);
 /// A topic and a partition.
 pub(super) type Partition = (String, i32);
 
+/// A seek of `partition` that failed, as the outage it is.
+fn seek_failed(partition: &Partition, error: rdkafka::error::KafkaError) -> Outage {
+    Outage::Seek {
+        partition: format!("{}/{}", partition.0, partition.1),
+        error,
+    }
+}
+
 /// The next offset to read per partition, after `batch`.
 pub(super) fn next_offsets(batch: &[Received]) -> BTreeMap<Partition, i64> {
     let mut next: BTreeMap<Partition, i64> = BTreeMap::new();
@@ -243,12 +251,23 @@ impl RequestConsumer {
         partition: &Partition,
         offset: i64,
     ) -> Result<(), rdkafka::error::KafkaError> {
-        self.consumer.seek(
-            &partition.0,
-            partition.1,
-            Offset::Offset(offset),
-            SEEK_TIMEOUT,
-        )
+        self.seek_at(partition, Offset::Offset(offset))
+    }
+
+    fn seek_at(
+        &self,
+        partition: &Partition,
+        offset: Offset,
+    ) -> Result<(), rdkafka::error::KafkaError> {
+        self.consumer
+            .seek(&partition.0, partition.1, offset, SEEK_TIMEOUT)
+    }
+
+    /// Seeks `partition` to `offset` on assignment; a failure is an outage
+    /// (checked again, the batch held back meanwhile).
+    pub(super) fn seek_or_hold(&self, partition: &Partition, offset: Offset) -> Result<(), Outage> {
+        self.seek_at(partition, offset)
+            .map_err(|error| seek_failed(partition, error))
     }
 
     /// Seeks `partition`, which has no committed offset in Kafka, to the
@@ -331,10 +350,7 @@ impl RequestConsumer {
                     Some(_) => continue,
                     None => self.resume_at_database(&key, kept.next_offset),
                 };
-                seek.map_err(|error| Outage::Seek {
-                    partition: format!("{}/{}", kept.topic, kept.partition),
-                    error,
-                })?;
+                seek.map_err(|error| seek_failed(&key, error))?;
                 sought.insert(key);
             }
         }
@@ -401,12 +417,7 @@ impl RequestConsumer {
         let committed = self.committed(&candidates).await?;
         let mut sought = HashSet::new();
         for (partition, kafka) in committed {
-            self.consumer
-                .seek(&partition.0, partition.1, Offset::Beginning, SEEK_TIMEOUT)
-                .map_err(|error| Outage::Seek {
-                    partition: format!("{}/{}", partition.0, partition.1),
-                    error,
-                })?;
+            self.seek_or_hold(&partition, Offset::Beginning)?;
             metrics::counter!("flotilla_consumer_rewinds_total", "topic" => partition.0.clone())
                 .increment(1);
             tracing::warn!(topic = %partition.0, partition = partition.1, kafka,

@@ -64,12 +64,7 @@ impl RequestConsumer {
         let offsets = self.offsets_at(&unstarted, since).await?;
         let mut sought = HashSet::new();
         for (partition, offset) in offsets {
-            self.consumer
-                .seek(&partition.0, partition.1, offset, TIMES_TIMEOUT)
-                .map_err(|error| Outage::Seek {
-                    partition: format!("{}/{}", partition.0, partition.1),
-                    error,
-                })?;
+            self.seek_or_hold(&partition, offset)?;
             tracing::info!(topic = %partition.0, partition = partition.1, ?offset, %since,
                 "a reply partition with no offset anywhere starts at the earliest waiting request, not at the topic's start");
             sought.insert(partition);

@@ -481,10 +481,7 @@ impl Engine {
         &self,
         document: &serde_json::Value,
     ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
-        match crate::workflow::limits::held_to_bounds(document) {
-            Some(held) => self.compile_cached(&held, true).await,
-            None => self.compile_cached(document, true).await,
-        }
+        self.compile_held(document, true).await
     }
 
     /// Compiles the definition a job runs (its row's): as [`Engine::compile`],
@@ -498,12 +495,22 @@ impl Engine {
         &self,
         document: &serde_json::Value,
     ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
+        self.compile_held(document, false).await
+    }
+
+    /// [`Engine::compile_cached`] of `document` held to this release's
+    /// bounds (`limits::held_to_bounds`).
+    async fn compile_held(
+        &self,
+        document: &serde_json::Value,
+        any_target: bool,
+    ) -> Result<Arc<CompiledWorkflow>, InvalidDefinition> {
         match crate::workflow::limits::held_to_bounds(document) {
             Some(held) => {
                 tracing::debug!(workflow = %held["name"], "a definition stored before the bounds on max_attempts and deadline_ms runs held to them");
-                self.compile_cached(&held, false).await
+                self.compile_cached(&held, any_target).await
             }
-            None => self.compile_cached(document, false).await,
+            None => self.compile_cached(document, any_target).await,
         }
     }
 

@@ -235,7 +235,7 @@ impl Engine {
         let limit = self.settings().retention.batch;
         let mut removed = 0;
         for _ in 0..BATCHES_PER_PASS {
-            let passed_over = self.retention_refused();
+            let passed_over = self.retention_refused().clone();
             let removal = Removal {
                 passed_over: &passed_over,
                 ..removal
@@ -287,11 +287,7 @@ impl Engine {
                     tracing::error!(%job_id, error = %e,
                         "the store refused to remove this finished run; it is kept and passed over");
                     metrics::counter!("flotilla_runs_removal_refused_total").increment(1);
-                    let mut refused = self
-                        .inner
-                        .retention_refused
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut refused = self.retention_refused();
                     if refused.len() < MAX_REFUSED {
                         refused.push(job_id);
                     }
@@ -301,12 +297,11 @@ impl Engine {
         Ok(Some((removed, tried)))
     }
 
-    fn retention_refused(&self) -> Vec<uuid::Uuid> {
+    fn retention_refused(&self) -> std::sync::MutexGuard<'_, Vec<uuid::Uuid>> {
         self.inner
             .retention_refused
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     }
 
     /// Runs retention every `interval` until `shutdown`.
