@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
 use flotilla_runtime::BrokerConfig;
+use flotilla_runtime::kafka::lag::{self, LagSource};
 use flotilla_tests::process::{Running, workspace_binary};
 use flotilla_tests::scratch::ScratchDatabase;
-use flotilla_worker::consumer::lag::{self, LagSource};
 use rdkafka::Message as _;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::mocking::MockCluster;

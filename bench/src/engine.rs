@@ -10,7 +10,7 @@ use flotilla_tests::scratch::ScratchDatabase;
 use flotilla_worker::engine::{
     Engine, EngineSettings, RefusalMode, Submission, Switch, SystemClock, WorkflowRef,
 };
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -82,7 +82,7 @@ fn engine(pool: &PgPool, loops: usize, shape: Shape) -> Engine {
         256,
     );
     let mut settings = EngineSettings::new("bench-engine");
-    settings.worker_count = loops;
+    settings.claim_loops = loops;
     settings.definition_by_reference = switch(definition_by_reference());
     settings.checkpoint_rows = switch(shape.checkpoint_rows);
     Engine::new(pool.clone(), targets, Arc::new(SystemClock), settings)
@@ -419,7 +419,7 @@ pub(crate) async fn figures(report: &mut Report, smoke: bool) -> anyhow::Result<
     } else {
         (&[10_000, 100_000, 1_000_000], 5_000)
     };
-    let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
+    let loops = flotilla_worker::engine::DEFAULT_CLAIM_LOOPS;
     let mut first_claim = None;
     for &finished in histories {
         let run = run(finished, loops, jobs, Shape::small(3)).await?;
@@ -583,7 +583,7 @@ pub(crate) async fn retention(report: &mut Report, smoke: bool) -> anyhow::Resul
     } else {
         (1_000_000, 5_000)
     };
-    let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
+    let loops = flotilla_worker::engine::DEFAULT_CLAIM_LOOPS;
     for retention_running in [false, true] {
         let shape = Shape {
             retention_running,
@@ -624,7 +624,7 @@ pub(crate) async fn retention(report: &mut Report, smoke: bool) -> anyhow::Resul
 /// concurrent jobs share.
 pub(crate) async fn parking(report: &mut Report, smoke: bool) -> anyhow::Result<()> {
     let (finished, jobs) = if smoke { (1_000, 500) } else { (10_000, 5_000) };
-    let loops = flotilla_worker::engine::DEFAULT_WORKER_COUNT;
+    let loops = flotilla_worker::engine::DEFAULT_CLAIM_LOOPS;
     let shape = Shape {
         parks: true,
         ..Shape::small(1)
