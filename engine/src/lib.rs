@@ -18,6 +18,7 @@
 //! says so in CI). SQL lives in `flotilla-store`, the language in
 //! `flotilla-workflow`, what a step calls in `flotilla-targets`.
 
+mod lifecycle;
 mod nodes;
 pub mod ops;
 mod run;
@@ -56,10 +57,11 @@ pub use ops::fleet::{FINISHED_WINDOW, FleetSnapshot};
 pub use ops::graft::{GraftError, GraftOutcome};
 pub use ops::operator::{Cancelled, OperatorError};
 pub use ops::queries::{JobPage, JobQuery, ListError};
-pub use run::claimed::{ClaimedRun, MAX_HAND_BACKS};
+pub use run::claimed::ClaimedRun;
 pub use run::claims::ClaimError;
-#[cfg(feature = "test-support")]
+#[cfg(any(test, feature = "test-support"))]
 pub use run::group_commit::CommitFaults;
+pub use run::lease::MAX_HAND_BACKS;
 pub use run::{LeaseLost, Outcome, SegmentStop};
 pub use services::Namesake;
 pub use services::layout_switches::{Switch, SwitchError, SwitchRefused};

@@ -12,6 +12,7 @@ use futures_util::FutureExt as _;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
+use super::{Node, Nodes};
 use crate::ClaimedRun;
 use crate::Engine;
 use crate::support::judge::check_response;
@@ -183,5 +184,52 @@ pub(crate) fn over_budget(name: &str, doing: &str, exhausted: &Exhausted) -> Ste
     StepFailure::Verdict {
         message: format!("step {name}: {doing}: {exhausted}"),
         violations: vec![format!("{name}: {exhausted}")],
+    }
+}
+
+impl Nodes<'_> {
+    /// A step's call (its `when` first), or one item's.
+    pub(super) async fn call(
+        &self,
+        node: Node,
+        scope: Scope,
+        (left, deadline): (Duration, Duration),
+    ) -> (Node, Result<Option<Json>, Invocation>) {
+        let _running = Running::new();
+        if node.is_first() {
+            match self.holds(node.step, &scope).await {
+                Ok(true) => {}
+                Ok(false) => return (node, Ok(None)),
+                Err(failed) => return (node, Err(Invocation::Failed(failed))),
+            }
+        }
+        let called = self
+            .engine
+            .invoke(
+                self.claimed,
+                (self.compiled, node.step, node.part()),
+                &scope,
+                (left, deadline),
+                self.lease_lost,
+            )
+            .await;
+        (node, called.map(Some))
+    }
+}
+
+/// A call under way, counted in `flotilla_steps_running` until it ends or
+/// is dropped (a lost lease drops every call of the segment).
+struct Running;
+
+impl Running {
+    fn new() -> Self {
+        metrics::gauge!("flotilla_steps_running").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        metrics::gauge!("flotilla_steps_running").decrement(1.0);
     }
 }

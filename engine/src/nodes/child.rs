@@ -12,6 +12,12 @@ use flotilla_store::runs::{Checkpoint, RunRow};
 use crate::{ClaimedRun, LeaseLost, SegmentStop};
 use crate::{Engine, Submission, SubmitError, Submitted, WorkflowRef, child_id};
 use flotilla_targets::{RetryClass, StepFailure};
+use flotilla_workflow::expr::Scope;
+use flotilla_workflow::{StartChild, assemble};
+use serde_json::Value as Json;
+
+use super::call::over_budget;
+use super::{Began, Nodes, Wait, checkpoint};
 
 /// What a `start` step found of its child.
 pub(crate) enum ChildState {
@@ -243,5 +249,75 @@ impl ClaimedRun {
         self.advance_fence(1);
         engine.wake();
         Ok(None)
+    }
+}
+
+impl Nodes<'_> {
+    /// Starts `start` step `index`: its child's answer when the child
+    /// ended, a wait while it runs, or the child to start.
+    pub(super) async fn begin_start(
+        &self,
+        index: usize,
+        start: &StartChild,
+        scope: &Scope,
+        started: bool,
+    ) -> Began {
+        let step = &self.compiled.steps[index];
+        let name = step.definition.name.clone();
+        match self.holds(index, scope).await {
+            Ok(false) => return Began::Answer(checkpoint(name, None, None)),
+            Ok(true) => {}
+            Err(failed) => return Began::Failed(failed),
+        }
+        let state = self
+            .engine
+            .child_state_now(self.claimed.row(), &name, started)
+            .await;
+        match state {
+            Ok(ChildState::Completed(result)) => match self.judge(index, &result, scope).await {
+                Ok(()) => Began::Answer(checkpoint(name, None, Some(result))),
+                Err(failed) => Began::Failed(failed),
+            },
+            Ok(ChildState::Failed(failed)) | Err(failed) => Began::Failed(failed),
+            Ok(ChildState::Running) => Began::Waits(Wait::Child),
+            Ok(ChildState::NotStarted) => {
+                let input = self
+                    .child_input(index, scope)
+                    .await
+                    .and_then(|input| may_start_at(self.claimed.row().depth).map(|()| input));
+                let input = match input {
+                    Ok(input) => input,
+                    Err(failed) => return Began::Failed(failed),
+                };
+                let child = NewChild {
+                    workflow: start.workflow.clone(),
+                    input,
+                    cancel_with_parent: step.definition.cancel_children != Some(false),
+                };
+                let id = child_id(self.claimed.job_id(), &name);
+                let mut begun =
+                    checkpoint(name, None, Some(serde_json::json!({ "child_job_id": id })));
+                begun.child = Some(id);
+                Began::StartChild(child, begun)
+            }
+        }
+    }
+
+    /// The input of step `index`'s child, built by its `start.input`.
+    async fn child_input(&self, index: usize, scope: &Scope) -> Result<Json, StepFailure> {
+        let built = {
+            let (compiled, scope) = (self.compiled.clone(), scope.clone());
+            self.engine
+                .off_runtime(move || assemble(&compiled.steps[index].rules, &scope))
+                .await
+        };
+        let name = &self.compiled.steps[index].definition.name;
+        match built {
+            Ok(Ok(input)) => Ok(input),
+            Ok(Err(e)) => Err(StepFailure::Defect(format!(
+                "step {name}: building the child's input: {e}"
+            ))),
+            Err(exhausted) => Err(over_budget(name, "building the child's input", &exhausted)),
+        }
     }
 }

@@ -13,6 +13,13 @@ use std::collections::{BTreeMap, VecDeque};
 use serde_json::Value as Json;
 
 use flotilla_workflow::expr::Scope;
+use std::collections::HashMap;
+
+use flotilla_targets::StepFailure;
+
+use super::call::over_budget;
+use super::{Began, Nodes, checkpoint};
+use crate::support::digest::list_digest;
 
 /// One `for_each` step's items.
 #[derive(Debug)]
@@ -98,6 +105,129 @@ impl Items {
         }
         let items = self.0.remove(&step)?;
         Some(Json::Array(items.answers.into_iter().flatten().collect()))
+    }
+}
+
+/// What the segment's replay found of `for_each` steps not yet ended:
+/// their items' answers (step → item → answer) and the digests of the
+/// lists those answered.
+type Earlier<'e> = (
+    &'e mut HashMap<usize, BTreeMap<u32, Json>>,
+    &'e mut HashMap<usize, String>,
+);
+
+impl Nodes<'_> {
+    /// Starts `for_each` step `index`: its list, the answers its items
+    /// were given before (`earlier`: answers and the digest of the list
+    /// they answered), and the items still to call, handed out by the
+    /// segment's loop.
+    pub(super) async fn begin_items(
+        &self,
+        index: usize,
+        scope: Scope,
+        items: &mut Items,
+        (earlier_items, earlier_lists): Earlier<'_>,
+    ) -> Began {
+        let name = self.compiled.steps[index].definition.name.clone();
+        let (list, digest) = match self.list(index, &scope).await {
+            Ok(None) => return Began::Answer(checkpoint(name, None, None)),
+            Ok(Some(listed)) => listed,
+            Err(failed) => return Began::Failed(failed),
+        };
+        let before = earlier_items.remove(&index);
+        // Answers are kept by index: a list other than the one they
+        // answered would give them to other items.
+        let to_store = match earlier_lists.remove(&index) {
+            Some(stored) if stored != digest => {
+                return Began::Failed(StepFailure::Defect(format!(
+                    "step {name}: for_each gave a different list from the one \
+                     its answered items were called over (a for_each list must \
+                     be the same on every segment)"
+                )));
+            }
+            // Stored with the first item, in a run that only releases
+            // reading digests claim.
+            None if before.is_none()
+                && self.claimed.row().reader_level
+                    >= flotilla_store::runs::FOR_EACH_READER_LEVEL =>
+            {
+                Some(digest)
+            }
+            _ => None,
+        };
+        match items.start(index, scope, (list, to_store), before) {
+            Some(all) => Began::Answer(checkpoint(name, None, Some(all))),
+            None => Began::Items,
+        }
+    }
+
+    /// The items of `for_each` step `index` and their digest, or `None`
+    /// when its `when` skips it. More items than the step allows is the
+    /// job's verdict.
+    async fn list(
+        &self,
+        index: usize,
+        scope: &Scope,
+    ) -> Result<Option<(Vec<Json>, String)>, StepFailure> {
+        if !self.holds(index, scope).await? {
+            return Ok(None);
+        }
+        let step = &self.compiled.steps[index];
+        let name = &step.definition.name;
+        let listed = {
+            let (compiled, scope) = (self.compiled.clone(), scope.clone());
+            self.engine
+                .off_runtime(move || {
+                    let listed = compiled.steps[index]
+                        .for_each
+                        .as_ref()
+                        .map_or(Ok(Json::Array(Vec::new())), |list| list.evaluate(&scope))?;
+                    // Not a list: given back whole, for the error.
+                    Ok::<_, String>(match listed {
+                        Json::Array(list) => {
+                            let digest = list_digest(&list);
+                            Ok((list, digest))
+                        }
+                        other => Err(other),
+                    })
+                })
+                .await
+        };
+        let listed = match listed {
+            Ok(Ok(listed)) => listed,
+            Ok(Err(e)) => return Err(StepFailure::Defect(format!("step {name}: for_each: {e}"))),
+            Err(exhausted) => return Err(over_budget(name, "evaluating for_each", &exhausted)),
+        };
+        let (list, digest) = listed.map_err(|other| {
+            StepFailure::Defect(format!(
+                "step {name}: for_each gave {}, not a list",
+                kind(&other)
+            ))
+        })?;
+        let most = step.definition.max_items();
+        if list.len() > most {
+            let message = format!(
+                "step {name}: for_each gave {} items, over its max_items of {most}",
+                list.len()
+            );
+            return Err(StepFailure::Verdict {
+                violations: vec![message.clone()],
+                message,
+            });
+        }
+        Ok(Some((list, digest)))
+    }
+}
+
+/// A JSON value's kind, for error messages.
+fn kind(value: &Json) -> &'static str {
+    match value {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "a map",
     }
 }
 

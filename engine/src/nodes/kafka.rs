@@ -36,6 +36,11 @@ use uuid::Uuid;
 use crate::Engine;
 use flotilla_targets::kafka::KafkaTarget;
 use flotilla_targets::{RetryClass, StepFailure};
+use flotilla_workflow::assemble;
+use flotilla_workflow::expr::Scope;
+
+use super::call::over_budget;
+use super::{Began, Nodes, Wait, checkpoint};
 
 /// Where a Kafka step of the current attempt stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -308,5 +313,109 @@ impl Replies {
 
     pub(crate) fn into_inner(self) -> AwaitedReplies {
         self.0
+    }
+}
+
+impl Nodes<'_> {
+    /// Starts step `index` of Kafka target `target`: its reply's answer,
+    /// a wait for the reply, or the request to send with the park.
+    /// `may_wait`: whether it may wait for a slot of a capped target.
+    pub(super) async fn begin_kafka(
+        &self,
+        index: usize,
+        scope: &Scope,
+        target: &KafkaTarget,
+        may_wait: bool,
+    ) -> Began {
+        let name = self.compiled.steps[index].definition.name.clone();
+        match self.holds(index, scope).await {
+            Ok(false) => return Began::Answer(checkpoint(name, None, None)),
+            Ok(true) => {}
+            Err(failed) => return Began::Failed(failed),
+        }
+        match self.kafka_step(index, scope, target, may_wait).await {
+            Ok(KafkaStep::Answered(result)) => match self.judge(index, &result, scope).await {
+                Ok(()) => Began::Answer(checkpoint(name, None, Some(result))),
+                Err(failed) => Began::Failed(failed),
+            },
+            Ok(KafkaStep::Failed(failed)) | Err(failed) => Began::Failed(failed),
+            Ok(KafkaStep::Waiting(deadline)) => Began::Waits(Wait::Reply(deadline)),
+            Ok(KafkaStep::Send(request)) => Began::Waits(Wait::Send(request)),
+            Ok(KafkaStep::Interrupted) => Began::Interrupted,
+        }
+    }
+
+    /// Where Kafka step `index` stands for this attempt; when this attempt
+    /// has sent no request, the request to send with the park.
+    async fn kafka_step(
+        &self,
+        index: usize,
+        scope: &Scope,
+        target: &KafkaTarget,
+        may_wait: bool,
+    ) -> Result<KafkaStep, StepFailure> {
+        let step = &self.compiled.steps[index];
+        let name = &step.definition.name;
+        if step.for_each.is_some() || step.definition.paged {
+            return Err(StepFailure::Defect(format!(
+                "step {name}: a Kafka target is not called per item or by pages"
+            )));
+        }
+        let now = self.engine.now();
+        if let Some(state) = state_of(self.claimed.row(), name, now)? {
+            return Ok(state);
+        }
+        let built = {
+            let (compiled, scope) = (self.compiled.clone(), scope.clone());
+            self.engine
+                .off_runtime(move || assemble(&compiled.steps[index].rules, &scope))
+                .await
+        };
+        let request = match built {
+            Ok(Ok(request)) => request,
+            Ok(Err(e)) => {
+                return Err(StepFailure::Defect(format!(
+                    "step {name}: building the request: {e}"
+                )));
+            }
+            Err(exhausted) => return Err(over_budget(name, "building the request", &exhausted)),
+        };
+        // A capped target: the request's clock starts once its slot is
+        // taken. With a checkpoint write under way (its transaction holds
+        // the job's row, which the heartbeat renews) it tries once only.
+        let correlation_id = uuid::Uuid::new_v4();
+        let now = match target.max_concurrent {
+            None => now,
+            Some(cap) => {
+                let patience = Duration::from_millis(self.compiled.definition.deadline_ms)
+                    .saturating_sub(self.started.elapsed());
+                let timeout = reply_timeout(step.definition.timeout_ms, target);
+                let wait = SlotWait {
+                    target: &step.definition.target,
+                    cap,
+                    step: name,
+                    correlation_id,
+                    timeout,
+                    patience: if may_wait {
+                        patience.min(timeout)
+                    } else {
+                        Duration::ZERO
+                    },
+                    interrupt: (self.lease_lost, self.cancel_asked),
+                };
+                match self.engine.slot_for(self.claimed.job_id(), wait).await? {
+                    Some(taken_at) => taken_at,
+                    None => return Ok(KafkaStep::Interrupted),
+                }
+            }
+        };
+        let request = outgoing(
+            self.claimed.row(),
+            (name, step.definition.timeout_ms),
+            (target, self.engine.targets().fleet_encoding()),
+            (request, self.engine.settings().max_event_bytes),
+            (now, correlation_id),
+        )?;
+        Ok(KafkaStep::Send(Box::new(request)))
     }
 }

@@ -14,14 +14,16 @@ pub(crate) mod call;
 pub(crate) mod child;
 pub(crate) mod items;
 pub(crate) mod kafka;
+mod pages;
+mod scope;
 pub(crate) mod timers;
+mod wait;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla_store::runs::signals::{self, SignalEntry};
-use flotilla_store::runs::{Checkpoint, RunRow};
+use flotilla_store::runs::Checkpoint;
 use futures_util::StreamExt as _;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
@@ -29,22 +31,20 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
-use crate::child_id;
-use crate::nodes::call::{Invocation, over_budget};
-use crate::nodes::child::{ChildState, NewChild, may_start_at};
+use crate::nodes::call::Invocation;
+use crate::nodes::child::NewChild;
 use crate::nodes::items::Items;
-use crate::nodes::kafka::{KafkaStep, Replies};
+use crate::nodes::kafka::Replies;
+use crate::nodes::pages::begin_pages;
 use crate::nodes::timers::Sleeping;
-use crate::support::digest::list_digest;
-use crate::support::judge::check_response;
 use crate::support::stored_bytes::StoredBytes;
 use crate::{ClaimedRun, SegmentStop};
-use flotilla_targets::kafka::KafkaTarget;
+use chrono::{DateTime, Utc};
+use flotilla_store::runs::step_requests::OutgoingRequest;
 use flotilla_targets::{RetryClass, StepFailure};
 use flotilla_workflow::CompiledWorkflow;
 use flotilla_workflow::Frontier;
-use flotilla_workflow::assemble;
-use flotilla_workflow::expr::{Cel, Scope, to_cel};
+use flotilla_workflow::expr::Scope;
 
 /// How the steps of a segment stopped.
 pub(crate) enum Stop {
@@ -86,6 +86,44 @@ pub(crate) enum Stop {
         steps: Map<String, Json>,
         last: Option<Checkpoint>,
     },
+}
+
+/// What starting a step came to: the segment's loop applies it.
+enum Began {
+    /// Answered at once, or skipped by its `when`: the checkpoint waits
+    /// for its write.
+    Answer(Checkpoint),
+    /// The step failed: nothing new starts.
+    Failed(StepFailure),
+    /// The step waits for something outside the segment: the job parks
+    /// on it once nothing else can run.
+    Waits(Wait),
+    /// A child to start, written with its step's "child started"
+    /// checkpoint.
+    StartChild(NewChild, Checkpoint),
+    /// A timer that has not woken.
+    Sleeps { at: DateTime<Utc>, new: bool },
+    /// A call to make (the first page's, for a paged step).
+    Call(Node, Scope),
+    /// A `for_each` step under way: its items are handed out as calls.
+    Items,
+    /// The lease was lost or a cancel asked while the step waited for a
+    /// slot of its target.
+    Interrupted,
+}
+
+/// What a parked step waits for.
+enum Wait {
+    /// A signal of this name.
+    Signal(String),
+    /// Its child to end.
+    Child,
+    /// The reply to its Kafka request, sent before, until this deadline.
+    Reply(DateTime<Utc>),
+    /// The reply to this Kafka request, sent with the park.
+    Send(Box<OutgoingRequest>),
+    /// Someone's answer (`completion: external`).
+    Answer,
 }
 
 /// What a segment starts from: the answers of the steps that ended, the
@@ -133,13 +171,6 @@ impl Node {
     fn is_first(self) -> bool {
         self.item.is_none() && self.page.unwrap_or(0) == 0
     }
-}
-
-/// The segment's input and answers converted to CEL, each once.
-#[derive(Default)]
-struct Converted {
-    input: Option<Cel>,
-    answers: HashMap<String, Cel>,
 }
 
 /// A checkpoint's fenced write; a verdict when the step's child was not
@@ -192,7 +223,7 @@ impl<'a> Nodes<'a> {
         let mut park_on: Option<String> = None;
         // The signals the claim found, and the names of the ready
         // `wait_for` steps that found none (a park checks them again).
-        let mut pending = match Pending::of(self.claimed.row()) {
+        let mut pending = match wait::Pending::of(self.claimed.row()) {
             Ok(pending) => pending,
             Err(failed) => {
                 return Ok(Stop::Failed {
@@ -210,7 +241,7 @@ impl<'a> Nodes<'a> {
         let mut sleeping = Sleeping::default();
         let mut replies = Replies::default();
         let mut cancelling = false;
-        let mut converted = Converted::default();
+        let mut converted = scope::Converted::default();
         'segment: loop {
             if self.lease_lost.is_cancelled() {
                 return Ok(Stop::LeaseLost);
@@ -257,217 +288,69 @@ impl<'a> Nodes<'a> {
                 let step = &self.compiled.steps[index];
                 let name = step.definition.name.clone();
                 let node = Node::step(index);
-                if let Some(signal) = &step.definition.wait_for {
+                // One executor per step kind; what it came to is applied here.
+                let began = if let Some(signal) = &step.definition.wait_for {
                     let scope = self.scope(index, &steps, &mut converted);
-                    match self.holds(index, &scope).await {
-                        Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
-                        Ok(true) => match pending.take(signal) {
-                            Some((seq, payload)) => {
-                                match self.judge(index, &payload, &scope).await {
-                                    Ok(()) => {
-                                        let mut taken = checkpoint(name, None, Some(payload));
-                                        taken.signal = Some(seq);
-                                        answered.push_back((node, taken));
-                                    }
-                                    Err(failed) => failure = Some((failed, Some(name))),
-                                }
-                            }
-                            None => {
-                                awaited.push(signal.clone());
-                                park_on.get_or_insert(name);
-                            }
-                        },
-                        Err(failed) => failure = Some((failed, Some(name))),
-                    }
-                    continue;
-                }
-                if let Some(start) = &step.definition.start {
+                    self.begin_wait(index, signal, &scope, &mut pending).await
+                } else if let Some(start) = &step.definition.start {
                     let scope = self.scope(index, &steps, &mut converted);
-                    match self.holds(index, &scope).await {
-                        Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
-                        Ok(true) => {
-                            let state = self
-                                .engine
-                                .child_state_now(
-                                    self.claimed.row(),
-                                    &name,
-                                    started.contains(&index),
-                                )
-                                .await;
-                            match state {
-                                Ok(ChildState::Completed(result)) => match self
-                                    .judge(index, &result, &scope)
-                                    .await
-                                {
-                                    Ok(()) => answered
-                                        .push_back((node, checkpoint(name, None, Some(result)))),
-                                    Err(failed) => failure = Some((failed, Some(name))),
-                                },
-                                Ok(ChildState::Failed(failed)) => {
-                                    failure = Some((failed, Some(name)))
-                                }
-                                Ok(ChildState::Running) => {
-                                    waiting_children.push(name.clone());
-                                    park_on.get_or_insert(name);
-                                }
-                                Ok(ChildState::NotStarted) => {
-                                    match self.child_input(index, &scope).await.and_then(|input| {
-                                        may_start_at(self.claimed.row().depth).map(|()| input)
-                                    }) {
-                                        Ok(input) => {
-                                            to_start.insert(
-                                                index,
-                                                NewChild {
-                                                    workflow: start.workflow.clone(),
-                                                    input,
-                                                    cancel_with_parent: step
-                                                        .definition
-                                                        .cancel_children
-                                                        != Some(false),
-                                                },
-                                            );
-                                            let id = child_id(self.claimed.job_id(), &name);
-                                            let mut begun = checkpoint(
-                                                name,
-                                                None,
-                                                Some(serde_json::json!({ "child_job_id": id })),
-                                            );
-                                            begun.child = Some(id);
-                                            answered.push_back((node, begun));
-                                        }
-                                        Err(failed) => failure = Some((failed, Some(name))),
-                                    }
-                                }
-                                Err(failed) => failure = Some((failed, Some(name))),
-                            }
-                        }
-                        Err(failed) => failure = Some((failed, Some(name))),
-                    }
-                    continue;
-                }
-                if let Some(target) = self.engine.targets().kafka(&step.definition.target) {
+                    self.begin_start(index, start, &scope, started.contains(&index))
+                        .await
+                } else if let Some(target) = self.engine.targets().kafka(&step.definition.target) {
                     let target = target.clone();
                     let scope = self.scope(index, &steps, &mut converted);
-                    match self.holds(index, &scope).await {
-                        Ok(false) => answered.push_back((node, checkpoint(name, None, None))),
-                        Ok(true) => match self
-                            .kafka_step(index, &scope, &target, writing.is_none())
-                            .await
-                        {
-                            Ok(KafkaStep::Answered(result)) => {
-                                match self.judge(index, &result, &scope).await {
-                                    Ok(()) => answered
-                                        .push_back((node, checkpoint(name, None, Some(result)))),
-                                    Err(failed) => failure = Some((failed, Some(name))),
-                                }
-                            }
-                            Ok(KafkaStep::Failed(failed)) => failure = Some((failed, Some(name))),
-                            Ok(KafkaStep::Waiting(deadline)) => {
-                                replies.wait(name.clone(), deadline);
-                                park_on.get_or_insert(name);
-                            }
-                            Ok(KafkaStep::Send(request)) => {
-                                replies.send(*request);
-                                park_on.get_or_insert(name);
-                            }
-                            // The lease lost or a cancel asked while it
-                            // waited for a slot: the loop's top acts on it.
-                            Ok(KafkaStep::Interrupted) => {
-                                if self.cancel_asked.is_cancelled() {
-                                    cancelling = true;
-                                    calls = FuturesUnordered::new();
-                                }
-                                continue 'segment;
-                            }
-                            Err(failed) => failure = Some((failed, Some(name))),
-                        },
-                        Err(failed) => failure = Some((failed, Some(name))),
-                    }
-                    continue;
-                }
-                if step.definition.is_external() {
+                    self.begin_kafka(index, &scope, &target, writing.is_none())
+                        .await
+                } else if step.definition.is_external() {
                     // Parked on once nothing else can run; another
                     // external step ready meanwhile waits for a later
                     // segment.
-                    park_on.get_or_insert(name);
-                    continue;
-                }
-                let scope = self.scope(index, &steps, &mut converted);
-                if step.timer.is_some() {
-                    // A timer calls nothing: woken, it is checkpointed like
-                    // an answer; not yet, the job sleeps once nothing else
-                    // can run.
-                    match timers::wakes_at(
-                        self.engine,
-                        self.claimed,
-                        (self.compiled, index),
-                        &scope,
-                    )
-                    .await
-                    {
-                        Ok((at, _)) if at <= self.engine.now() => {
-                            let response = serde_json::json!({ "woke_at": timers::instant(at) });
-                            answered.push_back((node, checkpoint(name, None, Some(response))));
-                        }
-                        Ok((at, new)) => {
-                            if new {
-                                // Stored at once: the instant counts from
-                                // now, whatever ends this segment.
-                                self.claimed.keep_timer(&name, &timers::instant(at)).await?;
-                            }
-                            sleeping.add(name, at, new);
-                        }
-                        Err(failed) => failure = Some((failed, Some(name))),
+                    Began::Waits(Wait::Answer)
+                } else {
+                    let scope = self.scope(index, &steps, &mut converted);
+                    if step.timer.is_some() {
+                        self.begin_timer(index, &scope).await?
+                    } else if step.for_each.is_some() {
+                        let earlier = (&mut earlier_items, &mut earlier_lists);
+                        self.begin_items(index, scope, &mut items, earlier).await
+                    } else if step.definition.paged {
+                        begin_pages(node, scope, &mut earlier_pages)
+                    } else {
+                        Began::Call(node, scope)
                     }
-                    continue;
-                }
-                if step.for_each.is_some() {
-                    match self.list(index, &scope).await {
-                        Ok(None) => answered.push_back((node, checkpoint(name, None, None))),
-                        Ok(Some((list, digest))) => {
-                            let before = earlier_items.remove(&index);
-                            // Answers are kept by index: a list other than the
-                            // one they answered would give them to other items.
-                            let to_store = match earlier_lists.remove(&index) {
-                                Some(stored) if stored != digest => {
-                                    let failed = StepFailure::Defect(format!(
-                                        "step {name}: for_each gave a different list from the one \
-                                         its answered items were called over (a for_each list must \
-                                         be the same on every segment)"
-                                    ));
-                                    failure = Some((failed, Some(name)));
-                                    continue;
-                                }
-                                // Stored with the first item, in a run that
-                                // only releases reading digests claim.
-                                None if before.is_none()
-                                    && self.claimed.row().reader_level
-                                        >= flotilla_store::runs::FOR_EACH_READER_LEVEL =>
-                                {
-                                    Some(digest)
-                                }
-                                _ => None,
-                            };
-                            if let Some(all) = items.start(index, scope, (list, to_store), before) {
-                                answered.push_back((node, checkpoint(name, None, Some(all))));
-                            }
+                };
+                match began {
+                    Began::Answer(checkpoint) => answered.push_back((node, checkpoint)),
+                    Began::Failed(failed) => failure = Some((failed, Some(name))),
+                    Began::Waits(wait) => {
+                        match wait {
+                            Wait::Signal(signal) => awaited.push(signal),
+                            Wait::Child => waiting_children.push(name.clone()),
+                            Wait::Reply(deadline) => replies.wait(name.clone(), deadline),
+                            Wait::Send(request) => replies.send(*request),
+                            Wait::Answer => {}
                         }
-                        Err(failed) => failure = Some((failed, Some(step.definition.name.clone()))),
+                        park_on.get_or_insert(name);
                     }
-                    continue;
+                    Began::StartChild(child, checkpoint) => {
+                        to_start.insert(index, child);
+                        answered.push_back((node, checkpoint));
+                    }
+                    Began::Sleeps { at, new } => sleeping.add(name, at, new),
+                    Began::Call(node, scope) => {
+                        calls.push(Box::pin(self.call(node, scope, (left, deadline))));
+                    }
+                    Began::Items => {}
+                    // The lease lost or a cancel asked while it waited for
+                    // a slot: the loop's top acts on it.
+                    Began::Interrupted => {
+                        if self.cancel_asked.is_cancelled() {
+                            cancelling = true;
+                            calls = FuturesUnordered::new();
+                        }
+                        continue 'segment;
+                    }
                 }
-                if step.definition.paged {
-                    // From the first page, or the one after the last cursor stored.
-                    let (page, cursor) = earlier_pages.remove(&index).unwrap_or((0, Json::Null));
-                    let node = Node {
-                        page: Some(page),
-                        ..node
-                    };
-                    let scope = scope.with("cursor", &cursor);
-                    calls.push(Box::pin(self.call(node, scope, (left, deadline))));
-                    continue;
-                }
-                calls.push(Box::pin(self.call(node, scope, (left, deadline))));
             }
             if calls.is_empty() && writing.is_none() {
                 let unwritten = answered.len();
@@ -577,26 +460,9 @@ impl<'a> Nodes<'a> {
                         let name = self.compiled.steps[node.step].definition.name.clone();
                         match (node.page, response) {
                             (Some(page), Some(answer)) if answer.get("more") == Some(&Json::Bool(true)) => {
-                                let most = self.compiled.steps[node.step].definition.max_pages();
-                                match answer.get("cursor") {
-                                    Some(_) if page.saturating_add(1) >= most => {
-                                        let failed = StepFailure::Verdict {
-                                            message: format!(
-                                                "step {name}: page {page} says more: true, but the step fetches at most {most} pages (max_pages)"
-                                            ),
-                                            violations: vec![format!("max_pages: {most}")],
-                                        };
-                                        failure.get_or_insert((failed, Some(name)));
-                                    }
-                                    Some(cursor) => {
-                                        let mut kept = checkpoint(name, None, Some(serde_json::json!({ "cursor": cursor })));
-                                        kept.page = Some(page);
-                                        answered.push_back((node, kept));
-                                    }
-                                    None => {
-                                        let failed = StepFailure::Defect(format!(
-                                            "step {name}: page {page} says more: true without a cursor"
-                                        ));
+                                match self.next_page(node, page, &answer) {
+                                    Ok(kept) => answered.push_back((node, kept)),
+                                    Err(failed) => {
                                         failure.get_or_insert((failed, Some(name)));
                                     }
                                 }
@@ -665,289 +531,6 @@ impl<'a> Nodes<'a> {
             }
         }
     }
-
-    /// What step `index` sees: `input` and the answers of its ancestors.
-    /// Each answer is converted to CEL once per segment (`converted`, by
-    /// step; an answer never changes once given), so a long graph costs
-    /// one conversion per answer, not one per answer per later step.
-    fn scope(&self, index: usize, steps: &Map<String, Json>, converted: &mut Converted) -> Scope {
-        let input = converted
-            .input
-            .get_or_insert_with(|| to_cel(&self.input))
-            .clone();
-        let mut ancestors = HashMap::new();
-        for (name, answer) in steps {
-            let ancestor = self
-                .compiled
-                .step_index(name)
-                .is_some_and(|j| self.compiled.graph.is_ancestor(j, index));
-            if ancestor {
-                let cel = converted
-                    .answers
-                    .entry(name.clone())
-                    .or_insert_with(|| to_cel(answer));
-                ancestors.insert(name.clone(), cel.clone());
-            }
-        }
-        Scope::default()
-            .with_cel("input", input)
-            .with_cel("steps", Cel::from(ancestors))
-    }
-
-    /// The input of step `index`'s child, built by its `start.input`.
-    async fn child_input(&self, index: usize, scope: &Scope) -> Result<Json, StepFailure> {
-        let built = {
-            let (compiled, scope) = (self.compiled.clone(), scope.clone());
-            self.engine
-                .off_runtime(move || assemble(&compiled.steps[index].rules, &scope))
-                .await
-        };
-        let name = &self.compiled.steps[index].definition.name;
-        match built {
-            Ok(Ok(input)) => Ok(input),
-            Ok(Err(e)) => Err(StepFailure::Defect(format!(
-                "step {name}: building the child's input: {e}"
-            ))),
-            Err(exhausted) => Err(over_budget(name, "building the child's input", &exhausted)),
-        }
-    }
-
-    /// Where Kafka step `index` stands for this attempt; when this attempt
-    /// has sent no request, the request to send with the park.
-    async fn kafka_step(
-        &self,
-        index: usize,
-        scope: &Scope,
-        target: &KafkaTarget,
-        may_wait: bool,
-    ) -> Result<KafkaStep, StepFailure> {
-        let step = &self.compiled.steps[index];
-        let name = &step.definition.name;
-        if step.for_each.is_some() || step.definition.paged {
-            return Err(StepFailure::Defect(format!(
-                "step {name}: a Kafka target is not called per item or by pages"
-            )));
-        }
-        let now = self.engine.now();
-        if let Some(state) = crate::nodes::kafka::state_of(self.claimed.row(), name, now)? {
-            return Ok(state);
-        }
-        let built = {
-            let (compiled, scope) = (self.compiled.clone(), scope.clone());
-            self.engine
-                .off_runtime(move || assemble(&compiled.steps[index].rules, &scope))
-                .await
-        };
-        let request = match built {
-            Ok(Ok(request)) => request,
-            Ok(Err(e)) => {
-                return Err(StepFailure::Defect(format!(
-                    "step {name}: building the request: {e}"
-                )));
-            }
-            Err(exhausted) => return Err(over_budget(name, "building the request", &exhausted)),
-        };
-        // A capped target: the request's clock starts once its slot is
-        // taken. With a checkpoint write under way (its transaction holds
-        // the job's row, which the heartbeat renews) it tries once only.
-        let correlation_id = uuid::Uuid::new_v4();
-        let now = match target.max_concurrent {
-            None => now,
-            Some(cap) => {
-                let patience = Duration::from_millis(self.compiled.definition.deadline_ms)
-                    .saturating_sub(self.started.elapsed());
-                let timeout =
-                    crate::nodes::kafka::reply_timeout(step.definition.timeout_ms, target);
-                let wait = crate::nodes::kafka::SlotWait {
-                    target: &step.definition.target,
-                    cap,
-                    step: name,
-                    correlation_id,
-                    timeout,
-                    patience: if may_wait {
-                        patience.min(timeout)
-                    } else {
-                        Duration::ZERO
-                    },
-                    interrupt: (self.lease_lost, self.cancel_asked),
-                };
-                match self.engine.slot_for(self.claimed.job_id(), wait).await? {
-                    Some(taken_at) => taken_at,
-                    None => return Ok(KafkaStep::Interrupted),
-                }
-            }
-        };
-        let request = crate::nodes::kafka::outgoing(
-            self.claimed.row(),
-            (name, step.definition.timeout_ms),
-            (target, self.engine.targets().fleet_encoding()),
-            (request, self.engine.settings().max_event_bytes),
-            (now, correlation_id),
-        )?;
-        Ok(KafkaStep::Send(Box::new(request)))
-    }
-
-    /// Judges a signal's payload as step `index`'s answer.
-    async fn judge(&self, index: usize, payload: &Json, scope: &Scope) -> Result<(), StepFailure> {
-        let judged = {
-            let (compiled, scope, payload) =
-                (self.compiled.clone(), scope.clone(), payload.clone());
-            self.engine
-                .off_runtime(move || check_response(&compiled.steps[index], &payload, &scope))
-                .await
-        };
-        let name = &self.compiled.steps[index].definition.name;
-        judged.unwrap_or_else(|exhausted| Err(over_budget(name, "judging the signal", &exhausted)))
-    }
-
-    /// Whether step `index` runs: its `when` over `scope` (true without one).
-    async fn holds(&self, index: usize, scope: &Scope) -> Result<bool, StepFailure> {
-        let step = &self.compiled.steps[index];
-        if step.when.is_none() {
-            return Ok(true);
-        }
-        let holds = {
-            let (compiled, scope) = (self.compiled.clone(), scope.clone());
-            self.engine
-                .off_runtime(move || {
-                    compiled.steps[index]
-                        .when
-                        .as_ref()
-                        .map_or(Ok(true), |when| when.evaluate_bool(&scope))
-                })
-                .await
-        };
-        let name = &step.definition.name;
-        match holds {
-            Ok(Ok(holds)) => Ok(holds),
-            Ok(Err(e)) => Err(StepFailure::Defect(format!("step {name}: when: {e}"))),
-            Err(exhausted) => Err(over_budget(name, "evaluating when", &exhausted)),
-        }
-    }
-
-    /// The items of `for_each` step `index` and their digest, or `None`
-    /// when its `when` skips it. More items than the step allows is the
-    /// job's verdict.
-    async fn list(
-        &self,
-        index: usize,
-        scope: &Scope,
-    ) -> Result<Option<(Vec<Json>, String)>, StepFailure> {
-        if !self.holds(index, scope).await? {
-            return Ok(None);
-        }
-        let step = &self.compiled.steps[index];
-        let name = &step.definition.name;
-        let listed = {
-            let (compiled, scope) = (self.compiled.clone(), scope.clone());
-            self.engine
-                .off_runtime(move || {
-                    let listed = compiled.steps[index]
-                        .for_each
-                        .as_ref()
-                        .map_or(Ok(Json::Array(Vec::new())), |list| list.evaluate(&scope))?;
-                    // Not a list: given back whole, for the error.
-                    Ok::<_, String>(match listed {
-                        Json::Array(list) => {
-                            let digest = list_digest(&list);
-                            Ok((list, digest))
-                        }
-                        other => Err(other),
-                    })
-                })
-                .await
-        };
-        let listed = match listed {
-            Ok(Ok(listed)) => listed,
-            Ok(Err(e)) => return Err(StepFailure::Defect(format!("step {name}: for_each: {e}"))),
-            Err(exhausted) => return Err(over_budget(name, "evaluating for_each", &exhausted)),
-        };
-        let (list, digest) = listed.map_err(|other| {
-            StepFailure::Defect(format!(
-                "step {name}: for_each gave {}, not a list",
-                kind(&other)
-            ))
-        })?;
-        let most = step.definition.max_items();
-        if list.len() > most {
-            let message = format!(
-                "step {name}: for_each gave {} items, over its max_items of {most}",
-                list.len()
-            );
-            return Err(StepFailure::Verdict {
-                violations: vec![message.clone()],
-                message,
-            });
-        }
-        Ok(Some((list, digest)))
-    }
-
-    /// A step's call (its `when` first), or one item's.
-    async fn call(
-        &self,
-        node: Node,
-        scope: Scope,
-        (left, deadline): (Duration, Duration),
-    ) -> (Node, Result<Option<Json>, Invocation>) {
-        let _running = Running::new();
-        if node.is_first() {
-            match self.holds(node.step, &scope).await {
-                Ok(true) => {}
-                Ok(false) => return (node, Ok(None)),
-                Err(failed) => return (node, Err(Invocation::Failed(failed))),
-            }
-        }
-        let called = self
-            .engine
-            .invoke(
-                self.claimed,
-                (self.compiled, node.step, node.part()),
-                &scope,
-                (left, deadline),
-                self.lease_lost,
-            )
-            .await;
-        (node, called.map(Some))
-    }
-}
-
-/// The unconsumed signals the claim found, oldest first; each is taken
-/// once in a segment.
-struct Pending(VecDeque<SignalEntry>);
-
-impl Pending {
-    fn of(row: &RunRow) -> Result<Self, StepFailure> {
-        let entries = signals::entries(row).map_err(|e| StepFailure::Defect(e.to_string()))?;
-        Ok(Self(
-            entries
-                .into_iter()
-                .filter(SignalEntry::is_pending)
-                .collect(),
-        ))
-    }
-
-    /// The oldest signal called `name`: its number and payload.
-    fn take(&mut self, name: &str) -> Option<(i64, Json)> {
-        let at = self.0.iter().position(|s| s.name == name)?;
-        self.0.remove(at).map(|s| (s.seq, s.payload))
-    }
-}
-
-/// A call under way, counted in `flotilla_steps_running` until it ends or
-/// is dropped (a lost lease drops every call of the segment).
-struct Running;
-
-impl Running {
-    fn new() -> Self {
-        metrics::gauge!("flotilla_steps_running").increment(1.0);
-        Self
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        metrics::gauge!("flotilla_steps_running").decrement(1.0);
-    }
 }
 
 /// The checkpoint of a step (or of one of its items): its answer, or a
@@ -962,17 +545,5 @@ fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Chec
         signal: None,
         child: None,
         list: None,
-    }
-}
-
-/// A JSON value's kind, for error messages.
-fn kind(value: &Json) -> &'static str {
-    match value {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "a list",
-        Json::Object(_) => "a map",
     }
 }

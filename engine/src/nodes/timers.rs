@@ -22,6 +22,9 @@ use flotilla_targets::StepFailure;
 use flotilla_workflow::expr::Scope;
 use flotilla_workflow::{CompiledWorkflow, Timer};
 
+use super::{Began, Nodes, checkpoint};
+use crate::SegmentStop;
+
 /// The timers of a segment that have not woken: step, instant, and
 /// whether this segment set it (else the row has it already).
 #[derive(Debug, Default)]
@@ -132,4 +135,34 @@ fn parse_instant(value: &Json) -> Option<DateTime<Utc>> {
         .as_str()
         .and_then(|text| DateTime::parse_from_rfc3339(text).ok())
         .map(|at| at.with_timezone(&Utc))
+}
+
+impl Nodes<'_> {
+    /// Starts timer step `index`. A timer calls nothing: woken, it is
+    /// checkpointed like an answer; not yet, the job sleeps once nothing
+    /// else can run. Its instant is stored at once when this segment set
+    /// it: it counts from now, whatever ends the segment.
+    ///
+    /// # Errors
+    /// The lease was lost storing the instant.
+    pub(super) async fn begin_timer(
+        &self,
+        index: usize,
+        scope: &Scope,
+    ) -> Result<Began, SegmentStop> {
+        let name = self.compiled.steps[index].definition.name.clone();
+        match wakes_at(self.engine, self.claimed, (self.compiled, index), scope).await {
+            Ok((at, _)) if at <= self.engine.now() => {
+                let response = serde_json::json!({ "woke_at": instant(at) });
+                Ok(Began::Answer(checkpoint(name, None, Some(response))))
+            }
+            Ok((at, new)) => {
+                if new {
+                    self.claimed.keep_timer(&name, &instant(at)).await?;
+                }
+                Ok(Began::Sleeps { at, new })
+            }
+            Err(failed) => Ok(Began::Failed(failed)),
+        }
+    }
 }

@@ -33,10 +33,6 @@ pub struct ClaimedRun {
     row: RunRow,
 }
 
-/// Hand-backs in a row, with no progress between them, after which the
-/// next one sends the job DEAD instead.
-pub const MAX_HAND_BACKS: i32 = 10;
-
 impl ClaimedRun {
     pub(crate) fn new(engine: Engine, row: RunRow) -> Option<Self> {
         let lease = Lease {

@@ -71,7 +71,7 @@ impl Claims {
     }
 
     /// Claim statements answered so far.
-    #[cfg(any(test, feature = "test-support"))]
+    #[cfg(feature = "test-support")]
     pub(crate) fn statements(&self) -> u64 {
         self.0.server_ref().statements.load(Ordering::Relaxed)
     }

@@ -12,9 +12,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::Engine;
-use crate::run::claimed::MAX_HAND_BACKS;
 use crate::run::{Headed, LeaseLost, SegmentStop};
 use crate::support::sanitize;
+
+/// Hand-backs in a row, with no progress between them, after which the
+/// next one sends the job DEAD instead.
+pub const MAX_HAND_BACKS: i32 = 10;
 
 /// The job id and token: enough to renew, shared with the heartbeat task;
 /// and the event sequence the holder's writes have reached, which fences

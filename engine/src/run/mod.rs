@@ -1,4 +1,4 @@
-//! Running a claimed job: the claim loops (`runner.rs`) and the claims they
+//! Running a claimed job: the claim loops (`claim_loop.rs`) and the claims they
 //! share (`claims.rs`, `gather.rs`), one segment of a job (`segment.rs`),
 //! the claimed-run handle that is the only writer of a RUNNING row
 //! (`claimed.rs`) and its lease (`lease.rs`), the fenced writes many jobs
@@ -7,6 +7,7 @@
 //! (`compensate.rs`), and handing a job back when its targets are missing
 //! (`placement.rs`).
 
+pub(crate) mod claim_loop;
 pub(crate) mod claimed;
 pub(crate) mod claims;
 pub(crate) mod compensate;
@@ -16,7 +17,6 @@ pub(crate) mod in_flight;
 pub(crate) mod lease;
 pub(crate) mod placement;
 pub(crate) mod reserved;
-pub(crate) mod runner;
 pub(crate) mod segment;
 pub(crate) mod settle;
 
