@@ -1,59 +1,16 @@
-//! End to end, as a user runs it: requests produced to Kafka by an outside
-//! client, worker processes and one relay process (the release binaries),
-//! an HTTP target (the demo target, answering at once), and COMPLETED
-//! events read back from the event topic.
+//! The broker and the fleet of processes an end-to-end run starts, and
+//! what it reads back from them.
 
-use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
-
-use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunRequest};
-use flotilla_runtime::BrokerConfig;
-use flotilla_runtime::kafka::lag::{self, LagSource};
-use flotilla_tests::process::{Running, workspace_binary};
-use flotilla_tests::scratch::ScratchDatabase;
-use rdkafka::Message as _;
-use rdkafka::consumer::{Consumer as _, StreamConsumer};
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
-use serde_json::json;
-use uuid::Uuid;
-
-use crate::report::Report;
-
-/// Partitions of the request and event topics.
-const PARTITIONS: i32 = 6;
-
-/// Which broker the fleet talks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BrokerKind {
-    /// librdkafka's mock cluster, served from this process: in memory, no
-    /// replication, no disk; what Flotilla costs with the broker's share
-    /// nearly gone.
-    Mock,
-    /// The Apache Kafka broker `scripts/services` runs
-    /// (`KAFKA_BOOTSTRAP_SERVERS`).
-    Kafka,
-}
-
-impl BrokerKind {
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Mock => "mock cluster",
-            Self::Kafka => "Apache Kafka",
-        }
-    }
-}
+use super::*;
 
 /// A broker with the run's topics on it.
-struct Broker {
-    bootstrap: String,
-    _mock: Option<MockCluster<'static, DefaultProducerContext>>,
+pub(super) struct Broker {
+    pub(super) bootstrap: String,
+    pub(super) _mock: Option<MockCluster<'static, DefaultProducerContext>>,
 }
 
 impl Broker {
-    async fn start(kind: BrokerKind, topics: &[&str]) -> anyhow::Result<Self> {
+    pub(super) async fn start(kind: BrokerKind, topics: &[&str]) -> anyhow::Result<Self> {
         match kind {
             BrokerKind::Mock => {
                 let cluster = MockCluster::new(1)?;
@@ -81,7 +38,11 @@ impl Broker {
 /// The workflows and the targets they call, in a directory of their own:
 /// the demo target over HTTP (`bench`) and over a pair of Kafka topics
 /// (`benchk`, `step_topics`: requests, replies).
-fn write_fleet_files(dir: &Path, target: &str, step_topics: (&str, &str)) -> anyhow::Result<()> {
+pub(super) fn write_fleet_files(
+    dir: &Path,
+    target: &str,
+    step_topics: (&str, &str),
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join("workflows"))?;
     let (step_requests, step_replies) = step_topics;
     std::fs::write(
@@ -111,27 +72,27 @@ fn write_fleet_files(dir: &Path, target: &str, step_topics: (&str, &str)) -> any
 
 /// When a job's COMPLETED event was committed (its `occurred_at`) and read.
 #[derive(Debug, Clone, Copy)]
-struct Completion {
-    read: Instant,
-    read_wall: chrono::DateTime<chrono::Utc>,
-    committed: chrono::DateTime<chrono::Utc>,
+pub(super) struct Completion {
+    pub(super) read: Instant,
+    pub(super) read_wall: chrono::DateTime<chrono::Utc>,
+    pub(super) committed: chrono::DateTime<chrono::Utc>,
     /// When its row was committed (its ACCEPTED event's `occurred_at`).
-    accepted: Option<chrono::DateTime<chrono::Utc>>,
+    pub(super) accepted: Option<chrono::DateTime<chrono::Utc>>,
     /// When the relay handed the COMPLETED event to its producer (the
     /// record's create time, which the producer stamps).
-    sent: Option<chrono::DateTime<chrono::Utc>>,
+    pub(super) sent: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// When a request was handed to the producer.
 #[derive(Debug, Clone, Copy)]
-struct Sent {
-    at: Instant,
-    wall: chrono::DateTime<chrono::Utc>,
+pub(super) struct Sent {
+    pub(super) at: Instant,
+    pub(super) wall: chrono::DateTime<chrono::Utc>,
 }
 
 /// What a fleet is started for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(super) enum Role {
     /// Workers with their claim loops, and a relay: the whole path.
     Run,
     /// Workers with no claim loops and no relay: ingestion alone.
@@ -139,20 +100,24 @@ enum Role {
 }
 
 /// One fleet: its database, broker, topics and processes.
-struct Fleet {
-    database: ScratchDatabase,
-    broker: Broker,
-    requests: String,
-    events: String,
-    group: String,
-    workers: Vec<Running>,
-    relay: Option<Running>,
-    target: Running,
-    dir: PathBuf,
+pub(super) struct Fleet {
+    pub(super) database: ScratchDatabase,
+    pub(super) broker: Broker,
+    pub(super) requests: String,
+    pub(super) events: String,
+    pub(super) group: String,
+    pub(super) workers: Vec<Running>,
+    pub(super) relay: Option<Running>,
+    pub(super) target: Running,
+    pub(super) dir: PathBuf,
 }
 
 impl Fleet {
-    async fn start(kind: BrokerKind, workers: usize, role: Role) -> anyhow::Result<Self> {
+    pub(super) async fn start(
+        kind: BrokerKind,
+        workers: usize,
+        role: Role,
+    ) -> anyhow::Result<Self> {
         Self::start_on_history(kind, workers, role, 0).await
     }
 
@@ -160,7 +125,7 @@ impl Fleet {
     /// COMPLETED runs past their retention (8 days old), which the
     /// workers' retention removes as it would in production (a pass every
     /// 10 s, the defaults).
-    async fn start_on_history(
+    pub(super) async fn start_on_history(
         kind: BrokerKind,
         workers: usize,
         role: Role,
@@ -285,7 +250,7 @@ impl Fleet {
 
     /// Whether the workers' group has committed every partition of the
     /// request topic to its end.
-    async fn committed_to_end(&self) -> anyhow::Result<bool> {
+    pub(super) async fn committed_to_end(&self) -> anyhow::Result<bool> {
         let source = LagSource {
             broker: BrokerConfig::new(&self.broker.bootstrap),
             group: self.group.clone(),
@@ -300,7 +265,7 @@ impl Fleet {
         Ok(partitions.iter().all(|p| p.lag == 0))
     }
 
-    fn producer(&self) -> anyhow::Result<FutureProducer> {
+    pub(super) fn producer(&self) -> anyhow::Result<FutureProducer> {
         Ok(BrokerConfig::new(&self.broker.bootstrap)
             .idempotent_producer()
             .set("queue.buffering.max.ms", "5")
@@ -313,7 +278,7 @@ impl Fleet {
     /// (read from the start, the events of the throughput run before the
     /// latency run, 25,000 to 100,000 of them, held the first paced jobs'
     /// events back while the reader caught up: they were the p99).
-    async fn read_completed(
+    pub(super) async fn read_completed(
         &self,
         jobs: HashSet<Uuid>,
         deadline: Duration,
@@ -392,7 +357,7 @@ impl Fleet {
     /// Produces a request of `workflow` for each of `jobs`, `pace` apart
     /// (none: as fast as the producer takes them); returns when each was
     /// handed over.
-    async fn produce(
+    pub(super) async fn produce(
         &self,
         workflow: &str,
         jobs: &[Uuid],
@@ -427,7 +392,7 @@ impl Fleet {
     }
 
     /// Peak resident memory of the first worker and of the relay, in MiB.
-    fn peak_rss_mib(&self) -> (f64, f64) {
+    pub(super) fn peak_rss_mib(&self) -> (f64, f64) {
         let mib = |kib: Option<u64>| kib.map_or(0.0, |k| k as f64 / 1024.0);
         (
             mib(self.workers[0].peak_rss_kib()),
@@ -435,7 +400,7 @@ impl Fleet {
         )
     }
 
-    async fn stop(self) -> anyhow::Result<()> {
+    pub(super) async fn stop(self) -> anyhow::Result<()> {
         let Self {
             database,
             workers,
@@ -470,288 +435,4 @@ impl Fleet {
         }
         Ok(())
     }
-}
-
-/// The 1-step workflow whose step's target is a pair of Kafka topics.
-const KAFKA_WORKFLOW: &str = "bench1k";
-
-/// Request made → reply matched, p50 and p99 in ms, over every reply the
-/// fleet's jobs matched (from their rows' `step_requests`).
-async fn reply_latency(fleet: &Fleet) -> anyhow::Result<(f64, f64)> {
-    let (p50, p99): (Option<f64>, Option<f64>) = sqlx::query_as(
-        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY waited),
-                percentile_cont(0.99) WITHIN GROUP (ORDER BY waited)
-         FROM (SELECT extract(epoch FROM (e.value -> 'reply' ->> 'received_at')::timestamptz
-                                      - (e.value ->> 'requested_at')::timestamptz) * 1000 AS waited
-               FROM workflow_run, jsonb_each(step_requests) AS e
-               WHERE e.value ? 'reply') replies",
-    )
-    .fetch_one(&fleet.database.pool)
-    .await?;
-    Ok((p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN)))
-}
-
-/// Returns once a job of the fleet has ended FAILED, DEAD or CANCELLED:
-/// how many have, and one of their errors.
-async fn ended_otherwise(fleet: &Fleet) -> (i64, String) {
-    loop {
-        let found: Result<(i64, Option<String>), sqlx::Error> = sqlx::query_as(
-            "SELECT count(*), min(error) FROM workflow_run
-             WHERE status IN ('FAILED', 'DEAD', 'CANCELLED')",
-        )
-        .fetch_one(&fleet.database.pool)
-        .await;
-        if let Ok((ended, error)) = found
-            && ended > 0
-        {
-            return (ended, error.unwrap_or_default());
-        }
-        // A watchdog's pace, not a synchronisation: the reader decides.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-/// Jobs per second from the first produce to the last COMPLETED event read.
-async fn throughput(
-    kind: BrokerKind,
-    workflow: &str,
-    workers: usize,
-    jobs: usize,
-) -> anyhow::Result<(f64, Fleet)> {
-    let fleet = Fleet::start(kind, workers, Role::Run).await?;
-    let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
-    let reader = fleet
-        .read_completed(ids.iter().copied().collect(), Duration::from_secs(1200))
-        .await?;
-    let started = Instant::now();
-    fleet.produce(workflow, &ids, None).await?;
-    // A job that ends otherwise never sends the COMPLETED event the reader
-    // waits for: stop at once, saying why, instead of at the reader's deadline.
-    let done = tokio::select! {
-        done = reader => done??,
-        (ended, error) = ended_otherwise(&fleet) => anyhow::bail!(
-            "{ended} {workflow} jobs ended without completing, e.g.: {error}"
-        ),
-    };
-    let last = done.values().map(|c| c.read).max().unwrap_or(started);
-    #[allow(clippy::cast_precision_loss)]
-    let rate = jobs as f64 / last.duration_since(started).as_secs_f64();
-    Ok((rate, fleet))
-}
-
-/// 3-step jobs/s end to end (1 worker) while the worker's retention
-/// removes a backlog of finished runs past their retention (1,000,000, or
-/// 10,000 when the run is small), and the runs it removed meanwhile.
-pub(crate) async fn retention_running(
-    report: &mut Report,
-    kind: BrokerKind,
-    jobs: usize,
-) -> anyhow::Result<()> {
-    let broker = kind.label();
-    let expired = if jobs < 1000 { 10_000 } else { 1_000_000 };
-    let fleet = Fleet::start_on_history(kind, 1, Role::Run, expired).await?;
-    let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
-    let reader = fleet
-        .read_completed(ids.iter().copied().collect(), Duration::from_secs(1200))
-        .await?;
-    let started = Instant::now();
-    fleet.produce("bench3", &ids, None).await?;
-    let done = tokio::select! {
-        done = reader => done??,
-        (ended, error) = ended_otherwise(&fleet) => anyhow::bail!(
-            "{ended} bench3 jobs ended without completing, e.g.: {error}"
-        ),
-    };
-    let last = done.values().map(|c| c.read).max().unwrap_or(started);
-    let took = last.duration_since(started).as_secs_f64();
-    let removed: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run_removed")
-        .fetch_one(&fleet.database.pool)
-        .await?;
-    #[allow(clippy::cast_precision_loss)]
-    {
-        report.add(
-            "retention",
-            format!("3-step end to end, {jobs} jobs, 1 worker, retention removing {expired} finished rows, {broker}"),
-            jobs as f64 / took,
-            "jobs/s",
-        );
-        report.add(
-            "retention",
-            format!(
-                "finished runs removed/s by the worker's retention (defaults) beside them, {broker}"
-            ),
-            removed as f64 / took,
-            "runs/s",
-        );
-    }
-    fleet.stop().await
-}
-
-/// Requests per second through ingestion alone: one worker with no claim
-/// loops and no relay, from the first produce until every row is committed
-/// and the group's offsets are committed to the end of every partition.
-async fn ingestion(kind: BrokerKind, jobs: usize) -> anyhow::Result<f64> {
-    let fleet = Fleet::start(kind, 1, Role::IngestOnly).await?;
-    let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
-    let started = Instant::now();
-    fleet.produce("bench1", &ids, None).await?;
-    let deadline = started + Duration::from_secs(1200);
-    loop {
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM workflow_run")
-            .fetch_one(&fleet.database.pool)
-            .await?;
-        if usize::try_from(rows).unwrap_or(0) >= jobs && fleet.committed_to_end().await? {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "only {rows} of {jobs} requests became rows in time"
-        );
-        // The figure's resolution, not a synchronisation.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let rate = jobs as f64 / started.elapsed().as_secs_f64();
-    fleet.stop().await?;
-    Ok(rate)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index].as_secs_f64() * 1000.0
-}
-
-/// The latency figures, in the order [`latency`] returns them.
-const LATENCY_PARTS: [&str; 7] = [
-    "submit → COMPLETED read",
-    "submit → COMPLETED committed",
-    "committed → read",
-    "submit → row committed",
-    "row → COMPLETED committed",
-    "committed → sent",
-    "sent → read",
-];
-
-/// Latencies with requests paced at `rate` jobs/s, p50/p95/p99 in ms:
-/// submit → COMPLETED read back, and its two parts: submit → COMPLETED
-/// committed (ingestion and the engine), committed → read (the relay and
-/// the broker); the first of those split again at the row's commit (the
-/// broker's delivery to a worker and ingestion; the claim and the steps),
-/// the second at the record's create time (the relay's read and send; the
-/// broker's delivery to the reader). Create times are in milliseconds.
-async fn latency(
-    fleet: &Fleet,
-    workflow: &str,
-    rate: f64,
-    jobs: usize,
-) -> anyhow::Result<[[f64; 3]; 7]> {
-    let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
-    let reader = fleet
-        .read_completed(ids.iter().copied().collect(), Duration::from_secs(600))
-        .await?;
-    let pace = Duration::from_secs_f64(1.0 / rate.max(1.0));
-    let sent = fleet.produce(workflow, &ids, Some(pace)).await?;
-    let done = reader.await??;
-    let wall = |from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>| {
-        (to - from).to_std().unwrap_or_default()
-    };
-    let mut parts: [Vec<Duration>; 7] = Default::default();
-    for (job, sent) in &sent {
-        if let Some(done) = done.get(job) {
-            parts[0].push(done.read.duration_since(sent.at));
-            parts[1].push(wall(sent.wall, done.committed));
-            parts[2].push(wall(done.committed, done.read_wall));
-            if let Some(accepted) = done.accepted {
-                parts[3].push(wall(sent.wall, accepted));
-                parts[4].push(wall(accepted, done.committed));
-            }
-            if let Some(relayed) = done.sent {
-                parts[5].push(wall(done.committed, relayed));
-                parts[6].push(wall(relayed, done.read_wall));
-            }
-        }
-    }
-    Ok(parts.map(|mut part| {
-        part.sort_unstable();
-        [0.5, 0.95, 0.99].map(|p| percentile(&part, p))
-    }))
-}
-
-/// The end-to-end figures on one broker.
-pub(crate) async fn run(report: &mut Report, kind: BrokerKind, jobs: usize) -> anyhow::Result<()> {
-    let broker = kind.label();
-    report.add(
-        "components",
-        format!("ingestion, {jobs} requests, 1 worker, rows and offsets committed, {broker}"),
-        ingestion(kind, jobs).await?,
-        "requests/s",
-    );
-    for (workflow, steps) in [("bench3", 3), ("bench1", 1)] {
-        for workers in [1, 2] {
-            let (rate, fleet) = throughput(kind, workflow, workers, jobs).await?;
-            report.add(
-                "end to end",
-                format!("{steps}-step, {jobs} jobs, {workers} worker(s), 1 relay, {broker}"),
-                rate,
-                "jobs/s",
-            );
-            if steps == 3 && workers == 1 {
-                let (worker_mib, relay_mib) = fleet.peak_rss_mib();
-                report.add(
-                    "memory",
-                    format!("worker peak RSS, {broker}"),
-                    worker_mib,
-                    "MiB",
-                );
-                report.add(
-                    "memory",
-                    format!("relay peak RSS, {broker}"),
-                    relay_mib,
-                    "MiB",
-                );
-                let paced = (jobs / 4).max(50);
-                let parts = latency(&fleet, workflow, rate / 2.0, paced).await?;
-                for (part, values) in LATENCY_PARTS.iter().zip(parts) {
-                    for (p, value) in ["p50", "p95", "p99"].iter().zip(values) {
-                        report.add(
-                            "latency",
-                            format!("3-step {part} {p}, half peak, {broker}"),
-                            value,
-                            "ms",
-                        );
-                    }
-                }
-            }
-            fleet.stop().await?;
-        }
-    }
-    // The same 1-step job with its step answered over Kafka: the request
-    // leaves through the outbox and the relay, the reply comes back
-    // through the request consumer.
-    let (rate, fleet) = throughput(kind, KAFKA_WORKFLOW, 1, jobs).await?;
-    report.add(
-        "end to end",
-        format!("Kafka-target step, 1-step, {jobs} jobs, 1 worker, 1 relay, {broker}"),
-        rate,
-        "jobs/s",
-    );
-    let (p50, p99) = reply_latency(&fleet).await?;
-    for (p, value) in [("p50", p50), ("p99", p99)] {
-        report.add(
-            "latency",
-            format!("Kafka-target step: request made → reply matched {p}, at full load, {broker}"),
-            value,
-            "ms",
-        );
-    }
-    fleet.stop().await?;
-    Ok(())
 }
