@@ -2,7 +2,7 @@
 //! job parks on it and its request leaves through the request outbox
 //! (published by the relay); the reply comes back on `reply_topic`, read
 //! by the request consumer, and the job takes it on its next segment
-//! (`engine::kafka_steps`).
+//! (the engine's `nodes/kafka.rs`).
 
 use std::time::Duration;
 

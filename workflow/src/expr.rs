@@ -31,7 +31,7 @@ pub struct Expression {
     source: String,
     /// The program, instrumented for the evaluation budget.
     instrumented: IdedExpr,
-    /// The steps it reads by name (`reads.rs`).
+    /// The steps it reads by name (`references.rs`).
     steps_named: std::collections::BTreeSet<String>,
     /// What it is when its outermost form cannot give a boolean.
     surely_not_boolean: Option<&'static str>,

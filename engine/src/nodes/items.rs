@@ -6,7 +6,7 @@
 //! its checkpoint, the step's own checkpoint (the answers in item order)
 //! ends the step. Answers are kept by index, so the first item checkpoint
 //! holds the list's digest too, which every later segment's list must
-//! match (`nodes.rs`).
+//! match (`nodes/mod.rs`).
 
 use std::collections::{BTreeMap, VecDeque};
 

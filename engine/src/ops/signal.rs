@@ -3,7 +3,7 @@
 //!
 //! A signal is kept in its job's row under the row lock, with an ACCEPTED
 //! event, whatever the job is doing; the `wait_for` step that waits for it
-//! takes it when the job runs (`nodes.rs`). A job parked on such a wait is
+//! takes it when the job runs (`nodes/wait.rs`). A job parked on such a wait is
 //! requeued at once; a running one is not disturbed (the event is left out
 //! of its holder's fence).
 

@@ -1,5 +1,5 @@
 //! The jobs this process is running now, by lease token: what a shutdown
-//! whose grace ran out hands back in one statement (`runner.rs`).
+//! whose grace ran out hands back in one statement (`lifecycle.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

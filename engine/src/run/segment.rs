@@ -1,5 +1,5 @@
 //! One segment: claim a job, replay its checkpoints, run its remaining steps
-//! (`nodes.rs`) until it completes, parks, sleeps, fails, or must be
+//! (`nodes/`) until it completes, parks, sleeps, fails, or must be
 //! retried. How a step is called is [`crate::nodes::call`]; how a segment ends is
 //! [`crate::run::settle`].
 

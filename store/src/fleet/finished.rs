@@ -1,5 +1,5 @@
 //! `finished_tally`: jobs finished per minute and final state, added to by
-//! every worker from its own counts (see the worker's `engine/finishes.rs`),
+//! every worker from its own counts (see the engine's `services/finished_tally.rs`),
 //! so that the fleet's last hour is a few rows to read at any history.
 
 use chrono::{DateTime, Utc};
