@@ -25,7 +25,7 @@ use flotilla_targets::StepFailure;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// What one call of [`Engine::run_once`] did.
+/// What one call of [`Engine::run_once`](crate::Engine::run_once) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Nothing was claimable.

@@ -1,6 +1,6 @@
 //! The background services every worker runs beside its claim loops, one
 //! file per chore. Each service is a loop of its own until shutdown,
-//! started the same way ([`start`]): supervised, restarted after a panic,
+//! started the same way (`start`): supervised, restarted after a panic,
 //! its death visible to readiness (`flotilla_runtime::supervise`).
 //!
 //! The sweeper's tick runs several chores in a fixed order (see
