@@ -80,7 +80,7 @@ impl Modify for SharedResponses {
 }
 
 /// This document.
-#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "the OpenAPI 3 document")))]
+#[utoipa::path(get, path = "/openapi.json", tag = "ops", responses((status = 200, description = "the OpenAPI 3 document")))]
 pub(crate) async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
     axum::Json(ApiDoc::openapi())
 }

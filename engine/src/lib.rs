@@ -15,7 +15,10 @@
 //! - `support/`: helpers every folder uses and that use none of them.
 //!
 //! Executors and operations never import each other (`scripts/check-layers`
-//! says so in CI). SQL lives in `flotilla-store`, the language in
+//! holds the imports in CI). Where one needs the other's effect it goes
+//! through the one handle: a `start` step submits its child with
+//! `Engine::submit_recorded`, a segment that ends a job cancels its
+//! children with `Engine::cascade_cancel`. SQL lives in `flotilla-store`, the language in
 //! `flotilla-workflow`, what a step calls in `flotilla-targets`.
 
 mod lifecycle;

@@ -4,8 +4,8 @@ the sizes a newcomer can read (files, folders, crates).
 
 Run as `scripts/check-layers` (no arguments: the repository it sits in) or
 `python3 scripts/checks/layers.py ROOT`. Prints each breach and exits 1 when
-there is one. Standard library only, so CI runs it before anything is
-installed.
+there is one. Standard library only (Python 3.11 or later, for `tomllib`),
+so CI runs it before anything is installed.
 
 Imports are read from the source text: every `use` statement (braces
 expanded) and every `crate::`/`super::`/`self::` path in the code, outside

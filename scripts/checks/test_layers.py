@@ -3,6 +3,7 @@ each rule must fail on the layout it forbids and pass the one it allows.
 Run by scripts/check-layers before the check itself (standard library
 only)."""
 
+import shutil
 import tempfile
 import textwrap
 import unittest
@@ -17,9 +18,18 @@ def check(root):
     return [b for b in layers.check(root) if "lines under src/" not in b]
 
 
+CREATED = []
+
+
+def tearDownModule():
+    for root in CREATED:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def workspace(files):
     """A workspace from {path: text}; Cargo.toml members from the crates given."""
     root = Path(tempfile.mkdtemp(prefix="layers-test."))
+    CREATED.append(root)
     crates = sorted({path.split("/")[0] for path in files if path.endswith(".rs")})
     (root / "Cargo.toml").write_text(
         "[workspace]\nmembers = [" + ", ".join(f'"{c}"' for c in crates) + "]\n")

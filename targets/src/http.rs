@@ -13,7 +13,7 @@
 //! not change it).
 //!
 //! Containment: the URL is built segment by segment from the base URL and
-//! a method checked to be one plain segment (`workflow/limits.rs`), so no
+//! a method checked to be one plain segment (`flotilla_workflow::limits`), so no
 //! method reaches another path, query or host. Error texts (which reach
 //! rows and events) show the URL without its user info and query, and of a
 //! failed answer's body only its length and content type unless the

@@ -29,7 +29,7 @@ use uuid::Uuid;
 async fn main() -> anyhow::Result<()> {
     let received = otlp_sink().await?;
     let telemetry = flotilla_runtime::telemetry::TelemetryConfig {
-        log_filter: "warn,flotilla_worker=info".into(),
+        log_filter: "warn,flotilla_worker=info,flotilla_engine=info".into(),
         log_format: flotilla_runtime::telemetry::LogFormat::Text,
         log_json: false,
     };

@@ -4,7 +4,7 @@
 //! (completed or skipped) has committed, never earlier, so a dependant is
 //! called only on what is durable. A pending step whose needs have all
 //! ended is ready; ready steps are handed out in definition order, so a
-//! graph runs the same way every time. Pure: the segment (`segment.rs`)
+//! graph runs the same way every time. Pure: the engine's segment (`engine/src/run/segment.rs`)
 //! calls targets and writes checkpoints, this only keeps count.
 
 use std::collections::BTreeSet;

@@ -184,7 +184,7 @@ impl Fleet {
                 .env("KAFKA_BOOTSTRAP_SERVERS", &broker.bootstrap)
                 .env("SCHEMA_REGISTRY_URL", "")
                 .env("FLOTILLA_CREATE_TOPICS", "false")
-                .env("RUST_LOG", "warn,flotilla_worker=info,flotilla_relay=info")
+                .env("RUST_LOG", "warn,flotilla_worker=info,flotilla_engine=info,flotilla_ingest=info,flotilla_relay=info")
                 .env("NO_COLOR", "1");
         };
         let mut commands = Vec::new();

@@ -6,8 +6,9 @@
 //! the way they stopped is `run/segment.rs`.
 //!
 //! One file per step kind a workflow author writes: `call.rs` (a target's
-//! call), `items.rs` (`for_each`), `timers.rs` (`sleep`, `until`),
-//! `child.rs` (`start`), `kafka.rs` (a Kafka target). Executors never
+//! call), `wait.rs` (`wait_for`), `items.rs` (`for_each`), `pages.rs`
+//! (`paged`), `timers.rs` (`sleep`, `until`), `child.rs` (`start`),
+//! `kafka.rs` (a Kafka target); `scope.rs` is what every kind evaluates in. Executors never
 //! import the operations callers ask for (`ops/`).
 
 pub(crate) mod call;

@@ -174,7 +174,7 @@ impl Engine {
             WorkflowRef::Stored(_) => self.compile_stored(&document).await?,
             WorkflowRef::Inline(_) => self.compile(&document).await?,
         };
-        // Schema validation runs off the runtime (evaluate.rs).
+        // Schema validation runs off the runtime (`support/eval_pool.rs`).
         let checked = {
             let (compiled, input) = (compiled.clone(), submission.input.clone());
             self.off_runtime(move || compiled.check_input(&input)).await

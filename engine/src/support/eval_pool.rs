@@ -1,6 +1,6 @@
 //! Where CEL and JSON Schema run: off the async runtime, on a pool of as
 //! many threads as the machine has cores, each CEL evaluation within the
-//! budget (`workflow/budget.rs`), so an expression or a pattern that runs
+//! budget (`flotilla_workflow::budget`), so an expression or a pattern that runs
 //! long or builds much fails its own job without slowing the heartbeats,
 //! the API or `/healthz`. The pool's threads have deep stacks: the `cel`
 //! crate evaluates by recursion, with frames large enough that an
