@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use flotilla_tests::scratch::ScratchDatabase;
 use flotilla_worker::engine::{Engine, EngineSettings, SystemClock};
-use flotilla_worker::target::Targets;
+use flotilla_worker::targets::Targets;
 
 use crate::report::Report;
 

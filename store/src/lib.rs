@@ -7,13 +7,10 @@
 //! `&mut PgTransaction`, so a commit point without its event cannot be
 //! written. The schema itself lives in `migrations/` only.
 
-pub mod buckets;
 pub mod clock;
 pub mod consumer_offsets;
-pub mod dead_letters;
 pub mod definitions;
-pub mod features;
-pub mod finished;
+mod fleet;
 pub mod outbox;
 pub mod pool;
 pub mod retention;
@@ -23,7 +20,8 @@ pub mod sql;
 mod status;
 pub mod topics;
 pub mod wake;
-pub mod workers;
+
+pub use fleet::{buckets, dead_letters, features, finished, workers};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use pool::{DatabaseConfig, MIGRATOR, Pooler, connect, migrate};

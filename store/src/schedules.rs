@@ -1,7 +1,7 @@
 //! `workflow_schedule`: every statement on schedules. What a tick is and
-//! when the next one comes is the worker's (`engine/schedules.rs`); here
-//! are the rows, and the lock by which one worker at a time takes a due
-//! schedule.
+//! when the next one comes is the engine's (`support/cadence.rs`,
+//! `services/scheduler.rs`); here are the rows, and the lock by which one
+//! worker at a time takes a due schedule.
 
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;

@@ -18,7 +18,7 @@ use flotilla_tests::scratch::ScratchDatabase;
 use flotilla_worker::engine::{
     Engine, EngineSettings, RefusalMode, Submission, SystemClock, WorkflowRef,
 };
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::sync::mpsc;
@@ -29,7 +29,7 @@ use uuid::Uuid;
 async fn main() -> anyhow::Result<()> {
     let received = otlp_sink().await?;
     let telemetry = flotilla_runtime::telemetry::TelemetryConfig {
-        log_filter: "warn,flotilla_worker=info".into(),
+        log_filter: "warn,flotilla_worker=info,flotilla_engine=info".into(),
         log_format: flotilla_runtime::telemetry::LogFormat::Text,
         log_json: false,
     };
@@ -101,7 +101,7 @@ fn no_op_targets(called: Option<mpsc::UnboundedSender<Instant>>) -> Targets {
 
 fn build_engine(pool: &PgPool, loops: usize, targets: Targets, name: &str) -> Engine {
     let mut settings = EngineSettings::new(name);
-    settings.worker_count = loops;
+    settings.claim_loops = loops;
     Engine::new(pool.clone(), targets, Arc::new(SystemClock), settings)
 }
 

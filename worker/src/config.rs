@@ -16,7 +16,7 @@ use flotilla_store::DatabaseConfig;
 use secrecy::SecretString;
 
 use crate::engine::Switch;
-use crate::{api, consumer, engine};
+use crate::{api, engine, ingest};
 
 /// How long in-flight work may take to finish after SIGTERM, unless configured.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -160,20 +160,20 @@ pub struct ConsumerConfig {
     pub consume_requests: bool,
 
     /// Most requests persisted in one database transaction.
-    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_SIZE", default_value_t = consumer::DEFAULT_BATCH_SIZE, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_SIZE", default_value_t = ingest::DEFAULT_BATCH_SIZE, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub request_batch_size: usize,
 
     /// A batch closes once its requests hold this many bytes (memory bound).
-    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_BYTES", default_value_t = consumer::DEFAULT_BATCH_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_BYTES", default_value_t = ingest::DEFAULT_BATCH_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub request_batch_bytes: usize,
 
     /// How long a batch waits to fill once its first request arrived (0:
     /// it takes what has arrived).
-    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value_t = consumer::DEFAULT_BATCH_WAIT.into(), value_parser = duration_between(Duration::ZERO, Duration::from_secs(60)))]
+    #[arg(long, env = "FLOTILLA_REQUEST_BATCH_WAIT", default_value_t = ingest::DEFAULT_BATCH_WAIT.into(), value_parser = duration_between(Duration::ZERO, Duration::from_secs(60)))]
     pub request_batch_wait: humantime::Duration,
 
     /// Requests larger than this many bytes are dead-lettered.
-    #[arg(long, env = "FLOTILLA_MAX_REQUEST_BYTES", default_value_t = consumer::DEFAULT_MAX_REQUEST_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, env = "FLOTILLA_MAX_REQUEST_BYTES", default_value_t = ingest::DEFAULT_MAX_REQUEST_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_request_bytes: usize,
 
     /// How the request and dead-letter topics are created when missing.
@@ -187,7 +187,7 @@ pub struct ConsumerConfig {
     /// How long the request consumer may stay paused by an outage (the
     /// database, the registry, the dead-letter topic) before `/readyz`
     /// fails, naming it.
-    #[arg(long, env = "FLOTILLA_CONSUMER_PAUSED_UNREADY_AFTER", default_value_t = consumer::DEFAULT_PAUSED_UNREADY_AFTER.into(), value_parser = duration_between(SECOND, DAY))]
+    #[arg(long, env = "FLOTILLA_CONSUMER_PAUSED_UNREADY_AFTER", default_value_t = ingest::DEFAULT_PAUSED_UNREADY_AFTER.into(), value_parser = duration_between(SECOND, DAY))]
     pub paused_unready_after: humantime::Duration,
 }
 
@@ -204,7 +204,7 @@ pub struct EngineConfig {
 
     /// Claim loops in this process (jobs run at once); 0 runs none (a member
     /// that only serves the API and consumes requests).
-    #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = engine::DEFAULT_WORKER_COUNT, value_parser = RangedU64ValueParser::<usize>::new().range(0..=1024))]
+    #[arg(long, env = "FLOTILLA_WORKER_COUNT", default_value_t = engine::DEFAULT_CLAIM_LOOPS, value_parser = RangedU64ValueParser::<usize>::new().range(0..=1024))]
     pub worker_count: usize,
 
     /// Database connections reserved for lease renewals and fenced writes,
@@ -243,13 +243,13 @@ pub struct EngineConfig {
     /// The most bytes one job's stored answers (its checkpoints) may take:
     /// the answer that would cross it ends the job with a verdict. Every
     /// claim reads them all, and Postgres builds no value past 256 MB.
-    #[arg(long, env = "FLOTILLA_MAX_STORED_BYTES", default_value_t = crate::engine::stored_bytes::DEFAULT_MAX_STORED_BYTES, value_parser = clap::value_parser!(u64).range(1_048_576..=200 * 1_048_576))]
+    #[arg(long, env = "FLOTILLA_MAX_STORED_BYTES", default_value_t = crate::engine::DEFAULT_MAX_STORED_BYTES, value_parser = clap::value_parser!(u64).range(1_048_576..=200 * 1_048_576))]
     pub max_stored_bytes: u64,
 
     /// The most jobs one family (a job nobody started and every job started
     /// under it, at any depth) may hold, the root included: a `start` step
     /// past it fails its job with a verdict.
-    #[arg(long, env = "FLOTILLA_MAX_FAMILY_JOBS", default_value_t = crate::engine::children::DEFAULT_MAX_FAMILY_JOBS, value_parser = clap::value_parser!(i32).range(2..=1_000_000))]
+    #[arg(long, env = "FLOTILLA_MAX_FAMILY_JOBS", default_value_t = crate::engine::DEFAULT_MAX_FAMILY_JOBS, value_parser = clap::value_parser!(i32).range(2..=1_000_000))]
     pub max_family_jobs: i32,
 
     /// Longest an idle claim loop waits before polling the queue again.
@@ -304,15 +304,15 @@ pub struct RetentionConfig {
     pub retention: bool,
 
     /// How long a COMPLETED run is kept after it finished.
-    #[arg(long, env = "FLOTILLA_RETAIN_COMPLETED", default_value_t = engine::retention::DEFAULT_KEEP_COMPLETED.into(), value_parser = retention_between())]
+    #[arg(long, env = "FLOTILLA_RETAIN_COMPLETED", default_value_t = engine::services::retention::DEFAULT_KEEP_COMPLETED.into(), value_parser = retention_between())]
     pub retain_completed: humantime::Duration,
 
     /// How long a FAILED or DEAD run is kept after it finished.
-    #[arg(long, env = "FLOTILLA_RETAIN_FAILED", default_value_t = engine::retention::DEFAULT_KEEP_FAILED.into(), value_parser = retention_between())]
+    #[arg(long, env = "FLOTILLA_RETAIN_FAILED", default_value_t = engine::services::retention::DEFAULT_KEEP_FAILED.into(), value_parser = retention_between())]
     pub retain_failed: humantime::Duration,
 
     /// How long a CANCELLED run is kept after it finished.
-    #[arg(long, env = "FLOTILLA_RETAIN_CANCELLED", default_value_t = engine::retention::DEFAULT_KEEP_FAILED.into(), value_parser = retention_between())]
+    #[arg(long, env = "FLOTILLA_RETAIN_CANCELLED", default_value_t = engine::services::retention::DEFAULT_KEEP_FAILED.into(), value_parser = retention_between())]
     pub retain_cancelled: humantime::Duration,
 
     /// Per workflow and final state, before the fleet's:
@@ -323,31 +323,31 @@ pub struct RetentionConfig {
 
     /// How long a removed run's job id is still answered as a repeat
     /// (its id and request digest are kept that long).
-    #[arg(long, env = "FLOTILLA_REMOVED_ID_HORIZON", default_value_t = engine::retention::DEFAULT_REMOVED_HORIZON.into(), value_parser = retention_between())]
+    #[arg(long, env = "FLOTILLA_REMOVED_ID_HORIZON", default_value_t = engine::services::retention::DEFAULT_REMOVED_HORIZON.into(), value_parser = retention_between())]
     pub removed_id_horizon: humantime::Duration,
 
     /// Runs one retention batch removes.
-    #[arg(long, env = "FLOTILLA_RETENTION_BATCH", default_value_t = engine::retention::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    #[arg(long, env = "FLOTILLA_RETENTION_BATCH", default_value_t = engine::services::retention::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub retention_batch: i64,
 
     /// How often retention runs.
-    #[arg(long, env = "FLOTILLA_RETENTION_INTERVAL", default_value_t = engine::retention::DEFAULT_INTERVAL.into(), value_parser = duration_between(SECOND, DAY))]
+    #[arg(long, env = "FLOTILLA_RETENTION_INTERVAL", default_value_t = engine::services::retention::DEFAULT_INTERVAL.into(), value_parser = duration_between(SECOND, DAY))]
     pub retention_interval: humantime::Duration,
 }
 
 /// Per-workflow retention, as parsed (clap wants a `Clone` value type).
 #[derive(Debug, Clone, Default)]
-pub struct ByWorkflow(pub Vec<engine::retention::WorkflowRetention>);
+pub struct ByWorkflow(pub Vec<engine::services::retention::WorkflowRetention>);
 
 /// A retention or horizon within the bounds every retention keeps to.
 fn retention_between()
 -> impl Fn(&str) -> Result<humantime::Duration, String> + Clone + Send + Sync + 'static {
-    let (shortest, longest) = engine::retention::KEEP_BOUNDS;
+    let (shortest, longest) = engine::services::retention::KEEP_BOUNDS;
     duration_between(shortest, longest)
 }
 
 fn parse_by_workflow(text: &str) -> Result<ByWorkflow, String> {
-    engine::retention::parse_by_workflow(text).map(ByWorkflow)
+    engine::services::retention::parse_by_workflow(text).map(ByWorkflow)
 }
 
 /// The HTTP API's settings.

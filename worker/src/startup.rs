@@ -21,11 +21,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api;
 use crate::config::WorkerConfig;
-use crate::consumer::lag::{LagReader, LagSource};
-use crate::consumer::{ConsumerSettings, KafkaClients, RequestConsumer};
 use crate::engine::{Engine, EngineSettings, Namesake, RegisterError, SwitchError, SystemClock};
-use crate::target::Targets;
-use crate::target::config::TargetsFileError;
+use crate::ingest::{ConsumerSettings, KafkaClients, RequestConsumer};
+use crate::targets::Targets;
+use crate::targets::file::TargetsFileError;
+use flotilla_runtime::kafka::lag::{LagReader, LagSource};
 
 /// Why a worker could not start.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +102,7 @@ impl Application {
         check_settings(&config)?;
         let mut targets = Targets::default();
         if let Some(path) = &config.engine.targets_file {
-            crate::target::config::load(path, &mut targets)?;
+            crate::targets::file::load(path, &mut targets)?;
         }
         let pool = flotilla_store::connect(&config.database).await?;
         Self::with_parts(config, pool, targets).await
@@ -122,9 +122,9 @@ impl Application {
         let (worker_id, tokens) = check_settings(&config)?;
         // Kafka targets that name no encoding write the fleet's.
         targets.set_fleet_encoding(if config.broker.registry.schema_registry_url.is_some() {
-            crate::target::kafka::Encoding::Avro
+            crate::targets::kafka::Encoding::Avro
         } else {
-            crate::target::kafka::Encoding::Json
+            crate::targets::kafka::Encoding::Json
         });
         tracing::info!(%worker_id, ?targets, "worker starting");
         // Installed before anything is counted, so no early count is lost.
@@ -278,7 +278,7 @@ impl Application {
         } = self;
         tokio::spawn(readiness.keep_fresh(shutdown.clone()));
         tracing::info!(api = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            loops = engine.settings().worker_count, "worker ready");
+            loops = engine.settings().claim_loops, "worker ready");
         let api = tokio::spawn(api::serve(listener, router, server, shutdown.clone()));
         // The probes answer until the process exits, through the grace.
         let probes = CancellationToken::new();
@@ -390,7 +390,7 @@ async fn finish_by<T>(deadline: tokio::time::Instant, what: &str, mut task: Join
 fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     let engine = &config.engine;
     let mut settings = EngineSettings::new(worker_id);
-    settings.worker_count = engine.worker_count;
+    settings.claim_loops = engine.worker_count;
     settings.reserved_connections = engine.db_reserved_connections;
     settings.lease = *engine.lease;
     settings.max_lease_losses = engine.max_lease_losses;
@@ -405,7 +405,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.definition_by_reference = engine.definition_by_reference;
     settings.checkpoint_rows = engine.checkpoint_rows;
     let retention = &engine.retention;
-    settings.retention = crate::engine::retention::RetentionSettings {
+    settings.retention = crate::engine::services::retention::RetentionSettings {
         enabled: retention.retention,
         keep_completed: *retention.retain_completed,
         keep_failed: *retention.retain_failed,

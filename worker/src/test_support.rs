@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Application;
 use crate::config::Cli;
 use crate::engine::Engine;
-use crate::target::{FnTarget, StepFailure, Target, TargetCall, Targets};
+use crate::targets::{FnTarget, StepFailure, Target, TargetCall, Targets};
 
 /// The bearer token a [`TestApp`] accepts unless told otherwise.
 pub const TEST_TOKEN: &str = "test-token";
@@ -28,11 +28,11 @@ pub fn echo_target() -> Arc<dyn Target> {
 /// `fraud-replies`, waiting `timeout` for each reply (no broker needed
 /// until a relay sends its requests).
 #[must_use]
-pub fn kafka_target(timeout: std::time::Duration) -> crate::target::kafka::KafkaTarget {
-    crate::target::kafka::KafkaTarget {
+pub fn kafka_target(timeout: std::time::Duration) -> crate::targets::kafka::KafkaTarget {
+    crate::targets::kafka::KafkaTarget {
         request_topic: "fraud-requests".into(),
         reply_topic: "fraud-replies".into(),
-        encoding: Some(crate::target::kafka::Encoding::Json),
+        encoding: Some(crate::targets::kafka::Encoding::Json),
         timeout,
         max_concurrent: None,
     }
@@ -42,7 +42,11 @@ pub fn kafka_target(timeout: std::time::Duration) -> crate::target::kafka::Kafka
 #[must_use]
 pub fn echo_targets() -> Targets {
     let mut targets = Targets::default();
-    targets.register("echo", echo_target(), crate::target::DEFAULT_MAX_CONCURRENT);
+    targets.register(
+        "echo",
+        echo_target(),
+        crate::targets::DEFAULT_MAX_CONCURRENT,
+    );
     targets
 }
 

@@ -815,7 +815,7 @@ async fn a_parent_sigkilled_while_it_starts_a_child_never_starts_two(pool: PgPoo
     assert_eq!(kids[0].1, "COMPLETED");
     assert_eq!(
         kids[0].0,
-        flotilla_worker::engine::children::child_id(parent, "spawn")
+        flotilla_worker::engine::child_id(parent, "spawn")
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

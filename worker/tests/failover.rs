@@ -437,7 +437,7 @@ async fn fail_over(mode: Replication) {
                     // revocations, outages): which member held what, when.
                     if line.contains("WARN")
                         || line.contains("ERROR")
-                        || line.contains("flotilla_worker::consumer")
+                        || line.contains("flotilla_ingest")
                     {
                         println!("worker {n}: {line}");
                     }

@@ -348,7 +348,7 @@ async fn restart_with_id(pool: PgPool) {
 
     group.produce(6).await;
     // (A worker restarted with its id first waits out its earlier self's
-    // announcement in the database, `engine/fleet.rs`: about 10 s.)
+    // announcement in the database, `engine/src/services/membership.rs`: about 10 s.)
     let second = start(group.worker("static-member", true)).await;
     let ready = Instant::now();
     // Well inside the session timeout (librdkafka's 45 s for static

@@ -793,8 +793,8 @@ async fn grpc_export(pool: PgPool) {
 /// answers 503 as `status`.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn step_retries_are_counted_by_failure_class(pool: PgPool) {
-    use flotilla_worker::target::http::{DEFAULT_MAX_RESPONSE_BYTES, HttpTarget};
-    use flotilla_worker::target::{FnTarget, StepFailure, TargetCall};
+    use flotilla_worker::targets::http::{DEFAULT_MAX_RESPONSE_BYTES, HttpTarget};
+    use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall};
     use flotilla_worker::test_support::{TEST_TOKEN, TestApp, echo_targets};
 
     let mut targets = echo_targets();

@@ -17,8 +17,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use flotilla_tests::tls::{TestCertificates, serve_https};
 use flotilla_tests::tls_postgres::{CERTIFICATE_USER, TlsPostgres};
-use flotilla_worker::target::http::{HttpTarget, HttpTls};
-use flotilla_worker::target::{StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::http::{HttpTarget, HttpTls};
+use flotilla_worker::targets::{StepFailure, TargetCall, Targets};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -224,7 +224,7 @@ async fn an_https_target_is_called_with_its_ca_and_headers_from_a_secret_file() 
 
     std::fs::write(&file, targets_yaml(&certs.ca)).unwrap();
     let mut targets = Targets::default();
-    flotilla_worker::target::config::load(&file, &mut targets).unwrap();
+    flotilla_worker::targets::file::load(&file, &mut targets).unwrap();
     let answer = targets.call("secure", call("check")).await.unwrap();
     assert_eq!(answer, json!({"ok": true}));
     assert!(
@@ -235,7 +235,7 @@ async fn an_https_target_is_called_with_its_ca_and_headers_from_a_secret_file() 
     // Another CA: the certificate is refused, a defect named as such.
     std::fs::write(&file, targets_yaml(&certs.other_ca)).unwrap();
     let mut untrusting = Targets::default();
-    flotilla_worker::target::config::load(&file, &mut untrusting).unwrap();
+    flotilla_worker::targets::file::load(&file, &mut untrusting).unwrap();
     match untrusting.call("secure", call("check")).await {
         Err(StepFailure::Defect(message)) => {
             assert!(message.contains("certificate"), "{message}");
@@ -254,7 +254,7 @@ async fn an_https_target_is_called_with_its_ca_and_headers_from_a_secret_file() 
     )
     .unwrap();
     let mut trusting = Targets::default();
-    flotilla_worker::target::config::load(&file, &mut trusting).unwrap();
+    flotilla_worker::targets::file::load(&file, &mut trusting).unwrap();
     assert_eq!(
         trusting.call("secure", call("check")).await.unwrap(),
         json!({"ok": true})

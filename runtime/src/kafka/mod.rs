@@ -5,6 +5,8 @@
 //! ([`security`]) reach all of them.
 
 pub mod group;
+pub mod health;
+pub mod lag;
 pub mod pinned;
 pub mod security;
 pub mod topics;

@@ -14,12 +14,6 @@ use crate::RunStatus;
 /// The deepest a family nests: a job at this depth starts no child.
 pub const MAX_DEPTH: i16 = 8;
 
-/// Part of an operator's retry's SET clause: the outcomes of children
-/// that did not complete are forgotten, so the step that started one
-/// starts it again (the same child, retried) on the next run.
-pub(super) const FORGET_UNFINISHED: &str = "children = (SELECT jsonb_object_agg(e.k, e.v) \
-     FROM jsonb_each(children) AS e(k, v) WHERE e.v ->> 'status' = 'COMPLETED')";
-
 /// Part of a requeue's SET clause (a retryable failure): only DEAD
 /// children, which failed the step retryably, are forgotten and retried; a
 /// FAILED or CANCELLED child stays the step's verdict.

@@ -10,6 +10,12 @@ use super::{COLUMNS, Checkpoint, CheckpointLayout, RunRow, STAMP, checkpoint_wri
 use crate::StoreError;
 use crate::outbox::{self, EventKind, EventStamp};
 
+/// Part of an operator's retry's SET clause: the outcomes of children
+/// that did not complete are forgotten, so the step that started one
+/// starts it again (the same child, retried) on the next run.
+const FORGET_UNFINISHED: &str = "children = (SELECT jsonb_object_agg(e.k, e.v) \
+     FROM jsonb_each(children) AS e(k, v) WHERE e.v ->> 'status' = 'COMPLETED')";
+
 /// Accepts an external step's response on a locked WAITING row: adds the
 /// checkpoint (in `layout` unless the run already keeps its checkpoints as
 /// rows) and requeues with fresh attempts (the work after a human step
@@ -123,7 +129,7 @@ pub async fn retry(
              step_requests = NULL, reply_deadline = NULL, wake_at = NULL, {}
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING {COLUMNS}",
-        super::children::FORGET_UNFINISHED
+        FORGET_UNFINISHED
     ))
     .bind(job_id)
     .bind(now)

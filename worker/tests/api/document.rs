@@ -88,6 +88,14 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
                     .is_some_and(|r| !r.is_empty()),
                 "{method} {path} documents its responses"
             );
+            // Grouped by the handlers' module (`jobs`, `ops`, ...), as an
+            // editor or a generated client shows them.
+            assert!(
+                operation["tags"].as_array().is_some_and(|tags| tags
+                    .iter()
+                    .any(|t| t.as_str().is_some_and(|t| !t.is_empty()))),
+                "{method} {path} has a tag"
+            );
             if path.starts_with("/v1/") {
                 for shared in ["401", "403", "503"] {
                     assert!(

@@ -11,7 +11,7 @@ mod security;
 mod signals;
 
 use flotilla_worker::engine::Engine;
-use flotilla_worker::target::Targets;
+use flotilla_worker::targets::Targets;
 use flotilla_worker::test_support::{TestApp, echo_targets};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use flotilla_worker::target::http::HttpTarget;
+use flotilla_worker::targets::http::HttpTarget;
 use flotilla_worker::test_support::{TEST_TOKEN, TestApp, echo_targets};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

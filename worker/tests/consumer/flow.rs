@@ -151,7 +151,7 @@ async fn with_no_batch_wait_a_batch_still_takes_everything_already_fetched(pool:
     within_deadline(async {
         let topics = topics().await;
         let engine = support::engine(&pool);
-        let settings = flotilla_worker::consumer::ConsumerSettings::new(
+        let settings = flotilla_worker::ingest::ConsumerSettings::new(
             flotilla_tests::broker(),
             &topics.requests,
             &topics.group,
@@ -174,12 +174,9 @@ async fn with_no_batch_wait_a_batch_still_takes_everything_already_fetched(pool:
             )
             .await;
         }
-        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
-            engine,
-            support::codec(),
-            settings,
-        )
-        .unwrap();
+        let consumer =
+            flotilla_worker::ingest::RequestConsumer::subscribe(engine, support::codec(), settings)
+                .unwrap();
         let never = CancellationToken::new();
         let first = consumer.next_batch(&never).await.unwrap();
         assert_eq!(first.len(), 20, "one batch took the whole fetch");

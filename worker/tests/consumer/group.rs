@@ -4,7 +4,7 @@ use super::*;
 
 /// Drives a consumer by hand until `stop`: returns the partitions it persisted from.
 async fn drive(
-    consumer: flotilla_worker::consumer::RequestConsumer,
+    consumer: flotilla_worker::ingest::RequestConsumer,
     stop: CancellationToken,
 ) -> HashSet<i32> {
     use rdkafka::Message as _;
@@ -170,13 +170,13 @@ async fn a_consumer_fenced_by_a_second_member_with_its_instance_id_is_a_dead_tas
         let engine = support::engine(&pool);
         support::register_greet(&engine).await;
         let instance = flotilla_tests::unique("twin");
-        let mut settings = flotilla_worker::consumer::ConsumerSettings::new(
+        let mut settings = flotilla_worker::ingest::ConsumerSettings::new(
             flotilla_tests::broker(),
             &topics.requests,
             &topics.group,
         );
         settings.group_instance_id = Some(instance.clone());
-        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
+        let consumer = flotilla_worker::ingest::RequestConsumer::subscribe(
             engine.clone(),
             support::codec(),
             settings,
@@ -258,12 +258,9 @@ async fn a_refused_offset_commit_is_made_again_without_a_new_request(pool: PgPoo
         support::register_greet(&engine).await;
         let settings = mock.settings();
         let group = settings.group.clone();
-        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
-            engine,
-            support::codec(),
-            settings,
-        )
-        .unwrap();
+        let consumer =
+            flotilla_worker::ingest::RequestConsumer::subscribe(engine, support::codec(), settings)
+                .unwrap();
         let (stop, handle) = spawn(consumer);
         // The first commit request is the batch's own (with nothing stored
         // the client sends none).

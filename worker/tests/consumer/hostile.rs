@@ -152,7 +152,7 @@ async fn batches_are_bounded_by_bytes_and_an_oversize_value_is_never_copied(pool
     within_deadline(async {
         let topics = topics().await;
         let engine = support::engine(&pool);
-        let mut settings = flotilla_worker::consumer::ConsumerSettings::new(
+        let mut settings = flotilla_worker::ingest::ConsumerSettings::new(
             flotilla_tests::broker(),
             &topics.requests,
             &topics.group,
@@ -160,12 +160,9 @@ async fn batches_are_bounded_by_bytes_and_an_oversize_value_is_never_copied(pool
         settings.max_request_bytes = 8 * 1024;
         settings.batch_bytes = 12 * 1024;
         settings.batch_wait = Duration::from_secs(5);
-        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
-            engine,
-            support::codec(),
-            settings,
-        )
-        .unwrap();
+        let consumer =
+            flotilla_worker::ingest::RequestConsumer::subscribe(engine, support::codec(), settings)
+                .unwrap();
         let producer = producer();
         let big = vec![b'x'; 100 * 1024];
         support::produce_to(&producer, &topics.requests, 0, &big, None).await;
@@ -180,7 +177,7 @@ async fn batches_are_bounded_by_bytes_and_an_oversize_value_is_never_copied(pool
             "the oversize value was left behind"
         );
         // A batch closes once it holds 12 KiB: at most three 5 KiB values.
-        let held = |batch: &[flotilla_worker::consumer::Received]| {
+        let held = |batch: &[flotilla_worker::ingest::Received]| {
             batch
                 .iter()
                 .filter(|m| rdkafka::Message::payload(&***m).is_some())

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use flotilla_runtime::kafka::lag::{self, LagReader, LagSource, PartitionLag};
 use flotilla_tests::{bootstrap_servers, broker, create_topic, unique};
-use flotilla_worker::consumer::lag::{self, LagReader, LagSource, PartitionLag};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};

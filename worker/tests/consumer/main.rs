@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use flotilla_contracts::framing;
 use flotilla_tests::KAFKA_TEST_TIMEOUT;
-use flotilla_worker::consumer::BatchReport;
-use flotilla_worker::consumer::dead_letter::{
+use flotilla_worker::ingest::BatchReport;
+use flotilla_worker::ingest::dead_letter::{
     CODE, REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC, VALUE_DROPPED,
 };
 use serde_json::json;
@@ -41,10 +41,10 @@ async fn within_deadline(test: impl Future<Output = ()>) {
 
 /// Runs the consumer in the background; returns its stop switch and handle.
 fn spawn(
-    consumer: flotilla_worker::consumer::RequestConsumer,
+    consumer: flotilla_worker::ingest::RequestConsumer,
 ) -> (
     CancellationToken,
-    tokio::task::JoinHandle<flotilla_worker::consumer::ConsumerStats>,
+    tokio::task::JoinHandle<flotilla_worker::ingest::ConsumerStats>,
 ) {
     let stop = CancellationToken::new();
     let handle = tokio::spawn(consumer.run(stop.clone()));

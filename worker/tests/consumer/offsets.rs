@@ -31,7 +31,7 @@ async fn produce(producer: &rdkafka::producer::FutureProducer, topic: &str) -> (
 /// primary had.
 struct Diverged {
     stop: CancellationToken,
-    running: Option<tokio::task::JoinHandle<flotilla_worker::consumer::ConsumerStats>>,
+    running: Option<tokio::task::JoinHandle<flotilla_worker::ingest::ConsumerStats>>,
     /// Rows the standby holds (requests on every partition).
     kept: i64,
     /// The standby's offsets: (topic, partition, next offset).

@@ -249,7 +249,7 @@ async fn a_dead_letter_producer_in_a_fatal_state_is_replaced(pool: PgPool) {
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
         );
         let engine = support::engine(&pool);
-        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
+        let consumer = flotilla_worker::ingest::RequestConsumer::subscribe(
             engine,
             support::codec(),
             mock.settings(),
@@ -322,17 +322,14 @@ async fn a_dead_letter_too_large_even_without_its_value_falls_back_to_a_minimal_
             .map_err(|(e, _)| e)
             .unwrap();
         let engine = support::engine(&pool);
-        let settings = flotilla_worker::consumer::ConsumerSettings::new(
+        let settings = flotilla_worker::ingest::ConsumerSettings::new(
             broker.clone(),
             &requests,
             &flotilla_tests::unique("minimal-dlq-workers"),
         );
-        let consumer = flotilla_worker::consumer::RequestConsumer::subscribe(
-            engine,
-            support::codec(),
-            settings,
-        )
-        .unwrap();
+        let consumer =
+            flotilla_worker::ingest::RequestConsumer::subscribe(engine, support::codec(), settings)
+                .unwrap();
         let (stop, handle) = spawn(consumer);
         let reader: StreamConsumer = broker
             .manual_commit_consumer(&flotilla_tests::unique("dlq-reader"))

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use flotilla_contracts::WorkflowStepReply;
 use flotilla_store::runs::step_requests;
-use flotilla_worker::consumer::{ConsumerSettings, RequestConsumer};
 use flotilla_worker::engine::{Engine, EngineSettings, Outcome, SystemClock};
-use flotilla_worker::target::kafka::{Encoding, KafkaTarget};
+use flotilla_worker::ingest::{ConsumerSettings, RequestConsumer};
+use flotilla_worker::targets::kafka::{Encoding, KafkaTarget};
 use rdkafka::producer::FutureRecord;
 
 /// An engine whose `fraud` target replies on `replies`, with `scoring`

@@ -16,19 +16,15 @@ async fn an_outage_longer_than_the_poll_interval_keeps_the_consumer_in_its_group
         let (proxy, proxied) = flotilla_tests::database::behind_proxy(&pool, options).await;
         let engine = support::engine(&proxied);
         let short_poll = |engine| {
-            let mut settings = flotilla_worker::consumer::ConsumerSettings::new(
+            let mut settings = flotilla_worker::ingest::ConsumerSettings::new(
                 flotilla_tests::broker(),
                 &topics.requests,
                 &topics.group,
             );
             settings.max_poll_interval = Some(Duration::from_secs(7));
             settings.outage_backoff_max = Duration::from_millis(500);
-            flotilla_worker::consumer::RequestConsumer::subscribe(
-                engine,
-                support::codec(),
-                settings,
-            )
-            .unwrap()
+            flotilla_worker::ingest::RequestConsumer::subscribe(engine, support::codec(), settings)
+                .unwrap()
         };
         let (stop_first, first) = spawn(short_poll(engine.clone()));
         let producer = producer();

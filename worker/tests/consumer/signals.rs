@@ -25,16 +25,15 @@ fn consumer(
     engine: &flotilla_worker::engine::Engine,
     topics: &Topics,
     signals: &str,
-) -> flotilla_worker::consumer::RequestConsumer {
-    let mut settings = flotilla_worker::consumer::ConsumerSettings::new(
+) -> flotilla_worker::ingest::RequestConsumer {
+    let mut settings = flotilla_worker::ingest::ConsumerSettings::new(
         flotilla_tests::broker(),
         &topics.requests,
         &topics.group,
     );
     settings.signal_topic = Some(signals.to_owned());
     settings.outage_backoff_max = Duration::from_millis(500);
-    flotilla_worker::consumer::RequestConsumer::subscribe(engine.clone(), codec(), settings)
-        .unwrap()
+    flotilla_worker::ingest::RequestConsumer::subscribe(engine.clone(), codec(), settings).unwrap()
 }
 
 async fn signal_bytes(topic: &str, signal: &WorkflowRunSignal, avro: bool) -> Vec<u8> {

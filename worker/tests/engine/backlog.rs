@@ -26,7 +26,7 @@ async fn a_backlog_of_fast_jobs_never_lapses_a_lease_nor_calls_a_target_twice(po
     let calls = Calls::default();
     let mut settings = support::settings("backlog");
     settings.lease = Duration::from_secs(2);
-    settings.worker_count = LOOPS;
+    settings.claim_loops = LOOPS;
     let engine = Engine::new(
         pool.clone(),
         echo_targets(&calls),

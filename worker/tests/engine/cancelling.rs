@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Cancelled, CompleteOutcome, Engine, ManualClock, Outcome};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -255,7 +255,7 @@ fn gated(started: Arc<Notify>, open: Arc<Notify>) -> Targets {
                 open.notified().await;
                 if call.request["fail"] == json!(true) {
                     return Err(StepFailure::retryable(
-                        flotilla_worker::target::RetryClass::Transport,
+                        flotilla_worker::targets::RetryClass::Transport,
                         "connection reset",
                     ));
                 }
@@ -461,7 +461,7 @@ async fn a_parent_cancelled_as_it_parks_on_its_child_cancels_the_child(pool: PgP
         "not Parked on its child"
     );
     assert_eq!(row(&pool, parent).await.status, RunStatus::Cancelled);
-    let child = flotilla_worker::engine::children::child_id(parent, "spawn");
+    let child = flotilla_worker::engine::child_id(parent, "spawn");
     let child = row(&pool, child).await;
     assert_eq!(
         (child.status, child.error.as_deref()),

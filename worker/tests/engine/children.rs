@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::children::child_id;
+use flotilla_worker::engine::child_id;
 use flotilla_worker::engine::{Cancelled, Engine, Outcome};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -458,7 +458,7 @@ async fn a_child_that_went_dead_on_its_own_retries_is_not_retried_by_its_parent(
             counted.fetch_add(1, Ordering::SeqCst);
             async move {
                 Err::<Value, _>(StepFailure::retryable(
-                    flotilla_worker::target::RetryClass::Other,
+                    flotilla_worker::targets::RetryClass::Other,
                     "503",
                 ))
             }

@@ -9,7 +9,7 @@ use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
 use flotilla_store::runs::Checkpoint;
 use flotilla_worker::engine::{Outcome, SegmentStop, SystemClock};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -271,7 +271,7 @@ async fn concurrency_cap_bounds_calls_to_one_target(pool: PgPool) {
         2,
     );
     let mut settings = support::settings("capped");
-    settings.worker_count = 6;
+    settings.claim_loops = 6;
     let engine = flotilla_worker::engine::Engine::new(
         pool.clone(),
         targets,

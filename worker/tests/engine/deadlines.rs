@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Clock as _, Engine, ManualClock, Outcome};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;

@@ -11,8 +11,8 @@ use axum::routing::post;
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Clock, Engine, Outcome, RefusalMode};
-use flotilla_worker::target::http::HttpTarget;
-use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::http::HttpTarget;
+use flotilla_worker::targets::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -158,7 +158,7 @@ async fn http_engine(pool: &PgPool) -> Engine {
     let target = HttpTarget::new(
         &status_server().await,
         Duration::from_secs(5),
-        flotilla_worker::target::http::DEFAULT_MAX_RESPONSE_BYTES,
+        flotilla_worker::targets::http::DEFAULT_MAX_RESPONSE_BYTES,
     )
     .unwrap();
     targets.register("http", Arc::new(target), 8);

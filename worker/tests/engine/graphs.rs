@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use flotilla_contracts::WorkflowRunEventType;
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Clock as _, Outcome};
-use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::Outcome;
-use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;

@@ -13,9 +13,9 @@ use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_contracts::{WorkflowStepReply, WorkflowStepRequest};
 use flotilla_store::runs::step_requests;
 use flotilla_store::{Clock as _, RunStatus};
-use flotilla_worker::engine::kafka_steps::ReplyOutcome;
+use flotilla_worker::engine::ops::reply::ReplyOutcome;
 use flotilla_worker::engine::{Engine, Outcome};
-use flotilla_worker::target::Targets;
+use flotilla_worker::targets::Targets;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -427,14 +427,14 @@ async fn a_reply_that_lands_mid_segment_requeues_the_park_that_ends_it(pool: PgP
     let mut targets = targets(&calls, Duration::from_secs(30));
     targets.register(
         "slow",
-        Arc::new(flotilla_worker::target::FnTarget({
+        Arc::new(flotilla_worker::targets::FnTarget({
             let (started, release) = (started.clone(), release.clone());
-            move |_call: flotilla_worker::target::TargetCall| {
+            move |_call: flotilla_worker::targets::TargetCall| {
                 let (started, release) = (started.clone(), release.clone());
                 async move {
                     started.notify_one();
                     release.notified().await;
-                    Ok::<_, flotilla_worker::target::StepFailure>(json!({"done": true}))
+                    Ok::<_, flotilla_worker::targets::StepFailure>(json!({"done": true}))
                 }
             }
         })),

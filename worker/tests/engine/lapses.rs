@@ -507,18 +507,18 @@ async fn operator_retry_resets_the_lapse_count(pool: PgPool) {
 /// lapse counted, instead of waiting out their leases as losses.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn jobs_still_running_at_the_end_of_the_shutdown_grace_are_handed_back_unspent(pool: PgPool) {
-    let mut targets = flotilla_worker::target::Targets::default();
+    let mut targets = flotilla_worker::targets::Targets::default();
     targets.register(
         "stuck",
-        std::sync::Arc::new(flotilla_worker::target::FnTarget(|_call| async {
-            std::future::pending::<Result<serde_json::Value, flotilla_worker::target::StepFailure>>(
+        std::sync::Arc::new(flotilla_worker::targets::FnTarget(|_call| async {
+            std::future::pending::<Result<serde_json::Value, flotilla_worker::targets::StepFailure>>(
             )
             .await
         })),
         8,
     );
     let mut settings = crate::support::settings("stopping");
-    settings.worker_count = 3;
+    settings.claim_loops = 3;
     let engine = flotilla_worker::engine::Engine::new(
         pool.clone(),
         targets,

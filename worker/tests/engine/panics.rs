@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Engine, Outcome};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -58,7 +58,7 @@ async fn a_panic_in_a_step_fails_that_job_with_the_panic_message_and_the_loop_go
     let fine = submit(&engine, "fragile", json!({"explode": false})).await;
     let stop = CancellationToken::new();
     let mut settings = engine.settings().clone();
-    settings.worker_count = 1;
+    settings.claim_loops = 1;
     let single = Engine::new(pool.clone(), targets(), manual_clock(), settings);
     let runner = tokio::spawn({
         let (single, stop) = (single.clone(), stop.clone());

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::Outcome;
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
 use sqlx::PgPool;
 

@@ -11,8 +11,8 @@ use axum::routing::post;
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Engine, Outcome};
-use flotilla_worker::target::http::HttpTarget;
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::http::HttpTarget;
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::json;
 use sqlx::PgPool;
 

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use flotilla_store::{Clock as _, RunStatus};
-use flotilla_worker::engine::retention::{RetentionSettings, WorkflowRetention};
+use flotilla_worker::engine::services::retention::{RetentionSettings, WorkflowRetention};
 use flotilla_worker::engine::{Engine, Outcome, RefusalMode, SubmitError, Submitted};
 use serde_json::json;
 use sqlx::PgPool;

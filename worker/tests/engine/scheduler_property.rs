@@ -22,7 +22,7 @@ use std::time::Duration;
 use flotilla_store::RunStatus;
 use flotilla_store::runs;
 use flotilla_worker::engine::{Clock as _, Engine, ManualClock, Outcome};
-use flotilla_worker::target::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};

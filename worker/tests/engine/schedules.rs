@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use flotilla_store::ManualClock;
 use flotilla_worker::engine::Engine;
-use flotilla_worker::engine::schedules::{Put, ScheduleError, ScheduleSpec, tick_job_id};
+use flotilla_worker::engine::ops::schedules::{Put, ScheduleError, ScheduleSpec, tick_job_id};
 use serde_json::json;
 use sqlx::PgPool;
 

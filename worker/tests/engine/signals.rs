@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
-use flotilla_worker::engine::signals::{Signal, SignalError, SignalReceipt};
+use flotilla_worker::engine::ops::signal::{Signal, SignalError, SignalReceipt};
 use flotilla_worker::engine::{Engine, Outcome};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -527,7 +527,7 @@ async fn a_signal_for_a_later_wait_leaves_a_job_backing_off_to_its_backoff(pool:
         "down",
         Arc::new(FnTarget(|_: TargetCall| async {
             Err::<Value, _>(StepFailure::retryable(
-                flotilla_worker::target::RetryClass::Other,
+                flotilla_worker::targets::RetryClass::Other,
                 "503",
             ))
         })),

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Engine, Outcome};
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -238,7 +238,7 @@ async fn a_signal_reaches_a_job_whose_stored_answers_are_past_what_one_read_may_
     .unwrap();
     store_answers_past_one_read(&pool, waiting).await;
     let receipt = engine
-        .send_signal(flotilla_worker::engine::signals::Signal {
+        .send_signal(flotilla_worker::engine::ops::signal::Signal {
             job_id: waiting,
             name: "go".into(),
             payload: json!({"ok": true}),

@@ -11,7 +11,7 @@ use flotilla_store::{outbox, runs};
 use flotilla_worker::engine::{
     Clock, Engine, EngineSettings, ManualClock, RefusalMode, Submission, Switch, WorkflowRef,
 };
-use flotilla_worker::target::{FnTarget, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;

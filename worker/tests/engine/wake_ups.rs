@@ -58,7 +58,7 @@ async fn a_job_submitted_through_another_process_starts_at_once_on_idle_loops(po
     let calls = Calls::default();
     let submitter = echo_engine(&pool, &calls, settings("a"), "woken").await;
     let mut idle = settings("b");
-    idle.worker_count = 1;
+    idle.claim_loops = 1;
     idle.idle_poll_min = Duration::from_secs(3600);
     idle.idle_poll_max = Duration::from_secs(3600);
     let runner = Engine::new(

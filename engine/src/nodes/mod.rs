@@ -1,0 +1,550 @@
+//! The steps of one segment, run as a graph: ready steps (and the items
+//! of `for_each` steps) are called side by side up to the definition's
+//! `parallelism`; their checkpoints are fenced writes made one at a time,
+//! in the order the answers came; a step's dependants start only once its
+//! checkpoint has committed (`flotilla_workflow::Frontier`). What the segment does with
+//! the way they stopped is `run/segment.rs`.
+//!
+//! One file per step kind a workflow author writes: `call.rs` (a target's
+//! call), `wait.rs` (`wait_for`), `items.rs` (`for_each`), `pages.rs`
+//! (`paged`), `timers.rs` (`sleep`, `until`), `child.rs` (`start`),
+//! `kafka.rs` (a Kafka target); `scope.rs` is what every kind evaluates in. Executors never
+//! import the operations callers ask for (`ops/`).
+
+pub(crate) mod call;
+pub(crate) mod child;
+pub(crate) mod items;
+pub(crate) mod kafka;
+mod pages;
+mod scope;
+pub(crate) mod timers;
+mod wait;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla_store::runs::Checkpoint;
+use futures_util::StreamExt as _;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use serde_json::{Map, Value as Json};
+use tokio_util::sync::CancellationToken;
+
+use crate::Engine;
+use crate::nodes::call::Invocation;
+use crate::nodes::child::NewChild;
+use crate::nodes::items::Items;
+use crate::nodes::kafka::Replies;
+use crate::nodes::pages::begin_pages;
+use crate::nodes::timers::Sleeping;
+use crate::support::stored_bytes::StoredBytes;
+use crate::{ClaimedRun, SegmentStop};
+use chrono::{DateTime, Utc};
+use flotilla_store::runs::step_requests::OutgoingRequest;
+use flotilla_targets::{RetryClass, StepFailure};
+use flotilla_workflow::CompiledWorkflow;
+use flotilla_workflow::Frontier;
+use flotilla_workflow::expr::Scope;
+
+/// How the steps of a segment stopped.
+pub(crate) enum Stop {
+    LeaseLost,
+    /// A step failed (the first to, `step` when a step did); the others
+    /// ran to their checkpoints; `steps` are the answers so far.
+    Failed {
+        failure: StepFailure,
+        step: Option<String>,
+        steps: Map<String, Json>,
+    },
+    /// Nothing else could run and this external, `wait_for` or `start`
+    /// step waits for its answer; the timers reached meanwhile keep their instants;
+    /// `awaited`: the signals the ready `wait_for` steps wait for.
+    Park {
+        step: String,
+        sleeping: Sleeping,
+        awaited: Vec<String>,
+        /// The `start` steps whose children it waits for.
+        children: Vec<String>,
+        /// The requests to Kafka targets it sends and the replies it waits for.
+        replies: Replies,
+    },
+    /// Nothing else could run and these timers have not woken.
+    Sleep(Sleeping),
+    /// Someone asked to cancel the job: the calls under way were dropped
+    /// (aborted) and every answer already in hand was checkpointed.
+    Cancelled,
+    /// The segment's deadline came after it wrote `written` checkpoints:
+    /// progress, not a failure (the job goes back at once, its attempt
+    /// given back); `error` says how the deadline was met.
+    OutOfTime {
+        error: String,
+        written: usize,
+    },
+    /// Every step ended; `last` is the checkpoint not yet written, which
+    /// goes with the completion.
+    Finished {
+        steps: Map<String, Json>,
+        last: Option<Checkpoint>,
+    },
+}
+
+/// What starting a step came to: the segment's loop applies it.
+enum Began {
+    /// Answered at once, or skipped by its `when`: the checkpoint waits
+    /// for its write.
+    Answer(Checkpoint),
+    /// The step failed: nothing new starts.
+    Failed(StepFailure),
+    /// The step waits for something outside the segment: the job parks
+    /// on it once nothing else can run.
+    Waits(Wait),
+    /// A child to start, written with its step's "child started"
+    /// checkpoint.
+    StartChild(NewChild, Checkpoint),
+    /// A timer that has not woken.
+    Sleeps { at: DateTime<Utc>, new: bool },
+    /// A call to make (the first page's, for a paged step).
+    Call(Node, Scope),
+    /// A `for_each` step under way: its items are handed out as calls.
+    Items,
+    /// The lease was lost or a cancel asked while the step waited for a
+    /// slot of its target.
+    Interrupted,
+}
+
+/// What a parked step waits for.
+enum Wait {
+    /// A signal of this name.
+    Signal(String),
+    /// Its child to end.
+    Child,
+    /// The reply to its Kafka request, sent before, until this deadline.
+    Reply(DateTime<Utc>),
+    /// The reply to this Kafka request, sent with the park.
+    Send(Box<OutgoingRequest>),
+    /// Someone's answer (`completion: external`).
+    Answer,
+}
+
+/// What a segment starts from: the answers of the steps that ended, the
+/// steps in the order they ended, the answers of `for_each` items whose
+/// step has not ended (step → item → answer), and the pages of paged
+/// steps that have not ended (step → pages stored, the last cursor).
+pub(crate) struct Replayed {
+    pub(crate) steps: Map<String, Json>,
+    pub(crate) ended: Vec<usize>,
+    pub(crate) items: HashMap<usize, BTreeMap<u32, Json>>,
+    /// The digests of those steps' lists, stored with their first item.
+    pub(crate) lists: HashMap<usize, String>,
+    pub(crate) pages: HashMap<usize, (u32, Json)>,
+    /// `start` steps whose child this run started already.
+    pub(crate) started: HashSet<usize>,
+}
+
+/// A step, one item of a `for_each` step, or one page of a paged step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Node {
+    step: usize,
+    item: Option<usize>,
+    page: Option<u32>,
+}
+
+impl Node {
+    fn step(step: usize) -> Self {
+        Self {
+            step,
+            item: None,
+            page: None,
+        }
+    }
+
+    /// The part of its step this call is, as its idempotency key says it.
+    fn part(self) -> Option<String> {
+        match (self.item, self.page) {
+            (Some(item), _) => Some(format!("item-{item}")),
+            (None, Some(page)) => Some(format!("page-{page}")),
+            (None, None) => None,
+        }
+    }
+
+    /// Whether this call is the step's first (its `when` decides).
+    fn is_first(self) -> bool {
+        self.item.is_none() && self.page.unwrap_or(0) == 0
+    }
+}
+
+/// A checkpoint's fenced write; a verdict when the step's child was not
+/// started (its family is full).
+type Write<'a> = BoxFuture<'a, Result<Option<StepFailure>, SegmentStop>>;
+
+/// A call's answer, or its step's `when` saying no (`None`).
+type Called<'a> = BoxFuture<'a, (Node, Result<Option<Json>, Invocation>)>;
+
+pub(crate) struct Nodes<'a> {
+    pub(crate) engine: &'a Engine,
+    pub(crate) claimed: &'a ClaimedRun,
+    pub(crate) compiled: &'a Arc<CompiledWorkflow>,
+    pub(crate) input: Json,
+    pub(crate) started: Instant,
+    pub(crate) lease_lost: &'a CancellationToken,
+    /// Cancelled when a cancellation is asked of the job (the heartbeat).
+    pub(crate) cancel_asked: &'a CancellationToken,
+}
+
+impl<'a> Nodes<'a> {
+    pub(crate) async fn run(&self, replayed: Replayed) -> Result<Stop, SegmentStop> {
+        let Replayed {
+            mut steps,
+            ended,
+            items: mut earlier_items,
+            lists: mut earlier_lists,
+            pages: mut earlier_pages,
+            mut started,
+        } = replayed;
+        let mut frontier = Frontier::new(&self.compiled.graph, ended);
+        let parallelism = self.compiled.definition.parallelism();
+        let deadline = Duration::from_millis(self.compiled.definition.deadline_ms);
+        let mut calls: FuturesUnordered<Called<'_>> = FuturesUnordered::new();
+        let mut answered: VecDeque<(Node, Checkpoint)> = VecDeque::new();
+        let mut stored = StoredBytes::new(
+            self.engine.settings().max_stored_bytes,
+            &self.claimed.row().checkpoints.0,
+        );
+        let mut writing: Option<(Node, Checkpoint, Write<'a>)> = None;
+        let mut items = Items::default();
+        // Paged steps whose next page is due: (step, page, cursor).
+        let mut next_pages: VecDeque<(usize, u32, Json)> = VecDeque::new();
+        // The first failure, and the step it came from.
+        let mut failure: Option<(StepFailure, Option<String>)> = None;
+        // Whether that failure is the segment's deadline, met before the
+        // next call or during one; and the checkpoints this segment wrote.
+        let mut out_of_time = false;
+        let mut written_count = 0usize;
+        let mut park_on: Option<String> = None;
+        // The signals the claim found, and the names of the ready
+        // `wait_for` steps that found none (a park checks them again).
+        let mut pending = match wait::Pending::of(self.claimed.row()) {
+            Ok(pending) => pending,
+            Err(failed) => {
+                return Ok(Stop::Failed {
+                    failure: failed,
+                    step: None,
+                    steps,
+                });
+            }
+        };
+        let mut awaited: Vec<String> = Vec::new();
+        // The `start` steps waiting for their children, and the children
+        // to start (written one at a time with the checkpoints).
+        let mut waiting_children: Vec<String> = Vec::new();
+        let mut to_start: HashMap<usize, NewChild> = HashMap::new();
+        let mut sleeping = Sleeping::default();
+        let mut replies = Replies::default();
+        let mut cancelling = false;
+        let mut converted = scope::Converted::default();
+        'segment: loop {
+            if self.lease_lost.is_cancelled() {
+                return Ok(Stop::LeaseLost);
+            }
+            if cancelling && calls.is_empty() && writing.is_none() && answered.is_empty() {
+                return Ok(Stop::Cancelled);
+            }
+            while !cancelling && failure.is_none() && calls.len() < parallelism {
+                let Some(left) = deadline
+                    .checked_sub(self.started.elapsed())
+                    .filter(|d| !d.is_zero())
+                else {
+                    let error = format!(
+                        "segment exceeded its deadline of {} ms before its next step",
+                        deadline.as_millis()
+                    );
+                    failure = Some((StepFailure::retryable(RetryClass::Deadline, error), None));
+                    out_of_time = true;
+                    break;
+                };
+                // Pages and items of a step under way go before new steps.
+                if let Some((step, page, cursor)) = next_pages.pop_front() {
+                    let node = Node {
+                        page: Some(page),
+                        ..Node::step(step)
+                    };
+                    let scope = self
+                        .scope(step, &steps, &mut converted)
+                        .with("cursor", &cursor);
+                    calls.push(Box::pin(self.call(node, scope, (left, deadline))));
+                    continue;
+                }
+                if let Some((step, item, scope)) = items.next_call() {
+                    let node = Node {
+                        item: Some(item),
+                        ..Node::step(step)
+                    };
+                    calls.push(Box::pin(self.call(node, scope, (left, deadline))));
+                    continue;
+                }
+                let Some(index) = frontier.start_next() else {
+                    break;
+                };
+                let step = &self.compiled.steps[index];
+                let name = step.definition.name.clone();
+                let node = Node::step(index);
+                // One executor per step kind; what it came to is applied here.
+                let began = if let Some(signal) = &step.definition.wait_for {
+                    let scope = self.scope(index, &steps, &mut converted);
+                    self.begin_wait(index, signal, &scope, &mut pending).await
+                } else if let Some(start) = &step.definition.start {
+                    let scope = self.scope(index, &steps, &mut converted);
+                    self.begin_start(index, start, &scope, started.contains(&index))
+                        .await
+                } else if let Some(target) = self.engine.targets().kafka(&step.definition.target) {
+                    let target = target.clone();
+                    let scope = self.scope(index, &steps, &mut converted);
+                    self.begin_kafka(index, &scope, &target, writing.is_none())
+                        .await
+                } else if step.definition.is_external() {
+                    // Parked on once nothing else can run; another
+                    // external step ready meanwhile waits for a later
+                    // segment.
+                    Began::Waits(Wait::Answer)
+                } else {
+                    let scope = self.scope(index, &steps, &mut converted);
+                    if step.timer.is_some() {
+                        self.begin_timer(index, &scope).await?
+                    } else if step.for_each.is_some() {
+                        let earlier = (&mut earlier_items, &mut earlier_lists);
+                        self.begin_items(index, scope, &mut items, earlier).await
+                    } else if step.definition.paged {
+                        begin_pages(node, scope, &mut earlier_pages)
+                    } else {
+                        Began::Call(node, scope)
+                    }
+                };
+                match began {
+                    Began::Answer(checkpoint) => answered.push_back((node, checkpoint)),
+                    Began::Failed(failed) => failure = Some((failed, Some(name))),
+                    Began::Waits(wait) => {
+                        match wait {
+                            Wait::Signal(signal) => awaited.push(signal),
+                            Wait::Child => waiting_children.push(name.clone()),
+                            Wait::Reply(deadline) => replies.wait(name.clone(), deadline),
+                            Wait::Send(request) => replies.send(*request),
+                            Wait::Answer => {}
+                        }
+                        park_on.get_or_insert(name);
+                    }
+                    Began::StartChild(child, checkpoint) => {
+                        to_start.insert(index, child);
+                        answered.push_back((node, checkpoint));
+                    }
+                    Began::Sleeps { at, new } => sleeping.add(name, at, new),
+                    Began::Call(node, scope) => {
+                        calls.push(Box::pin(self.call(node, scope, (left, deadline))));
+                    }
+                    Began::Items => {}
+                    // The lease lost or a cancel asked while it waited for
+                    // a slot: the loop's top acts on it.
+                    Began::Interrupted => {
+                        if self.cancel_asked.is_cancelled() {
+                            cancelling = true;
+                            calls = FuturesUnordered::new();
+                        }
+                        continue 'segment;
+                    }
+                }
+            }
+            if calls.is_empty() && writing.is_none() {
+                let unwritten = answered.len();
+                if unwritten == 0 {
+                    if let Some((failed, _)) = &failure
+                        && out_of_time
+                        && written_count > 0
+                    {
+                        return Ok(Stop::OutOfTime {
+                            error: failed.to_string(),
+                            written: written_count,
+                        });
+                    }
+                    return Ok(if let Some((failure, step)) = failure {
+                        Stop::Failed {
+                            failure,
+                            step,
+                            steps,
+                        }
+                    } else if let Some(step) = park_on {
+                        Stop::Park {
+                            step,
+                            sleeping,
+                            awaited,
+                            children: waiting_children,
+                            replies,
+                        }
+                    } else if !sleeping.is_empty() {
+                        Stop::Sleep(sleeping)
+                    } else if frontier.all_ended() {
+                        Stop::Finished { steps, last: None }
+                    } else {
+                        Stop::Failed {
+                            failure: StepFailure::Defect(
+                                "no step of the workflow can start (a step's needs never end)"
+                                    .into(),
+                            ),
+                            step: None,
+                            steps,
+                        }
+                    });
+                }
+                let (node, next) = &answered[0];
+                if unwritten == 1
+                    && !cancelling
+                    && failure.is_none()
+                    && park_on.is_none()
+                    && next.item.is_none()
+                    && next.page.is_none()
+                    && next.child.is_none()
+                    && frontier.is_last(node.step)
+                {
+                    // The last checkpoint goes with the completion.
+                    let (_, last) = answered.pop_front().expect("one answer waits");
+                    if let Err(over) = stored.admit(&last) {
+                        failure.get_or_insert((over, Some(last.name)));
+                        continue;
+                    }
+                    if !last.skipped {
+                        steps.insert(last.name.clone(), last.response.clone());
+                    }
+                    return Ok(Stop::Finished {
+                        steps,
+                        last: Some(last),
+                    });
+                }
+            }
+            if writing.is_none()
+                && let Some((node, checkpoint)) = answered.pop_front()
+            {
+                if let Err(over) = stored.admit(&checkpoint) {
+                    // Nothing more is stored: the calls under way are
+                    // dropped, the answers in hand left unwritten.
+                    failure.get_or_insert((over, Some(checkpoint.name)));
+                    answered.clear();
+                    calls = FuturesUnordered::new();
+                    continue;
+                }
+                let claimed = self.claimed;
+                let write = checkpoint.clone();
+                let child = checkpoint.child.and_then(|_| to_start.remove(&node.step));
+                writing = Some((
+                    node,
+                    checkpoint,
+                    Box::pin(async move {
+                        match child {
+                            Some(child) => claimed.start_child(&write.name, child).await,
+                            None => claimed.checkpoint(&write).await.map(|()| None),
+                        }
+                    }),
+                ));
+            }
+            tokio::select! {
+                // Cancellation asked: the calls under way are dropped (the
+                // target sees its request aborted); answers in hand are
+                // still checkpointed, and nothing new starts.
+                () = self.cancel_asked.cancelled(), if !cancelling => {
+                    cancelling = true;
+                    calls = FuturesUnordered::new();
+                    // No child is started for a job being cancelled (review
+                    // L7): it would be created only to be cancelled.
+                    answered.retain(|(_, checkpoint)| checkpoint.child.is_none());
+                    to_start.clear();
+                }
+                Some((node, called)) = calls.next(), if !calls.is_empty() => match called {
+                    Ok(response) => {
+                        let name = self.compiled.steps[node.step].definition.name.clone();
+                        match (node.page, response) {
+                            (Some(page), Some(answer)) if answer.get("more") == Some(&Json::Bool(true)) => {
+                                match self.next_page(node, page, &answer) {
+                                    Ok(kept) => answered.push_back((node, kept)),
+                                    Err(failed) => {
+                                        failure.get_or_insert((failed, Some(name)));
+                                    }
+                                }
+                            }
+                            (_, response) => {
+                                let mut kept = checkpoint(name, node.item, response);
+                                if node.item.is_some() {
+                                    // Checkpoints are written in answer order:
+                                    // the first item answered is written first.
+                                    kept.list = items.take_list_digest(node.step);
+                                }
+                                answered.push_back((Node { page: None, ..node }, kept));
+                            }
+                        }
+                    }
+                    Err(Invocation::LeaseLost) => return Ok(Stop::LeaseLost),
+                    // The calls still running go on to their checkpoints;
+                    // nothing new starts.
+                    Err(Invocation::Failed(failed)) => {
+                        let name = self.compiled.steps[node.step].definition.name.clone();
+                        if failure.is_none() {
+                            // A call cut by the segment's deadline, not by
+                            // its own timeout.
+                            out_of_time = matches!(
+                                failed,
+                                StepFailure::Retryable { class: RetryClass::Timeout | RetryClass::Deadline, .. }
+                            ) && self.started.elapsed() >= deadline;
+                            failure = Some((failed, Some(name)));
+                        }
+                    }
+                },
+                written = async { (&mut writing.as_mut().expect("polled only while writing").2).await },
+                    if writing.is_some() =>
+                {
+                    let (node, checkpoint, _) = writing.take().expect("a write was under way");
+                    if let Some(refused) = written? {
+                        failure.get_or_insert((refused, Some(checkpoint.name)));
+                        continue;
+                    }
+                    written_count += 1;
+                    if let Some(item) = node.item {
+                        metrics::counter!("flotilla_items_done_total").increment(1);
+                        if let Some(all) = items.answered(node.step, item, checkpoint.response) {
+                            answered.push_back((Node::step(node.step), self::checkpoint(checkpoint.name, None, Some(all))));
+                        }
+                        continue;
+                    }
+                    if checkpoint.child.is_some() {
+                        // The child is under way: the step waits for it.
+                        started.insert(node.step);
+                        waiting_children.push(checkpoint.name.clone());
+                        park_on.get_or_insert(checkpoint.name);
+                        continue;
+                    }
+                    if let Some(page) = checkpoint.page {
+                        // The cursor is durable: the next page may be fetched.
+                        let cursor = checkpoint.response.get("cursor").cloned().unwrap_or(Json::Null);
+                        next_pages.push_back((node.step, page + 1, cursor));
+                        continue;
+                    }
+                    if !checkpoint.skipped {
+                        steps.insert(checkpoint.name, checkpoint.response);
+                    }
+                    frontier.end(node.step);
+                }
+            }
+        }
+    }
+}
+
+/// The checkpoint of a step (or of one of its items): its answer, or a
+/// skip when there is none.
+fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Checkpoint {
+    Checkpoint {
+        name,
+        skipped: response.is_none(),
+        response: response.unwrap_or(Json::Null),
+        item: item.and_then(|i| u32::try_from(i).ok()),
+        page: None,
+        signal: None,
+        child: None,
+        list: None,
+    }
+}

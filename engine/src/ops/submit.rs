@@ -1,0 +1,325 @@
+//! Submission: the one way a job comes to exist, shared by the API and the
+//! request consumer. Everything is validated before anything is written;
+//! the row and its first event commit together; a repeat of the same
+//! `job_id` is idempotent.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use flotilla_store::runs::{self, NewRun, Refusal, RunRow};
+use flotilla_store::{RunStatus, StoreError, definitions};
+use serde_json::Value as Json;
+use sqlx::{PgConnection, PgTransaction};
+use uuid::Uuid;
+
+use crate::submission::{admit, request_digest};
+use crate::{Engine, Feature, RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
+
+/// A validated submission, ready to insert.
+pub(crate) struct Resolved {
+    workflow_name: String,
+    workflow_version: Option<i32>,
+    /// The definition the row keeps; `None` when it points at its stored
+    /// version instead (the definition-by-reference switch).
+    copy: Option<Json>,
+    max_attempts: i32,
+    /// The run layout a worker must read to run it (`runs::READER_LEVEL`).
+    reader_level: i16,
+}
+
+impl Engine {
+    /// Submits a job.
+    ///
+    /// # Errors
+    /// [`SubmitError::Conflict`] for a `job_id` with other content; with
+    /// [`RefusalMode::Refuse`], an unknown workflow, an invalid definition or
+    /// input; store errors.
+    pub async fn submit(
+        &self,
+        submission: Submission,
+        mode: RefusalMode,
+    ) -> Result<Submitted, SubmitError> {
+        let submission = admit(submission)?;
+        let mut tx = self.pool().begin().await?;
+        let submitted = self
+            .submit_in(&mut tx, &submission, mode, self.now(), &mut HashMap::new())
+            .await
+            .map_err(SubmitError::data_to_unstorable);
+        // Only a submission that went through commits: an error part-way
+        // must not leave a row without its event.
+        match &submitted {
+            Ok(_) => tx.commit().await?,
+            Err(_) => tx.rollback().await?,
+        }
+        if let Ok(submitted) = &submitted {
+            self.created(submitted);
+        }
+        submitted
+    }
+
+    /// After a submission commits: a new QUEUED job wakes a claim loop, a
+    /// refusal recorded as a FAILED row counts as a finish.
+    pub(crate) fn created(&self, submitted: &Submitted) {
+        if let Submitted::Created(row) = submitted {
+            match row.status {
+                RunStatus::Queued => self.wake(),
+                RunStatus::Failed => self.job_finished(
+                    (&row.workflow_name, row.workflow_version),
+                    "FAILED",
+                    row.created_at,
+                ),
+                _ => {}
+            }
+        }
+    }
+
+    /// A submission the engine makes itself (a schedule's tick, a child
+    /// job) inside the caller's transaction: a refusal is recorded as a
+    /// FAILED job, as one from the topic is.
+    pub(crate) async fn submit_recorded(
+        &self,
+        tx: &mut PgTransaction<'_>,
+        submission: &Submission,
+        now: DateTime<Utc>,
+    ) -> Result<Submitted, SubmitError> {
+        self.submit_in(
+            tx,
+            submission,
+            RefusalMode::Record,
+            now,
+            &mut HashMap::new(),
+        )
+        .await
+    }
+
+    /// The submission inside the caller's transaction; the caller commits.
+    pub(crate) async fn submit_in(
+        &self,
+        tx: &mut PgTransaction<'_>,
+        submission: &Submission,
+        mode: RefusalMode,
+        now: DateTime<Utc>,
+        newest: &mut NewestDefinitions,
+    ) -> Result<Submitted, SubmitError> {
+        let prepared = match self.prepare(tx, submission, mode, newest).await? {
+            Prepared::Done(submitted) => return Ok(*submitted),
+            insert @ Prepared::Insert { .. } => insert,
+        };
+        let new_run = prepared.new_run(submission, now).expect("an insert");
+        let row = runs::insert(tx, &new_run).await?;
+        prepared.inserted(tx, submission, row).await
+    }
+
+    /// Checks and resolves a submission against the stored definitions,
+    /// writing nothing: what to insert, or the existing job it repeats.
+    pub(crate) async fn prepare(
+        &self,
+        conn: &mut PgConnection,
+        submission: &Submission,
+        mode: RefusalMode,
+        newest: &mut NewestDefinitions,
+    ) -> Result<Prepared, SubmitError> {
+        let digest = request_digest(submission);
+        let (resolved, refusal) = match self.resolve(conn, submission, newest).await {
+            Ok(resolved) => (resolved, None),
+            Err(refused) if refused.is_refusal() && mode == RefusalMode::Record => {
+                let resolved = Resolved {
+                    workflow_name: refused_name(submission),
+                    workflow_version: None,
+                    copy: Some(Json::Null),
+                    max_attempts: 1,
+                    reader_level: 0,
+                };
+                (resolved, Some(refused.to_string()))
+            }
+            Err(refused) => {
+                // A repeat of an accepted job is still recognised after its
+                // workflow changed; only a new job_id gets the refusal.
+                return match existing(conn, submission.job_id, &digest).await? {
+                    Some(existing) => Ok(Prepared::Done(Box::new(existing))),
+                    None => Err(refused),
+                };
+            }
+        };
+        Ok(Prepared::Insert {
+            digest,
+            resolved,
+            refusal,
+        })
+    }
+
+    async fn resolve(
+        &self,
+        conn: &mut PgConnection,
+        submission: &Submission,
+        newest: &mut NewestDefinitions,
+    ) -> Result<Resolved, SubmitError> {
+        let (document, stored_as) = match &submission.workflow {
+            WorkflowRef::Inline(document) => (document.clone(), None),
+            WorkflowRef::Stored(name) => {
+                if !newest.contains_key(name) {
+                    let stored = definitions::newest(conn, name).await?;
+                    newest.insert(name.clone(), stored);
+                }
+                let stored = newest[name]
+                    .as_ref()
+                    .ok_or_else(|| SubmitError::UnknownWorkflow(name.clone()))?;
+                (
+                    stored.definition.0.clone(),
+                    Some((stored.name.clone(), stored.version)),
+                )
+            }
+        };
+        let compiled = match &submission.workflow {
+            WorkflowRef::Stored(_) => self.compile_stored(&document).await?,
+            WorkflowRef::Inline(_) => self.compile(&document).await?,
+        };
+        // Schema validation runs off the runtime (`support/eval_pool.rs`).
+        let checked = {
+            let (compiled, input) = (compiled.clone(), submission.input.clone());
+            self.off_runtime(move || compiled.check_input(&input)).await
+        };
+        let violations = match checked {
+            Ok(Ok(())) => None,
+            Ok(Err(violations)) => Some(violations),
+            Err(exhausted) => Some(vec![exhausted.to_string()]),
+        };
+        if let Some(violations) = violations {
+            return Err(SubmitError::InvalidInput {
+                workflow: compiled.definition.name.clone(),
+                violations,
+            });
+        }
+        // A stored workflow's row carries the key of its version, so a row
+        // that points at the version instead of copying it finds it; with
+        // `definition_by_reference` it keeps no copy. An inline definition
+        // has nothing to point at and is always copied.
+        let (workflow_name, workflow_version, copy) = match stored_as {
+            Some((name, version)) => {
+                let copy = (!self.uses(Feature::DefinitionByReference)).then_some(document);
+                (name, Some(version), copy)
+            }
+            None => (compiled.definition.name.clone(), None, Some(document)),
+        };
+        Ok(Resolved {
+            workflow_name,
+            workflow_version,
+            copy,
+            max_attempts: compiled.definition.max_attempts,
+            reader_level: self.reader_level_of(&compiled),
+        })
+    }
+}
+
+/// A submission checked and resolved, before anything is written.
+pub(crate) enum Prepared {
+    /// A row to insert: QUEUED, or FAILED with the refusal recorded.
+    Insert {
+        digest: String,
+        resolved: Resolved,
+        refusal: Option<String>,
+    },
+    /// A repeat of an existing job: nothing to write.
+    Done(Box<Submitted>),
+}
+
+impl Prepared {
+    /// The row to insert for `submission`, unless it is a repeat.
+    pub(crate) fn new_run<'a>(
+        &'a self,
+        submission: &'a Submission,
+        now: DateTime<Utc>,
+    ) -> Option<NewRun<'a>> {
+        let Self::Insert {
+            digest,
+            resolved,
+            refusal,
+        } = self
+        else {
+            return None;
+        };
+        Some(NewRun {
+            job_id: submission.job_id,
+            workflow_name: &resolved.workflow_name,
+            workflow_version: resolved.workflow_version,
+            definition: resolved.copy.as_ref(),
+            input: &submission.input,
+            request_digest: digest,
+            max_attempts: resolved.max_attempts,
+            reader_level: resolved.reader_level,
+            refusal: refusal.as_deref().map(|error| Refusal {
+                error,
+                verdict: REFUSED_VERDICT,
+            }),
+            traceparent: submission.traceparent.as_deref(),
+            tracestate: submission.tracestate.as_deref(),
+            now,
+        })
+    }
+
+    /// What inserting `submission` came to: its new `row`, or, when the
+    /// insert found its job id taken, the existing job or a conflict.
+    pub(crate) async fn inserted(
+        self,
+        conn: &mut PgConnection,
+        submission: &Submission,
+        row: Option<RunRow>,
+    ) -> Result<Submitted, SubmitError> {
+        let digest = match self {
+            Self::Done(submitted) => return Ok(*submitted),
+            Self::Insert { digest, .. } => digest,
+        };
+        match row {
+            Some(row) => {
+                crate::support::telemetry::job_submitted(&row.workflow_name, row.workflow_version);
+                Ok(Submitted::Created(row))
+            }
+            None => existing(conn, submission.job_id, &digest)
+                .await?
+                .ok_or(SubmitError::Conflict(submission.job_id)),
+        }
+    }
+}
+
+/// Newest stored definitions looked up so far in one transaction, by name.
+pub(crate) type NewestDefinitions = HashMap<String, Option<definitions::StoredDefinition>>;
+
+/// The verdict of a job refused at submission.
+const REFUSED_VERDICT: &str = "rejected at submission";
+
+/// The existing row of `job_id`, or the record of its removed run:
+/// `Existing` or `Removed` when its digest matches, `Conflict` when it does
+/// not, `None` when there is neither.
+async fn existing(
+    conn: &mut PgConnection,
+    job_id: Uuid,
+    digest: &str,
+) -> Result<Option<Submitted>, SubmitError> {
+    match runs::get(conn, job_id).await? {
+        Some(row) if row.request_digest == digest => Ok(Some(Submitted::Existing(row))),
+        Some(_) => Err(SubmitError::Conflict(job_id)),
+        None => match flotilla_store::retention::removed(conn, job_id)
+            .await
+            .map_err(StoreError::from)?
+        {
+            Some(removed) if removed.request_digest == digest => {
+                Ok(Some(Submitted::Removed(removed)))
+            }
+            Some(_) => Err(SubmitError::Conflict(job_id)),
+            None => Ok(None),
+        },
+    }
+}
+
+/// The name a refused submission is recorded under.
+fn refused_name(submission: &Submission) -> String {
+    match &submission.workflow {
+        WorkflowRef::Stored(name) => name.clone(),
+        WorkflowRef::Inline(document) => document
+            .get("name")
+            .and_then(Json::as_str)
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or("(unnamed inline workflow)")
+            .to_owned(),
+    }
+}

@@ -1,0 +1,505 @@
+//! The `http` target: POST `<base_url>/<method>` with the JSON request,
+//! over HTTPS with the system's roots plus an optional CA file, optional
+//! client certificate and configured headers (sent, never shown).
+//!
+//! Classification (DESIGN.md): 2xx JSON is the response; connection failures
+//! (retry class `transport`), timeouts (`timeout`), 408, 429, 502, 503 and
+//! 504 (`status`) are retryable; so are 401 and 407 (`status`): refused
+//! credentials are the worker's configuration (a rotated or wrong secret),
+//! which an operator fixes while the jobs wait, not a fault of the request.
+//! 422 with a `violations` list is a verdict; any other answer is a defect
+//! (403 too: this request, with credentials that were accepted, is not
+//! allowed), and so is a TLS certificate the worker refuses (retrying would
+//! not change it).
+//!
+//! Containment: the URL is built segment by segment from the base URL and
+//! a method checked to be one plain segment (`flotilla_workflow::limits`), so no
+//! method reaches another path, query or host. Error texts (which reach
+//! rows and events) show the URL without its user info and query, and of a
+//! failed answer's body only its length and content type unless the
+//! operator keeps a prefix (`error_body_bytes`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use reqwest::{StatusCode, Url};
+
+use super::{RetryClass, StepFailure, Target, TargetCall};
+use flotilla_workflow::limits;
+
+/// How long after the engine's own step timeout the HTTP client gives up by
+/// itself (only when the engine's timer could not fire).
+const BACKSTOP_GRACE: Duration = Duration::from_secs(1);
+
+/// The largest response body read from a target, unless configured.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 10 * 1024 * 1024;
+
+#[derive(Debug)]
+pub struct HttpTarget {
+    base: Url,
+    /// The base URL as error texts show it: no user info, no query.
+    shown: String,
+    /// The operator's bound on one call; a definition cannot raise it.
+    timeout: Duration,
+    client: reqwest::Client,
+    max_response_bytes: usize,
+    /// How much of a failed answer's body error texts keep.
+    error_body_bytes: usize,
+}
+
+/// How to reach an HTTPS target beyond the system's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct HttpTls {
+    /// PEM file of extra certificate authorities (added to the system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// PEM certificate and private key presented to the target (mutual TLS).
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// Accept any certificate. For a test bench only: anyone on the path
+    /// can read and change the calls.
+    pub insecure_skip_verify: bool,
+}
+
+impl HttpTarget {
+    /// A target at `base_url`; `timeout` bounds each call (a backstop to the
+    /// engine's timers); a response body above `max_response_bytes` is a
+    /// defect. Redirects are not followed: a target that redirects broke its
+    /// contract (and following one would turn a POST into a GET).
+    ///
+    /// # Errors
+    /// The base URL is not http(s), or the client cannot be built.
+    pub fn new(
+        base_url: &str,
+        timeout: Duration,
+        max_response_bytes: usize,
+    ) -> Result<Self, String> {
+        Self::configured(
+            base_url,
+            timeout,
+            max_response_bytes,
+            &HttpTls::default(),
+            HeaderMap::new(),
+        )
+    }
+
+    /// As [`HttpTarget::new`], with TLS settings and headers sent on every
+    /// call (marked sensitive: never in logs or `Debug` output).
+    ///
+    /// # Errors
+    /// The base URL is not http(s), a TLS file cannot be used, or the client
+    /// cannot be built.
+    pub fn configured(
+        base_url: &str,
+        timeout: Duration,
+        max_response_bytes: usize,
+        tls: &HttpTls,
+        mut headers: HeaderMap,
+    ) -> Result<Self, String> {
+        let base = Url::parse(base_url)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https") && !url.cannot_be_a_base())
+            .ok_or_else(|| format!("base_url {base_url:?} is not an http(s) URL"))?;
+        for value in headers.values_mut() {
+            value.set_sensitive(true);
+        }
+        let mut client = flotilla_runtime::tls::http_client()
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .default_headers(headers);
+        if let Some(ca) = &tls.ca_file {
+            let roots =
+                flotilla_runtime::tls::certificates(ca).map_err(|e| format!("ca_file: {e}"))?;
+            client = client.tls_certs_merge(roots);
+        }
+        if let Some((certificate, key)) = &tls.client_identity {
+            let identity = flotilla_runtime::tls::identity(certificate, key)
+                .map_err(|e| format!("client_certificate: {e}"))?;
+            client = client.identity(identity);
+        }
+        if tls.insecure_skip_verify {
+            client = client.tls_danger_accept_invalid_certs(true);
+        }
+        let client = client.build().map_err(|e| error_chain(&e))?;
+        Ok(Self {
+            shown: flotilla_runtime::redact::url(base.as_str()),
+            base,
+            timeout,
+            client,
+            max_response_bytes,
+            error_body_bytes: 0,
+        })
+    }
+
+    /// Keeps the first `bytes` of a failed answer's body in error texts
+    /// (none by default: a body can hold what the job's readers should not
+    /// see).
+    #[must_use]
+    pub fn keep_error_body(mut self, bytes: usize) -> Self {
+        self.error_body_bytes = bytes;
+        self
+    }
+
+    /// The URL of `method`: the base URL with the method as one more path
+    /// segment, after checking it is one plain segment.
+    fn url_of(&self, method: &str) -> Result<Url, StepFailure> {
+        if let Some(problem) = limits::method_problem(method) {
+            return Err(StepFailure::Defect(format!("method {problem}")));
+        }
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| StepFailure::Defect(format!("{} cannot hold a path", self.shown)))?
+            .pop_if_empty()
+            .push(method);
+        Ok(url)
+    }
+}
+
+/// An error and its causes in one line (reqwest's own message stops at
+/// "error sending request").
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let next = error.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = error.source();
+    }
+    text
+}
+
+#[async_trait::async_trait]
+impl Target for HttpTarget {
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.timeout)
+    }
+
+    async fn call(&self, call: TargetCall) -> Result<serde_json::Value, StepFailure> {
+        let target_url = self.url_of(&call.method)?;
+        let url = format!("{}/{}", self.shown, call.method);
+        let mut request = self
+            .client
+            .post(target_url)
+            // The engine enforces `call.timeout` (already cut to the
+            // target's timeout) and names it; this backstop fires a second
+            // later, so it never races the engine's clearer verdict.
+            .timeout(call.timeout.min(self.timeout) + BACKSTOP_GRACE)
+            .header("Idempotency-Key", call.idempotency_key())
+            .json(&call.request);
+        if let Some(traceparent) = &call.traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        if let Some(tracestate) = &call.tracestate {
+            request = request.header("tracestate", tracestate);
+        }
+        let response = request.send().await.map_err(|e| {
+            // The error would show the full URL, user info and query too.
+            let e = e.without_url();
+            if e.is_builder() {
+                // The request itself cannot be built (a header value, the
+                // URL): the same call would fail the same way.
+                StepFailure::Defect(format!("POST {url}: building the request: {e}"))
+            } else if flotilla_runtime::tls::is_certificate_refused(&e) {
+                StepFailure::Defect(format!(
+                    "POST {url}: the target's TLS certificate was refused (set its ca_file?): {}",
+                    error_chain(&e)
+                ))
+            } else {
+                let class = if e.is_timeout() {
+                    RetryClass::Timeout
+                } else {
+                    RetryClass::Transport
+                };
+                StepFailure::retryable(class, format!("POST {url}: {}", error_chain(&e)))
+            }
+        })?;
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let body = read_capped(response, self.max_response_bytes, &url).await?;
+        let answer = Answer {
+            status,
+            body: &body,
+            content_type: content_type.as_deref(),
+            keep: self.error_body_bytes,
+        };
+        classify(&url, &answer)
+    }
+}
+
+/// The body, refused as a defect once it passes `limit` (announced or read).
+async fn read_capped(
+    mut response: reqwest::Response,
+    limit: usize,
+    url: &str,
+) -> Result<Vec<u8>, StepFailure> {
+    let too_large = |size: String| {
+        StepFailure::Defect(format!(
+            "POST {url}: the response body is {size} bytes, over the limit of {limit}"
+        ))
+    };
+    if let Some(announced) = response.content_length()
+        && usize::try_from(announced).map_or(true, |n| n > limit)
+    {
+        return Err(too_large(announced.to_string()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| {
+        let class = if e.is_timeout() {
+            RetryClass::Timeout
+        } else {
+            RetryClass::Transport
+        };
+        StepFailure::retryable(
+            class,
+            format!("POST {url}: reading the body: {}", e.without_url()),
+        )
+    })? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large(format!("more than {}", body.len() + chunk.len())));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// A target's answer, and how much of its body an error text may show.
+struct Answer<'a> {
+    status: StatusCode,
+    body: &'a [u8],
+    content_type: Option<&'a str>,
+    /// Bytes of the body an error text keeps.
+    keep: usize,
+}
+
+impl Answer<'_> {
+    /// The body as an error text shows it: its length and content type,
+    /// and the first `keep` bytes when the operator keeps any.
+    fn excerpt(&self) -> String {
+        let kind = self.content_type.unwrap_or("no content type");
+        let mut text = format!("a {}-byte body ({kind})", self.body.len());
+        if self.keep > 0 && !self.body.is_empty() {
+            let kept = &self.body[..self.body.len().min(self.keep)];
+            text.push_str(": ");
+            text.push_str(&String::from_utf8_lossy(kept));
+        }
+        text
+    }
+}
+
+fn classify(url: &str, answer: &Answer<'_>) -> Result<serde_json::Value, StepFailure> {
+    let (status, body) = (answer.status, answer.body);
+    if status.is_success() {
+        return serde_json::from_slice(body).map_err(|e| {
+            StepFailure::Defect(format!(
+                "POST {url}: {status} with a body that is not JSON ({e}): {}",
+                answer.excerpt()
+            ))
+        });
+    }
+    match status.as_u16() {
+        408 | 429 | 502 | 503 | 504 => Err(StepFailure::retryable(
+            RetryClass::Status,
+            format!("POST {url}: {status}: {}", answer.excerpt()),
+        )),
+        // The target (or a proxy) refused the worker's credentials: every
+        // job of this target would meet the same until the secret is fixed.
+        401 | 407 => Err(StepFailure::retryable(
+            RetryClass::Status,
+            format!(
+                "POST {url}: {status} (check the target's credentials): {}",
+                answer.excerpt()
+            ),
+        )),
+        422 => {
+            let violations = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|doc| doc.get("violations").and_then(|v| v.as_array()).cloned());
+            match violations {
+                // The violations are the target's verdict, meant for the
+                // job's readers: kept whole.
+                Some(list) => {
+                    let violations: Vec<String> = list
+                        .iter()
+                        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                        .collect();
+                    Err(StepFailure::Verdict {
+                        message: format!("POST {url}: 422: {}", violations.join("; ")),
+                        violations,
+                    })
+                }
+                None => Err(StepFailure::Defect(format!(
+                    "POST {url}: 422 without a violations list: {}",
+                    answer.excerpt()
+                ))),
+            }
+        }
+        _ => Err(StepFailure::Defect(format!(
+            "POST {url}: {status}: {}",
+            answer.excerpt()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `status` with `body`, shown as by default (length and type only).
+    fn classified(status: StatusCode, body: &[u8]) -> Result<serde_json::Value, StepFailure> {
+        let answer = Answer {
+            status,
+            body,
+            content_type: Some("application/json"),
+            keep: 0,
+        };
+        classify("http://t/m", &answer)
+    }
+
+    #[test]
+    fn statuses_map_to_failure_classes() {
+        assert!(classified(StatusCode::OK, b"{\"a\":1}").is_ok());
+        assert!(matches!(
+            classified(StatusCode::OK, b"nope"),
+            Err(StepFailure::Defect(_))
+        ));
+        // 401 and 407: the credentials were refused, which an operator
+        // fixes; the jobs back off and retry meanwhile.
+        for code in [401, 407, 408, 429, 502, 503, 504] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert!(
+                matches!(
+                    classified(status, b""),
+                    Err(StepFailure::Retryable {
+                        class: RetryClass::Status,
+                        ..
+                    })
+                ),
+                "{code}"
+            );
+        }
+        // 403: credentials accepted, this request refused.
+        for code in [400, 403, 404, 409, 500] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert!(
+                matches!(classified(status, b""), Err(StepFailure::Defect(_))),
+                "{code}"
+            );
+        }
+        let verdict = classified(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            br#"{"violations":["too young"]}"#,
+        );
+        assert_eq!(
+            verdict,
+            Err(StepFailure::Verdict {
+                message: "POST http://t/m: 422: too young".into(),
+                violations: vec!["too young".into()]
+            })
+        );
+        assert!(matches!(
+            classified(StatusCode::UNPROCESSABLE_ENTITY, b"{}"),
+            Err(StepFailure::Defect(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_transport_retry_and_a_silent_target_a_timeout() {
+        let call = |timeout| TargetCall {
+            job_id: uuid::Uuid::new_v4(),
+            step_name: "s".into(),
+            method: "m".into(),
+            request: serde_json::json!({}),
+            timeout,
+            traceparent: None,
+            tracestate: None,
+            part: None,
+        };
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let refused = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let target = HttpTarget::new(&refused, Duration::from_secs(5), 1024).unwrap();
+        let failure = target.call(call(Duration::from_secs(5))).await;
+        assert!(
+            matches!(
+                failure,
+                Err(StepFailure::Retryable {
+                    class: RetryClass::Transport,
+                    ..
+                })
+            ),
+            "{failure:?}"
+        );
+        // Accepts the connection and never answers: the client's own timer.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", silent.local_addr().unwrap());
+        let target = HttpTarget::new(&url, Duration::from_millis(100), 1024).unwrap();
+        let failure = target.call(call(Duration::ZERO)).await;
+        assert!(
+            matches!(
+                failure,
+                Err(StepFailure::Retryable {
+                    class: RetryClass::Timeout,
+                    ..
+                })
+            ),
+            "{failure:?}"
+        );
+        drop(silent);
+    }
+
+    #[test]
+    fn a_failed_answer_shows_only_its_length_and_type_unless_kept() {
+        let body = b"<html>session=secret-cookie</html>";
+        let mut answer = Answer {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body,
+            content_type: Some("text/html"),
+            keep: 0,
+        };
+        let Err(StepFailure::Defect(quiet)) = classify("http://t/m", &answer) else {
+            panic!("a 500 is a defect");
+        };
+        assert!(!quiet.contains("secret"), "{quiet}");
+        assert!(quiet.contains("a 34-byte body (text/html)"), "{quiet}");
+        answer.keep = 6;
+        let Err(StepFailure::Defect(kept)) = classify("http://t/m", &answer) else {
+            panic!("a 500 is a defect");
+        };
+        assert!(kept.ends_with("(text/html): <html>"), "{kept}");
+    }
+
+    #[test]
+    fn the_url_is_built_segment_by_segment_and_shown_without_secrets() {
+        let target = HttpTarget::new(
+            "https://user:pass@t.example/api/?code=secret",
+            Duration::from_secs(1),
+            1024,
+        )
+        .unwrap();
+        assert_eq!(target.shown, "https://t.example/api");
+        assert_eq!(
+            target.url_of("charge").unwrap().as_str(),
+            "https://user:pass@t.example/api/charge?code=secret"
+        );
+        for hostile in ["../admin", "%2e%2e/admin", "a/../../admin", "x?y", "x#y"] {
+            assert!(
+                matches!(target.url_of(hostile), Err(StepFailure::Defect(_))),
+                "{hostile}"
+            );
+        }
+        let bare = HttpTarget::new("http://t.example", Duration::from_secs(1), 1024).unwrap();
+        assert_eq!(bare.url_of("m").unwrap().as_str(), "http://t.example/m");
+        for refused in ["ftp://t.example", "mailto:a@b", "t.example/api"] {
+            assert!(
+                HttpTarget::new(refused, Duration::from_secs(1), 1024).is_err(),
+                "{refused}"
+            );
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! Turning a definition document into a [`CompiledWorkflow`], or into the
+//! full list of what is wrong with it.
+
+use std::collections::HashSet;
+
+use serde_json::Value as Json;
+
+use crate::compiled::{
+    CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition, Timer,
+};
+use crate::expr::Expression;
+use crate::graph::Graph;
+use crate::limits::{self, MAX_PATTERNS, MAX_START_STEPS, MAX_STEPS};
+use crate::model::{
+    MAX_ATTEMPTS, MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, StepDefinition,
+    WorkflowDefinition,
+};
+
+mod assign;
+mod checks;
+
+impl CompiledWorkflow {
+    /// Parses and compiles a definition document. `known_targets` are the
+    /// target names this fleet member can call.
+    ///
+    /// Call it on a thread with a deep stack, as the engine does
+    /// (`Engine::compile`, on its evaluation threads): the CEL parser
+    /// recurses with large frames for every level of nesting (an
+    /// expression within the limits needs several MiB in a debug build),
+    /// and an overflow aborts the process.
+    ///
+    /// # Errors
+    /// Every problem found, each naming its step and field.
+    pub fn compile(
+        document: &Json,
+        known_targets: &HashSet<String>,
+    ) -> Result<Self, InvalidDefinition> {
+        let definition: WorkflowDefinition =
+            serde_json::from_value(document.clone()).map_err(|e| InvalidDefinition {
+                problems: vec![DefinitionProblem {
+                    step: None,
+                    field: "document".into(),
+                    message: e.to_string(),
+                }],
+            })?;
+        let mut problems = Problems::default();
+        if definition.name.trim().is_empty() {
+            problems.top("name", "is blank");
+        }
+        if definition.steps.is_empty() {
+            problems.top("steps", "a workflow has at least one step");
+        }
+        let step_count = definition.steps.len() + definition.on_failure.len();
+        if step_count > MAX_STEPS {
+            problems.top(
+                "steps",
+                format!("{step_count} steps (on_failure included), over the limit of {MAX_STEPS}"),
+            );
+        }
+        let starts = definition
+            .steps
+            .iter()
+            .filter(|s| s.start.is_some())
+            .count();
+        if starts > MAX_START_STEPS {
+            problems.top(
+                "steps",
+                format!("{starts} start steps, over the limit of {MAX_START_STEPS}"),
+            );
+        }
+        problems.count(None, "output", definition.output.len());
+        let patterns = std::iter::once(&definition.input_schema)
+            .chain(
+                definition
+                    .steps
+                    .iter()
+                    .filter_map(|s| s.output_schema.as_ref()),
+            )
+            .map(limits::patterns_in)
+            .fold(0usize, usize::saturating_add);
+        if patterns > MAX_PATTERNS {
+            problems.top(
+                "schemas",
+                format!("{patterns} patterns in all, over the limit of {MAX_PATTERNS}"),
+            );
+        }
+        // Over a limit of size: nothing more is compiled (that is the work
+        // the limit bounds).
+        if !problems.0.is_empty() {
+            return Err(InvalidDefinition {
+                problems: problems.0,
+            });
+        }
+        if !(1..=MAX_ATTEMPTS).contains(&definition.max_attempts) {
+            problems.top(
+                "max_attempts",
+                format!(
+                    "must be 1 to {MAX_ATTEMPTS}, got {}",
+                    definition.max_attempts
+                ),
+            );
+        }
+        if !(1..=MAX_DEADLINE_MS).contains(&definition.deadline_ms) {
+            problems.top(
+                "deadline_ms",
+                format!(
+                    "must be 1 to {MAX_DEADLINE_MS} (a day), got {}",
+                    definition.deadline_ms
+                ),
+            );
+        }
+        if let Some(parallelism) = definition.parallelism
+            && !(1..=MAX_PARALLELISM).contains(&parallelism)
+        {
+            problems.top(
+                "parallelism",
+                format!("must be 1 to {MAX_PARALLELISM}, got {parallelism}"),
+            );
+        }
+        let graph = Graph::resolve(&definition.steps)
+            .map_err(|found| {
+                for problem in found {
+                    problems.add(problem.step.as_deref(), "needs", problem.message);
+                }
+            })
+            .ok();
+        let input_schema = problems.schema(None, "input_schema", &definition.input_schema);
+
+        let mut seen = HashSet::new();
+        let mut steps = Vec::with_capacity(definition.steps.len());
+        for step in &definition.steps {
+            if let Some(compiled) = problems.step(step, known_targets, &mut seen) {
+                steps.push(compiled);
+            }
+        }
+        let mut on_failure = Vec::with_capacity(definition.on_failure.len());
+        for step in &definition.on_failure {
+            problems.compensation_shape(step);
+            if let Some(compiled) = problems.step(step, known_targets, &mut seen) {
+                on_failure.push(compiled);
+            }
+        }
+        let output = problems.assignments(None, "output", &definition.output);
+        let verdict = definition
+            .verdict
+            .as_deref()
+            .and_then(|source| problems.expression(None, "verdict", source));
+
+        if let Some(graph) = graph
+            .as_ref()
+            .filter(|_| steps.len() == definition.steps.len())
+        {
+            problems.reads_outside_needs(&definition.steps, graph, &steps);
+        }
+        let by_name = definition
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, step)| (step.name.clone(), i))
+            .collect();
+        match (problems.0.is_empty(), input_schema, graph) {
+            (true, Some(input_schema), Some(graph)) => Ok(Self {
+                definition,
+                document: document.clone(),
+                input_schema,
+                by_name,
+                steps,
+                on_failure,
+                graph,
+                output,
+                verdict,
+                patterns,
+            }),
+            _ => Err(InvalidDefinition {
+                problems: problems.0,
+            }),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Problems(Vec<DefinitionProblem>);
+
+impl Problems {
+    fn add(&mut self, step: Option<&str>, field: &str, message: impl Into<String>) {
+        self.0.push(DefinitionProblem {
+            step: step.map(str::to_owned),
+            field: field.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    fn top(&mut self, field: &str, message: impl Into<String>) {
+        self.add(None, field, message);
+    }
+
+    /// Compiles one step, adding what is wrong with it; `seen` holds the
+    /// names taken so far.
+    fn step(
+        &mut self,
+        step: &StepDefinition,
+        known_targets: &HashSet<String>,
+        seen: &mut HashSet<String>,
+    ) -> Option<CompiledStep> {
+        let at = Some(step.name.as_str());
+        if step.name.trim().is_empty() {
+            self.add(at, "name", "is blank");
+        } else if step.name.len() > limits::MAX_STEP_NAME_BYTES {
+            self.add(
+                at,
+                "name",
+                format!(
+                    "{} bytes long, over the limit of {}",
+                    step.name.len(),
+                    limits::MAX_STEP_NAME_BYTES
+                ),
+            );
+        } else if !seen.insert(step.name.clone()) {
+            self.add(
+                at,
+                "name",
+                "is used by an earlier step; step names are unique",
+            );
+        }
+        if step.is_timer() {
+            self.timer_shape(at, step);
+        } else if let Some(signal) = &step.wait_for {
+            self.wait_shape(at, step, signal);
+        } else if let Some(start) = &step.start {
+            self.start_shape(at, step, start);
+        } else {
+            if !known_targets.contains(&step.target) {
+                let mut known: Vec<_> = known_targets.iter().map(String::as_str).collect();
+                known.sort_unstable();
+                self.add(
+                    at,
+                    "target",
+                    format!(
+                        "unknown target {:?} (known: {})",
+                        step.target,
+                        known.join(", ")
+                    ),
+                );
+            }
+            if let Some(problem) = limits::method_problem(&step.method) {
+                self.add(at, "method", problem);
+            }
+        }
+        if step.timeout_ms == Some(0) {
+            self.add(at, "timeout_ms", "must be above 0");
+        }
+        if step.cancel_children.is_some() && step.start.is_none() {
+            self.add(at, "cancel_children", "only a start step has children");
+        }
+        // A start step's input is built as a call's request is.
+        let (rules_field, rule_sources) = match &step.start {
+            Some(start) => ("start.input", &start.input),
+            None => ("rules", &step.rules),
+        };
+        if !self.count(
+            at,
+            "rules and validate",
+            rule_sources.len() + step.validate.len(),
+        ) {
+            return None;
+        }
+        let rules = self.assignments(at, rules_field, rule_sources);
+        let output_schema = step
+            .output_schema
+            .as_ref()
+            .and_then(|schema| self.schema(at, "output_schema", schema));
+        let validate: Vec<Expression> = step
+            .validate
+            .iter()
+            .enumerate()
+            .filter_map(|(i, source)| self.expression(at, &format!("validate[{i}]"), source))
+            .collect();
+        let when = step.when.as_deref().and_then(|source| {
+            let when = self.expression(at, "when", source)?;
+            if let Some(kind) = when.surely_not_boolean() {
+                self.add(at, "when", format!("is {kind}, not a boolean"));
+            }
+            Some(when)
+        });
+        let timer = if let Some(sleep) = &step.sleep {
+            self.sleep(at, sleep).map(Timer::Sleep)
+        } else {
+            step.until
+                .as_deref()
+                .and_then(|source| self.expression(at, "until", source))
+                .map(Timer::Until)
+        };
+        let for_each = step.for_each.as_deref().and_then(|source| {
+            let list = self.expression(at, "for_each", source)?;
+            if let Some(kind) = list.surely_not_list() {
+                self.add(at, "for_each", format!("is {kind}, not a list"));
+            }
+            Some(list)
+        });
+        if let Some(max) = step.max_items
+            && !(1..=MAX_ITEMS).contains(&max)
+        {
+            self.add(
+                at,
+                "max_items",
+                format!("must be 1 to {MAX_ITEMS}, got {max}"),
+            );
+        }
+        if let Some(max) = step.max_pages {
+            if !step.paged {
+                self.add(at, "max_pages", "is for a paged step (paged: true)");
+            } else if !(1..=MAX_PAGES).contains(&max) {
+                self.add(
+                    at,
+                    "max_pages",
+                    format!("must be 1 to {MAX_PAGES}, got {max}"),
+                );
+            }
+        }
+        if step.paged && (step.is_timer() || step.is_external() || step.for_each.is_some()) {
+            self.add(
+                at,
+                "paged",
+                "a timer, an external or a for_each step is not paged",
+            );
+        }
+        if step.for_each.is_some() && (step.is_timer() || step.is_external()) {
+            self.add(
+                at,
+                "for_each",
+                "a timer or an external step is not called per item",
+            );
+        }
+        Some(CompiledStep {
+            definition: step.clone(),
+            rules,
+            output_schema,
+            validate,
+            when,
+            timer,
+            for_each,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{MAX_RULES, MAX_VIOLATIONS};
+
+    fn definition(input_schema: &Json) -> Json {
+        serde_json::json!({
+            "name": "w",
+            "input_schema": input_schema,
+            "steps": [{"name": "s", "target": "t", "method": "m"}]
+        })
+    }
+
+    fn compile(document: &Json) -> Result<CompiledWorkflow, InvalidDefinition> {
+        CompiledWorkflow::compile(document, &["t".to_owned()].into())
+    }
+
+    /// `^(a+)+$` against `aaaa…a!` takes a backtracking engine exponential
+    /// time; the linear-time engine answers at once (the test's own
+    /// timeout is the bound).
+    #[test]
+    fn a_catastrophic_pattern_validates_in_linear_time() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "s": {"type": "string", "pattern": "^(a+)+$"},
+                "m": {"type": "object", "patternProperties": {"^(x+x+)+y$": {"type": "integer"}}}
+            }
+        });
+        let compiled = compile(&definition(&schema)).unwrap();
+        let hostile = format!("{}!", "a".repeat(100_000));
+        let key = format!("{}z", "x".repeat(10_000));
+        let input = serde_json::json!({"s": hostile, "m": {key: "not checked"}});
+        let violations = compiled.check_input(&input).unwrap_err();
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].starts_with("/s:"), "{violations:?}");
+    }
+
+    #[test]
+    fn a_pattern_that_needs_backtracking_is_refused_at_registration() {
+        for pattern in [r"^(a)\1$", "^(?=a)a$", "^(?<!b)a$"] {
+            let schema = serde_json::json!({"type": "string", "pattern": pattern});
+            let refused = compile(&definition(&schema)).unwrap_err();
+            assert_eq!(refused.problems[0].field, "input_schema", "{pattern}");
+        }
+    }
+
+    #[test]
+    fn violations_are_listed_up_to_the_cap() {
+        let schema = serde_json::json!({"type": "array", "items": {"type": "integer"}});
+        let compiled = compile(&definition(&schema)).unwrap();
+        let input = serde_json::json!(vec!["x"; 1000]);
+        let violations = compiled.check_input(&input).unwrap_err();
+        assert_eq!(violations.len(), MAX_VIOLATIONS + 1);
+        assert!(violations[MAX_VIOLATIONS].contains("more violations"));
+    }
+
+    #[test]
+    fn a_definition_over_its_limits_is_refused_naming_each() {
+        let step =
+            |i: usize| serde_json::json!({"name": format!("s{i}"), "target": "t", "method": "m"});
+        let many_steps = serde_json::json!({
+            "name": "w", "input_schema": {},
+            "steps": (0..=MAX_STEPS).map(step).collect::<Vec<_>>()
+        });
+        let refused = compile(&many_steps).unwrap_err();
+        assert!(
+            refused.problems.iter().any(|p| p.field == "steps"),
+            "{refused}"
+        );
+
+        let many_rules = serde_json::json!({
+            "name": "w", "input_schema": {},
+            "steps": [{"name": "s", "target": "t", "method": "m",
+                "rules": (0..=MAX_RULES).map(|i| format!("f{i} = 1")).collect::<Vec<_>>()}]
+        });
+        let refused = compile(&many_rules).unwrap_err();
+        assert!(
+            refused
+                .problems
+                .iter()
+                .any(|p| p.field == "rules and validate"),
+            "{refused}"
+        );
+
+        let huge_schema = serde_json::json!({"description": "d".repeat(limits::MAX_SCHEMA_BYTES)});
+        let refused = compile(&definition(&huge_schema)).unwrap_err();
+        assert_eq!(refused.problems[0].field, "input_schema", "{refused}");
+    }
+
+    fn graph(steps: &serde_json::Value) -> serde_json::Value {
+        serde_json::json!({"name": "w", "input_schema": {}, "steps": steps})
+    }
+
+    fn problems(refused: &InvalidDefinition) -> Vec<(String, String, String)> {
+        refused
+            .problems
+            .iter()
+            .map(|p| {
+                (
+                    p.step.clone().unwrap_or_default(),
+                    p.field.clone(),
+                    p.message.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// A list written before graphs keeps its meaning: each step reads
+    /// every earlier one, as a chain.
+    #[test]
+    fn a_list_reads_every_earlier_step() {
+        let compiled = compile(&graph(&serde_json::json!([
+            {"name": "a", "target": "t", "method": "m"},
+            {"name": "b", "target": "t", "method": "m"},
+            {"name": "c", "target": "t", "method": "m",
+             "rules": ["x = steps.a.n + steps['b'].n"], "when": "has(steps.a)"},
+        ])))
+        .unwrap();
+        assert!(compiled.graph.is_chain());
+    }
+
+    #[test]
+    fn an_expression_naming_a_step_it_does_not_need_is_refused_naming_both() {
+        let refused = compile(&graph(&serde_json::json!([
+            {"name": "a", "target": "t", "method": "m", "needs": []},
+            {"name": "b", "target": "t", "method": "m", "needs": []},
+            {"name": "c", "target": "t", "method": "m", "needs": ["a"],
+             "rules": ["x = steps.a.n", "y = steps.b.n"], "validate": ["steps.ghost.ok"],
+             "when": "steps.c.n > 1"},
+        ])))
+        .unwrap_err();
+        assert_eq!(
+            problems(&refused),
+            [
+                ("c".into(), "rules[1]".into(), "reads steps.b, which it does not need (a step reads only the steps that end before it: add it to needs)".into()),
+                ("c".into(), "validate[0]".into(), "reads steps.ghost, which is no step".into()),
+                ("c".into(), "when".into(), "reads steps.c, which it does not need (a step reads only the steps that end before it: add it to needs)".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn cycles_bad_needs_a_when_that_is_no_boolean_and_parallelism_out_of_range_are_refused() {
+        let mut definition = graph(&serde_json::json!([
+            {"name": "a", "target": "t", "method": "m", "needs": ["b"]},
+            {"name": "b", "target": "t", "method": "m", "needs": ["a"]},
+            {"name": "c", "target": "t", "method": "m", "needs": ["nowhere"], "when": "input.n + 1"},
+            {"name": "d", "target": "t", "method": "m", "needs": [], "when": "input.n >"},
+            {"name": "e".repeat(129), "target": "t", "method": "m", "needs": []},
+            {"name": "nap", "sleep": "soon", "needs": []},
+            {"name": "each", "target": "t", "method": "m", "needs": [], "for_each": "input.n > 1", "max_items": 0},
+            {"name": "wait", "until": "input.at", "sleep": "0s", "target": "t", "needs": []},
+        ]));
+        definition["parallelism"] = serde_json::json!(0);
+        let refused = compile(&definition).unwrap_err();
+        let found = problems(&refused);
+        for expected in [
+            ("", "parallelism", "must be 1 to 64, got 0"),
+            ("a", "needs", "is on a cycle of needs"),
+            ("b", "needs", "is on a cycle of needs"),
+            ("c", "needs", "needs \"nowhere\", which is no step"),
+            ("c", "when", "is arithmetic, not a boolean"),
+            (
+                &"e".repeat(129),
+                "name",
+                "129 bytes long, over the limit of 128",
+            ),
+        ] {
+            assert!(
+                found.contains(&(expected.0.into(), expected.1.into(), expected.2.into())),
+                "{expected:?} not in {found:?}"
+            );
+        }
+        for (at, field, starts) in [
+            ("d", "when", "CEL does not compile"),
+            ("nap", "sleep", "not a duration such as 30m or 2s"),
+        ] {
+            assert!(
+                found.iter().any(|(step, f, message)| step == at
+                    && f == field
+                    && message.starts_with(starts)),
+                "{at} {field} {starts}: {found:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! `flotilla-workflow`: the definition language. The JSON document a user
+//! writes ([`WorkflowDefinition`]), its compiled form the engine runs
+//! ([`CompiledWorkflow`]), the CEL expressions in it ([`expr`]) and their
+//! cost budget ([`budget`]), the graph of its steps ([`Graph`]) and which
+//! of them may start next ([`Frontier`]).
+//!
+//! A definition is parsed, then compiled: every CEL expression and JSON
+//! Schema is compiled once, and every problem found is reported together,
+//! each naming its step and field (see [`CompiledWorkflow::compile`]).
+//!
+//! This crate does no IO: no runtime, database, broker or HTTP client is
+//! among its dependencies, so the CLI can check a definition offline and
+//! its tests run in milliseconds.
+
+pub mod budget;
+mod compile;
+mod compiled;
+pub mod expr;
+mod frontier;
+pub mod graph;
+pub mod limits;
+mod model;
+mod references;
+
+pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
+pub use compiled::{
+    Assignment, CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition, MAX_SLEEP,
+    Timer, assemble, schema_violations,
+};
+pub use frontier::Frontier;
+pub use graph::Graph;
+pub use model::{
+    Completion, DEFAULT_MAX_ITEMS, DEFAULT_MAX_PAGES, DEFAULT_PARALLELISM, MAX_ATTEMPTS,
+    MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, StartChild, StepDefinition,
+    WorkflowDefinition,
+};
