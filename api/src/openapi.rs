@@ -1,6 +1,9 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations, and
 //! the route that serves it.
 
+use std::sync::OnceLock;
+
+use serde_json::json;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
@@ -81,6 +84,36 @@ impl Modify for SharedResponses {
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "ops", responses((status = 200, description = "the OpenAPI 3 document")))]
-pub(crate) async fn openapi() -> axum::Json<utoipa::openapi::OpenApi> {
-    axum::Json(ApiDoc::openapi())
+pub(crate) async fn openapi() -> axum::Json<serde_json::Value> {
+    static DOCUMENT: OnceLock<serde_json::Value> = OnceLock::new();
+    axum::Json(DOCUMENT.get_or_init(document).clone())
+}
+
+/// The document: the handlers' annotations, and the schema of a workflow
+/// definition (generated from the model by `flotilla_workflow::schema`,
+/// the one published in the repository) under `components/schemas`, which
+/// the bodies that carry a definition point at, so an editor or a
+/// generated client checks a definition as the worker will.
+#[must_use]
+pub fn document() -> serde_json::Value {
+    let mut document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    let schemas = &mut document["components"]["schemas"];
+    for (name, schema) in flotilla_workflow::schema::openapi_components() {
+        schemas[name] = schema;
+    }
+    let definition = json!({ "$ref": "#/components/schemas/WorkflowDefinition" });
+    // PUT /v1/workflows/{name}: the body is a definition.
+    if let Some(contents) =
+        document["paths"]["/v1/workflows/{name}"]["put"]["requestBody"]["content"].as_object_mut()
+    {
+        for content in contents.values_mut() {
+            content["schema"] = definition.clone();
+        }
+    }
+    // POST /v1/jobs: an inline definition in `workflow`.
+    let workflow = &mut document["components"]["schemas"]["SubmitBody"]["properties"]["workflow"];
+    if workflow.is_object() {
+        *workflow = json!({ "oneOf": [definition, { "type": "null" }] });
+    }
+    document
 }

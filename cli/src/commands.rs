@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::failure::Failure;
-use crate::{client, jobs, produce, schedules, tail};
+use crate::{client, jobs, produce, schedules, tail, workflows};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -79,12 +79,12 @@ pub(crate) enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// Register, show and list workflow definitions.
+    /// Write, check, register and compare workflow definitions.
     Workflows {
         #[command(flatten)]
         api: client::ApiArgs,
         #[command(subcommand)]
-        command: jobs::WorkflowsCommand,
+        command: workflows::WorkflowsCommand,
     },
     /// Create, list, pause, resume and delete schedules.
     Schedules {
@@ -130,7 +130,7 @@ impl Command {
                 job_id,
                 reason,
             } => jobs::verb(&api, &job_id, "cancel", reason).await,
-            Command::Workflows { api, command } => jobs::workflows(&api, command).await,
+            Command::Workflows { api, command } => workflows::run(&api, command).await,
             Command::Schedules { api, command } => schedules::run(&api, command).await,
             Command::Tail(args) => tail::run(args).await,
         }

@@ -21,4 +21,12 @@ impl Failure {
             exit_code: 1,
         }
     }
+
+    /// What was asked for does not exist (exit code 3).
+    pub fn not_found(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            error: error.into(),
+            exit_code: 3,
+        }
+    }
 }

@@ -1,6 +1,6 @@
-//! The API verbs: submit, get, list, complete, retry, cancel, workflows.
+//! The API verbs on jobs: submit, get, list, complete, retry, cancel.
 
-use clap::{Args, Subcommand};
+use clap::Args;
 use reqwest::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -49,16 +49,6 @@ pub(crate) struct ListArgs {
     limit: i64,
     #[arg(long)]
     cursor: Option<String>,
-}
-
-#[derive(Debug, Subcommand)]
-pub(crate) enum WorkflowsCommand {
-    /// Register a definition (JSON or @file) as the newest version of its name.
-    Put { definition: String },
-    /// Show the newest version of a workflow.
-    Get { name: String },
-    /// List the newest version of every workflow.
-    List,
 }
 
 fn print_jobs(jobs: &[Value]) {
@@ -316,57 +306,5 @@ pub(crate) async fn verb(
         )
         .await?;
     show(api, &job, |job| print_jobs(std::slice::from_ref(job)));
-    Ok(())
-}
-
-pub(crate) async fn workflows(api: &ApiArgs, command: WorkflowsCommand) -> Result<(), Failure> {
-    match command {
-        WorkflowsCommand::Put { definition } => {
-            let document = json_arg(&definition, "the definition")?;
-            let name = document["name"]
-                .as_str()
-                .ok_or_else(|| Failure::usage(anyhow::anyhow!("the definition has no name")))?
-                .to_owned();
-            let stored = api
-                .call(
-                    Method::PUT,
-                    &format!("/v1/workflows/{name}"),
-                    Some(&document),
-                )
-                .await?;
-            show(api, &stored, |s| {
-                println!(
-                    "{} version {}",
-                    s["name"].as_str().unwrap_or(""),
-                    s["version"]
-                )
-            });
-        }
-        WorkflowsCommand::Get { name } => {
-            let stored = api
-                .call(Method::GET, &format!("/v1/workflows/{name}"), None)
-                .await?;
-            show(api, &stored, |s| {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&s["definition"]).unwrap_or_default()
-                )
-            });
-        }
-        WorkflowsCommand::List => {
-            let all = api.call(Method::GET, "/v1/workflows", None).await?;
-            show(api, &all, |all| {
-                println!("{:<30}  {:>7}  CREATED", "NAME", "VERSION");
-                for w in all["workflows"].as_array().into_iter().flatten() {
-                    println!(
-                        "{:<30}  {:>7}  {}",
-                        w["name"].as_str().unwrap_or(""),
-                        w["version"],
-                        w["created_at"].as_str().unwrap_or("")
-                    );
-                }
-            });
-        }
-    }
     Ok(())
 }

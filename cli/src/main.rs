@@ -12,6 +12,7 @@ mod jobs;
 mod produce;
 mod schedules;
 mod tail;
+mod workflows;
 
 use clap::Parser as _;
 

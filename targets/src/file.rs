@@ -9,7 +9,7 @@
 //! `headers` whose values are literal or come `from_env` / `from_file` (for
 //! credentials: the file itself then holds no secret).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -155,21 +155,34 @@ fn topic_name_problem(topic: &str) -> Option<String> {
         .map(|c| format!("{c:?} is not allowed in a topic name"))
 }
 
+/// The names of the targets the file at `path` declares, its shape checked
+/// but nothing built: what an offline check of a definition needs.
+///
+/// # Errors
+/// The file cannot be read or parsed, with the path and the reason.
+pub fn names(path: &Path) -> Result<HashSet<String>, TargetsFileError> {
+    Ok(read(path)?.targets.into_keys().collect())
+}
+
+/// The targets file at `path`, parsed.
+fn read(path: &Path) -> Result<TargetsFile, TargetsFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TargetsFileError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    serde_yaml_ng::from_str(&text).map_err(|source| TargetsFileError::Parse {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 /// Reads the targets file and adds its targets to `targets`.
 ///
 /// # Errors
 /// The file cannot be read or parsed, with the path and the reason.
 pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> {
     let shown = || path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| TargetsFileError::Read {
-        path: shown(),
-        source,
-    })?;
-    let file: TargetsFile =
-        serde_yaml_ng::from_str(&text).map_err(|source| TargetsFileError::Parse {
-            path: shown(),
-            source,
-        })?;
+    let file = read(path)?;
     for (name, config) in file.targets {
         let refused = |reason: String| TargetsFileError::Target {
             path: shown(),

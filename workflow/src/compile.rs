@@ -18,6 +18,7 @@ use crate::model::{
 
 mod assign;
 mod checks;
+mod shape;
 
 impl CompiledWorkflow {
     /// Parses and compiles a definition document. `known_targets` are the
@@ -35,15 +36,30 @@ impl CompiledWorkflow {
         document: &Json,
         known_targets: &HashSet<String>,
     ) -> Result<Self, InvalidDefinition> {
-        let definition: WorkflowDefinition =
-            serde_json::from_value(document.clone()).map_err(|e| InvalidDefinition {
-                problems: vec![DefinitionProblem {
-                    step: None,
-                    field: "document".into(),
-                    message: e.to_string(),
-                }],
-            })?;
+        // Fields the model does not have are named (with the one meant)
+        // and set aside, so the rest of the document is still checked.
         let mut problems = Problems::default();
+        let known = shape::without_unknown_fields(document, &mut problems);
+        let set_aside = problems.0.len();
+        let definition: WorkflowDefinition = match serde_json::from_value(known) {
+            Ok(definition) => definition,
+            Err(e) => {
+                // The model's reading stops at the first mistake of shape;
+                // the schema lists them all.
+                let mut structural = crate::schema::structural_problems(document);
+                if structural.is_empty() {
+                    structural.push(DefinitionProblem {
+                        step: None,
+                        field: "document".into(),
+                        message: e.to_string(),
+                    });
+                }
+                problems.0.extend(structural);
+                return Err(InvalidDefinition {
+                    problems: problems.0,
+                });
+            }
+        };
         if definition.name.trim().is_empty() {
             problems.top("name", "is blank");
         }
@@ -86,7 +102,7 @@ impl CompiledWorkflow {
         }
         // Over a limit of size: nothing more is compiled (that is the work
         // the limit bounds).
-        if !problems.0.is_empty() {
+        if problems.0.len() > set_aside {
             return Err(InvalidDefinition {
                 problems: problems.0,
             });
@@ -528,5 +544,55 @@ mod tests {
                 "{at} {field} {starts}: {found:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_misspelt_field_is_named_with_the_one_meant_beside_every_other_problem() {
+        let document = serde_json::json!({
+            "name": "w", "input_schema": {}, "max_attempts": 0, "retries": 3,
+            "steps": [
+                {"name": "a", "target": "t", "method": "m"},
+                {"name": "b", "need": ["a"], "target": "t", "method": "m"},
+                {"name": "c", "target": "t", "method": "m", "start": {"workflow": "x", "inptu": []}}
+            ]
+        });
+        let refused = compile(&document).unwrap_err();
+        let found = problems(&refused);
+        for (step, field, message) in [
+            ("", "retries", "no such field (the fields here:"),
+            ("b", "need", "no such field; did you mean `needs`?"),
+            (
+                "c",
+                "start.inptu",
+                "no such field; did you mean `start.input`?",
+            ),
+            ("", "max_attempts", "must be"),
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|(s, f, m)| s == step && f == field && m.starts_with(message)),
+                "no {step}/{field}/{message}: {found:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_document_of_the_wrong_shape_lists_every_place_it_is_wrong() {
+        let document = serde_json::json!({
+            "name": "w", "input_schema": {}, "parallelism": "8",
+            "steps": [{"name": "a", "needs": "b", "target": "t", "method": "m"}]
+        });
+        let found = problems(&compile(&document).unwrap_err());
+        assert!(
+            found
+                .iter()
+                .any(|(s, f, _)| s.is_empty() && f == "parallelism"),
+            "{found:#?}"
+        );
+        assert!(
+            found.iter().any(|(s, f, _)| s == "a" && f == "needs"),
+            "{found:#?}"
+        );
     }
 }

@@ -21,6 +21,7 @@ pub mod graph;
 pub mod limits;
 mod model;
 mod references;
+pub mod schema;
 
 pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
 pub use compiled::{
@@ -34,3 +35,13 @@ pub use model::{
     MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, StartChild, StepDefinition,
     WorkflowDefinition,
 };
+
+/// A definition document from its text: JSON, or YAML (which JSON is a
+/// part of), as a definitions directory, the CLI and the API's callers
+/// write it.
+///
+/// # Errors
+/// The text is neither, with where it stops being either.
+pub fn read_document(text: &str) -> Result<serde_json::Value, String> {
+    serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
+}

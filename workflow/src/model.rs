@@ -1,5 +1,6 @@
 //! The workflow document as users write it (its rules: docs/architecture.md).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 fn default_deadline_ms() -> u64 {
@@ -29,12 +30,17 @@ pub const MAX_ATTEMPTS: i32 = 100;
 
 /// A workflow: steps over a validated input, each needing the one before
 /// it unless it names its `needs` (a graph: `graph.rs`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkflowDefinition {
+    /// The workflow's name: what requests and schedules name, the key its
+    /// versions are stored under.
+    #[schemars(length(min = 1, max = 200))]
     pub name: String,
     /// JSON Schema of the input; `{}` accepts anything.
     pub input_schema: serde_json::Value,
+    /// The steps, in definition order (the order ready steps start in).
+    #[schemars(length(min = 1, max = 999))]
     pub steps: Vec<StepDefinition>,
     /// Assignments `field = <CEL>` building the job's `result` from `input`
     /// and `steps`. Without it the result is the last step's response.
@@ -46,12 +52,16 @@ pub struct WorkflowDefinition {
     pub verdict: Option<String>,
     /// Budget of one segment (one claim), in milliseconds.
     #[serde(default = "default_deadline_ms")]
+    #[schemars(range(min = 1, max = 86_400_000))]
     pub deadline_ms: u64,
+    /// Attempts of the job before it goes DEAD on a retryable failure.
     #[serde(default = "default_max_attempts")]
+    #[schemars(range(min = 1, max = 100))]
     pub max_attempts: i32,
     /// The most steps of one job called at once (default
     /// [`DEFAULT_PARALLELISM`]); the targets' caps bound them too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
     pub parallelism: Option<u32>,
     /// Compensation: plain steps run in order when the job is about to
     /// end FAILED or DEAD, with `failure` (`step`, `error`) in scope.
@@ -67,7 +77,7 @@ impl WorkflowDefinition {
 }
 
 /// How a step completes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Completion {
     /// Someone outside calls complete-step; the job parks until then.
@@ -76,9 +86,10 @@ pub enum Completion {
 
 /// What a `start` step starts: a stored workflow, its input built by
 /// assignments as a call's request is by `rules`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartChild {
+    /// The stored workflow the child runs (its newest version).
     pub workflow: String,
     /// Assignments `field.path = <CEL>` over `input` and the steps it needs.
     #[serde(default)]
@@ -86,9 +97,12 @@ pub struct StartChild {
 }
 
 /// One step: a call to `target`'s `method` with a request built by `rules`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StepDefinition {
+    /// The step's name, unique in the workflow: what `needs`, `steps.<name>`,
+    /// checkpoints and events call it.
+    #[schemars(length(min = 1, max = 128))]
     pub name: String,
     /// The steps that end before this one starts, and the only ones its
     /// expressions read; unset: the step before it (none for the first).
@@ -113,6 +127,7 @@ pub struct StepDefinition {
     /// The most items a `for_each` may give (default
     /// [`DEFAULT_MAX_ITEMS`]); more is the job's verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
     pub max_items: Option<u32>,
     /// Called again while its answer says `more: true`, given the `cursor`
     /// that answer held (`cursor` is null on the first call); its
@@ -123,20 +138,28 @@ pub struct StepDefinition {
     /// [`DEFAULT_MAX_PAGES`]); a page saying `more: true` past them is
     /// the job's verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
     pub max_pages: Option<u32>,
     /// The target called; empty for a timer.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target: String,
+    /// What the target is asked: for an HTTP target, one path segment
+    /// appended to its `base_url` (letters, digits, `-`, `_`, `.`, `~`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 128))]
     pub method: String,
     /// Assignments `field.path = <CEL>` over `input` and `steps.<a step it needs>`.
     #[serde(default)]
     pub rules: Vec<String>,
+    /// JSON Schema the response must fit (else the target broke its
+    /// contract: the job fails as a defect).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<serde_json::Value>,
     /// CEL booleans over `response` (and `input`, `steps`); a false one is a verdict.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validate: Vec<String>,
+    /// `external`: the job parks on this step until someone answers it
+    /// (complete-step); it calls no target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion: Option<Completion>,
     /// Waits for the signal of this name sent to the job (API, CLI,
@@ -152,7 +175,10 @@ pub struct StepDefinition {
     /// (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_children: Option<bool>,
+    /// The longest one call of this step may take, in milliseconds; the
+    /// target's own timeout caps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
 }
 

@@ -95,8 +95,8 @@ impl Engine {
         for path in paths {
             let text =
                 std::fs::read_to_string(&path).map_err(|e| file_error(&path, e.to_string()))?;
-            let document: serde_json::Value =
-                serde_yaml_ng::from_str(&text).map_err(|e| file_error(&path, e.to_string()))?;
+            let document = flotilla_workflow::read_document(&text)
+                .map_err(|reason| file_error(&path, reason))?;
             let definition = self
                 .register_workflow(&document)
                 .await

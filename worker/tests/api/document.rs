@@ -79,6 +79,23 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
         "bearer"
     );
 
+    // A definition's body is typed by the published schema of a
+    // definition, so an editor or a generated client can check one.
+    let definition = &document["components"]["schemas"]["WorkflowDefinition"];
+    assert!(
+        definition["properties"]["steps"].is_object(),
+        "the definition's schema is a component: {definition}"
+    );
+    assert_eq!(
+        document["paths"]["/v1/workflows/{name}"]["put"]["requestBody"]["content"]["application/json"]
+            ["schema"]["$ref"],
+        "#/components/schemas/WorkflowDefinition"
+    );
+    assert!(
+        document["components"]["schemas"]["StepDefinition"]["properties"]["needs"].is_object(),
+        "the schemas a definition refers to are components too"
+    );
+
     let mut documented = std::collections::BTreeSet::new();
     for (path, operations) in document["paths"].as_object().unwrap() {
         for (method, operation) in operations.as_object().unwrap() {

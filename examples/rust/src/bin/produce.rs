@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! KAFKA_BOOTSTRAP_SERVERS=localhost:9092 SCHEMA_REGISTRY_URL=http://localhost:8081 \
-//!   flotilla-example-produce --workflow order-fulfilment --count 10
+//!   flotilla-example-produce --workflow archive --count 10
 //! ```
 
 use clap::Parser;

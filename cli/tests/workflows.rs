@@ -1,0 +1,216 @@
+//! `flotilla workflows`: checking definitions offline (no service at all:
+//! the environment is emptied), and registering, listing and comparing
+//! versions through a worker's API.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use flotilla_tests::KAFKA_TEST_TIMEOUT;
+use flotilla_tests::process::Running;
+use flotilla_worker::test_support::{TEST_TOKEN, TestApp};
+use sqlx::PgPool;
+
+const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
+
+/// Runs `flotilla` with `args` and only `env` (and `PATH`) in its
+/// environment; returns its exit code and output lines.
+fn flotilla(env: &[(&str, String)], args: &[&str]) -> (Option<i32>, Vec<String>) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (*k, v)));
+    let mut running = Running::start(command);
+    let status = running.wait(Duration::from_secs(60));
+    (status.code(), std::mem::take(&mut running.output))
+}
+
+fn repository() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn five_mistakes_are_five_problems_each_naming_its_step_and_field() {
+    let dir = tempfile_dir("five-mistakes");
+    // A misspelt field, a need that is no step, a `when` that is no CEL, a
+    // target the fleet does not have, attempts out of bounds.
+    let file = write(
+        &dir,
+        "orders.yaml",
+        "name: orders
+input_schema: {}
+max_attempts: 0
+steps:
+  - name: fetch
+    target: crm
+    method: fetch
+  - name: charge
+    need: [fetch]
+    target: billing
+    method: charge
+  - name: ship
+    needs: [pack]
+    target: crm
+    method: ship
+  - name: notify
+    when: 'input.email =='
+    target: crm
+    method: notify
+  - name: audit
+    target: ledger
+    method: audit
+",
+    );
+    let targets = write(
+        &dir,
+        "targets.yaml",
+        "targets:
+  crm: {kind: http, base_url: 'http://127.0.0.1:1'}
+  billing: {kind: http, base_url: 'http://127.0.0.1:1'}
+",
+    );
+    let (code, out) = flotilla(
+        &[],
+        &["workflows", "validate", &file, "--targets", &targets],
+    );
+    assert_eq!(code, Some(2), "{out:#?}");
+    let problems: Vec<&String> = out
+        .iter()
+        .filter(|line| line.starts_with(&file) && !line.ends_with("problem(s)"))
+        .collect();
+    assert_eq!(problems.len(), 5, "{out:#?}");
+    for expected in [
+        ": max_attempts: ",
+        ": steps[1] (charge): need: no such field; did you mean `needs`?",
+        ": steps[2] (ship): needs: ",
+        ": steps[3] (notify): when: ",
+        ": steps[4] (audit): target: ",
+    ] {
+        assert!(
+            problems.iter().any(|line| line.contains(expected)),
+            "no line says {expected:?}: {problems:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_demos_definitions_are_sound_for_the_demos_targets() {
+    let workflows = repository().join("demo/workflows");
+    let mut files: Vec<String> = std::fs::read_dir(&workflows)
+        .unwrap()
+        .map(|entry| entry.unwrap().path().display().to_string())
+        .collect();
+    files.sort();
+    let targets = repository().join("demo/targets.yaml").display().to_string();
+    let mut args = vec!["workflows", "validate", "--targets", &targets];
+    args.extend(files.iter().map(String::as_str));
+    let (code, out) = flotilla(&[], &args);
+    assert_eq!(code, Some(0), "{out:#?}");
+    assert_eq!(
+        out.iter().filter(|line| line.ends_with(": ok")).count(),
+        files.len(),
+        "{out:#?}"
+    );
+}
+
+#[test]
+fn a_file_that_is_no_definition_is_a_problem_not_a_crash() {
+    let dir = tempfile_dir("not-a-definition");
+    let broken = write(&dir, "broken.json", "{\"name\": ");
+    let missing = dir.path().join("missing.json").display().to_string();
+    let (code, out) = flotilla(&[], &["workflows", "validate", &broken, &missing]);
+    assert_eq!(code, Some(2), "{out:#?}");
+    assert!(
+        out.iter()
+            .any(|l| l.starts_with(&broken) && l.contains("neither JSON nor YAML")),
+        "{out:#?}"
+    );
+    assert!(
+        out.iter()
+            .any(|l| l.starts_with(&missing) && l.contains("cannot be read")),
+        "{out:#?}"
+    );
+}
+
+#[test]
+fn the_schema_printed_is_the_one_published() {
+    let (code, out) = flotilla(&[], &["workflows", "schema"]);
+    assert_eq!(code, Some(0), "{out:#?}");
+    let printed: serde_json::Value = serde_json::from_str(&out.join("\n")).unwrap();
+    let published: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repository().join("schemas/workflow-definition.schema.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(printed, published);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_yaml_definition_is_put_and_two_versions_are_listed_and_compared(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let app = TestApp::spawn(pool.clone()).await;
+        let env = vec![
+            ("FLOTILLA_URL", app.url.clone()),
+            ("FLOTILLA_TOKEN", TEST_TOKEN.to_owned()),
+        ];
+        let dir = tempfile_dir("versions");
+        let first = write(
+            &dir,
+            "greet.yaml",
+            "name: greet\ninput_schema: {}\nsteps:\n  - name: hello\n    target: echo\n    method: hello\n",
+        );
+        let second = write(
+            &dir,
+            "greet-2.yaml",
+            "name: greet\ninput_schema: {}\nsteps:\n  - name: hello\n    target: echo\n    method: hello\n  - name: goodbye\n    target: echo\n    method: goodbye\n",
+        );
+        let (code, out) = tokio::task::spawn_blocking({
+            let env = env.clone();
+            move || {
+                let put = |file: &str| flotilla(&env, &["workflows", "put", &format!("@{file}")]);
+                let one = put(&first);
+                assert_eq!(one.0, Some(0), "{one:#?}");
+                let two = put(&second);
+                assert_eq!(two.0, Some(0), "{two:#?}");
+                assert!(two.1.iter().any(|l| l == "greet version 2"), "{two:#?}");
+                let versions = flotilla(&env, &["workflows", "versions", "greet"]);
+                assert_eq!(versions.0, Some(0), "{versions:#?}");
+                let listed: Vec<&str> = versions.1.iter().skip(1).filter_map(|l| l.split_whitespace().next()).collect();
+                assert_eq!(listed, ["2", "1"], "{versions:#?}");
+                flotilla(&env, &["workflows", "diff", "greet", "1", "2"])
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(code, Some(0), "{out:#?}");
+        assert!(out.iter().any(|l| l == "+++ greet version 2"), "{out:#?}");
+        assert!(out.iter().any(|l| l.starts_with('+') && l.contains("\"goodbye\"")), "{out:#?}");
+        assert!(!out.iter().any(|l| l.starts_with('-') && l.contains("\"hello\"")), "{out:#?}");
+
+        let (code, out) = tokio::task::spawn_blocking(move || {
+            flotilla(&env, &["workflows", "diff", "greet", "1", "7"])
+        })
+        .await
+        .unwrap();
+        assert_eq!(code, Some(3), "a version that does not exist: {out:#?}");
+        app.stop().await;
+    })
+    .await
+    .expect("the test ends in time");
+}
+
+/// A directory of this test's own, removed when the test ends.
+fn tempfile_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("flotilla-cli-{name}."))
+        .tempdir()
+        .unwrap()
+}
