@@ -30,6 +30,9 @@ async fn consumers_in_one_group_split_partitions_and_a_joining_one_rebalances_wi
         let stop = CancellationToken::new();
         let first = tokio::spawn(drive(support::consumer(&engine, &topics), stop.clone()));
         let second = tokio::spawn(drive(support::consumer(&engine, &topics), stop.clone()));
+        // Both have their share before the first requests: a member that
+        // joined late would find them consumed already.
+        support::wait_members(&topics.group, 2).await;
         for n in 0..300 {
             produce_request(
                 &producer,

@@ -328,3 +328,37 @@ pub(crate) async fn submit_stored(engine: &Engine, job_id: Uuid, workflow: &str)
         .await
         .unwrap();
 }
+
+/// Polls until `group` is stable with `members` members: each then holds
+/// partitions of a topic with more partitions than members.
+pub(crate) async fn wait_members(group: &str, members: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let group_owned = group.to_owned();
+        let found = tokio::task::spawn_blocking(move || {
+            let client: BaseConsumer = flotilla_tests::manual_commit_consumer_config(&group_owned)
+                .create()
+                .unwrap();
+            let seen = client
+                .fetch_group_list(Some(&group_owned), Duration::from_secs(5))
+                .ok()
+                .and_then(|list| {
+                    list.groups()
+                        .first()
+                        .map(|g| (g.state().to_owned(), g.members().len()))
+                });
+            std::thread::spawn(move || drop(client));
+            seen
+        })
+        .await
+        .unwrap();
+        if matches!(&found, Some((state, n)) if state == "Stable" && *n == members) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "group {group} never had {members} members: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
