@@ -26,7 +26,7 @@ pub(crate) struct ApiArgs {
     pub json: bool,
 }
 
-fn secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
+pub(crate) fn secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
     Ok(SecretString::from(value))
 }
 

@@ -22,6 +22,14 @@ impl Failure {
         }
     }
 
+    /// The outcome differs from the one expected (exit code 1).
+    pub fn mismatch(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            error: error.into(),
+            exit_code: 1,
+        }
+    }
+
     /// What was asked for does not exist (exit code 3).
     pub fn not_found(error: impl Into<anyhow::Error>) -> Self {
         Self {

@@ -1,6 +1,7 @@
 //! `flotilla workflows`: checking definitions offline (no service at all:
-//! the environment is emptied), and registering, listing and comparing
-//! versions through a worker's API.
+//! the environment is emptied), rehearsing them against recorded answers
+//! (a database only), and registering, listing and comparing versions
+//! through a worker's API.
 
 use std::path::Path;
 use std::process::Command;
@@ -205,6 +206,148 @@ async fn a_yaml_definition_is_put_and_two_versions_are_listed_and_compared(pool:
     })
     .await
     .expect("the test ends in time");
+}
+
+/// `workflows test`'s environment: the Postgres it makes scratch databases in.
+fn rehearsal_env() -> Vec<(&'static str, String)> {
+    let url = std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL names the Postgres the tests use (scripts/services up)");
+    vec![("DATABASE_URL", url)]
+}
+
+fn demo_file(path: &str) -> String {
+    repository().join(path).display().to_string()
+}
+
+#[test]
+fn the_demos_payment_and_fulfilment_rehearse_the_path_the_live_demo_takes() {
+    let env = rehearsal_env();
+    let payment = [
+        "workflows",
+        "test",
+        &demo_file("demo/workflows/payment.json"),
+        "--responses",
+        &demo_file("demo/fixtures/payment.yaml"),
+    ];
+    let (code, out) = flotilla(&env, &payment);
+    assert_eq!(code, Some(0), "{out:#?}");
+    // The retried step is called twice, after a retry on the virtual clock.
+    let line = |said: &str| out.iter().position(|l| l.contains(said));
+    let retried = line("retry: attempt 2 of 3 +5s").expect("a retry line");
+    let second = line("call capture (call 2)").expect("capture's second call");
+    assert!(retried < second, "{out:#?}");
+    assert_eq!(
+        out.iter().filter(|l| l.contains("call authorize")).count(),
+        1
+    );
+    assert!(line("as expected").is_some(), "{out:#?}");
+
+    let fulfilment = [
+        "workflows",
+        "test",
+        &demo_file("demo/workflows/fulfilment.json"),
+        "--responses",
+        &demo_file("demo/fixtures/fulfilment.yaml"),
+    ];
+    let (code, out) = flotilla(&env, &fulfilment);
+    assert_eq!(code, Some(0), "{out:#?}");
+    assert!(
+        out.iter()
+            .any(|l| l.ends_with("skipped review (its when was false)")),
+        "{out:#?}"
+    );
+    assert!(!out.iter().any(|l| l.contains("call review")), "{out:#?}");
+}
+
+#[test]
+fn an_hours_timer_is_rehearsed_without_waiting_for_it() {
+    let dir = tempfile_dir("rehearse-hour");
+    let workflow = write(
+        &dir,
+        "reminder.yaml",
+        "name: reminder
+input_schema: {}
+steps:
+  - name: remind
+    target: mail
+    method: send
+    rules: [\"to = input.to\"]
+  - name: wait_an_hour
+    sleep: 1h
+  - name: again
+    target: mail
+    method: send
+    rules: [\"to = input.to\"]
+output: [\"sent = steps.again.sent\"]
+",
+    );
+    let fixtures = write(
+        &dir,
+        "reminder-fixtures.yaml",
+        "input: {to: ada@example.com}
+answers:
+  remind: [{answer: {sent: 1}}]
+  again: [{answer: {sent: 2}}]
+expect: {state: COMPLETED, result: {sent: 2}, calls: {remind: 1, again: 1}}
+",
+    );
+    let args = ["workflows", "test", &workflow, "--responses", &fixtures];
+    let env = rehearsal_env();
+    // The first rehearsal on a server may build the template database.
+    let (code, out) = flotilla(&env, &args);
+    assert_eq!(code, Some(0), "{out:#?}");
+    let wall = std::time::Instant::now();
+    let (code, out) = flotilla(&env, &args);
+    let wall = wall.elapsed();
+    assert_eq!(code, Some(0), "{out:#?}");
+    assert!(
+        out.iter()
+            .any(|l| l.ends_with("clock moves to +1h (nothing runs before)")),
+        "{out:#?}"
+    );
+    assert!(
+        out.iter()
+            .any(|l| l == "outcome: COMPLETED after 1h of virtual time"),
+        "{out:#?}"
+    );
+    println!("a one-hour timer rehearsed in {wall:?} of wall time");
+}
+
+#[test]
+fn an_outcome_other_than_the_expected_exits_1_and_a_wrong_file_exits_2() {
+    let dir = tempfile_dir("rehearse-wrong");
+    let env = rehearsal_env();
+    let payment = demo_file("demo/workflows/payment.json");
+    let fixtures = std::fs::read_to_string(demo_file("demo/fixtures/payment.yaml")).unwrap();
+    // The demo's payment fixtures with `from` replaced by `to`, rehearsed.
+    let rehearse_changed = |name: &str, from: &str, to: &str| {
+        let changed = write(&dir, name, &fixtures.replace(from, to));
+        let (code, out) = flotilla(
+            &env,
+            &["workflows", "test", &payment, "--responses", &changed],
+        );
+        (code, out, changed)
+    };
+    let (code, out, failed) = rehearse_changed("failed.yaml", "state: COMPLETED", "state: FAILED");
+    assert_eq!(code, Some(1), "{out:#?}");
+    assert!(
+        out.iter()
+            .any(|l| l == "not as expected: state: expected FAILED, got COMPLETED"),
+        "{out:#?}"
+    );
+    let (code, out, _) = rehearse_changed("misspelt.yaml", "answers:", "answer:");
+    assert_eq!(code, Some(2), "{out:#?}");
+    assert!(
+        out.iter().any(|l| l.contains("unknown field `answer`")),
+        "{out:#?}"
+    );
+    // Without a database it cannot run, and says what it needs.
+    let (code, out) = flotilla(
+        &[],
+        &["workflows", "test", &payment, "--responses", &failed],
+    );
+    assert_eq!(code, Some(2), "{out:#?}");
+    assert!(out.iter().any(|l| l.contains("--database-url")), "{out:#?}");
 }
 
 /// A directory of this test's own, removed when the test ends.

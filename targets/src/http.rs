@@ -292,6 +292,29 @@ impl Answer<'_> {
     }
 }
 
+/// How the engine takes an answer of `status` with `body` from `url`, as
+/// if a call had received it: recorded answers (`flotilla workflows test`)
+/// are classified by the same rules as live ones. The body is shown whole
+/// in error texts, as a recording is the tester's own.
+///
+/// # Errors
+/// The failure that answer is.
+pub fn classify_recorded(
+    url: &str,
+    status: u16,
+    body: &[u8],
+) -> Result<serde_json::Value, StepFailure> {
+    let status = StatusCode::from_u16(status)
+        .map_err(|e| StepFailure::Defect(format!("POST {url}: status {status}: {e}")))?;
+    let answer = Answer {
+        status,
+        body,
+        content_type: Some("application/json"),
+        keep: body.len(),
+    };
+    classify(url, &answer)
+}
+
 fn classify(url: &str, answer: &Answer<'_>) -> Result<serde_json::Value, StepFailure> {
     let (status, body) = (answer.status, answer.body);
     if status.is_success() {

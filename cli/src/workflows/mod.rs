@@ -1,12 +1,17 @@
 //! `flotilla workflows`: definitions offline (`validate`, `schema`: no
-//! worker, database or broker) and through the API (`put`, `get`, `list`,
+//! worker, database or broker), rehearsed against recorded answers
+//! (`test`: a database only), and through the API (`put`, `get`, `list`,
 //! `versions`, `diff`).
 
-use std::path::{Path, PathBuf};
+mod offline;
+mod rehearse;
+
+use std::path::PathBuf;
 
 use clap::Subcommand;
-use flotilla_workflow::{CompiledWorkflow, DefinitionProblem, schema};
+use flotilla_workflow::schema;
 use reqwest::Method;
+use secrecy::SecretString;
 use serde_json::Value;
 
 use crate::Failure;
@@ -29,6 +34,25 @@ pub(crate) enum WorkflowsCommand {
     },
     /// Print the JSON Schema of a definition (for an editor).
     Schema,
+    /// Run a definition through the engine against recorded answers, on a
+    /// virtual clock (timers and backoff take no time), and print the path
+    /// it takes: each call and its answer, each checkpoint, skip, retry and
+    /// wait, and the outcome. Needs only a Postgres, in which a scratch
+    /// database is created and dropped. Exits 0 when the outcome is the
+    /// one the fixtures expect, 1 when it is not, 2 when a file is wrong.
+    Test {
+        /// The workflow's definition, then those of the children it starts.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The fixtures: the input, the answers per step, the signals and
+        /// the expected outcome (YAML or JSON; see docs/workflows.md).
+        #[arg(long)]
+        responses: PathBuf,
+        /// Postgres to create the scratch database in (a secret: never
+        /// printed); its role needs CREATEDB.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_parser = crate::client::secret)]
+        database_url: SecretString,
+    },
     /// Register a definition (JSON or YAML text, or @file) as the newest
     /// version of its name.
     Put { definition: String },
@@ -44,7 +68,14 @@ pub(crate) enum WorkflowsCommand {
 
 pub(crate) async fn run(api: &ApiArgs, command: WorkflowsCommand) -> Result<(), Failure> {
     match command {
-        WorkflowsCommand::Validate { files, targets } => validate(&files, targets.as_deref()),
+        WorkflowsCommand::Validate { files, targets } => {
+            offline::validate(&files, targets.as_deref())
+        }
+        WorkflowsCommand::Test {
+            files,
+            responses,
+            database_url,
+        } => rehearse::test(&files, &responses, &database_url).await,
         WorkflowsCommand::Schema => {
             let schema = serde_json::to_string_pretty(&schema::definition_schema())
                 .map_err(Failure::usage)?;
@@ -118,89 +149,6 @@ async fn put(api: &ApiArgs, definition: &str) -> Result<(), Failure> {
         );
     });
     Ok(())
-}
-
-/// Checks each file; prints every problem, or `ok`.
-fn validate(files: &[PathBuf], targets: Option<&Path>) -> Result<(), Failure> {
-    let known = match targets {
-        Some(path) => Some(
-            flotilla_targets::file::names(path)
-                .map_err(|e| Failure::usage(anyhow::anyhow!("{e}")))?,
-        ),
-        None => None,
-    };
-    let mut failed = 0usize;
-    for file in files {
-        let shown = file.display();
-        let problems = match std::fs::read_to_string(file) {
-            Err(e) => vec![format!("cannot be read: {e}")],
-            Ok(text) => match flotilla_workflow::read_document(&text) {
-                Err(e) => vec![format!("is neither JSON nor YAML: {e}")],
-                Ok(document) => problems_of(&document, known.as_ref()),
-            },
-        };
-        if problems.is_empty() {
-            println!("{shown}: ok");
-        } else {
-            failed += 1;
-            for problem in &problems {
-                println!("{shown}: {problem}");
-            }
-            println!("{shown}: {} problem(s)", problems.len());
-        }
-    }
-    if failed == 0 {
-        Ok(())
-    } else {
-        Err(Failure::usage(anyhow::anyhow!(
-            "{failed} of {} definition(s) have problems",
-            files.len()
-        )))
-    }
-}
-
-/// What the worker's registration would say of `document`, each problem
-/// as `steps[2] (charge): needs: …`.
-fn problems_of(
-    document: &Value,
-    targets: Option<&std::collections::HashSet<String>>,
-) -> Vec<String> {
-    // Without a targets file every target a step names is accepted.
-    let known = targets.cloned().unwrap_or_else(|| {
-        ["steps", "on_failure"]
-            .iter()
-            .flat_map(|list| document[list].as_array().into_iter().flatten())
-            .filter_map(|step| step["target"].as_str().map(str::to_owned))
-            .collect()
-    });
-    // The CEL parser recurses deeply: compile on a thread with the stack a
-    // worker's evaluation threads have.
-    let owned = document.clone();
-    let compiled = std::thread::Builder::new()
-        .stack_size(64 * 1024 * 1024)
-        .spawn(move || CompiledWorkflow::compile(&owned, &known).map(|_| ()))
-        .ok()
-        .and_then(|thread| thread.join().ok());
-    let positions = schema::step_positions(document);
-    match compiled {
-        Some(Ok(())) => Vec::new(),
-        Some(Err(invalid)) => invalid
-            .problems
-            .iter()
-            .map(|problem| located(problem, &positions))
-            .collect(),
-        None => vec!["checking it crashed (a definition too deep to parse)".to_owned()],
-    }
-}
-
-fn located(problem: &DefinitionProblem, positions: &serde_json::Map<String, Value>) -> String {
-    match &problem.step {
-        Some(step) => match positions.get(step).and_then(Value::as_str) {
-            Some(at) => format!("{at} ({step}): {}: {}", problem.field, problem.message),
-            None => format!("{step}: {}: {}", problem.field, problem.message),
-        },
-        None => format!("{}: {}", problem.field, problem.message),
-    }
 }
 
 async fn versions(api: &ApiArgs, name: &str) -> Result<(), Failure> {
