@@ -51,6 +51,7 @@ mod submit;
 pub use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunSignal};
 pub use flotilla_runtime::BrokerConfig;
 pub use flotilla_runtime::kafka::GroupProtocol;
+pub use flotilla_runtime::registry::RegistryConfig;
 pub use order::{JobSequences, Verdict, classify};
 pub use stream::{Delivery, EventStream, EventStreamOptions, StartAt, StreamError};
 pub use submit::{Receipt, Submission, SubmitError, Submitter};
