@@ -22,6 +22,19 @@ pub struct Registered {
     pub created: bool,
 }
 
+/// Which stored version a document equal to it is taken as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reregister {
+    /// Only the newest: a document equal to an older version becomes the
+    /// newest as a new version (an operator putting back what was, on
+    /// purpose: the API's PUT).
+    Newest,
+    /// Any version: a document the name ever held stores nothing (a worker
+    /// started with an older workflows directory during a rolling deploy
+    /// never makes the older document newest again).
+    AnyVersion,
+}
+
 /// Why a registration stored nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterRefused {
@@ -35,8 +48,9 @@ pub enum RegisterRefused {
 }
 
 /// Stores `document` as the next version of `name`, unless it equals the
-/// newest version already (then that one is returned): registering the same
-/// files at every start-up does not pile up versions. Concurrent
+/// newest version already, or with [`Reregister::AnyVersion`] any version
+/// (then that one is returned): registering the same files at every
+/// start-up does not pile up versions. Concurrent
 /// registrations of one name are serialised, so `created` is exact. A name
 /// holds at most `max_versions` versions.
 ///
@@ -47,6 +61,7 @@ pub async fn register(
     name: &str,
     document: &serde_json::Value,
     max_versions: i32,
+    reregister: Reregister,
 ) -> Result<Registered, RegisterRefused> {
     // Serialise concurrent registrations of one name (two workers starting at once).
     crate::sql::query("SELECT pg_advisory_xact_lock(hashtext('workflow_definition:' || $1))")
@@ -61,6 +76,23 @@ pub async fn register(
             definition: newest.clone(),
             created: false,
         });
+    }
+    if reregister == Reregister::AnyVersion {
+        // jsonb equality: the same document, whatever its key order.
+        let held: Option<StoredDefinition> = crate::sql::query_as(
+            "SELECT name, version, definition, created_at FROM workflow_definition
+             WHERE name = $1 AND definition = $2 ORDER BY version DESC LIMIT 1",
+        )
+        .bind(name)
+        .bind(Json(document))
+        .fetch_optional(&mut **tx)
+        .await?;
+        if let Some(definition) = held {
+            return Ok(Registered {
+                definition,
+                created: false,
+            });
+        }
     }
     // Versions are never deleted (jobs point at them): the count is the
     // newest version number.

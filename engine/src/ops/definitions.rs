@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use flotilla_store::definitions::{self, RegisterRefused, Registered, StoredDefinition};
+use flotilla_store::definitions::{
+    self, RegisterRefused, Registered, Reregister, StoredDefinition,
+};
 
 use crate::Engine;
 use crate::support::storable::{self, Unstorable};
@@ -52,6 +54,14 @@ impl Engine {
         &self,
         document: &serde_json::Value,
     ) -> Result<Registered, RegisterError> {
+        self.register(document, Reregister::Newest).await
+    }
+
+    async fn register(
+        &self,
+        document: &serde_json::Value,
+        reregister: Reregister,
+    ) -> Result<Registered, RegisterError> {
         storable::check_json("workflow", document)?;
         let compiled = self.compile(document).await?;
         storable::check_workflow_name(&compiled.definition.name)?;
@@ -61,13 +71,17 @@ impl Engine {
             &compiled.definition.name,
             document,
             MAX_VERSIONS_PER_NAME,
+            reregister,
         )
         .await?;
         tx.commit().await?;
         Ok(registered)
     }
 
-    /// Registers every `.json`, `.yaml` and `.yml` file of `dir`, in name order.
+    /// Registers every `.json`, `.yaml` and `.yml` file of `dir`, in name
+    /// order. A file equal to any version its name held stores nothing and
+    /// is that version, so a worker started with an older directory during
+    /// a rolling deploy never makes the older document newest again.
     ///
     /// # Errors
     /// The first file that cannot be read, parsed or registered, named.
@@ -98,7 +112,7 @@ impl Engine {
             let document = flotilla_workflow::read_document(&text)
                 .map_err(|reason| file_error(&path, reason))?;
             let definition = self
-                .register_workflow(&document)
+                .register(&document, Reregister::AnyVersion)
                 .await
                 .map_err(|e| file_error(&path, e.to_string()))?
                 .definition;
