@@ -27,7 +27,7 @@ impl From<SubmitError> for Problem {
     fn from(e: SubmitError) -> Self {
         match e {
             SubmitError::Conflict(_) => Self::new(StatusCode::CONFLICT, e.to_string()),
-            SubmitError::UnknownWorkflow(_) => {
+            SubmitError::UnknownWorkflow(_) | SubmitError::UnknownVersion { .. } => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
             }
             SubmitError::InvalidDefinition(invalid) => {

@@ -29,7 +29,8 @@ fn job_id(raw: &str) -> Result<Uuid, Problem> {
         .map_err(|e| Problem::bad_request(format!("job id {raw:?} is not a UUID: {e}")))
 }
 
-/// Exactly one of `workflow` (inline definition) and `workflow_name`.
+/// Exactly one of `workflow` (inline definition) and `workflow_name`;
+/// `workflow_version` only with `workflow_name`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SubmitBody {
@@ -38,6 +39,10 @@ pub(crate) struct SubmitBody {
     workflow: Option<Value>,
     #[serde(default)]
     workflow_name: Option<String>,
+    /// The stored version to run (from 1); without it, the newest.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    workflow_version: Option<i32>,
     #[serde(default)]
     #[schema(value_type = Object)]
     input: Value,
@@ -45,7 +50,7 @@ pub(crate) struct SubmitBody {
     job_id: Option<Uuid>,
 }
 
-#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 410, description = "idempotent repeat of a job whose run retention removed (code `removed`, `final_status`, `finished_at`, `removed_at`)", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 410, description = "idempotent repeat of a job whose run retention removed (code `removed`, `final_status`, `finished_at`, `removed_at`)", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow or version, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(crate) async fn submit(
     State(state): State<ApiState>,
     Extension(Granted(scopes)): Extension<Granted>,
@@ -89,8 +94,16 @@ pub(crate) async fn submit(
     let (traceparent, tracestate) =
         flotilla_runtime::trace::enter_trace(&span, caller_traceparent, caller_tracestate);
     let workflow = match (body.workflow, body.workflow_name) {
+        (Some(_), None) if body.workflow_version.is_some() => {
+            return Err(Problem::bad_request(
+                "`workflow_version` names a stored version: give it with `workflow_name`, not with an inline `workflow`",
+            ));
+        }
         (Some(document), None) => WorkflowRef::Inline(document),
-        (None, Some(name)) => WorkflowRef::Stored(name),
+        (None, Some(name)) => match body.workflow_version {
+            Some(version) => WorkflowRef::Version(name, version),
+            None => WorkflowRef::Stored(name),
+        },
         (Some(_), Some(_)) => {
             return Err(Problem::bad_request(
                 "give exactly one of `workflow` and `workflow_name`, not both",

@@ -28,6 +28,9 @@ pub(crate) struct SubmitArgs {
         required_unless_present = "workflow_file"
     )]
     workflow: Option<String>,
+    /// The stored version to run (from 1); without it, the newest.
+    #[arg(long, requires = "workflow")]
+    workflow_version: Option<i32>,
     /// An inline workflow definition (@file or JSON).
     #[arg(long = "definition")]
     workflow_file: Option<String>,
@@ -84,7 +87,12 @@ pub(crate) fn show(api: &ApiArgs, value: &Value, table: impl FnOnce(&Value)) {
 pub(crate) async fn submit(api: &ApiArgs, args: SubmitArgs) -> Result<(), Failure> {
     let mut body = json!({ "input": json_arg(&args.input, "--input")? });
     match (args.workflow, args.workflow_file) {
-        (Some(name), _) => body["workflow_name"] = json!(name),
+        (Some(name), _) => {
+            body["workflow_name"] = json!(name);
+            if let Some(version) = args.workflow_version {
+                body["workflow_version"] = json!(version);
+            }
+        }
         (None, Some(raw)) => body["workflow"] = json_arg(&raw, "--definition")?,
         (None, None) => {
             return Err(Failure::usage(anyhow::anyhow!(

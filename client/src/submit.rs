@@ -71,6 +71,7 @@ pub struct Submission {
     job_id: Uuid,
     workflow_name: String,
     input: serde_json::Value,
+    workflow_version: Option<i32>,
     traceparent: Option<(String, Option<String>)>,
 }
 
@@ -87,8 +88,16 @@ impl Submission {
             job_id: Uuid::new_v4(),
             workflow_name: workflow_name.to_owned(),
             input,
+            workflow_version: None,
             traceparent: None,
         })
+    }
+
+    /// Runs this stored version (from 1) instead of the newest.
+    #[must_use]
+    pub fn with_workflow_version(mut self, version: i32) -> Self {
+        self.workflow_version = Some(version);
+        self
     }
 
     /// Uses `job_id` instead of a new one: a retry after
@@ -115,6 +124,7 @@ impl Submission {
 
     fn request(&self) -> Result<WorkflowRunRequest, SubmitError> {
         WorkflowRunRequest::new(self.job_id, &self.workflow_name, self.input.clone())
+            .and_then(|request| request.with_workflow_version(self.workflow_version))
             .map_err(|e| SubmitError::Rejected(e.to_string()))
     }
 
@@ -365,11 +375,14 @@ async fn submit_to_api(
     trace: Option<(String, Option<String>)>,
 ) -> Result<Receipt, SubmitError> {
     let url = format!("{base_url}/v1/jobs");
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "job_id": request.job_id(),
         "workflow_name": request.workflow_name(),
         "input": request.input(),
     });
+    if let Some(version) = request.workflow_version() {
+        body["workflow_version"] = serde_json::json!(version);
+    }
     let mut call = client.post(&url).json(&body);
     if let Some(token) = token {
         call = call.bearer_auth(token.expose_secret());

@@ -106,6 +106,13 @@ impl AvroMessage for WorkflowRunRequest {
                 Value::String(self.workflow_name().into()),
             ),
             ("input".into(), Value::String(self.input().to_string())),
+            (
+                "workflow_version".into(),
+                match self.workflow_version() {
+                    None => Value::Union(0, Box::new(Value::Null)),
+                    Some(version) => Value::Union(1, Box::new(Value::Int(version))),
+                },
+            ),
         ])
     }
 
@@ -114,7 +121,8 @@ impl AvroMessage for WorkflowRunRequest {
         let job_id = record.uuid("job_id")?;
         let workflow_name = record.string("workflow_name")?;
         let input = record.json("input")?;
-        Ok(Self::new(job_id, workflow_name, input)?)
+        let version = record.optional_int("workflow_version")?;
+        Ok(Self::new(job_id, workflow_name, input)?.with_workflow_version(version)?)
     }
 }
 
@@ -390,6 +398,14 @@ impl<M: Message> Fields<M> {
         match self.take(field)? {
             Value::Int(n) => Ok(n),
             other => Err(self.mismatch(field, format!("expected an int, found {other:?}"))),
+        }
+    }
+
+    fn optional_int(&mut self, field: &str) -> Result<Option<i32>, DecodeError> {
+        match self.take(field)? {
+            Value::Null => Ok(None),
+            Value::Int(n) => Ok(Some(n)),
+            other => Err(self.mismatch(field, format!("expected null or an int, found {other:?}"))),
         }
     }
 

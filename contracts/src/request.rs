@@ -16,6 +16,10 @@ pub struct WorkflowRunRequest {
     job_id: Uuid,
     workflow_name: String,
     input: serde_json::Value,
+    /// The stored version to run; `None` runs the newest. Absent from the
+    /// requests of producers older than the field, which decode as `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workflow_version: Option<i32>,
 }
 
 impl WorkflowRunRequest {
@@ -32,9 +36,26 @@ impl WorkflowRunRequest {
             job_id,
             workflow_name: workflow_name.into(),
             input,
+            workflow_version: None,
         };
         request.check_rules()?;
         Ok(request)
+    }
+
+    /// Names the stored version to run instead of the newest.
+    ///
+    /// # Errors
+    /// A version below 1.
+    pub fn with_workflow_version(mut self, version: Option<i32>) -> Result<Self, RuleViolation> {
+        self.workflow_version = version;
+        self.check_rules()?;
+        Ok(self)
+    }
+
+    /// The stored version asked for; `None`: the newest.
+    #[must_use]
+    pub fn workflow_version(&self) -> Option<i32> {
+        self.workflow_version
     }
 
     #[must_use]
@@ -68,6 +89,10 @@ impl Message for WorkflowRunRequest {
 
     fn check_rules(&self) -> Result<(), RuleViolation> {
         check_uuid("job_id", &self.job_id)?;
-        check_workflow_name(&self.workflow_name)
+        check_workflow_name(&self.workflow_name)?;
+        match self.workflow_version {
+            Some(version) if version < 1 => Err(RuleViolation::VersionBelowOne(version)),
+            _ => Ok(()),
+        }
     }
 }

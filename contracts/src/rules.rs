@@ -30,6 +30,8 @@ pub enum RuleViolation {
     ReplyNotOneOf,
     #[error("rule broken: {field} is not the nil UUID")]
     NilUuid { field: &'static str },
+    #[error("rule broken: workflow_version counts from 1, got {0}")]
+    VersionBelowOne(i32),
 }
 
 pub(crate) fn non_blank(value: &str) -> bool {

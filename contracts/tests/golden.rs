@@ -69,3 +69,47 @@ fn completed_event_bytes_match_the_golden_vectors() {
 fn failed_event_bytes_match_the_golden_vectors() {
     check_message("event_failed", &support::failed());
 }
+
+/// A request from a producer older than `workflow_version` (its bytes and
+/// its writer schema as they were) still decodes: the newest version runs.
+#[test]
+fn a_request_written_before_workflow_version_decodes_without_one() {
+    let writer = apache_avro::Schema::parse_str(
+        r#"{"type": "record", "name": "WorkflowRunRequest", "namespace": "io.flotilla.v1",
+            "fields": [
+              {"name": "job_id", "type": {"type": "string", "logicalType": "uuid"}},
+              {"name": "workflow_name", "type": "string"},
+              {"name": "input", "type": "string"}]}"#,
+    )
+    .unwrap();
+    let framed = hex::decode(
+        "000000002a4830313932376331652d346232612d376433652d396631302d323233333434353536363737\
+         126b79632d636865636b467b22637573746f6d6572223a7b226964223a34322c226e616d65223a22416461227d7d",
+    )
+    .unwrap();
+    let framing::Framed::Avro { datum, .. } = framing::detect(&framed).unwrap() else {
+        panic!("framed bytes must be Avro");
+    };
+    let request: flotilla_contracts::WorkflowRunRequest =
+        avro::decode_datum(&writer, datum).unwrap();
+    assert_eq!(request, support::request());
+    assert_eq!(request.workflow_version(), None);
+}
+
+#[test]
+fn a_request_naming_a_version_round_trips_and_version_0_is_refused() {
+    let pinned = support::request().with_workflow_version(Some(3)).unwrap();
+    let datum = avro::encode_datum(&pinned).unwrap();
+    let decoded: flotilla_contracts::WorkflowRunRequest = avro::decode_datum(
+        flotilla_contracts::WorkflowRunRequest::avro_schema(),
+        &datum,
+    )
+    .unwrap();
+    assert_eq!(decoded.workflow_version(), Some(3));
+    let text = json::encode(&pinned).unwrap();
+    assert!(String::from_utf8_lossy(&text).contains("\"workflow_version\":3"));
+    assert!(support::request().with_workflow_version(Some(0)).is_err());
+    let zero = String::from_utf8(text).unwrap().replace(":3}", ":0}");
+    let refused = json::decode::<flotilla_contracts::WorkflowRunRequest>(zero.as_bytes());
+    assert!(refused.is_err(), "{refused:?}");
+}

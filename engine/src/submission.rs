@@ -19,6 +19,8 @@ use crate::support::storable::{self, Unstorable};
 pub enum WorkflowRef {
     /// The newest stored version of this name.
     Stored(String),
+    /// This stored version of this name (from 1).
+    Version(String, i32),
     /// A definition document sent with the submission.
     Inline(Json),
 }
@@ -71,6 +73,8 @@ impl Submitted {
 pub enum SubmitError {
     #[error("unknown workflow {0:?}: no stored definition has that name")]
     UnknownWorkflow(String),
+    #[error("workflow {name:?} has no version {version}")]
+    UnknownVersion { name: String, version: i32 },
     #[error(transparent)]
     InvalidDefinition(#[from] InvalidDefinition),
     #[error("input does not match the input schema of {workflow}: {}", .violations.join("; "))]
@@ -93,7 +97,10 @@ impl SubmitError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            Self::UnknownWorkflow(_) | Self::InvalidDefinition(_) | Self::InvalidInput { .. }
+            Self::UnknownWorkflow(_)
+                | Self::UnknownVersion { .. }
+                | Self::InvalidDefinition(_)
+                | Self::InvalidInput { .. }
         )
     }
 }
@@ -152,6 +159,15 @@ fn check_submission(submission: &Submission) -> Result<(), Unstorable> {
     }
     match &submission.workflow {
         WorkflowRef::Stored(name) => storable::check_workflow_name(name)?,
+        WorkflowRef::Version(name, version) => {
+            storable::check_workflow_name(name)?;
+            if *version < 1 {
+                return Err(Unstorable::new(
+                    "workflow_version",
+                    format!("is {version}: versions count from 1"),
+                ));
+            }
+        }
         WorkflowRef::Inline(document) => storable::check_json("workflow", document)?,
     }
     storable::check_json("input", &submission.input)
@@ -163,6 +179,11 @@ fn check_submission(submission: &Submission) -> Result<(), Unstorable> {
 pub(crate) fn request_digest(submission: &Submission) -> String {
     let workflow = match &submission.workflow {
         WorkflowRef::Stored(name) => serde_json::json!({ "stored": name }),
+        // Naming a version is part of what was asked: the same job id
+        // without it, or with another, is another request.
+        WorkflowRef::Version(name, version) => {
+            serde_json::json!({ "stored": name, "version": version })
+        }
         WorkflowRef::Inline(document) => serde_json::json!({ "inline": document }),
     };
     let mut canonical = String::new();

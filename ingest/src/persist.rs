@@ -319,7 +319,10 @@ impl RequestConsumer {
             flotilla_runtime::trace::enter_trace(&span, producer_traceparent, producer_tracestate);
         Ok(Classified::Submit(Submission {
             job_id: request.job_id(),
-            workflow: WorkflowRef::Stored(request.workflow_name().to_owned()),
+            workflow: match request.workflow_version() {
+                Some(version) => WorkflowRef::Version(request.workflow_name().to_owned(), version),
+                None => WorkflowRef::Stored(request.workflow_name().to_owned()),
+            },
             input: request.into_input(),
             traceparent,
             tracestate,

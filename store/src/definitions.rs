@@ -119,6 +119,25 @@ pub async fn register(
     })
 }
 
+/// Version `version` of `name`.
+///
+/// # Errors
+/// Database errors.
+pub async fn version(
+    conn: &mut PgConnection,
+    name: &str,
+    version: i32,
+) -> Result<Option<StoredDefinition>, sqlx::Error> {
+    crate::sql::query_as(
+        "SELECT name, version, definition, created_at FROM workflow_definition
+         WHERE name = $1 AND version = $2",
+    )
+    .bind(name)
+    .bind(version)
+    .fetch_optional(conn)
+    .await
+}
+
 /// The newest version of `name`.
 ///
 /// # Errors

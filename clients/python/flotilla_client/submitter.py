@@ -67,6 +67,13 @@ def _trace_headers(traceparent: Optional[str]) -> dict:
     return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate") and v}
 
 
+def _version(version: Optional[int]) -> Optional[int]:
+    """A stored version counts from 1; ``None`` runs the newest."""
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
+        raise Rejected(f"workflow_version must be an integer from 1, got {version!r}")
+    return version
+
+
 def _request(workflow_name: str, input: Any, job_id: Optional[uuid.UUID]) -> dict:
     if not isinstance(workflow_name, str) or not workflow_name.strip():
         raise Rejected("workflow_name must be non-blank text")
@@ -109,11 +116,13 @@ class KafkaSubmitter:
             self._avro = AvroSerializer(registry, schema_text("WorkflowRunRequest"))
 
     def submit(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID] = None,
-               traceparent: Optional[str] = None, timeout: float = 30.0) -> Receipt:
-        """Sends one request and waits for the broker's acknowledgement."""
+               traceparent: Optional[str] = None, timeout: float = 30.0,
+               workflow_version: Optional[int] = None) -> Receipt:
+        """Sends one request and waits for the broker's acknowledgement.
+        ``workflow_version`` runs that stored version instead of the newest."""
         request = _request(workflow_name, input, job_id)
         fields = {"job_id": str(request["job_id"]), "workflow_name": workflow_name,
-                  "input": request["input_text"]}
+                  "input": request["input_text"], "workflow_version": _version(workflow_version)}
         if self._avro:
             try:
                 value = self._avro(fields, SerializationContext(self._topic, MessageField.VALUE))
@@ -125,8 +134,11 @@ class KafkaSubmitter:
                     raise SettingsError(f"the registry refused the request schema: {e}") from None
                 raise Unavailable(f"the registry: {e}") from None
         else:
-            value = json.dumps({"job_id": fields["job_id"], "workflow_name": workflow_name,
-                                "input": request["input"]}, allow_nan=False).encode()
+            document = {"job_id": fields["job_id"], "workflow_name": workflow_name,
+                        "input": request["input"]}
+            if workflow_version is not None:
+                document["workflow_version"] = workflow_version
+            value = json.dumps(document, allow_nan=False).encode()
         outcome: dict = {}
 
         def delivered(error, message):
@@ -176,11 +188,16 @@ class ApiSubmitter:
         self._token = token
 
     def submit(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID] = None,
-               traceparent: Optional[str] = None, timeout: float = 30.0) -> Receipt:
-        """Sends one request and waits until a worker committed it."""
+               traceparent: Optional[str] = None, timeout: float = 30.0,
+               workflow_version: Optional[int] = None) -> Receipt:
+        """Sends one request and waits until a worker committed it.
+        ``workflow_version`` runs that stored version instead of the newest."""
         request = _request(workflow_name, input, job_id)
-        body = json.dumps({"job_id": str(request["job_id"]), "workflow_name": workflow_name,
-                           "input": request["input"]}, allow_nan=False).encode()
+        document = {"job_id": str(request["job_id"]), "workflow_name": workflow_name,
+                    "input": request["input"]}
+        if _version(workflow_version) is not None:
+            document["workflow_version"] = workflow_version
+        body = json.dumps(document, allow_nan=False).encode()
         headers = {"content-type": "application/json", **_trace_headers(traceparent)}
         if self._token:
             headers["authorization"] = f"Bearer {self._token}"

@@ -169,9 +169,20 @@ impl Engine {
                     Some((stored.name.clone(), stored.version)),
                 )
             }
+            WorkflowRef::Version(name, version) => {
+                let stored = definitions::version(conn, name, *version)
+                    .await?
+                    .ok_or_else(|| SubmitError::UnknownVersion {
+                        name: name.clone(),
+                        version: *version,
+                    })?;
+                (stored.definition.0, Some((stored.name, stored.version)))
+            }
         };
         let compiled = match &submission.workflow {
-            WorkflowRef::Stored(_) => self.compile_stored(&document).await?,
+            WorkflowRef::Stored(_) | WorkflowRef::Version(..) => {
+                self.compile_stored(&document).await?
+            }
             WorkflowRef::Inline(_) => self.compile(&document).await?,
         };
         // Schema validation runs off the runtime (`support/eval_pool.rs`).
@@ -314,7 +325,7 @@ async fn existing(
 /// The name a refused submission is recorded under.
 fn refused_name(submission: &Submission) -> String {
     match &submission.workflow {
-        WorkflowRef::Stored(name) => name.clone(),
+        WorkflowRef::Stored(name) | WorkflowRef::Version(name, _) => name.clone(),
         WorkflowRef::Inline(document) => document
             .get("name")
             .and_then(Json::as_str)

@@ -9,6 +9,7 @@ mod listing;
 mod schedules;
 mod security;
 mod signals;
+mod versions;
 
 use flotilla_worker::engine::Engine;
 use flotilla_worker::targets::Targets;

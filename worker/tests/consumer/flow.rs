@@ -189,3 +189,80 @@ async fn with_no_batch_wait_a_batch_still_takes_everything_already_fetched(pool:
     })
     .await;
 }
+
+/// Requests naming a stored version, in both encodings, become rows of that
+/// version; one naming none takes the newest; one naming a version the
+/// name never had is a FAILED row saying so (its own outcome, the
+/// partition goes on).
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn requests_naming_a_workflow_version_become_rows_of_that_version(pool: PgPool) {
+    within_deadline(async {
+        let topics = topics().await;
+        let engine = support::engine(&pool);
+        support::register_greet(&engine).await;
+        let mut newer = engine
+            .workflow("greet")
+            .await
+            .unwrap()
+            .unwrap()
+            .definition
+            .0;
+        newer["max_attempts"] = json!(7);
+        engine.register_workflow(&newer).await.unwrap();
+        let producer = producer();
+        let cases = [
+            (Some(1), true),
+            (Some(1), false),
+            (None, true),
+            (Some(9), false),
+        ];
+        let mut ids = Vec::new();
+        for (version, avro) in cases {
+            let job_id = Uuid::new_v4();
+            let request =
+                flotilla_contracts::WorkflowRunRequest::new(job_id, "greet", json!({"name": "v"}))
+                    .unwrap()
+                    .with_workflow_version(version)
+                    .unwrap();
+            let bytes = if avro {
+                support::codec()
+                    .encode(&topics.requests, &request)
+                    .await
+                    .unwrap()
+            } else {
+                flotilla_contracts::json::encode(&request).unwrap()
+            };
+            produce_raw(
+                &producer,
+                &topics.requests,
+                &job_id.to_string(),
+                &bytes,
+                None,
+            )
+            .await;
+            ids.push(job_id);
+        }
+        let (stop, handle) = spawn(support::consumer(&engine, &topics));
+        wait_rows(&pool, 4).await;
+        stop.cancel();
+        handle.await.unwrap();
+        let mut stored = Vec::new();
+        for id in &ids {
+            let row: (Option<i32>, String, Option<String>) = sqlx::query_as(
+                "SELECT workflow_version, status, error FROM workflow_run WHERE job_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            stored.push(row);
+        }
+        assert_eq!(stored[0].0, Some(1));
+        assert_eq!(stored[1].0, Some(1));
+        assert_eq!(stored[2].0, Some(2));
+        assert_eq!(stored[3].1, "FAILED");
+        let error = stored[3].2.clone().unwrap_or_default();
+        assert!(error.contains("has no version 9"), "{error}");
+    })
+    .await;
+}

@@ -27,4 +27,5 @@ mod stored_answers;
 mod submission;
 mod support;
 mod switches;
+mod versions;
 mod wake_ups;

@@ -218,45 +218,6 @@ async fn workflows_load_from_a_directory_and_reloading_adds_no_version(pool: PgP
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A rolling deploy: a worker started with the older workflows directory
-/// after one with the newer must not make the older document the newest
-/// version again (new submissions would flip between the two). Putting
-/// an older document back on purpose (the API's PUT) still does.
-#[sqlx::test(migrator = "MIGRATOR")]
-async fn a_worker_started_with_an_older_workflows_directory_does_not_make_the_older_definition_newest(
-    pool: PgPool,
-) {
-    let engine = engine(&pool, echo_targets(&Calls::default()), manual_clock(), "w");
-    let directory = |document: &serde_json::Value| {
-        let dir = std::env::temp_dir().join(format!("flotilla-workflows-{}", Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("w.json"), document.to_string()).unwrap();
-        dir
-    };
-    let older = support::three_steps("rolling", "echo");
-    let mut newer = older.clone();
-    newer["max_attempts"] = json!(5);
-    let (old_dir, new_dir) = (directory(&older), directory(&newer));
-    let version_of_start = async |dir: &std::path::Path| {
-        let loaded = engine.register_workflows_dir(dir).await.unwrap();
-        loaded[0].version
-    };
-    assert_eq!(version_of_start(&old_dir).await, 1);
-    assert_eq!(version_of_start(&new_dir).await, 2);
-    // The old worker restarts mid-deploy: its file is version 1, kept.
-    assert_eq!(version_of_start(&old_dir).await, 1);
-    let newest = engine.workflow("rolling").await.unwrap().unwrap();
-    assert_eq!(newest.version, 2);
-    assert_eq!(newest.definition.0, newer);
-    // An operator putting the older document back means it.
-    let put = engine.register_workflow(&older).await.unwrap();
-    assert!(put.created);
-    assert_eq!(put.definition.version, 3);
-    for dir in [old_dir, new_dir] {
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-}
-
 /// A batch from the request topic is written in one statement for its rows
 /// and one for their events, yet every request keeps its own outcome: new
 /// rows, a repeat of an earlier job, a conflict, the same job id twice in
