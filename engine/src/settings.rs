@@ -17,6 +17,8 @@ pub const DEFAULT_MISSING_TARGET_WAIT: Duration = Duration::from_secs(15 * 60);
 pub const DEFAULT_MAX_LEASE_LOSSES: i32 = 3;
 /// Base of the retry backoff, unless configured.
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(5);
+/// The longest pause between a job's attempts, unless configured.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Claim loops per process, unless configured. Their checkpoints share
 /// commits (`group_commit`), so more loops add jobs in flight, not commits:
 /// 16 ran 1.7× the jobs/s of 4 on a 2-core machine.
@@ -49,8 +51,11 @@ pub struct EngineSettings {
     /// How long a job handed back for lacking targets may wait for a worker
     /// that has them before it fails.
     pub missing_target_wait: Duration,
-    /// Retry backoff base: `base × 2^(attempt−1)`.
+    /// Retry backoff base: `base × 2^(attempt−1)`, capped at
+    /// `backoff_max`, jittered within its upper half.
     pub backoff_base: Duration,
+    /// The longest pause between a job's attempts.
+    pub backoff_max: Duration,
     /// Claim loops per process.
     pub claim_loops: usize,
     /// How often the sweeper looks for expired leases.
@@ -102,6 +107,7 @@ impl EngineSettings {
             max_lease_losses: DEFAULT_MAX_LEASE_LOSSES,
             missing_target_wait: DEFAULT_MISSING_TARGET_WAIT,
             backoff_base: DEFAULT_BACKOFF_BASE,
+            backoff_max: DEFAULT_BACKOFF_MAX,
             claim_loops: DEFAULT_CLAIM_LOOPS,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             sweep_batch: DEFAULT_SWEEP_BATCH,

@@ -163,7 +163,12 @@ impl Recorded {
                     .as_ref()
                     .map(|b| serde_json::to_vec(b).unwrap_or_default())
                     .unwrap_or_default();
-                flotilla_targets::http::classify_recorded(&url, status, &body)
+                flotilla_targets::http::classify_recorded(
+                    &url,
+                    status,
+                    &body,
+                    answer.retry_after.as_deref(),
+                )
             }
             (None, None, Some(why)) => Err(StepFailure::retryable(
                 RetryClass::Transport,

@@ -10,6 +10,7 @@
 //!     - answer: {authorized: true}
 //!   capture:
 //!     - status: 503          # classified as an HTTP target classifies it
+//!       retry_after: "30"    # its Retry-After header, if any
 //!     - answer: {captured: true}
 //! signals: {}                # signal name → payload, sent once the job waits
 //! completions: {}            # external step → its answer, given once the job waits
@@ -72,6 +73,9 @@ pub struct Answer {
     pub status: Option<u16>,
     #[serde(default, deserialize_with = "present")]
     pub body: Option<Json>,
+    /// The `Retry-After` header sent with `status` (`"30"`, or an HTTP-date).
+    #[serde(default)]
+    pub retry_after: Option<String>,
     /// The target could not be reached (a transient failure), with why.
     #[serde(default)]
     pub unreachable: Option<String>,
@@ -143,9 +147,11 @@ impl Fixtures {
                         "answers.{step}[{i}]: give exactly one of answer, status or unreachable"
                     ));
                 }
-                if answer.body.is_some() && answer.status.is_none() {
+                if (answer.body.is_some() || answer.retry_after.is_some())
+                    && answer.status.is_none()
+                {
                     return Err(format!(
-                        "answers.{step}[{i}]: body goes with status (a 200's body is answer)"
+                        "answers.{step}[{i}]: body and retry_after go with status (a 200's body is answer)"
                     ));
                 }
                 if let Some(status) = answer.status

@@ -42,6 +42,9 @@ use scratch::Scratch;
 /// that needs more is looping.
 const MAX_ROUNDS: usize = 10_000;
 
+/// The namespace of rehearsed jobs' ids.
+const REHEARSAL_NAMESPACE: Uuid = Uuid::from_u128(0x6b1f_03d2_58c4_4e0a_9d7e_2a61_c5f8_b934);
+
 /// Where the virtual clock starts: a fixed instant, so two rehearsals of
 /// the same files print the same path.
 fn epoch() -> DateTime<Utc> {
@@ -270,7 +273,12 @@ impl Rehearsing<'_> {
                 ))
             })?;
         }
-        let job_id = Uuid::new_v4();
+        // Named by what runs, so the same files take the same path (a
+        // retry's jitter follows the job id).
+        let job_id = Uuid::new_v5(
+            &REHEARSAL_NAMESPACE,
+            format!("{}\n{}", self.plan.main, self.fixtures.input).as_bytes(),
+        );
         let mut stood_in = Vec::new();
         self.plan
             .stand_in_children(job_id, &self.plan.main, 0, &mut stood_in);

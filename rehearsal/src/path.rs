@@ -439,9 +439,18 @@ fn checkpoint_of(row: &RunRow, step: &str) -> Option<Json> {
 fn answered(answered: &Result<Json, StepFailure>) -> String {
     match answered {
         Ok(response) => response.to_string(),
-        Err(StepFailure::Retryable { error, class }) => {
-            format!("retryable ({}): {error}", class.label())
-        }
+        Err(StepFailure::Retryable {
+            error,
+            class,
+            after,
+        }) => match after {
+            Some(after) => format!(
+                "retryable ({}, retry after {}): {error}",
+                class.label(),
+                humantime::format_duration(*after)
+            ),
+            None => format!("retryable ({}): {error}", class.label()),
+        },
         Err(StepFailure::Verdict { message, .. }) => format!("verdict: {message}"),
         Err(StepFailure::Defect(error)) => format!("defect: {error}"),
     }

@@ -257,3 +257,35 @@ async fn wrong_files_are_refused_before_anything_runs() {
         assert!(refused.to_string().contains(said), "{text}: {refused}");
     }
 }
+
+#[tokio::test]
+async fn a_503_asking_to_retry_after_two_minutes_is_retried_two_minutes_later() {
+    let (definition, mut fixtures) = demo("payment");
+    fixtures.answers.insert(
+        "capture".to_owned(),
+        Fixtures::parse(
+            "answers: {capture: [{status: 503, retry_after: \"120\"}, {answer: {captured: 100}}]}",
+        )
+        .unwrap()
+        .answers["capture"]
+            .clone(),
+    );
+    let rehearsal = rehearsed(std::slice::from_ref(&definition), &fixtures)
+        .await
+        .unwrap();
+    let path = lines(&rehearsal);
+    assert!(
+        path.iter()
+            .any(|l| l.contains("retryable (status, retry after 2m)")),
+        "{path:#?}"
+    );
+    assert!(
+        path.iter()
+            .any(|l| l.starts_with("retry: attempt 2 of 3 +2m:")),
+        "{path:#?}"
+    );
+    assert_eq!(rehearsal.state.as_str(), "COMPLETED");
+    // The same files take the same path, jitter included.
+    let again = rehearsed(&[definition], &fixtures).await.unwrap();
+    assert_eq!(again.lines, rehearsal.lines);
+}

@@ -216,17 +216,23 @@ impl Target for HttpTarget {
             }
         })?;
         let status = response.status();
-        let content_type = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned);
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|value: &reqwest::header::HeaderValue| value.to_str().ok())
+                .map(str::to_owned)
+        };
+        let content_type = header(reqwest::header::CONTENT_TYPE);
+        let retry_after = header(reqwest::header::RETRY_AFTER)
+            .and_then(|value| retry_after(&value, std::time::SystemTime::now()));
         let body = read_capped(response, self.max_response_bytes, &url).await?;
         let answer = Answer {
             status,
             body: &body,
             content_type: content_type.as_deref(),
             keep: self.error_body_bytes,
+            retry_after,
         };
         classify(&url, &answer)
     }
@@ -275,6 +281,20 @@ struct Answer<'a> {
     content_type: Option<&'a str>,
     /// Bytes of the body an error text keeps.
     keep: usize,
+    /// Its `Retry-After`, read as a wait from now.
+    retry_after: Option<Duration>,
+}
+
+/// A `Retry-After` value as a wait from `now`: delay-seconds, or an
+/// HTTP-date (RFC 9110, section 10.2.3). A date already past, or a value
+/// that is neither, asks for no wait.
+fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    at.duration_since(now).ok().filter(|wait| !wait.is_zero())
 }
 
 impl Answer<'_> {
@@ -303,6 +323,7 @@ pub fn classify_recorded(
     url: &str,
     status: u16,
     body: &[u8],
+    retry_after_header: Option<&str>,
 ) -> Result<serde_json::Value, StepFailure> {
     let status = StatusCode::from_u16(status)
         .map_err(|e| StepFailure::Defect(format!("POST {url}: status {status}: {e}")))?;
@@ -311,6 +332,8 @@ pub fn classify_recorded(
         body,
         content_type: Some("application/json"),
         keep: body.len(),
+        retry_after: retry_after_header
+            .and_then(|value| retry_after(value, std::time::SystemTime::now())),
     };
     classify(url, &answer)
 }
@@ -326,7 +349,13 @@ fn classify(url: &str, answer: &Answer<'_>) -> Result<serde_json::Value, StepFai
         });
     }
     match status.as_u16() {
-        408 | 429 | 502 | 503 | 504 => Err(StepFailure::retryable(
+        // Only these two say when to come back (RFC 9110, 6585).
+        429 | 503 => Err(StepFailure::Retryable {
+            error: format!("POST {url}: {status}: {}", answer.excerpt()),
+            class: RetryClass::Status,
+            after: answer.retry_after,
+        }),
+        408 | 502 | 504 => Err(StepFailure::retryable(
             RetryClass::Status,
             format!("POST {url}: {status}: {}", answer.excerpt()),
         )),
@@ -380,8 +409,34 @@ mod tests {
             body,
             content_type: Some("application/json"),
             keep: 0,
+            retry_after: None,
         };
         classify("http://t/m", &answer)
+    }
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_a_date_and_kept_on_429_and_503_only() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(retry_after(" 30 ", now), Some(Duration::from_secs(30)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(retry_after(&later, now), Some(Duration::from_secs(90)));
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        assert_eq!(retry_after(&earlier, now), None);
+        assert_eq!(retry_after("soon", now), None);
+        assert_eq!(retry_after("-5", now), None);
+        for (code, kept) in [(429, true), (503, true), (502, false), (408, false)] {
+            let answer = Answer {
+                status: StatusCode::from_u16(code).unwrap(),
+                body: b"",
+                content_type: None,
+                keep: 0,
+                retry_after: Some(Duration::from_secs(30)),
+            };
+            let Err(StepFailure::Retryable { after, .. }) = classify("http://t/m", &answer) else {
+                panic!("{code} retries");
+            };
+            assert_eq!(after.is_some(), kept, "{code}");
+        }
     }
 
     #[test]
@@ -484,6 +539,7 @@ mod tests {
             body,
             content_type: Some("text/html"),
             keep: 0,
+            retry_after: None,
         };
         let Err(StepFailure::Defect(quiet)) = classify("http://t/m", &answer) else {
             panic!("a 500 is a defect");

@@ -23,8 +23,14 @@ pub const DEFAULT_MAX_CONCURRENT: usize = 8;
 pub enum StepFailure {
     /// Transient: try again later (connection refused, timeout, 503...);
     /// `class` says which kind of transient, for the retry counter.
+    /// `after`: how long the target asked to be left alone (`Retry-After`
+    /// on a 429 or 503), which the next attempt waits at least (bounded).
     #[error("{error}")]
-    Retryable { error: String, class: RetryClass },
+    Retryable {
+        error: String,
+        class: RetryClass,
+        after: Option<Duration>,
+    },
     /// The work was judged and refused; `violations` say why.
     #[error("{message}")]
     Verdict {
@@ -42,6 +48,26 @@ impl StepFailure {
         Self::Retryable {
             error: error.into(),
             class,
+            after: None,
+        }
+    }
+
+    /// The same failure with its text prefixed by `context` (`step x: `),
+    /// its class and `Retry-After` kept.
+    #[must_use]
+    pub fn within(self, context: &str) -> Self {
+        match self {
+            Self::Retryable {
+                error,
+                class,
+                after,
+            } => Self::Retryable {
+                error: format!("{context}{error}"),
+                class,
+                after,
+            },
+            Self::Defect(error) => Self::Defect(format!("{context}{error}")),
+            verdict @ Self::Verdict { .. } => verdict,
         }
     }
 

@@ -227,9 +227,14 @@ pub struct EngineConfig {
     #[arg(long, env = "FLOTILLA_MISSING_TARGET_WAIT", default_value_t = engine::DEFAULT_MISSING_TARGET_WAIT.into(), value_parser = duration_between(SECOND, DAY))]
     pub missing_target_wait: humantime::Duration,
 
-    /// Base of the retry backoff `base × 2^(attempt−1)`.
+    /// Base of the retry backoff `base × 2^(attempt−1)`, capped at
+    /// `--backoff-max` and jittered within its upper half.
     #[arg(long, env = "FLOTILLA_BACKOFF_BASE", default_value_t = engine::DEFAULT_BACKOFF_BASE.into(), value_parser = duration_between(MILLISECOND, DAY))]
     pub backoff_base: humantime::Duration,
+
+    /// The longest pause between a job's attempts.
+    #[arg(long, env = "FLOTILLA_BACKOFF_MAX", default_value_t = engine::DEFAULT_BACKOFF_MAX.into(), value_parser = duration_between(MILLISECOND, DAY))]
+    pub backoff_max: humantime::Duration,
 
     /// How often the sweeper requeues jobs whose lease expired.
     #[arg(long, env = "FLOTILLA_SWEEP_INTERVAL", default_value_t = engine::DEFAULT_SWEEP_INTERVAL.into(), value_parser = duration_between(MILLISECOND, HOUR))]

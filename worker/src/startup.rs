@@ -396,6 +396,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.max_lease_losses = engine.max_lease_losses;
     settings.missing_target_wait = *engine.missing_target_wait;
     settings.backoff_base = *engine.backoff_base;
+    settings.backoff_max = *engine.backoff_max;
     settings.sweep_interval = *engine.sweep_interval;
     settings.idle_poll_max = *engine.idle_poll_max;
     settings.listen_for_work = engine.listen_for_work;

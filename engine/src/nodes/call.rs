@@ -149,16 +149,8 @@ impl Engine {
             outcome,
             started.elapsed(),
         );
-        let response = response.map_err(|failure| match failure {
-            StepFailure::Retryable { error, class } => Invocation::Failed(StepFailure::retryable(
-                class,
-                format!("step {name}: {error}"),
-            )),
-            StepFailure::Defect(e) => {
-                Invocation::Failed(StepFailure::Defect(format!("step {name}: {e}")))
-            }
-            verdict @ StepFailure::Verdict { .. } => Invocation::Failed(verdict),
-        })?;
+        let response = response
+            .map_err(|failure| Invocation::Failed(failure.within(&format!("step {name}: "))))?;
         let judged = {
             let (compiled, scope, response) = (compiled.clone(), scope.clone(), response.clone());
             self.off_runtime(move || check_response(compiled.step_at(index), &response, &scope))

@@ -150,15 +150,29 @@ pub(crate) async fn settle(
     let job_id = claimed.job_id();
     let (attempt, max_attempts) = (claimed.row().attempt, claimed.row().max_attempts);
     match failure {
-        StepFailure::Retryable { error, class } if attempt >= max_attempts => {
+        StepFailure::Retryable { error, class, .. } if attempt >= max_attempts => {
             let class = class.label();
             tracing::warn!(%job_id, attempt, class, %error, "attempts exhausted; job is DEAD");
             claimed.dead(&error).await?;
             Ok(Outcome::Dead(job_id))
         }
-        StepFailure::Retryable { error, class } => {
-            let delay =
-                flotilla_runtime::backoff::exponential(engine.settings().backoff_base, attempt);
+        StepFailure::Retryable {
+            error,
+            class,
+            after,
+        } => {
+            let settings = engine.settings();
+            let backoff = flotilla_runtime::backoff::jittered(
+                settings.backoff_base,
+                attempt,
+                settings.backoff_max,
+                retry_spread(job_id, attempt),
+            );
+            // A target that said when to come back is left alone that long,
+            // up to the longest pause between attempts.
+            let delay = after.map_or(backoff, |after| {
+                backoff.max(after.min(settings.backoff_max))
+            });
             tracing::info!(%job_id, attempt, class = class.label(), %error, ?delay, "retryable failure; requeued");
             claimed.requeue(&error, engine.now() + delay, class).await?;
             Ok(Outcome::Requeued(job_id))
@@ -175,6 +189,44 @@ pub(crate) async fn settle(
             tracing::error!(%job_id, %error, "job failed on a defect");
             claimed.fail(&error, None).await?;
             Ok(Outcome::Failed(job_id))
+        }
+    }
+}
+
+/// Where in the jitter a job's pause after `attempt` falls, from 0 to 1:
+/// derived from the job and the attempt, so jobs that failed together
+/// spread out, and the same job and attempt always get the same pause (a
+/// rehearsal prints the same path twice).
+pub(crate) fn retry_spread(job_id: uuid::Uuid, attempt: i32) -> f64 {
+    use sha2::{Digest as _, Sha256};
+    let digest = Sha256::new()
+        .chain_update(job_id.as_bytes())
+        .chain_update(attempt.to_be_bytes())
+        .finalize();
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&digest[..8]);
+    // 53 bits: as many as an f64 holds exactly.
+    (u64::from_be_bytes(word) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_spread;
+
+    #[test]
+    fn spreads_are_stable_per_job_and_attempt_and_cover_the_range() {
+        let job = uuid::Uuid::from_u128(7);
+        assert_eq!(retry_spread(job, 1), retry_spread(job, 1));
+        assert_ne!(retry_spread(job, 1), retry_spread(job, 2));
+        let spreads: Vec<f64> = (0..1000u128)
+            .map(|n| retry_spread(uuid::Uuid::from_u128(n), 1))
+            .collect();
+        assert!(spreads.iter().all(|s| (0.0..1.0).contains(s)));
+        // A herd of a thousand jobs lands in every tenth of the span.
+        for tenth in 0..10 {
+            let (low, high) = (f64::from(tenth) / 10.0, f64::from(tenth + 1) / 10.0);
+            let count = spreads.iter().filter(|s| (low..high).contains(*s)).count();
+            assert!(count > 50, "{count} in [{low}, {high})");
         }
     }
 }

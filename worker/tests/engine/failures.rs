@@ -12,91 +12,14 @@ use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{Clock, Engine, Outcome, RefusalMode};
 use flotilla_worker::targets::http::HttpTarget;
-use flotilla_worker::targets::{FnTarget, RetryClass, StepFailure, TargetCall, Targets};
+use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{self, Calls, echo_targets, engine, manual_clock, row, submit};
+use crate::support::{self, Calls, echo_targets, engine, manual_clock, one_step, row, submit};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
-
-fn one_step(name: &str, target: &str, extra: Value) -> Value {
-    let mut step = json!({"name": "only", "target": target, "method": "go"});
-    step.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    json!({"name": name, "input_schema": {}, "steps": [step]})
-}
-
-#[sqlx::test(migrator = "MIGRATOR")]
-async fn retryable_failures_back_off_exponentially_then_die_with_the_last_error(pool: PgPool) {
-    let clock = manual_clock();
-    let mut targets = Targets::default();
-    let attempt = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    targets.register(
-        "flaky",
-        Arc::new(FnTarget(move |_call: TargetCall| {
-            let n = attempt.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-            async move {
-                Err::<Value, _>(StepFailure::retryable(
-                    RetryClass::Status,
-                    format!("503 from upstream, try {n}"),
-                ))
-            }
-        })),
-        8,
-    );
-    let engine = engine(&pool, targets, clock.clone(), "w");
-    engine
-        .register_workflow(&one_step("flaky", "flaky", json!({})))
-        .await
-        .unwrap();
-    let job_id = submit(&engine, "flaky", json!({})).await;
-
-    // Attempt 1 fails: eligible again after 5 s, not before.
-    let start = clock.now();
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
-    let queued = row(&pool, job_id).await;
-    assert_eq!(queued.status, RunStatus::Queued);
-    assert_eq!(queued.run_after, start + Duration::from_secs(5));
-    clock.advance(Duration::from_millis(4_999));
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Idle);
-    clock.advance(Duration::from_millis(1));
-
-    // Attempt 2 fails: 10 s this time.
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Requeued(job_id));
-    assert_eq!(
-        row(&pool, job_id).await.run_after,
-        clock.now() + Duration::from_secs(10)
-    );
-    clock.advance(Duration::from_secs(10));
-
-    // Attempt 3 is the last (max_attempts 3): DEAD with that error verbatim.
-    assert_eq!(engine.run_once().await.unwrap(), Outcome::Dead(job_id));
-    let dead = row(&pool, job_id).await;
-    assert_eq!(dead.status, RunStatus::Dead);
-    assert_eq!(dead.attempt, 3);
-    assert_eq!(
-        dead.error.as_deref(),
-        Some("step only: 503 from upstream, try 3")
-    );
-    let events = support::events(&pool, job_id).await;
-    assert_eq!(
-        events.iter().map(|e| e.event_type()).collect::<Vec<_>>(),
-        [E::Accepted, E::Dead]
-    );
-    assert_eq!(
-        events[1].error(),
-        Some("step only: 503 from upstream, try 3")
-    );
-    clock.advance(Duration::from_secs(3600));
-    assert_eq!(
-        engine.run_once().await.unwrap(),
-        Outcome::Idle,
-        "nothing re-enqueues a DEAD job"
-    );
-}
 
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_failing_validate_rule_is_a_verdict(pool: PgPool) {

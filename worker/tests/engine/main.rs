@@ -2,6 +2,7 @@
 //! test). Each test is named after the guarantee it proves.
 
 mod backlog;
+mod backoff;
 mod cancelling;
 mod checkpoint_rows;
 mod children;

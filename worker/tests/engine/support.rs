@@ -100,6 +100,16 @@ pub(crate) fn three_steps(name: &str, target: &str) -> Value {
     })
 }
 
+/// A workflow `name` of one step, `only`, calling `target`'s `go`, with
+/// `extra`'s fields added to the step.
+pub(crate) fn one_step(name: &str, target: &str, extra: Value) -> Value {
+    let mut step = json!({"name": "only", "target": target, "method": "go"});
+    step.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    json!({"name": name, "input_schema": {}, "steps": [step]})
+}
+
 /// `approval`: prepare (echo) → approve (external, must say approved) →
 /// notify (echo, told who approved).
 pub(crate) fn approval() -> Value {
