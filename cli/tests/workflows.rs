@@ -155,7 +155,9 @@ fn the_schema_printed_is_the_one_published() {
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn a_yaml_definition_is_put_and_two_versions_are_listed_and_compared(pool: PgPool) {
+async fn a_yaml_definition_is_put_and_two_versions_are_listed_compared_and_submitted_to(
+    pool: PgPool,
+) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
         let app = TestApp::spawn(pool.clone()).await;
         let env = vec![
@@ -196,12 +198,31 @@ async fn a_yaml_definition_is_put_and_two_versions_are_listed_and_compared(pool:
         assert!(out.iter().any(|l| l.starts_with('+') && l.contains("\"goodbye\"")), "{out:#?}");
         assert!(!out.iter().any(|l| l.starts_with('-') && l.contains("\"hello\"")), "{out:#?}");
 
-        let (code, out) = tokio::task::spawn_blocking(move || {
-            flotilla(&env, &["workflows", "diff", "greet", "1", "7"])
+        let (code, out) = tokio::task::spawn_blocking({
+            let env = env.clone();
+            move || flotilla(&env, &["workflows", "diff", "greet", "1", "7"])
         })
         .await
         .unwrap();
         assert_eq!(code, Some(3), "a version that does not exist: {out:#?}");
+
+        // A job pinned to version 1 runs it; the version must exist.
+        let (pinned, missing) = tokio::task::spawn_blocking(move || {
+            let submit = |version: &str| {
+                flotilla(
+                    &env,
+                    &["submit", "--workflow", "greet", "--workflow-version", version, "--json"],
+                )
+            };
+            (submit("1"), submit("7"))
+        })
+        .await
+        .unwrap();
+        assert_eq!(pinned.0, Some(0), "{pinned:#?}");
+        let job: serde_json::Value = serde_json::from_str(&pinned.1.join("\n")).unwrap();
+        assert_eq!(job["workflow_version"], 1, "{job}");
+        assert_ne!(missing.0, Some(0), "{missing:#?}");
+        assert!(missing.1.iter().any(|l| l.contains("has no version 7")), "{missing:#?}");
         app.stop().await;
     })
     .await
