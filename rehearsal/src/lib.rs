@@ -153,7 +153,8 @@ impl Plan {
                 .ok_or_else(|| RehearsalError::Fixtures("no definition given".to_owned()))?,
         };
         let mut targets = BTreeSet::new();
-        let mut stand_ins = BTreeMap::new();
+        // Stood-in child workflow → the keys of every result it may end with.
+        let mut result_keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for definition in &parsed {
             for step in definition.steps.iter().chain(&definition.on_failure) {
                 if !step.target.is_empty() {
@@ -169,24 +170,16 @@ impl Plan {
                         step.name, start.workflow, step.name
                     )));
                 };
-                let keys: BTreeSet<String> = stand_ins
-                    .get(&start.workflow)
-                    .map(|d: &Json| {
-                        d["output"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter_map(|rule| rule.as_str()?.split(" = ").next())
-                            .map(str::to_owned)
-                            .collect::<Vec<_>>()
-                    })
-                    .unwrap_or_default()
-                    .into_iter()
-                    .chain(end.result.iter().flat_map(|r| r.keys().cloned()))
-                    .collect();
-                stand_ins.insert(start.workflow.clone(), stand_in(&start.workflow, &keys));
+                result_keys
+                    .entry(start.workflow.clone())
+                    .or_default()
+                    .extend(end.result.iter().flat_map(|r| r.keys().cloned()));
             }
         }
+        let stand_ins = result_keys
+            .iter()
+            .map(|(workflow, keys)| (workflow.clone(), stand_in(workflow, keys)))
+            .collect();
         for step in fixtures.children.keys() {
             let starts = parsed
                 .iter()

@@ -43,11 +43,7 @@ impl Scratch {
             sqlx::raw_sql(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
                 .execute(&mut connection)
                 .await
-                .map_err(|e| {
-                    RehearsalError::Database(format!(
-                        "creating a scratch database (the URL's role needs CREATEDB): {e}"
-                    ))
-                })
+                .map_err(creating_refused)
         }
         .await;
         let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
@@ -133,11 +129,7 @@ async fn template(
     sqlx::raw_sql(&format!("CREATE DATABASE {building}"))
         .execute(&mut *connection)
         .await
-        .map_err(|e| {
-            RehearsalError::Database(format!(
-                "creating a scratch database (the URL's role needs CREATEDB): {e}"
-            ))
-        })?;
+        .map_err(creating_refused)?;
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect_lazy_with(admin.clone().database(&building));
@@ -158,4 +150,11 @@ async fn template(
         return Err(RehearsalError::Database(e));
     }
     Ok(template)
+}
+
+/// A `CREATE DATABASE` refused, with what the URL's role needs.
+fn creating_refused(e: sqlx::Error) -> RehearsalError {
+    RehearsalError::Database(format!(
+        "creating a scratch database (the URL's role needs CREATEDB): {e}"
+    ))
 }
