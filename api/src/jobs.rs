@@ -259,7 +259,7 @@ pub(crate) struct CompleteBody {
     response: Value,
 }
 
-#[utoipa::path(post, path = "/v1/jobs/{job_id}/steps/{step_name}/complete", params(("job_id" = Uuid, Path), ("step_name" = String, Path)), request_body = CompleteBody, responses((status = 200, description = "`{outcome: COMPLETED | ALREADY_DONE}`"), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "wrong state; the body has the job's `job_status` and `outstanding_step`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "response rejected; the job failed", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/steps/{step_name}/complete", params(("job_id" = Uuid, Path), ("step_name" = String, Path)), request_body = CompleteBody, responses((status = 200, description = "`{outcome: COMPLETED | ALREADY_DONE}`"), (status = 400, description = "bad id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "wrong state; the body has the job's `job_status` and `outstanding_step`, or `code: step_timed_out` when the step's timeout_ms passed", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "response rejected; the job failed", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(crate) async fn complete(
     State(state): State<ApiState>,
     Path((raw, step)): Path<(String, String)>,
@@ -284,6 +284,11 @@ pub(crate) async fn complete(
             Err(Problem::new(StatusCode::CONFLICT, detail)
                 .with(json!({ "job_status": status, "outstanding_step": outstanding_step })))
         }
+        CompleteOutcome::TimedOut => Err(Problem::new(
+            StatusCode::CONFLICT,
+            format!("step {step} of job {id} stopped waiting: its timeout_ms passed"),
+        )
+        .with(json!({ "code": "step_timed_out" }))),
         CompleteOutcome::Rejected { violations } => {
             let detail = format!(
                 "the response was rejected and job {id} failed: {}",

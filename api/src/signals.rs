@@ -132,6 +132,7 @@ impl From<SignalError> for Problem {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             SignalError::Finished { .. }
+            | SignalError::TimedOut { .. }
             | SignalError::Conflict { .. }
             | SignalError::Full { .. }
             | SignalError::TooNew { .. } => StatusCode::CONFLICT,

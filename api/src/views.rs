@@ -18,8 +18,16 @@ pub struct JobView {
     pub workflow_version: Option<i32>,
     #[schema(value_type = String, example = "QUEUED")]
     pub status: RunStatus,
+    /// How many times the job has been claimed for work since it was
+    /// submitted, woken or retried (one more after each failed attempt).
     pub attempt: i32,
+    /// Each step's attempts unless its retry policy says otherwise.
     pub max_attempts: i32,
+    /// Each step's failed attempts so far: step → count.
+    #[schema(value_type = Object)]
+    pub failed_attempts: Value,
+    /// When the workflow's `execution_timeout_ms` ends the job, if it has one.
+    pub expires_at: Option<DateTime<Utc>>,
     pub run_after: DateTime<Utc>,
     pub outstanding_step: Option<String>,
     #[schema(value_type = Object)]
@@ -40,7 +48,8 @@ pub struct JobView {
     /// The definition's revision (0 as submitted, one more per graft):
     /// what a graft names.
     pub revision: i32,
-    /// Timers the job has reached: step → the instant it wakes at.
+    /// Timers the job has reached, and the deadlines of its waits with a
+    /// `timeout_ms`: step → the instant.
     pub timers: Option<Value>,
     /// The job whose step started this one, and that step.
     pub parent_job_id: Option<Uuid>,
@@ -83,6 +92,8 @@ impl From<RunRow> for JobView {
             workflow_version: row.workflow_version,
             attempt: row.attempt,
             max_attempts: row.max_attempts,
+            failed_attempts: row.failed_attempts.0,
+            expires_at: row.expires_at,
             run_after: row.run_after,
             outstanding_step: row.outstanding_step,
             input: row.input.0,

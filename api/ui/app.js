@@ -711,6 +711,8 @@
     const f = {
       workflow: field('Workflow', 'job-workflow'),
       attempt: field('Attempt', 'job-attempt'),
+      failed: field('Failed attempts', 'job-failed-attempts'),
+      deadlines: field('Deadlines', 'job-deadlines'),
       runAfter: field('Run after', 'job-run-after'),
       step: field('Outstanding step', 'job-outstanding-step'),
       lease: field('Lease owner', 'job-lease-owner'),
@@ -777,6 +779,14 @@
         wf ? el('a', { href: `#/workflows/${seg(wf)}` }, String(wf)) : '—',
         job.workflow_version === null || job.workflow_version === undefined ? ' (inline definition)' : ` v${job.workflow_version}`);
       f.attempt.dd.textContent = `${job.attempt ?? '—'} / ${job.max_attempts ?? '—'}`;
+      // Each step counts its failed attempts apart (its retry policy).
+      const failed = job.failed_attempts && typeof job.failed_attempts === 'object' ? Object.entries(job.failed_attempts) : [];
+      f.failed.dd.textContent = failed.length === 0 ? '—' : failed.map(([step, n]) => `${step}: ${n}`).join(', ');
+      // Timers, the deadlines of waits with a timeout_ms, and the job's own.
+      const timers = job.timers && typeof job.timers === 'object' ? Object.entries(job.timers) : [];
+      const deadlines = timers.map(([step, at]) => el('div', null, `${step}: `, timeEl(at)));
+      if (job.expires_at) deadlines.push(el('div', null, 'the job (execution_timeout_ms): ', timeEl(job.expires_at)));
+      replaceContent(f.deadlines.dd, deadlines.length === 0 ? '—' : deadlines);
       replaceContent(f.runAfter.dd, timeEl(job.run_after));
       f.step.dd.textContent = dash(job.outstanding_step);
       f.lease.dd.textContent = dash(job.lease_owner);

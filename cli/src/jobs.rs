@@ -119,6 +119,21 @@ pub(crate) async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
         if let Some(step) = job["outstanding_step"].as_str() {
             println!("waiting on step: {step}");
         }
+        if let Some(version) = job["workflow_version"].as_i64() {
+            println!("workflow version: {version}");
+        }
+        for (step, failed) in job["failed_attempts"].as_object().into_iter().flatten() {
+            println!("failed attempts of step {step}: {failed}");
+        }
+        for (step, at) in job["timers"].as_object().into_iter().flatten() {
+            println!(
+                "timer or wait deadline of step {step}: {}",
+                at.as_str().unwrap_or("?")
+            );
+        }
+        if let Some(at) = job["expires_at"].as_str() {
+            println!("expires (execution_timeout_ms) at: {at}");
+        }
         if let Some(parent) = job["parent_job_id"].as_str() {
             let step = job["parent_step"].as_str().unwrap_or("?");
             println!("started by: {parent} (step {step})");
@@ -133,8 +148,13 @@ pub(crate) async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
             );
         }
         for checkpoint in job["checkpoints"].as_array().into_iter().flatten() {
+            let timed_out = if checkpoint["timed_out"] == true {
+                " (timed out)"
+            } else {
+                ""
+            };
             println!(
-                "  checkpoint {}: {}",
+                "  checkpoint {}{timed_out}: {}",
                 checkpoint["name"].as_str().unwrap_or("?"),
                 checkpoint["response"]
             );

@@ -15,6 +15,9 @@ pub use crate::event_type::WorkflowRunEventType;
 
 /// The verdict of a STEP_CHECKPOINT event whose step was skipped.
 pub const SKIPPED: &str = "skipped";
+/// The verdict of a STEP_CHECKPOINT event of a wait that ran past its
+/// `timeout_ms` and was ended by its `on_timeout`.
+pub const TIMED_OUT: &str = "timed out";
 /// The verdict of a STEP_CHECKPOINT event of a compensation step.
 pub const COMPENSATION: &str = "compensation";
 

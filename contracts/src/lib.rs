@@ -19,7 +19,9 @@ mod step;
 pub mod topics;
 
 pub use error::DecodeError;
-pub use event::{COMPENSATION, EventHeader, SKIPPED, WorkflowRunEvent, WorkflowRunEventType};
+pub use event::{
+    COMPENSATION, EventHeader, SKIPPED, TIMED_OUT, WorkflowRunEvent, WorkflowRunEventType,
+};
 pub use request::WorkflowRunRequest;
 pub use rules::RuleViolation;
 pub use signal::WorkflowRunSignal;

@@ -439,5 +439,10 @@ mod tests {
         };
         let letter = refused_signal(not_awaited).unwrap();
         assert_eq!(letter.code, "not_awaited");
+        let late = SignalError::TimedOut {
+            job_id,
+            step: "approve".into(),
+        };
+        assert_eq!(refused_signal(late).unwrap().code, "wait_timed_out");
     }
 }

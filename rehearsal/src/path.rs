@@ -443,6 +443,7 @@ fn answered(answered: &Result<Json, StepFailure>) -> String {
             error,
             class,
             after,
+            ..
         }) => match after {
             Some(after) => format!(
                 "retryable ({}, retry after {}): {error}",

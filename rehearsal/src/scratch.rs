@@ -135,6 +135,31 @@ async fn template(
         .connect_lazy_with(admin.clone().database(&building));
     let migrated = flotilla_store::MIGRATOR.run(&pool).await;
     pool.close().await;
+    // A database with a session in it cannot be renamed: the migration's
+    // closed connection leaves on its server's own time, and an autovacuum
+    // worker may have come in after the migration's writes. Nothing else
+    // uses the database yet, so its sessions are ended until none is left.
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        // A role that may not end an autovacuum worker waits for it instead.
+        let _ = sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&building)
+        .execute(&mut *connection)
+        .await;
+        let sessions: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
+                .bind(&building)
+                .fetch_one(&mut *connection)
+                .await
+                .map_err(RehearsalError::database)?;
+        if sessions == 0 || std::time::Instant::now() >= gone {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let renamed = match migrated {
         Ok(()) => sqlx::raw_sql(&format!("ALTER DATABASE {building} RENAME TO {template}"))
             .execute(&mut *connection)

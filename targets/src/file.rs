@@ -55,6 +55,10 @@ enum TargetConfig {
         /// Accept any certificate: logged loudly at every start.
         #[serde(default)]
         insecure_skip_verify: bool,
+        /// Statuses retried although they would be final (400 to 599):
+        /// `[500]` for a service whose 500s pass.
+        #[serde(default)]
+        retry_statuses: Vec<u16>,
     },
     /// A pair of topics: requests leave through the outbox, replies come
     /// back on `reply_topic`.
@@ -240,7 +244,13 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 client_certificate,
                 client_key,
                 insecure_skip_verify,
+                retry_statuses,
             } => {
+                if let Some(status) = retry_statuses.iter().find(|s| !(400..=599).contains(*s)) {
+                    return Err(refused(format!(
+                        "retry_statuses: {status} is not an HTTP status of 400 to 599"
+                    )));
+                }
                 let timeout = timeout_ms.map_or(DEFAULT_HTTP_TIMEOUT, Duration::from_millis);
                 let limit = max_response_bytes.unwrap_or(DEFAULT_MAX_RESPONSE_BYTES);
                 let client_identity = match (client_certificate, client_key) {
@@ -267,7 +277,8 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 let headers = resolve_headers(&headers).map_err(refused)?;
                 let target = HttpTarget::configured(&base_url, timeout, limit, &tls, headers)
                     .map_err(refused)?
-                    .keep_error_body(error_body_bytes);
+                    .keep_error_body(error_body_bytes)
+                    .retry_statuses(retry_statuses);
                 targets.register(
                     name,
                     Arc::new(target),

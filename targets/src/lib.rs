@@ -25,11 +25,14 @@ pub enum StepFailure {
     /// `class` says which kind of transient, for the retry counter.
     /// `after`: how long the target asked to be left alone (`Retry-After`
     /// on a 429 or 503), which the next attempt waits at least (bounded).
+    /// `status`: the HTTP status that asked for the retry, if one did
+    /// (what a step's retry policy may name).
     #[error("{error}")]
     Retryable {
         error: String,
         class: RetryClass,
         after: Option<Duration>,
+        status: Option<u16>,
     },
     /// The work was judged and refused; `violations` say why.
     #[error("{message}")]
@@ -49,6 +52,7 @@ impl StepFailure {
             error: error.into(),
             class,
             after: None,
+            status: None,
         }
     }
 
@@ -61,10 +65,12 @@ impl StepFailure {
                 error,
                 class,
                 after,
+                status,
             } => Self::Retryable {
                 error: format!("{context}{error}"),
                 class,
                 after,
+                status,
             },
             Self::Defect(error) => Self::Defect(format!("{context}{error}")),
             verdict @ Self::Verdict { .. } => verdict,
@@ -132,6 +138,9 @@ pub struct TargetCall {
     /// (`item-3`) or a page of a paged step (`page-2`); `None` for a whole
     /// step.
     pub part: Option<String>,
+    /// HTTP statuses the step's retry policy retries although they would
+    /// be final (`retry.retry_on`); other kinds of target ignore them.
+    pub retry_statuses: Vec<u16>,
 }
 
 impl TargetCall {
@@ -342,6 +351,7 @@ mod tests {
             traceparent: None,
             tracestate: None,
             part: part.map(str::to_owned),
+            retry_statuses: Vec::new(),
         };
         let nil = Uuid::nil();
         assert_eq!(call(None).idempotency_key(), format!("{nil}:score"));

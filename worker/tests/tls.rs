@@ -186,6 +186,7 @@ fn call(method: &str) -> TargetCall {
         traceparent: None,
         tracestate: None,
         part: None,
+        retry_statuses: Vec::new(),
     }
 }
 

@@ -18,7 +18,9 @@ use crate::model::{
 
 mod assign;
 mod checks;
+mod retry;
 mod shape;
+mod waits;
 
 impl CompiledWorkflow {
     /// Parses and compiles a definition document. `known_targets` are the
@@ -125,6 +127,7 @@ impl CompiledWorkflow {
                 ),
             );
         }
+        problems.execution_timeout(&definition);
         if let Some(parallelism) = definition.parallelism
             && !(1..=MAX_PARALLELISM).contains(&parallelism)
         {
@@ -156,6 +159,7 @@ impl CompiledWorkflow {
                 on_failure.push(compiled);
             }
         }
+        problems.retry_policies(&definition, &mut steps, &mut on_failure);
         let output = problems.assignments(None, "output", &definition.output);
         let verdict = definition
             .verdict
@@ -262,6 +266,7 @@ impl Problems {
                 self.add(at, "method", problem);
             }
         }
+        self.wait_bounds(at, step);
         if step.timeout_ms == Some(0) {
             self.add(at, "timeout_ms", "must be above 0");
         }
@@ -355,244 +360,10 @@ impl Problems {
             when,
             timer,
             for_each,
+            retry: crate::retry::StepRetry::plain(crate::model::default_max_attempts()),
         })
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limits::{MAX_RULES, MAX_VIOLATIONS};
-
-    fn definition(input_schema: &Json) -> Json {
-        serde_json::json!({
-            "name": "w",
-            "input_schema": input_schema,
-            "steps": [{"name": "s", "target": "t", "method": "m"}]
-        })
-    }
-
-    fn compile(document: &Json) -> Result<CompiledWorkflow, InvalidDefinition> {
-        CompiledWorkflow::compile(document, &["t".to_owned()].into())
-    }
-
-    /// `^(a+)+$` against `aaaa…a!` takes a backtracking engine exponential
-    /// time; the linear-time engine answers at once (the test's own
-    /// timeout is the bound).
-    #[test]
-    fn a_catastrophic_pattern_validates_in_linear_time() {
-        let schema = serde_json::json!({
-            "type": "object",
-            "properties": {
-                "s": {"type": "string", "pattern": "^(a+)+$"},
-                "m": {"type": "object", "patternProperties": {"^(x+x+)+y$": {"type": "integer"}}}
-            }
-        });
-        let compiled = compile(&definition(&schema)).unwrap();
-        let hostile = format!("{}!", "a".repeat(100_000));
-        let key = format!("{}z", "x".repeat(10_000));
-        let input = serde_json::json!({"s": hostile, "m": {key: "not checked"}});
-        let violations = compiled.check_input(&input).unwrap_err();
-        assert_eq!(violations.len(), 1, "{violations:?}");
-        assert!(violations[0].starts_with("/s:"), "{violations:?}");
-    }
-
-    #[test]
-    fn a_pattern_that_needs_backtracking_is_refused_at_registration() {
-        for pattern in [r"^(a)\1$", "^(?=a)a$", "^(?<!b)a$"] {
-            let schema = serde_json::json!({"type": "string", "pattern": pattern});
-            let refused = compile(&definition(&schema)).unwrap_err();
-            assert_eq!(refused.problems[0].field, "input_schema", "{pattern}");
-        }
-    }
-
-    #[test]
-    fn violations_are_listed_up_to_the_cap() {
-        let schema = serde_json::json!({"type": "array", "items": {"type": "integer"}});
-        let compiled = compile(&definition(&schema)).unwrap();
-        let input = serde_json::json!(vec!["x"; 1000]);
-        let violations = compiled.check_input(&input).unwrap_err();
-        assert_eq!(violations.len(), MAX_VIOLATIONS + 1);
-        assert!(violations[MAX_VIOLATIONS].contains("more violations"));
-    }
-
-    #[test]
-    fn a_definition_over_its_limits_is_refused_naming_each() {
-        let step =
-            |i: usize| serde_json::json!({"name": format!("s{i}"), "target": "t", "method": "m"});
-        let many_steps = serde_json::json!({
-            "name": "w", "input_schema": {},
-            "steps": (0..=MAX_STEPS).map(step).collect::<Vec<_>>()
-        });
-        let refused = compile(&many_steps).unwrap_err();
-        assert!(
-            refused.problems.iter().any(|p| p.field == "steps"),
-            "{refused}"
-        );
-
-        let many_rules = serde_json::json!({
-            "name": "w", "input_schema": {},
-            "steps": [{"name": "s", "target": "t", "method": "m",
-                "rules": (0..=MAX_RULES).map(|i| format!("f{i} = 1")).collect::<Vec<_>>()}]
-        });
-        let refused = compile(&many_rules).unwrap_err();
-        assert!(
-            refused
-                .problems
-                .iter()
-                .any(|p| p.field == "rules and validate"),
-            "{refused}"
-        );
-
-        let huge_schema = serde_json::json!({"description": "d".repeat(limits::MAX_SCHEMA_BYTES)});
-        let refused = compile(&definition(&huge_schema)).unwrap_err();
-        assert_eq!(refused.problems[0].field, "input_schema", "{refused}");
-    }
-
-    fn graph(steps: &serde_json::Value) -> serde_json::Value {
-        serde_json::json!({"name": "w", "input_schema": {}, "steps": steps})
-    }
-
-    fn problems(refused: &InvalidDefinition) -> Vec<(String, String, String)> {
-        refused
-            .problems
-            .iter()
-            .map(|p| {
-                (
-                    p.step.clone().unwrap_or_default(),
-                    p.field.clone(),
-                    p.message.clone(),
-                )
-            })
-            .collect()
-    }
-
-    /// A list written before graphs keeps its meaning: each step reads
-    /// every earlier one, as a chain.
-    #[test]
-    fn a_list_reads_every_earlier_step() {
-        let compiled = compile(&graph(&serde_json::json!([
-            {"name": "a", "target": "t", "method": "m"},
-            {"name": "b", "target": "t", "method": "m"},
-            {"name": "c", "target": "t", "method": "m",
-             "rules": ["x = steps.a.n + steps['b'].n"], "when": "has(steps.a)"},
-        ])))
-        .unwrap();
-        assert!(compiled.graph.is_chain());
-    }
-
-    #[test]
-    fn an_expression_naming_a_step_it_does_not_need_is_refused_naming_both() {
-        let refused = compile(&graph(&serde_json::json!([
-            {"name": "a", "target": "t", "method": "m", "needs": []},
-            {"name": "b", "target": "t", "method": "m", "needs": []},
-            {"name": "c", "target": "t", "method": "m", "needs": ["a"],
-             "rules": ["x = steps.a.n", "y = steps.b.n"], "validate": ["steps.ghost.ok"],
-             "when": "steps.c.n > 1"},
-        ])))
-        .unwrap_err();
-        assert_eq!(
-            problems(&refused),
-            [
-                ("c".into(), "rules[1]".into(), "reads steps.b, which it does not need (a step reads only the steps that end before it: add it to needs)".into()),
-                ("c".into(), "validate[0]".into(), "reads steps.ghost, which is no step".into()),
-                ("c".into(), "when".into(), "reads steps.c, which it does not need (a step reads only the steps that end before it: add it to needs)".into()),
-            ]
-        );
-    }
-
-    #[test]
-    fn cycles_bad_needs_a_when_that_is_no_boolean_and_parallelism_out_of_range_are_refused() {
-        let mut definition = graph(&serde_json::json!([
-            {"name": "a", "target": "t", "method": "m", "needs": ["b"]},
-            {"name": "b", "target": "t", "method": "m", "needs": ["a"]},
-            {"name": "c", "target": "t", "method": "m", "needs": ["nowhere"], "when": "input.n + 1"},
-            {"name": "d", "target": "t", "method": "m", "needs": [], "when": "input.n >"},
-            {"name": "e".repeat(129), "target": "t", "method": "m", "needs": []},
-            {"name": "nap", "sleep": "soon", "needs": []},
-            {"name": "each", "target": "t", "method": "m", "needs": [], "for_each": "input.n > 1", "max_items": 0},
-            {"name": "wait", "until": "input.at", "sleep": "0s", "target": "t", "needs": []},
-        ]));
-        definition["parallelism"] = serde_json::json!(0);
-        let refused = compile(&definition).unwrap_err();
-        let found = problems(&refused);
-        for expected in [
-            ("", "parallelism", "must be 1 to 64, got 0"),
-            ("a", "needs", "is on a cycle of needs"),
-            ("b", "needs", "is on a cycle of needs"),
-            ("c", "needs", "needs \"nowhere\", which is no step"),
-            ("c", "when", "is arithmetic, not a boolean"),
-            (
-                &"e".repeat(129),
-                "name",
-                "129 bytes long, over the limit of 128",
-            ),
-        ] {
-            assert!(
-                found.contains(&(expected.0.into(), expected.1.into(), expected.2.into())),
-                "{expected:?} not in {found:?}"
-            );
-        }
-        for (at, field, starts) in [
-            ("d", "when", "CEL does not compile"),
-            ("nap", "sleep", "not a duration such as 30m or 2s"),
-        ] {
-            assert!(
-                found.iter().any(|(step, f, message)| step == at
-                    && f == field
-                    && message.starts_with(starts)),
-                "{at} {field} {starts}: {found:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_misspelt_field_is_named_with_the_one_meant_beside_every_other_problem() {
-        let document = serde_json::json!({
-            "name": "w", "input_schema": {}, "max_attempts": 0, "retries": 3,
-            "steps": [
-                {"name": "a", "target": "t", "method": "m"},
-                {"name": "b", "need": ["a"], "target": "t", "method": "m"},
-                {"name": "c", "target": "t", "method": "m", "start": {"workflow": "x", "inptu": []}}
-            ]
-        });
-        let refused = compile(&document).unwrap_err();
-        let found = problems(&refused);
-        for (step, field, message) in [
-            ("", "retries", "no such field (the fields here:"),
-            ("b", "need", "no such field; did you mean `needs`?"),
-            (
-                "c",
-                "start.inptu",
-                "no such field; did you mean `start.input`?",
-            ),
-            ("", "max_attempts", "must be"),
-        ] {
-            assert!(
-                found
-                    .iter()
-                    .any(|(s, f, m)| s == step && f == field && m.starts_with(message)),
-                "no {step}/{field}/{message}: {found:#?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_document_of_the_wrong_shape_lists_every_place_it_is_wrong() {
-        let document = serde_json::json!({
-            "name": "w", "input_schema": {}, "parallelism": "8",
-            "steps": [{"name": "a", "needs": "b", "target": "t", "method": "m"}]
-        });
-        let found = problems(&compile(&document).unwrap_err());
-        assert!(
-            found
-                .iter()
-                .any(|(s, f, _)| s.is_empty() && f == "parallelism"),
-            "{found:#?}"
-        );
-        assert!(
-            found.iter().any(|(s, f, _)| s == "a" && f == "needs"),
-            "{found:#?}"
-        );
-    }
-}
+mod tests;

@@ -21,6 +21,7 @@ pub mod graph;
 pub mod limits;
 mod model;
 mod references;
+pub mod retry;
 pub mod schema;
 
 pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
@@ -32,9 +33,10 @@ pub use frontier::Frontier;
 pub use graph::Graph;
 pub use model::{
     Completion, DEFAULT_MAX_ITEMS, DEFAULT_MAX_PAGES, DEFAULT_PARALLELISM, MAX_ATTEMPTS,
-    MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, StartChild, StepDefinition,
+    MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, OnTimeout, StartChild, StepDefinition,
     WorkflowDefinition,
 };
+pub use retry::{FailureMatch, RetryPolicy, StepRetry};
 
 /// A definition document from its text: JSON, or YAML (which JSON is a
 /// part of), as a definitions directory, the CLI and the API's callers

@@ -3,11 +3,13 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::retry::RetryPolicy;
+
 fn default_deadline_ms() -> u64 {
     30_000
 }
 
-fn default_max_attempts() -> i32 {
+pub(crate) fn default_max_attempts() -> i32 {
     3
 }
 
@@ -54,10 +56,21 @@ pub struct WorkflowDefinition {
     #[serde(default = "default_deadline_ms")]
     #[schemars(range(min = 1, max = 86_400_000))]
     pub deadline_ms: u64,
-    /// Attempts of the job before it goes DEAD on a retryable failure.
+    /// Attempts of each step before the job goes DEAD on its retryable
+    /// failures: the default of every step's `retry.attempts`.
     #[serde(default = "default_max_attempts")]
     #[schemars(range(min = 1, max = 100))]
     pub max_attempts: i32,
+    /// Every step's retry policy unless the step says otherwise, field by
+    /// field (see [`RetryPolicy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+    /// The longest the whole job may run, in milliseconds from when it was
+    /// accepted: past it the job FAILS as timed out (compensation runs),
+    /// whatever it is doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 31_622_400_000_u64))]
+    pub execution_timeout_ms: Option<u64>,
     /// The most steps of one job called at once (default
     /// [`DEFAULT_PARALLELISM`]); the targets' caps bound them too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,6 +95,19 @@ impl WorkflowDefinition {
 pub enum Completion {
     /// Someone outside calls complete-step; the job parks until then.
     External,
+}
+
+/// What a wait past its `timeout_ms` comes to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum OnTimeout {
+    /// The job FAILS with a verdict naming the step (compensation runs).
+    Fail,
+    /// The step is checkpointed as skipped: dependants run, without it
+    /// in `steps`.
+    Skip,
+    /// This value is the step's response, judged like an answer.
+    Value(serde_json::Value),
 }
 
 /// What a `start` step starts: a stored workflow, its input built by
@@ -175,11 +201,23 @@ pub struct StepDefinition {
     /// (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_children: Option<bool>,
-    /// The longest one call of this step may take, in milliseconds; the
-    /// target's own timeout caps it.
+    /// For a call: the longest one call may take, in milliseconds (the
+    /// target's own timeout caps it). For a `wait_for`, `start` or
+    /// external step: the longest it waits, counted from when the job
+    /// first reached it; then `on_timeout` ends it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
+    /// What a wait past its `timeout_ms` comes to: `fail` (the default:
+    /// the job FAILS with a verdict naming the step), `skip` (checkpointed
+    /// as skipped, as a false `when` is) or `{value: …}` (that value is the
+    /// step's response).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
+    /// How this step's transient failures are retried; its gaps are the
+    /// workflow's `retry`, then the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
 }
 
 impl StepDefinition {

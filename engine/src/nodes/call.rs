@@ -103,6 +103,7 @@ impl Engine {
             traceparent,
             tracestate,
             part,
+            retry_statuses: step.retry.retry_statuses.clone(),
         };
         let started = std::time::Instant::now();
         // A target that panics fails this job as a defect; the loop goes on.

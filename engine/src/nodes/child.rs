@@ -160,6 +160,7 @@ impl ClaimedRun {
             signal: None,
             child: Some(id),
             list: None,
+            timed_out: false,
         };
         let submission = Submission {
             job_id: id,

@@ -11,6 +11,7 @@
 //! `kafka.rs` (a Kafka target); `scope.rs` is what every kind evaluates in. Executors never
 //! import the operations callers ask for (`ops/`).
 
+mod bounds;
 pub(crate) mod call;
 pub(crate) mod child;
 pub(crate) mod items;
@@ -320,6 +321,11 @@ impl<'a> Nodes<'a> {
                         Began::Call(node, scope)
                     }
                 };
+                let (began, wait_ends) = self.bounded(index, began).await?;
+                if let Some((at, new)) = wait_ends {
+                    // The park wakes at the wait's deadline.
+                    sleeping.add(name.clone(), at, new);
+                }
                 match began {
                     Began::Answer(checkpoint) => answered.push_back((node, checkpoint)),
                     Began::Failed(failed) => failure = Some((failed, Some(name))),
@@ -546,5 +552,6 @@ fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Chec
         signal: None,
         child: None,
         list: None,
+        timed_out: false,
     }
 }

@@ -33,6 +33,8 @@ pub enum CompleteOutcome {
         status: RunStatus,
         outstanding_step: Option<String>,
     },
+    /// The step stopped waiting: its `timeout_ms` passed.
+    TimedOut,
     /// The response was refused; the job FAILED with these violations.
     Rejected { violations: Vec<String> },
 }
@@ -69,7 +71,11 @@ enum Gate {
     Stop(CompleteOutcome),
 }
 
-fn gate(row: &RunRow, step: &str) -> Gate {
+fn gate(row: &RunRow, step: &str, now: chrono::DateTime<chrono::Utc>) -> Gate {
+    // Too late, whether or not the job has woken to end the wait.
+    if is_external_step(row, step) && row.wait_timed_out(step, now) {
+        return Gate::Stop(CompleteOutcome::TimedOut);
+    }
     // Only an external step is answered here: a job parked on a `wait_for`
     // step takes a signal, one parked on a `start` step its child's end.
     // A waiting job takes the answer of any of its external steps that is
@@ -131,7 +137,7 @@ impl Engine {
                 reads: READER_LEVEL,
             });
         }
-        if let Gate::Stop(outcome) = gate(&row, step) {
+        if let Gate::Stop(outcome) = gate(&row, step, self.now()) {
             return Ok(outcome);
         }
         // The answer joins the job's trace, whoever gives it.
@@ -174,7 +180,7 @@ impl Engine {
         let row = runs::get_for_update(&mut tx, job_id)
             .await?
             .ok_or(CompleteError::NotFound(job_id))?;
-        if let Gate::Stop(outcome) = gate(&row, step) {
+        if let Gate::Stop(outcome) = gate(&row, step, now) {
             // Release the row lock now: a dropped transaction rolls back only
             // when its connection is next used, and claims skip locked rows.
             tx.rollback().await?;
@@ -190,6 +196,7 @@ impl Engine {
                     signal: None,
                     child: None,
                     list: None,
+                    timed_out: false,
                     response,
                 };
                 if !idle::resume_waiting(

@@ -71,6 +71,8 @@ pub enum SignalError {
         "no step of job {job_id}'s workflow waits for a signal named {name:?}, or each that does has its answer"
     )]
     NotAwaited { job_id: Uuid, name: String },
+    #[error("step {step} of job {job_id} stopped waiting for this signal: its timeout_ms passed")]
+    TimedOut { job_id: Uuid, step: String },
     #[error("the payload does not fit the output schema of the step waiting for it: {}", violations.join("; "))]
     Misfit {
         job_id: Uuid,
@@ -111,6 +113,7 @@ impl SignalError {
             Self::Finished { .. } => "job_finished",
             Self::Conflict { .. } => "conflict",
             Self::NotAwaited { .. } => "not_awaited",
+            Self::TimedOut { .. } => "wait_timed_out",
             Self::Misfit { .. } => "payload_misfit",
             Self::Full { .. } => "signals_full",
             Self::Invalid(_) => "invalid",
@@ -296,18 +299,27 @@ impl Engine {
         // worker's targets (a worker lacking one must not refuse a signal).
         // A wait that has its answer takes no more: a signal kept for it
         // would only fill the row (review M6).
-        let awaited = row.definition.0["steps"]
+        // A wait past its `timeout_ms` takes no more either, even before
+        // the job wakes to end it: the signal came too late, and says so.
+        let waits: Vec<&str> = row.definition.0["steps"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|step| {
-                step["wait_for"].as_str() == Some(signal.name.as_str())
-                    && step["name"]
-                        .as_str()
-                        .is_some_and(|n| !row.has_checkpoint(n))
-            });
+            .filter(|step| step["wait_for"].as_str() == Some(signal.name.as_str()))
+            .filter_map(|step| step["name"].as_str())
+            .collect();
+        let timed_out = |step: &&str| row.wait_timed_out(step, now);
+        let awaited = waits
+            .iter()
+            .any(|step| !row.has_checkpoint(step) && !timed_out(step));
         if !awaited {
             tx.rollback().await?;
+            if let Some(step) = waits.iter().find(|step| timed_out(step)) {
+                return Err(SignalError::TimedOut {
+                    job_id,
+                    step: (*step).to_owned(),
+                });
+            }
             return Err(SignalError::NotAwaited {
                 job_id,
                 name: signal.name,

@@ -23,6 +23,7 @@ pub(crate) struct Resolved {
     /// version instead (the definition-by-reference switch).
     copy: Option<Json>,
     max_attempts: i32,
+    execution_timeout_ms: Option<i64>,
     /// The run layout a worker must read to run it (`runs::READER_LEVEL`).
     reader_level: i16,
 }
@@ -128,6 +129,7 @@ impl Engine {
                     workflow_version: None,
                     copy: Some(Json::Null),
                     max_attempts: 1,
+                    execution_timeout_ms: None,
                     reader_level: 0,
                 };
                 (resolved, Some(refused.to_string()))
@@ -217,6 +219,10 @@ impl Engine {
             workflow_version,
             copy,
             max_attempts: compiled.definition.max_attempts,
+            execution_timeout_ms: compiled
+                .definition
+                .execution_timeout_ms
+                .and_then(|ms| i64::try_from(ms).ok()),
             reader_level: self.reader_level_of(&compiled),
         })
     }
@@ -257,6 +263,7 @@ impl Prepared {
             input: &submission.input,
             request_digest: digest,
             max_attempts: resolved.max_attempts,
+            execution_timeout_ms: resolved.execution_timeout_ms,
             reader_level: resolved.reader_level,
             refusal: refusal.as_deref().map(|error| Refusal {
                 error,

@@ -422,7 +422,8 @@ impl ClaimedRun {
     }
 
     /// Back to the queue after a retryable failure of `class`, eligible
-    /// again at `run_after`.
+    /// again at `run_after`; `step`, the step that failed, counts one
+    /// failed attempt more.
     ///
     /// # Errors
     /// Lease lost, or the store failed.
@@ -431,11 +432,13 @@ impl ClaimedRun {
         error: &str,
         run_after: DateTime<Utc>,
         class: RetryClass,
+        step: Option<&str>,
     ) -> Result<(), SegmentStop> {
         self.lease
             .write(Transition::Requeue {
                 error: sanitize::error_text(error),
                 run_after,
+                step: step.map(str::to_owned),
             })
             .await?;
         crate::support::telemetry::retry(class);

@@ -99,6 +99,7 @@ pub(crate) async fn compensate(
                     signal: None,
                     child: None,
                     list: None,
+                    timed_out: false,
                 };
                 claimed.compensated(&checkpoint).await?;
             }

@@ -17,6 +17,7 @@ pub(crate) mod in_flight;
 pub(crate) mod lease;
 pub(crate) mod placement;
 pub(crate) mod reserved;
+pub(crate) mod retrying;
 pub(crate) mod segment;
 pub(crate) mod settle;
 
@@ -97,21 +98,29 @@ pub(crate) struct Headed {
 }
 
 impl Headed {
-    /// Where `failure` takes a job on `attempt` of `max_attempts`; `None`
-    /// when it goes back to the queue for another attempt instead.
+    /// Where `failure` takes a job, `retrying` deciding a retryable one;
+    /// `None` when it goes back to the queue for another attempt instead.
     pub(crate) fn of(
         failure: &StepFailure,
         step: Option<String>,
-        (attempt, max_attempts): (i32, i32),
+        retrying: Option<&retrying::Retrying>,
     ) -> Option<Self> {
-        let (error, verdict, dead) = match failure {
-            StepFailure::Retryable { .. } if attempt < max_attempts => return None,
-            StepFailure::Retryable { error, .. } => (error.clone(), None, true),
-            StepFailure::Verdict {
-                message,
-                violations,
-            } => (message.clone(), Some(violations.join("; ")), false),
-            StepFailure::Defect(error) => (error.clone(), None, false),
+        let (error, verdict, dead) = match (failure, retrying) {
+            (StepFailure::Retryable { .. }, Some(retrying::Retrying::Again { .. })) => {
+                return None;
+            }
+            (StepFailure::Retryable { error, .. }, Some(retrying::Retrying::Exhausted(why))) => {
+                (format!("{error} ({why})"), None, true)
+            }
+            (StepFailure::Retryable { error, .. }, None) => (error.clone(), None, true),
+            (
+                StepFailure::Verdict {
+                    message,
+                    violations,
+                },
+                _,
+            ) => (message.clone(), Some(violations.join("; ")), false),
+            (StepFailure::Defect(error), _) => (error.clone(), None, false),
         };
         Some(Self {
             step,

@@ -18,7 +18,8 @@ use crate::run::Headed;
 use crate::run::claims::ClaimError;
 use crate::run::compensate;
 use crate::run::lease::Heartbeat;
-use crate::run::settle::{finish, settle};
+use crate::run::retrying;
+use crate::run::settle::{finish, settle, settle_as};
 use crate::{ClaimedRun, SegmentStop};
 use crate::{Engine, Outcome};
 use flotilla_targets::StepFailure;
@@ -214,6 +215,32 @@ impl Engine {
                 Err(error) => settle(self, claimed, StepFailure::Defect(error)).await,
             };
         }
+        // Past its execution timeout the job ends, whatever it was doing;
+        // its compensation runs as for any failure.
+        if let Some(expired) = claimed.row().expires_at.filter(|at| *at <= self.now()) {
+            let failure = StepFailure::Verdict {
+                message: format!(
+                    "timed out: the workflow's execution_timeout_ms ended the job at {}",
+                    expired.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                ),
+                violations: vec!["execution_timeout_ms passed".to_owned()],
+            };
+            return match Headed::of(&failure, None, None) {
+                Some(headed) if !compiled.on_failure.is_empty() => {
+                    let input = claimed.row().input.0.clone();
+                    compensate::compensate(
+                        self,
+                        claimed,
+                        &compiled,
+                        (&input, &replayed.steps),
+                        (headed, Map::new(), false),
+                        lease_lost,
+                    )
+                    .await
+                }
+                _ => settle(self, claimed, failure).await,
+            };
+        }
         let nodes = Nodes {
             engine: self,
             claimed: &claimed,
@@ -238,8 +265,14 @@ impl Engine {
                 step,
                 steps,
             } => {
-                let attempts = (claimed.row().attempt, claimed.row().max_attempts);
-                match Headed::of(&failure, step, attempts) {
+                let retrying = retrying::retrying(
+                    self,
+                    claimed.row(),
+                    Some(&compiled),
+                    step.as_deref(),
+                    &failure,
+                );
+                match Headed::of(&failure, step.clone(), retrying.as_ref()) {
                     Some(headed) if !compiled.on_failure.is_empty() => {
                         let started = (headed, Map::new(), false);
                         compensate::compensate(
@@ -252,7 +285,7 @@ impl Engine {
                         )
                         .await
                     }
-                    _ => settle(self, claimed, failure).await,
+                    _ => settle_as(self, claimed, failure, (step, retrying)).await,
                 }
             }
             Stop::Park {

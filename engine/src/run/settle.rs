@@ -11,6 +11,7 @@ use crate::Engine;
 use crate::Outcome;
 use crate::run::Headed;
 use crate::run::compensate::compensate;
+use crate::run::retrying::{Retrying, retrying};
 use crate::{ClaimedRun, SegmentStop};
 use flotilla_targets::StepFailure;
 use flotilla_workflow::CompiledWorkflow;
@@ -66,8 +67,8 @@ pub(crate) async fn finish(
             if let Some(last) = last {
                 claimed.checkpoint(&last).await?;
             }
-            let attempts = (claimed.row().attempt, claimed.row().max_attempts);
-            match (Headed::of(&failure, None, attempts), answered) {
+            // The output mapping's failures are never retryable.
+            match (Headed::of(&failure, None, None), answered) {
                 (Some(headed), Some(steps)) => {
                     let started = (headed, Map::new(), false);
                     compensate(
@@ -141,92 +142,67 @@ fn fits_an_event(engine: &Engine, result: &Json, verdict: String) -> Result<Stri
 }
 
 /// Settles a failed segment by class: retryable → QUEUED with backoff, or
-/// DEAD on the last attempt; verdict and defect → FAILED.
+/// DEAD on the last attempt; verdict and defect → FAILED. A failure no
+/// step owns.
 pub(crate) async fn settle(
     engine: &Engine,
     claimed: ClaimedRun,
     failure: StepFailure,
 ) -> Result<Outcome, SegmentStop> {
+    let retrying = retrying(engine, claimed.row(), None, None, &failure);
+    settle_as(engine, claimed, failure, (None, retrying)).await
+}
+
+/// Settles `failure` of `step`, `retrying` deciding a retryable one.
+pub(crate) async fn settle_as(
+    engine: &Engine,
+    claimed: ClaimedRun,
+    failure: StepFailure,
+    (step, retrying): (Option<String>, Option<Retrying>),
+) -> Result<Outcome, SegmentStop> {
     let job_id = claimed.job_id();
-    let (attempt, max_attempts) = (claimed.row().attempt, claimed.row().max_attempts);
-    match failure {
-        StepFailure::Retryable { error, class, .. } if attempt >= max_attempts => {
+    let attempt = claimed.row().attempt;
+    match (failure, retrying) {
+        (
+            StepFailure::Retryable { error, class, .. },
+            Some(Retrying::Again { delay, failed, of }),
+        ) => {
+            let step_label = step.as_deref().unwrap_or("-");
+            tracing::info!(%job_id, attempt, step = step_label, failed, of, class = class.label(), %error, ?delay, "retryable failure; requeued");
+            let error = match &step {
+                Some(_) => format!("{error} (attempt {failed} of {of} failed)"),
+                None => error,
+            };
+            claimed
+                .requeue(&error, engine.now() + delay, class, step.as_deref())
+                .await?;
+            Ok(Outcome::Requeued(job_id))
+        }
+        (StepFailure::Retryable { error, class, .. }, exhausted) => {
+            let error = match exhausted {
+                Some(Retrying::Exhausted(why)) => format!("{error} ({why})"),
+                _ => error,
+            };
             let class = class.label();
             tracing::warn!(%job_id, attempt, class, %error, "attempts exhausted; job is DEAD");
             claimed.dead(&error).await?;
             Ok(Outcome::Dead(job_id))
         }
-        StepFailure::Retryable {
-            error,
-            class,
-            after,
-        } => {
-            let settings = engine.settings();
-            let backoff = flotilla_runtime::backoff::jittered(
-                settings.backoff_base,
-                attempt,
-                settings.backoff_max,
-                retry_spread(job_id, attempt),
-            );
-            // A target that said when to come back is left alone that long,
-            // up to the longest pause between attempts.
-            let delay = after.map_or(backoff, |after| {
-                backoff.max(after.min(settings.backoff_max))
-            });
-            tracing::info!(%job_id, attempt, class = class.label(), %error, ?delay, "retryable failure; requeued");
-            claimed.requeue(&error, engine.now() + delay, class).await?;
-            Ok(Outcome::Requeued(job_id))
-        }
-        StepFailure::Verdict {
-            message,
-            violations,
-        } => {
+        (
+            StepFailure::Verdict {
+                message,
+                violations,
+            },
+            _,
+        ) => {
             tracing::info!(%job_id, %message, "job failed on a verdict");
             claimed.fail(&message, Some(&violations.join("; "))).await?;
             Ok(Outcome::Failed(job_id))
         }
-        StepFailure::Defect(error) => {
+        (StepFailure::Defect(error), _) => {
             tracing::error!(%job_id, %error, "job failed on a defect");
             claimed.fail(&error, None).await?;
             Ok(Outcome::Failed(job_id))
-        }
-    }
-}
-
-/// Where in the jitter a job's pause after `attempt` falls, from 0 to 1:
-/// derived from the job and the attempt, so jobs that failed together
-/// spread out, and the same job and attempt always get the same pause (a
-/// rehearsal prints the same path twice).
-pub(crate) fn retry_spread(job_id: uuid::Uuid, attempt: i32) -> f64 {
-    use sha2::{Digest as _, Sha256};
-    let digest = Sha256::new()
-        .chain_update(job_id.as_bytes())
-        .chain_update(attempt.to_be_bytes())
-        .finalize();
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&digest[..8]);
-    // 53 bits: as many as an f64 holds exactly.
-    (u64::from_be_bytes(word) >> 11) as f64 / (1u64 << 53) as f64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::retry_spread;
-
-    #[test]
-    fn spreads_are_stable_per_job_and_attempt_and_cover_the_range() {
-        let job = uuid::Uuid::from_u128(7);
-        assert_eq!(retry_spread(job, 1), retry_spread(job, 1));
-        assert_ne!(retry_spread(job, 1), retry_spread(job, 2));
-        let spreads: Vec<f64> = (0..1000u128)
-            .map(|n| retry_spread(uuid::Uuid::from_u128(n), 1))
-            .collect();
-        assert!(spreads.iter().all(|s| (0.0..1.0).contains(s)));
-        // A herd of a thousand jobs lands in every tenth of the span.
-        for tenth in 0..10 {
-            let (low, high) = (f64::from(tenth) / 10.0, f64::from(tenth + 1) / 10.0);
-            let count = spreads.iter().filter(|s| (low..high).contains(*s)).count();
-            assert!(count > 50, "{count} in [{low}, {high})");
         }
     }
 }

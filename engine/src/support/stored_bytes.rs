@@ -82,6 +82,7 @@ mod tests {
             signal: None,
             child: None,
             list: None,
+            timed_out: false,
         }
     }
 

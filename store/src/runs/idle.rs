@@ -126,7 +126,7 @@ pub async fn retry(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
              lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,
-             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, {}
+             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, failed_attempts = '{{}}', {}
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING {COLUMNS}",
         FORGET_UNFINISHED
@@ -165,8 +165,8 @@ pub async fn wake_due(
             "WITH due AS (
                  SELECT job_id, coalesce(reply_deadline <= $1, false) AS ran_out
                  FROM workflow_run
-                 WHERE status = 'WAITING' AND (reply_deadline <= $1 OR wake_at <= $1)
-                 ORDER BY least(reply_deadline, wake_at) LIMIT $2
+                 WHERE status = 'WAITING' AND (reply_deadline <= $1 OR wake_at <= $1 OR expires_at <= $1)
+                 ORDER BY least(reply_deadline, wake_at, expires_at) LIMIT $2
                  FOR UPDATE SKIP LOCKED)
              UPDATE workflow_run r SET status = 'QUEUED', outstanding_step = NULL, run_after = $1,
                  attempt = greatest(attempt - 1, 0), reply_deadline = NULL, wake_at = NULL,
@@ -177,6 +177,21 @@ pub async fn wake_due(
         .bind(now)
         .bind(limit)
         .fetch_all(conn)
+        .await
+    })
+    .await?;
+    // A job QUEUED for later (a timer, a retry's pause) that has expired
+    // meanwhile comes back now, to be ended.
+    crate::sql::session(pool, async |conn| {
+        crate::sql::query(
+            "UPDATE workflow_run SET run_after = $1
+             WHERE job_id IN (SELECT job_id FROM workflow_run
+                              WHERE status = 'QUEUED' AND expires_at <= $1 AND run_after > $1
+                              LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(now)
+        .bind(limit)
+        .execute(conn)
         .await
     })
     .await?;

@@ -82,6 +82,11 @@ pub struct Checkpoint {
     /// [`FOR_EACH_READER_LEVEL`] or above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub list: Option<String>,
+    /// For a wait (`wait_for`, `start`, external) that ran past its
+    /// `timeout_ms`: ended by its `on_timeout` (skipped, or the value it
+    /// gives), not by an answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
 }
 
 impl Checkpoint {
@@ -93,6 +98,9 @@ impl Checkpoint {
         }
         if let Some(child) = self.child {
             return Some(format!("child {child} started"));
+        }
+        if self.timed_out {
+            return Some(flotilla_contracts::TIMED_OUT.to_owned());
         }
         match (self.item, self.page, self.skipped) {
             (Some(item), _, _) => Some(format!("item {item}")),
@@ -159,6 +167,8 @@ pub struct RunRow {
     pub status: RunStatus,
     pub attempt: i32,
     pub max_attempts: i32,
+    /// Each step's failed attempts so far: step name → count.
+    pub failed_attempts: Json<serde_json::Value>,
     pub run_after: DateTime<Utc>,
     pub outstanding_step: Option<String>,
     /// Timers set: step name → the instant it wakes at (RFC 3339).
@@ -191,6 +201,8 @@ pub struct RunRow {
     pub reply_deadline: Option<DateTime<Utc>>,
     /// While WAITING: when the earliest timer it has reached comes due.
     pub wake_at: Option<DateTime<Utc>>,
+    /// When the workflow's `execution_timeout_ms` ends the job, if it has one.
+    pub expires_at: Option<DateTime<Utc>>,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -262,6 +274,29 @@ impl RunRow {
                 .any(|e| e.get("name").and_then(|n| n.as_str()) == Some(step))
         })
     }
+
+    /// Whether `step` waited past its `timeout_ms`: ended by its
+    /// `on_timeout`, or still unended with its deadline behind `now`.
+    #[must_use]
+    pub fn wait_timed_out(&self, step: &str, now: DateTime<Utc>) -> bool {
+        let ended_so = self.checkpoints.0.as_array().is_some_and(|entries| {
+            entries.iter().any(|e| {
+                e.get("name").and_then(|n| n.as_str()) == Some(step)
+                    && e.get("timed_out") == Some(&serde_json::Value::Bool(true))
+            })
+        });
+        ended_so || (!self.has_checkpoint(step) && self.timer(step).is_some_and(|at| at <= now))
+    }
+
+    /// The instant stored for `step` in `timers`: a timer's wake-up, or a
+    /// bounded wait's deadline.
+    #[must_use]
+    pub fn timer(&self, step: &str) -> Option<DateTime<Utc>> {
+        let stored = self.timers.as_ref()?.0.get(step)?.as_str()?;
+        DateTime::parse_from_rfc3339(stored)
+            .ok()
+            .map(|at| at.with_timezone(&Utc))
+    }
 }
 
 /// A run's checkpoints as one list: the row's array, then its checkpoint
@@ -286,8 +321,8 @@ macro_rules! columns {
             "job_id, workflow_name, workflow_version, \
             coalesce(definition, (SELECT d.definition FROM workflow_definition d \
                 WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-            input, request_digest, status, attempt, max_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
-            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, ",
+            input, request_digest, status, attempt, max_attempts, failed_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
+            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, expires_at, ",
             $list,
             " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
             lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

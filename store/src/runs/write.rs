@@ -29,6 +29,9 @@ pub struct NewRun<'a> {
     pub input: &'a serde_json::Value,
     pub request_digest: &'a str,
     pub max_attempts: i32,
+    /// The workflow's `execution_timeout_ms`: the job expires this long
+    /// after `now`.
+    pub execution_timeout_ms: Option<i64>,
     /// The layout a worker must read to run it (at least 1 when
     /// `definition` is `None`).
     pub reader_level: i16,
@@ -74,14 +77,15 @@ pub async fn insert_many<'a>(
     };
     let mut inserted: Vec<RunRow> = crate::sql::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
-             status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at)
+             status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at,
+             expires_at)
          SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, $13, error, verdict, 1, greatest(CASE WHEN definition IS NULL THEN 1 ELSE 0 END, level),
-             traceparent, tracestate, $13, $13
+             traceparent, tracestate, $13, $13, $13 + timeout_ms * interval '1 millisecond'
          FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::jsonb[], $5::jsonb[], $6::text[],
-                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[])
+                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[], $15::int8[])
              WITH ORDINALITY AS r(job_id, workflow_name, workflow_version, definition, input, request_digest,
-                                  status, max_attempts, error, verdict, traceparent, tracestate, level, position)
+                                  status, max_attempts, error, verdict, traceparent, tracestate, level, timeout_ms, position)
          WHERE NOT EXISTS (SELECT 1 FROM workflow_run_removed rm WHERE rm.job_id = r.job_id)
          ORDER BY position
          ON CONFLICT (job_id) DO NOTHING
@@ -105,6 +109,11 @@ pub async fn insert_many<'a>(
     .bind(text(|run| run.tracestate))
     .bind(now)
     .bind(runs.iter().map(|run| run.reader_level).collect::<Vec<_>>())
+    .bind(
+        runs.iter()
+            .map(|run| run.execution_timeout_ms)
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut **tx)
     .await?;
     // A run that retention removed while this insert waited on its row:

@@ -78,7 +78,7 @@ async fn retryable_failures_back_off_exponentially_then_die_with_the_last_error(
     assert_eq!(dead.attempt, 3);
     assert_eq!(
         dead.error.as_deref(),
-        Some("step only: 503 from upstream, try 3")
+        Some("step only: 503 from upstream, try 3 (step only failed 3 of 3 attempts)")
     );
     let events = support::events(&pool, job_id).await;
     assert_eq!(
@@ -87,7 +87,7 @@ async fn retryable_failures_back_off_exponentially_then_die_with_the_last_error(
     );
     assert_eq!(
         events[1].error(),
-        Some("step only: 503 from upstream, try 3")
+        Some("step only: 503 from upstream, try 3 (step only failed 3 of 3 attempts)")
     );
     clock.advance(Duration::from_secs(3600));
     assert_eq!(

@@ -222,6 +222,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
         signal: None,
         child: None,
         list: None,
+        timed_out: false,
     };
     assert!(matches!(
         old.checkpoint(&checkpoint).await,
@@ -404,6 +405,7 @@ async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPo
         signal: None,
         child: None,
         list: None,
+        timed_out: false,
     };
     tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
         .await

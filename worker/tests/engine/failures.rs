@@ -156,7 +156,7 @@ async fn a_segment_past_its_deadline_is_retryable(pool: PgPool) {
     let error = row(&pool, job_id).await.error.unwrap();
     assert_eq!(
         error,
-        "step only: the segment deadline of 200 ms passed while waiting for target sleepy"
+        "step only: the segment deadline of 200 ms passed while waiting for target sleepy (attempt 1 of 3 failed)"
     );
 }
 
@@ -181,7 +181,7 @@ async fn a_step_timeout_above_its_targets_is_cut_to_the_targets(pool: PgPool) {
     let error = row(&pool, job_id).await.error.unwrap();
     assert_eq!(
         error,
-        "step only: target silent did not answer within 200 ms (the target's timeout)"
+        "step only: target silent did not answer within 200 ms (the target's timeout) (attempt 1 of 3 failed)"
     );
     assert!(
         started.elapsed() < Duration::from_secs(30),

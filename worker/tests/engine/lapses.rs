@@ -166,6 +166,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
             signal: None,
             child: None,
             list: None,
+            timed_out: false,
         })
         .await
         .unwrap();

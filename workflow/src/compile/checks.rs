@@ -110,14 +110,13 @@ impl Problems {
             ("method", !step.method.is_empty()),
             ("rules", !step.rules.is_empty()),
             ("completion", step.completion.is_some()),
-            ("timeout_ms", step.timeout_ms.is_some()),
             ("for_each", step.for_each.is_some()),
             ("paged", step.paged),
             ("wait_for", step.wait_for.is_some() && step.start.is_some()),
         ];
         for (name, present) in fields {
             if present {
-                self.add(at, name, format!("{what} calls no target: it has no target, method, rules, completion, timeout_ms, for_each or paged, and is not both a wait_for and a start"));
+                self.add(at, name, format!("{what} calls no target: it has no target, method, rules, completion, for_each or paged, and is not both a wait_for and a start"));
             }
         }
     }

@@ -48,6 +48,7 @@ fn checkpoint(response: serde_json::Value, layout: CheckpointLayout) -> Transiti
             signal: None,
             child: None,
             list: None,
+            timed_out: false,
             response,
         },
         layout,
@@ -233,6 +234,7 @@ fn named_checkpoint(name: &str, n: i64) -> Checkpoint {
         signal: None,
         child: None,
         list: None,
+        timed_out: false,
         response: serde_json::json!({ "n": n }),
     }
 }

@@ -111,6 +111,8 @@ pub enum Transition {
     Requeue {
         error: String,
         run_after: DateTime<Utc>,
+        /// The step whose failure this is: its failed attempts count one more.
+        step: Option<String>,
     },
     /// Handed back by a worker that lacks a target the job needs, for one
     /// that has it: no attempt spent, no event; `since` starts the wait.
@@ -353,6 +355,12 @@ impl Transition {
                     ("run_after", "$6"),
                     ("lease_losses", "0"),
                     ("unplaced_since", "NULL"),
+                    (
+                        "failed_attempts",
+                        "CASE WHEN $7::text IS NULL THEN failed_attempts \
+                         ELSE failed_attempts || jsonb_build_object($7::text, \
+                              coalesce((failed_attempts ->> $7::text)::int, 0) + 1) END",
+                    ),
                 ]),
                 Some(crate::runs::children::FORGET_DEAD.to_owned()),
             ),
@@ -464,6 +472,7 @@ const CANCELLED_INSTEAD: &[(&str, Option<&str>)] = &[
     ("verdict", None),
     ("run_after", None),
     ("attempt", None),
+    ("failed_attempts", None),
     ("timers", None),
     ("step_requests", None),
     ("reply_deadline", None),

@@ -128,7 +128,11 @@ pub async fn transition(
         Transition::Fail { error, verdict } => query.bind(error).bind(verdict),
         Transition::Dead { error } => query.bind(error),
         Transition::Cancel { reason } => query.bind(reason),
-        Transition::Requeue { error, run_after } => query.bind(error).bind(*run_after),
+        Transition::Requeue {
+            error,
+            run_after,
+            step,
+        } => query.bind(error).bind(*run_after).bind(step),
         Transition::Release {
             reason,
             run_after,

@@ -1,0 +1,83 @@
+//! Waits with a `timeout_ms` (`wait_for`, `start` and external steps): the
+//! deadline is fixed the first time a segment reaches the wait and kept in
+//! the row's `timers` under the step's name, as a timer's instant is, so a
+//! restart never starts the wait again; a parked job wakes at it
+//! (`wake_at`). Past it, the step's `on_timeout` ends the wait: the job
+//! fails with a verdict naming the step, or the step is skipped, or it
+//! takes the given value; either checkpoint says `timed_out`.
+
+use chrono::{DateTime, DurationRound as _, Utc};
+use flotilla_targets::StepFailure;
+use flotilla_workflow::OnTimeout;
+
+use super::timers::instant;
+use super::{Began, Nodes, Wait, checkpoint};
+use crate::SegmentStop;
+
+impl Nodes<'_> {
+    /// `began` of step `index` under its `timeout_ms`, and the deadline a
+    /// park must wake at (with whether this segment set it). A step with
+    /// no bound, or one not waiting, is left as it began.
+    ///
+    /// # Errors
+    /// The lease was lost storing the deadline.
+    pub(super) async fn bounded(
+        &self,
+        index: usize,
+        began: Began,
+    ) -> Result<(Began, Option<(DateTime<Utc>, bool)>), SegmentStop> {
+        let step = &self.compiled.steps[index].definition;
+        let waiting = matches!(
+            began,
+            Began::Waits(Wait::Signal(_) | Wait::Child | Wait::Answer) | Began::StartChild(..)
+        );
+        let Some(timeout) = step.timeout_ms.filter(|_| waiting) else {
+            return Ok((began, None));
+        };
+        let name = step.name.clone();
+        let now = self.engine.now();
+        let (at, new) = match self.claimed.row().timer(&name) {
+            Some(at) => (at, false),
+            None => {
+                let at = now
+                    + chrono::Duration::milliseconds(
+                        i64::try_from(timeout).unwrap_or(i64::MAX / 2),
+                    );
+                // To the millisecond, as the row keeps it.
+                let at = at
+                    .duration_trunc(chrono::TimeDelta::milliseconds(1))
+                    .unwrap_or(at);
+                self.claimed.keep_timer(&name, &instant(at)).await?;
+                (at, true)
+            }
+        };
+        if at > now {
+            return Ok((began, Some((at, new))));
+        }
+        if step.start.is_some() && step.cancel_children != Some(false) {
+            let child = crate::submission::child_id(self.claimed.job_id(), &name);
+            let reason = format!("its parent's step {name} timed out");
+            if let Err(e) = self.engine.cancel(child, &reason).await {
+                // Ended already, or never started: nothing to stop.
+                tracing::debug!(%child, error = %e, "a timed-out child was not cancelled");
+            }
+        }
+        let waited = humantime::format_duration(std::time::Duration::from_millis(timeout));
+        let ended = |response| {
+            let mut ended = checkpoint(name.clone(), None, response);
+            ended.timed_out = true;
+            Began::Answer(ended)
+        };
+        Ok((
+            match &step.on_timeout {
+                None | Some(OnTimeout::Fail) => Began::Failed(StepFailure::Verdict {
+                    message: format!("step {name}: timed out after {waited} of waiting"),
+                    violations: vec![format!("{name}: timed out after {waited}")],
+                }),
+                Some(OnTimeout::Skip) => ended(None),
+                Some(OnTimeout::Value(value)) => ended(Some(value.clone())),
+            },
+            None,
+        ))
+    }
+}
