@@ -66,6 +66,9 @@ impl From<OperatorError> for Problem {
         match e {
             OperatorError::NotFound(_) => Self::not_found(e.to_string()),
             OperatorError::WrongState { .. } => Self::new(StatusCode::CONFLICT, e.to_string()),
+            OperatorError::NoSuchVersion(_) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+            }
             OperatorError::Unstorable(ref unstorable) => {
                 let extra = json!({ "field": unstorable.field });
                 Self::bad_request(e.to_string()).with(extra)

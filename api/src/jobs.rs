@@ -48,6 +48,11 @@ pub(crate) struct SubmitBody {
     input: Value,
     #[serde(default)]
     job_id: Option<Uuid>,
+    /// 0 to 10 (default 0): a head start in the queue of a minute per point
+    /// over jobs of lower priority.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 10)]
+    priority: Option<i32>,
 }
 
 #[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 410, description = "idempotent repeat of a job whose run retention removed (code `removed`, `final_status`, `finished_at`, `removed_at`)", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow or version, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
@@ -115,7 +120,24 @@ pub(crate) async fn submit(
             ));
         }
     };
+    let priority = match body.priority {
+        None => 0,
+        Some(p) => i16::try_from(p)
+            .ok()
+            .filter(|p| (0..=flotilla_engine::MAX_PRIORITY).contains(p))
+            .ok_or_else(|| {
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "priority is 0 to {}, got {p}",
+                        flotilla_engine::MAX_PRIORITY
+                    ),
+                )
+                .with(json!({ "field": "priority" }))
+            })?,
+    };
     let submission = Submission {
+        priority,
         job_id: body.job_id.unwrap_or_else(Uuid::new_v4),
         workflow,
         input: if body.input.is_null() {
@@ -300,12 +322,47 @@ pub(crate) async fn complete(
     }
 }
 
-#[utoipa::path(post, path = "/v1/jobs/{job_id}/retry", params(("job_id" = Uuid, Path)), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not DEAD, FAILED or CANCELLED", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+/// An operator's retry may move the job to another stored version of its
+/// workflow: a number, or `"latest"`. Without a body, the job runs the
+/// version it ran.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RetryBody {
+    #[schema(value_type = Object, example = json!(3))]
+    workflow_version: Value,
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{job_id}/retry", params(("job_id" = Uuid, Path)), request_body(content = Option<RetryBody>, description = "optional: `{\"workflow_version\": 3}` or `{\"workflow_version\": \"latest\"}` moves the job, keeping the checkpoints of the steps that did not change"), responses((status = 200, body = JobView), (status = 400, description = "malformed id or body", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "not DEAD, FAILED or CANCELLED", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "an inline definition, or a version the workflow never had", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(crate) async fn retry(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
+    body: axum::body::Bytes,
 ) -> Result<axum::Json<JobView>, Problem> {
-    let row = state.engine.retry(job_id(&raw)?).await?;
+    let id = job_id(&raw)?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        let row = state.engine.retry(id).await?;
+        return Ok(axum::Json(row.into()));
+    }
+    let bad = |detail: String| {
+        Problem::new(StatusCode::BAD_REQUEST, detail).with(json!({ "field": "workflow_version" }))
+    };
+    let body: RetryBody = serde_json::from_slice(&body)
+        .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, format!("the body: {e}")))?;
+    let version = match &body.workflow_version {
+        Value::String(latest) if latest == "latest" => None,
+        Value::Number(n) => Some(
+            n.as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| bad(format!("workflow_version {n} is not a version (from 1)")))?,
+        ),
+        other => {
+            return Err(bad(format!(
+                "workflow_version must be a number from 1 or \"latest\", not {other}"
+            )));
+        }
+    };
+    let (row, _run_again) = state.engine.retry_onto(id, version).await?;
     Ok(axum::Json(row.into()))
 }
 

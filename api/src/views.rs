@@ -23,6 +23,8 @@ pub struct JobView {
     pub attempt: i32,
     /// Each step's attempts unless its retry policy says otherwise.
     pub max_attempts: i32,
+    /// The request's priority, 0 to 10 (a head start in the queue).
+    pub priority: i16,
     /// Each step's failed attempts so far: step → count.
     #[schema(value_type = Object)]
     pub failed_attempts: Value,
@@ -93,6 +95,7 @@ impl From<RunRow> for JobView {
             attempt: row.attempt,
             max_attempts: row.max_attempts,
             failed_attempts: row.failed_attempts.0,
+            priority: row.priority,
             expires_at: row.expires_at,
             run_after: row.run_after,
             outstanding_step: row.outstanding_step,

@@ -70,6 +70,10 @@ pub(crate) enum Command {
         #[command(flatten)]
         api: client::ApiArgs,
         job_id: String,
+        /// Move it to this stored version of its workflow (a number, or
+        /// `latest`), keeping the checkpoints of the steps that did not change.
+        #[arg(long)]
+        workflow_version: Option<String>,
     },
     /// Cancel a job (a RUNNING one is ended by its worker at its next heartbeat, or sooner when it parks, sleeps or ends).
     Cancel {
@@ -124,7 +128,11 @@ impl Command {
                 step,
                 response,
             } => jobs::complete(&api, &job_id, &step, &response).await,
-            Command::Retry { api, job_id } => jobs::verb(&api, &job_id, "retry", None).await,
+            Command::Retry {
+                api,
+                job_id,
+                workflow_version,
+            } => jobs::retry(&api, &job_id, workflow_version).await,
             Command::Cancel {
                 api,
                 job_id,

@@ -31,6 +31,9 @@ pub(crate) struct SubmitArgs {
     /// The stored version to run (from 1); without it, the newest.
     #[arg(long, requires = "workflow")]
     workflow_version: Option<i32>,
+    /// 0 (the default) to 10: a head start in the queue, a minute per point.
+    #[arg(long)]
+    priority: Option<i32>,
     /// An inline workflow definition (@file or JSON).
     #[arg(long = "definition")]
     workflow_file: Option<String>,
@@ -102,6 +105,9 @@ pub(crate) async fn submit(api: &ApiArgs, args: SubmitArgs) -> Result<(), Failur
     }
     if let Some(id) = args.job_id {
         body["job_id"] = json!(id);
+    }
+    if let Some(priority) = args.priority {
+        body["priority"] = json!(priority);
     }
     let job = api.call(Method::POST, "/v1/jobs", Some(&body)).await?;
     show(api, &job, |job| {
@@ -319,13 +325,50 @@ pub(crate) async fn signals(api: &ApiArgs, job_id: &str) -> Result<(), Failure> 
     Ok(())
 }
 
+/// An operator's retry, moved to `workflow_version` (a number or
+/// `latest`) when given.
+pub(crate) async fn retry(
+    api: &ApiArgs,
+    job_id: &str,
+    workflow_version: Option<String>,
+) -> Result<(), Failure> {
+    let body = match workflow_version.as_deref() {
+        None => None,
+        Some("latest") => Some(json!({ "workflow_version": "latest" })),
+        Some(number) => {
+            let version: i64 = number.parse().map_err(|_| {
+                Failure::usage(anyhow::anyhow!(
+                    "--workflow-version {number:?} is neither a number nor latest"
+                ))
+            })?;
+            Some(json!({ "workflow_version": version }))
+        }
+    };
+    post_verb(api, job_id, "retry", body).await
+}
+
 pub(crate) async fn verb(
     api: &ApiArgs,
     job_id: &str,
     verb: &str,
     reason: Option<String>,
 ) -> Result<(), Failure> {
-    let body = reason.map(|reason| json!({ "reason": reason }));
+    post_verb(
+        api,
+        job_id,
+        verb,
+        reason.map(|reason| json!({ "reason": reason })),
+    )
+    .await
+}
+
+/// `POST /v1/jobs/{id}/{verb}` with `body`, the job it answers printed.
+async fn post_verb(
+    api: &ApiArgs,
+    job_id: &str,
+    verb: &str,
+    body: Option<Value>,
+) -> Result<(), Failure> {
     let job = api
         .call(
             Method::POST,

@@ -113,6 +113,13 @@ impl AvroMessage for WorkflowRunRequest {
                     Some(version) => Value::Union(1, Box::new(Value::Int(version))),
                 },
             ),
+            (
+                "priority".into(),
+                match self.priority() {
+                    None => Value::Union(0, Box::new(Value::Null)),
+                    Some(priority) => Value::Union(1, Box::new(Value::Int(priority))),
+                },
+            ),
         ])
     }
 
@@ -122,7 +129,10 @@ impl AvroMessage for WorkflowRunRequest {
         let workflow_name = record.string("workflow_name")?;
         let input = record.json("input")?;
         let version = record.optional_int("workflow_version")?;
-        Ok(Self::new(job_id, workflow_name, input)?.with_workflow_version(version)?)
+        let priority = record.optional_int("priority")?;
+        Ok(Self::new(job_id, workflow_name, input)?
+            .with_workflow_version(version)?
+            .with_priority(priority)?)
     }
 }
 

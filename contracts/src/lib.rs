@@ -23,6 +23,7 @@ pub use event::{
     COMPENSATION, EventHeader, SKIPPED, TIMED_OUT, WorkflowRunEvent, WorkflowRunEventType,
 };
 pub use request::WorkflowRunRequest;
+pub use rules::MAX_PRIORITY;
 pub use rules::RuleViolation;
 pub use signal::WorkflowRunSignal;
 pub use step::{StepRequestParts, WorkflowStepReply, WorkflowStepRequest, headers as step_headers};

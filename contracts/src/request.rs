@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::rules::{check_uuid, check_workflow_name};
+use crate::rules::{MAX_PRIORITY, check_uuid, check_workflow_name};
 use crate::{Message, RuleViolation};
 
 /// Asks the fleet to run the stored workflow `workflow_name` on `input`.
@@ -20,6 +20,10 @@ pub struct WorkflowRunRequest {
     /// requests of producers older than the field, which decode as `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     workflow_version: Option<i32>,
+    /// 0 to [`MAX_PRIORITY`]: a head start in the queue (see
+    /// `docs/workflows.md`, "Priority"); `None` is 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    priority: Option<i32>,
 }
 
 impl WorkflowRunRequest {
@@ -37,6 +41,7 @@ impl WorkflowRunRequest {
             workflow_name: workflow_name.into(),
             input,
             workflow_version: None,
+            priority: None,
         };
         request.check_rules()?;
         Ok(request)
@@ -50,6 +55,22 @@ impl WorkflowRunRequest {
         self.workflow_version = version;
         self.check_rules()?;
         Ok(self)
+    }
+
+    /// Asks for a head start in the queue (0 to [`MAX_PRIORITY`]).
+    ///
+    /// # Errors
+    /// A priority out of that range.
+    pub fn with_priority(mut self, priority: Option<i32>) -> Result<Self, RuleViolation> {
+        self.priority = priority;
+        self.check_rules()?;
+        Ok(self)
+    }
+
+    /// The priority asked for; `None` is 0.
+    #[must_use]
+    pub fn priority(&self) -> Option<i32> {
+        self.priority
     }
 
     /// The stored version asked for; `None`: the newest.
@@ -90,8 +111,13 @@ impl Message for WorkflowRunRequest {
     fn check_rules(&self) -> Result<(), RuleViolation> {
         check_uuid("job_id", &self.job_id)?;
         check_workflow_name(&self.workflow_name)?;
-        match self.workflow_version {
-            Some(version) if version < 1 => Err(RuleViolation::VersionBelowOne(version)),
+        if let Some(version) = self.workflow_version.filter(|v| *v < 1) {
+            return Err(RuleViolation::VersionBelowOne(version));
+        }
+        match self.priority {
+            Some(priority) if !(0..=MAX_PRIORITY).contains(&priority) => {
+                Err(RuleViolation::PriorityOutOfRange(priority))
+            }
             _ => Ok(()),
         }
     }

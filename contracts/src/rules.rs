@@ -32,7 +32,12 @@ pub enum RuleViolation {
     NilUuid { field: &'static str },
     #[error("rule broken: workflow_version counts from 1, got {0}")]
     VersionBelowOne(i32),
+    #[error("rule broken: priority is 0 to {MAX_PRIORITY}, got {0}")]
+    PriorityOutOfRange(i32),
 }
+
+/// The highest priority a request may ask for.
+pub const MAX_PRIORITY: i32 = 10;
 
 pub(crate) fn non_blank(value: &str) -> bool {
     !value.trim().is_empty()

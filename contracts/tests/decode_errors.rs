@@ -113,13 +113,10 @@ fn trailing_json_after_the_object_is_refused() {
 #[test]
 fn unknown_fields_are_refused_rather_than_dropped() {
     let err = json::decode::<WorkflowRunRequest>(
-        br#"{"job_id":"0192a1e4-4b2a-7d3e-9f10-223344556677","workflow_name":"w","input":{},"priority":1}"#,
+        br#"{"job_id":"0192a1e4-4b2a-7d3e-9f10-223344556677","workflow_name":"w","input":{},"urgency":1}"#,
     )
     .unwrap_err();
-    assert!(
-        err.to_string().contains("unknown field `priority`"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("unknown field `urgency`"), "{err}");
 }
 
 fn stored_event() -> serde_json::Value {

@@ -113,3 +113,42 @@ fn a_request_naming_a_version_round_trips_and_version_0_is_refused() {
     let refused = json::decode::<flotilla_contracts::WorkflowRunRequest>(zero.as_bytes());
     assert!(refused.is_err(), "{refused:?}");
 }
+
+/// A request from a producer older than `priority` (with `workflow_version`,
+/// without `priority`) decodes as priority 0; a priority round-trips in
+/// both encodings, and one past 10 is refused at decode.
+#[test]
+fn a_request_written_before_priority_decodes_without_one_and_11_is_refused() {
+    let writer = apache_avro::Schema::parse_str(
+        r#"{"type": "record", "name": "WorkflowRunRequest", "namespace": "io.flotilla.v1",
+            "fields": [
+              {"name": "job_id", "type": {"type": "string", "logicalType": "uuid"}},
+              {"name": "workflow_name", "type": "string"},
+              {"name": "input", "type": "string"},
+              {"name": "workflow_version", "type": ["null", "int"], "default": null}]}"#,
+    )
+    .unwrap();
+    // The older writer's bytes: today's without the trailing null priority.
+    let mut older = avro::encode_datum(&support::request()).unwrap();
+    assert_eq!(older.pop(), Some(0), "a null union branch is one zero byte");
+    let request: flotilla_contracts::WorkflowRunRequest =
+        avro::decode_datum(&writer, &older).unwrap();
+    assert_eq!(request, support::request());
+    assert_eq!(request.priority(), None);
+
+    let urgent = support::request().with_priority(Some(7)).unwrap();
+    let datum = avro::encode_datum(&urgent).unwrap();
+    let decoded: flotilla_contracts::WorkflowRunRequest = avro::decode_datum(
+        flotilla_contracts::WorkflowRunRequest::avro_schema(),
+        &datum,
+    )
+    .unwrap();
+    assert_eq!(decoded.priority(), Some(7));
+    let text = String::from_utf8(json::encode(&urgent).unwrap()).unwrap();
+    assert!(text.contains("\"priority\":7"), "{text}");
+    assert!(support::request().with_priority(Some(11)).is_err());
+    assert!(support::request().with_priority(Some(-1)).is_err());
+    let eleven = text.replace("\"priority\":7", "\"priority\":11");
+    let refused = json::decode::<flotilla_contracts::WorkflowRunRequest>(eleven.as_bytes());
+    assert!(refused.is_err(), "{refused:?}");
+}

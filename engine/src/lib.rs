@@ -69,7 +69,9 @@ pub use run::{LeaseLost, Outcome, SegmentStop};
 pub use services::Namesake;
 pub use services::layout_switches::{Switch, SwitchError, SwitchRefused};
 pub use settings::*;
-pub use submission::{RefusalMode, Submission, SubmitError, Submitted, WorkflowRef, child_id};
+pub use submission::{
+    MAX_PRIORITY, RefusalMode, Submission, SubmitError, Submitted, WorkflowRef, child_id,
+};
 pub use support::sanitize::MAX_ERROR_CHARS;
 pub use support::storable::{MAX_WORKFLOW_NAME_CHARS, Unstorable};
 pub use support::stored_bytes::DEFAULT_MAX_STORED_BYTES;

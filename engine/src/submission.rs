@@ -34,7 +34,15 @@ pub struct Submission {
     pub traceparent: Option<String>,
     /// W3C `tracestate`, kept only beside a valid `traceparent`.
     pub tracestate: Option<String>,
+    /// 0 to 10: a head start in the queue, a minute per point. Not part of
+    /// the request's digest: the same job sent again with another
+    /// priority is the same job.
+    pub priority: i16,
 }
+
+/// The highest priority a submission may ask for (the contract's).
+#[allow(clippy::cast_possible_truncation)]
+pub const MAX_PRIORITY: i16 = flotilla_contracts::MAX_PRIORITY as i16;
 
 /// What to do with a submission that names an unknown workflow or carries an
 /// input that fails the schema.
@@ -249,6 +257,7 @@ mod tests {
     #[test]
     fn digest_ignores_key_order_but_not_content() {
         let submission = |input: Json| Submission {
+            priority: 0,
             job_id: Uuid::nil(),
             workflow: WorkflowRef::Stored("w".into()),
             input,

@@ -317,7 +317,13 @@ impl RequestConsumer {
         );
         let (traceparent, tracestate) =
             flotilla_runtime::trace::enter_trace(&span, producer_traceparent, producer_tracestate);
+        // In range: the contract's rules were checked at decode.
+        let priority = request
+            .priority()
+            .and_then(|p| i16::try_from(p).ok())
+            .unwrap_or(0);
         Ok(Classified::Submit(Submission {
+            priority,
             job_id: request.job_id(),
             workflow: match request.workflow_version() {
                 Some(version) => WorkflowRef::Version(request.workflow_name().to_owned(), version),

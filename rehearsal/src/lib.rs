@@ -284,6 +284,7 @@ impl Rehearsing<'_> {
             input: self.fixtures.input.clone(),
             traceparent: None,
             tracestate: None,
+            priority: 0,
         };
         self.engine
             .submit(submission, RefusalMode::Refuse)

@@ -23,6 +23,7 @@ mod model;
 mod references;
 pub mod retry;
 pub mod schema;
+pub mod unchanged;
 
 pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
 pub use compiled::{

@@ -168,6 +168,8 @@ impl ClaimedRun {
             input: child.input,
             traceparent: parent.traceparent.clone(),
             tracestate: parent.tracestate.clone(),
+            // A child is as urgent as the job that started it.
+            priority: parent.priority,
         };
         let engine = self.engine();
         let now = engine.now();

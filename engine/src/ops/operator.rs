@@ -2,9 +2,12 @@
 
 use uuid::Uuid;
 
+use flotilla_store::definitions;
 use flotilla_store::runs::idle::{self, IdleSettle};
+use flotilla_store::runs::moves::{self, Onto};
 use flotilla_store::runs::{self, RunRow, lease};
 use flotilla_store::{RunStatus, StoreError};
+use flotilla_workflow::{WorkflowDefinition, unchanged};
 
 use crate::Engine;
 use crate::support::storable::{self, Unstorable};
@@ -24,6 +27,10 @@ pub enum OperatorError {
     /// anything is written.
     #[error(transparent)]
     Unstorable(#[from] Unstorable),
+    /// A retry onto a version that cannot be: a job of an inline
+    /// definition, or a version its workflow never had.
+    #[error("{0}")]
+    NoSuchVersion(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -67,6 +74,92 @@ impl Engine {
         tracing::info!(%job_id, workflow_name = %retried.workflow_name, "job retried by an operator");
         self.wake();
         Ok(retried)
+    }
+
+    /// An operator's retry that moves a DEAD, FAILED or CANCELLED job to
+    /// `version` of its workflow (`None`: the newest), keeping the
+    /// checkpoints of the steps that did not change
+    /// ([`flotilla_workflow::unchanged`]); the others run again. Returns
+    /// the job and the steps that run again.
+    ///
+    /// # Errors
+    /// Unknown job, a job in another state, an inline definition or a
+    /// version its workflow never had, store errors.
+    pub async fn retry_onto(
+        &self,
+        job_id: Uuid,
+        version: Option<i32>,
+    ) -> Result<(RunRow, Vec<String>), OperatorError> {
+        let now = self.now();
+        let mut tx = self.pool().begin().await?;
+        let row = runs::get_for_update(&mut tx, job_id)
+            .await?
+            .ok_or(OperatorError::NotFound(job_id))?;
+        if !matches!(
+            row.status,
+            RunStatus::Dead | RunStatus::Failed | RunStatus::Cancelled
+        ) {
+            return Err(OperatorError::WrongState {
+                job_id,
+                status: row.status,
+                verb: "retry",
+                allowed: "DEAD, FAILED or CANCELLED jobs",
+            });
+        }
+        if row.workflow_version.is_none() {
+            return Err(OperatorError::NoSuchVersion(format!(
+                "job {job_id} runs an inline definition, which has no versions to move to"
+            )));
+        }
+        let name = row.workflow_name.clone();
+        let stored = match version {
+            Some(version) => definitions::version(&mut tx, &name, version).await?,
+            None => definitions::newest(&mut tx, &name).await?,
+        }
+        .ok_or_else(|| {
+            OperatorError::NoSuchVersion(format!(
+                "workflow {name} has no version {}",
+                version.map_or_else(|| "at all".to_owned(), |v| v.to_string())
+            ))
+        })?;
+        let document = stored.definition.0;
+        let compiled = self.compile_stored(&document).await.map_err(|invalid| {
+            OperatorError::NoSuchVersion(format!(
+                "version {} of {name} does not compile here: {invalid}",
+                stored.version
+            ))
+        })?;
+        // A definition this release cannot read as a model (one stored by
+        // an older release) keeps nothing: every step runs again.
+        let old: Option<WorkflowDefinition> = serde_json::from_value(row.definition.0.clone()).ok();
+        let run_again = old
+            .and_then(|old| unchanged::steps_to_run_again(&old, &compiled.definition))
+            .unwrap_or_else(|| {
+                row.definition.0["steps"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|step| step["name"].as_str().map(str::to_owned))
+                    .collect()
+            });
+        let onto = Onto {
+            version: stored.version,
+            definition: &document,
+            max_attempts: compiled.definition.max_attempts,
+            reader_level: self.reader_level_of(&compiled),
+            execution_timeout_ms: compiled
+                .definition
+                .execution_timeout_ms
+                .and_then(|ms| i64::try_from(ms).ok()),
+            run_again: &run_again,
+        };
+        let moved = moves::retry_onto(&mut tx, job_id, now, &onto)
+            .await?
+            .ok_or(OperatorError::NotFound(job_id))?;
+        tx.commit().await?;
+        tracing::info!(%job_id, workflow_name = %name, version = stored.version, ?run_again, "job retried by an operator onto another version");
+        self.wake();
+        Ok((moved, run_again))
     }
 
     /// Cancels a QUEUED or WAITING job, with `reason` as its error; for a

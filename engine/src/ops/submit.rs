@@ -271,6 +271,7 @@ impl Prepared {
             }),
             traceparent: submission.traceparent.as_deref(),
             tracestate: submission.tracestate.as_deref(),
+            priority: submission.priority,
             now,
         })
     }

@@ -135,6 +135,7 @@ impl Engine {
                 input: row.input.0.clone(),
                 traceparent: None,
                 tracestate: None,
+                priority: 0,
             };
             match self.submit_recorded(tx, &submission, now).await {
                 Ok(Submitted::Created(run)) => {

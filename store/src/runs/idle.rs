@@ -113,7 +113,8 @@ pub async fn settle_idle(
 /// Operator retry: a DEAD, FAILED or CANCELLED job goes back to the queue with
 /// fresh attempts, no lapses counted and a fresh wait for its targets,
 /// keeping its checkpoints and the results of the children that completed
-/// (a child that did not is started again: retried). `None` when the job is in another state.
+/// (a child that did not is started again: retried). An execution timeout
+/// counts again from the retry. `None` when the job is in another state.
 ///
 /// # Errors
 /// Database errors.
@@ -126,7 +127,8 @@ pub async fn retry(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
              lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,
-             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, failed_attempts = '{{}}', {}
+             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, failed_attempts = '{{}}',
+             expires_at = $2 + (expires_at - created_at), {}
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING {COLUMNS}",
         FORGET_UNFINISHED

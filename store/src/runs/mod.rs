@@ -9,6 +9,7 @@
 pub mod children;
 pub mod idle;
 pub mod lease;
+pub mod moves;
 mod read;
 pub mod signals;
 pub mod step_requests;
@@ -167,6 +168,9 @@ pub struct RunRow {
     pub status: RunStatus,
     pub attempt: i32,
     pub max_attempts: i32,
+    /// The request's priority (0 to 10): the head start its first
+    /// `run_after` was given.
+    pub priority: i16,
     /// Each step's failed attempts so far: step name → count.
     pub failed_attempts: Json<serde_json::Value>,
     pub run_after: DateTime<Utc>,
@@ -321,7 +325,7 @@ macro_rules! columns {
             "job_id, workflow_name, workflow_version, \
             coalesce(definition, (SELECT d.definition FROM workflow_definition d \
                 WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
-            input, request_digest, status, attempt, max_attempts, failed_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
+            input, request_digest, status, attempt, max_attempts, priority, failed_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
             parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, expires_at, ",
             $list,
             " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \

@@ -56,3 +56,62 @@ async fn a_job_submitted_with_a_workflow_version_runs_that_version(pool: PgPool)
         "{problem}"
     );
 }
+
+/// `POST /v1/jobs/{id}/retry` with a `workflow_version` moves a finished
+/// job to that version (or the latest), keeping the checkpoints of the
+/// steps that did not change; a body that names no version is refused
+/// naming the field, and no body is the plain retry.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_retry_may_move_a_job_to_the_latest_version(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    let put = |document| api.call(Method::PUT, "/v1/workflows/approval", Some(document));
+    assert_eq!(put(approval()).await.0, StatusCode::CREATED);
+    let (status, job) = api
+        .call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "approval", "input": {"amount": 5}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["job_id"].as_str().unwrap().to_owned();
+    let job_path = format!("/v1/jobs/{id}");
+    // Parked on the person's step once `check` answered.
+    api.engine.run_once().await.unwrap();
+    assert_eq!(
+        api.call(Method::GET, &job_path, None).await.1["status"],
+        "WAITING"
+    );
+    let cancelled = api
+        .call(Method::POST, &format!("{job_path}/cancel"), None)
+        .await;
+    assert_eq!(cancelled.0, StatusCode::OK, "{}", cancelled.1);
+    let mut second = approval();
+    second["steps"][1]["validate"] = json!(["response.ok == true", "has(response.by)"]);
+    assert_eq!(put(second).await.0, StatusCode::CREATED);
+
+    let retry_path = format!("{job_path}/retry");
+    let retry = |body: Option<serde_json::Value>| api.call(Method::POST, &retry_path, body);
+    for (body, field) in [
+        (json!({"workflow_version": 0}), true),
+        (json!({"workflow_version": "newest"}), true),
+        (json!({"version": 2}), false),
+    ] {
+        let (status, problem) = retry(Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {problem}");
+        assert_eq!(problem["field"] == "workflow_version", field, "{problem}");
+    }
+    let (status, problem) = retry(Some(json!({"workflow_version": 9}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+
+    let (status, moved) = retry(Some(json!({"workflow_version": "latest"}))).await;
+    assert_eq!(status, StatusCode::OK, "{moved}");
+    assert_eq!(moved["workflow_version"], 2);
+    let kept: Vec<&str> = moved["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(kept, ["check"], "the changed person's step runs again");
+}

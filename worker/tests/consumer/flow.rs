@@ -210,19 +210,22 @@ async fn requests_naming_a_workflow_version_become_rows_of_that_version(pool: Pg
         newer["max_attempts"] = json!(7);
         engine.register_workflow(&newer).await.unwrap();
         let producer = producer();
+        // (version, priority, Avro or JSON)
         let cases = [
-            (Some(1), true),
-            (Some(1), false),
-            (None, true),
-            (Some(9), false),
+            (Some(1), Some(5), true),
+            (Some(1), Some(3), false),
+            (None, None, true),
+            (Some(9), None, false),
         ];
         let mut ids = Vec::new();
-        for (version, avro) in cases {
+        for (version, priority, avro) in cases {
             let job_id = Uuid::new_v4();
             let request =
                 flotilla_contracts::WorkflowRunRequest::new(job_id, "greet", json!({"name": "v"}))
                     .unwrap()
                     .with_workflow_version(version)
+                    .unwrap()
+                    .with_priority(priority)
                     .unwrap();
             let bytes = if avro {
                 support::codec()
@@ -248,8 +251,8 @@ async fn requests_naming_a_workflow_version_become_rows_of_that_version(pool: Pg
         handle.await.unwrap();
         let mut stored = Vec::new();
         for id in &ids {
-            let row: (Option<i32>, String, Option<String>) = sqlx::query_as(
-                "SELECT workflow_version, status, error FROM workflow_run WHERE job_id = $1",
+            let row: (Option<i32>, String, Option<String>, i16) = sqlx::query_as(
+                "SELECT workflow_version, status, error, priority FROM workflow_run WHERE job_id = $1",
             )
             .bind(id)
             .fetch_one(&pool)
@@ -260,6 +263,11 @@ async fn requests_naming_a_workflow_version_become_rows_of_that_version(pool: Pg
         assert_eq!(stored[0].0, Some(1));
         assert_eq!(stored[1].0, Some(1));
         assert_eq!(stored[2].0, Some(2));
+        assert_eq!(
+            stored.iter().map(|row| row.3).collect::<Vec<_>>(),
+            [5, 3, 0, 0],
+            "the priority asked for, in both encodings"
+        );
         assert_eq!(stored[3].1, "FAILED");
         let error = stored[3].2.clone().unwrap_or_default();
         assert!(error.contains("has no version 9"), "{error}");

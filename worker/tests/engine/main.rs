@@ -19,6 +19,7 @@ mod namesakes;
 mod panics;
 mod parking;
 mod placement;
+mod priorities;
 mod responses;
 mod retention;
 mod scheduler_property;

@@ -51,6 +51,11 @@ impl Calls {
             .push((call.job_id, call.step_name.clone()));
     }
 
+    /// Every call in the order made: (job, step).
+    pub(crate) fn all(&self) -> Vec<(Uuid, String)> {
+        self.0.lock().unwrap().clone()
+    }
+
     pub(crate) fn of(&self, job_id: Uuid) -> Vec<String> {
         self.0
             .lock()
@@ -147,6 +152,7 @@ pub(crate) async fn approval_engine(pool: &PgPool, calls: &Calls, checkpoint_row
 /// A submission of the stored workflow `name`.
 pub(crate) fn stored(job_id: Uuid, name: &str, input: Value) -> Submission {
     Submission {
+        priority: 0,
         job_id,
         workflow: WorkflowRef::Stored(name.into()),
         input,

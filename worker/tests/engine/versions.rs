@@ -122,3 +122,105 @@ async fn a_request_naming_an_older_version_runs_it_while_others_run_the_newest(p
     let zero = submit(Uuid::new_v4(), version(0), RefusalMode::Refuse).await;
     assert!(matches!(zero, Err(SubmitError::Unstorable(_))), "{zero:?}");
 }
+
+/// A FAILED job retried onto the latest version: the steps equal in both
+/// versions (and needing only such steps) keep their checkpoints and are
+/// not called again; the changed step and the one after it run on the new
+/// version. Checked with checkpoints in the row's array and as rows, and
+/// with definitions copied and by reference.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_failed_job_retried_onto_the_latest_version_keeps_the_checkpoints_of_unchanged_steps(
+    pool: PgPool,
+) {
+    use flotilla_worker::engine::{OperatorError, Outcome, Switch};
+    use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall};
+    use std::sync::Arc;
+
+    let layouts = [(Switch::False, Switch::False), (Switch::True, Switch::True)];
+    for (round, (rows, by_reference)) in layouts.into_iter().enumerate() {
+        let calls = Calls::default();
+        let mut targets = echo_targets(&calls);
+        targets.register(
+            "broken",
+            Arc::new(FnTarget(|_call: TargetCall| async {
+                Err::<serde_json::Value, _>(StepFailure::Defect("500: the ledger broke".into()))
+            })),
+            8,
+        );
+        let mut settings = support::settings("w");
+        settings.checkpoint_rows = rows;
+        settings.definition_by_reference = by_reference;
+        let engine =
+            flotilla_worker::engine::Engine::new(pool.clone(), targets, manual_clock(), settings);
+        engine.settle_switches(true).await.unwrap();
+        let name = format!("ledger-{round}");
+        let version = |b_target: &str| {
+            json!({
+                "name": name, "input_schema": {},
+                "steps": [
+                    {"name": "a", "target": "echo", "method": "go"},
+                    {"name": "b", "target": b_target, "method": "go"},
+                    {"name": "c", "target": "echo", "method": "go"}
+                ]
+            })
+        };
+        engine.register_workflow(&version("broken")).await.unwrap();
+        let job_id = support::submit(&engine, &name, json!({})).await;
+        assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+        assert_eq!(calls.of(job_id), ["a"]);
+
+        // Not yet a version 2: refused, nothing changed.
+        let refused = engine.retry_onto(job_id, Some(2)).await;
+        assert!(
+            matches!(refused, Err(OperatorError::NoSuchVersion(_))),
+            "{refused:?}"
+        );
+        assert_eq!(row(&pool, job_id).await.status, RunStatus::Failed);
+
+        engine.register_workflow(&version("echo")).await.unwrap();
+        let (moved, run_again) = engine.retry_onto(job_id, None).await.unwrap();
+        assert_eq!(run_again, ["b", "c"]);
+        assert_eq!(moved.workflow_version, Some(2));
+        assert_eq!(moved.status, RunStatus::Queued);
+        assert_eq!(support::checkpoint_names(&moved), ["a"]);
+        assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+        assert_eq!(calls.of(job_id), ["a", "b", "c"], "a is not called again");
+        assert_eq!(row(&pool, job_id).await.workflow_version, Some(2));
+
+        // A COMPLETED job is not retried, onto any version.
+        let done = engine.retry_onto(job_id, Some(1)).await;
+        assert!(
+            matches!(done, Err(OperatorError::WrongState { .. })),
+            "{done:?}"
+        );
+    }
+}
+
+/// A job of an inline definition has no versions to move to.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_of_an_inline_definition_cannot_be_moved_to_a_version(pool: PgPool) {
+    use flotilla_worker::engine::{OperatorError, Outcome};
+    let clock = manual_clock();
+    let engine = engine(&pool, echo_targets(&Calls::default()), clock.clone(), "w");
+    let document = json!({
+        "name": "inline", "input_schema": {},
+        "steps": [{"name": "a", "wait_for": "go", "timeout_ms": 1, "on_timeout": "fail"}]
+    });
+    let job_id = Uuid::new_v4();
+    engine
+        .submit(
+            support::inline(job_id, document, json!({})),
+            RefusalMode::Refuse,
+        )
+        .await
+        .unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    clock.advance(std::time::Duration::from_millis(5));
+    engine.wake_due_waits().await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+    let refused = engine.retry_onto(job_id, None).await;
+    assert!(
+        matches!(&refused, Err(OperatorError::NoSuchVersion(why)) if why.contains("inline")),
+        "{refused:?}"
+    );
+}
