@@ -207,20 +207,38 @@ async fn a_yaml_definition_is_put_and_two_versions_are_listed_compared_and_submi
         assert_eq!(code, Some(3), "a version that does not exist: {out:#?}");
 
         // A job pinned to version 1 runs it; the version must exist.
-        let (pinned, missing) = tokio::task::spawn_blocking(move || {
-            let submit = |version: &str| {
-                flotilla(
-                    &env,
-                    &["submit", "--workflow", "greet", "--workflow-version", version, "--json"],
-                )
-            };
-            (submit("1"), submit("7"))
+        let (pinned, missing) = tokio::task::spawn_blocking({
+            let env = env.clone();
+            move || {
+                let submit = |version: &str| {
+                    flotilla(
+                        &env,
+                        &["submit", "--workflow", "greet", "--workflow-version", version, "--priority", "4", "--json"],
+                    )
+                };
+                (submit("1"), submit("7"))
+            }
         })
         .await
         .unwrap();
         assert_eq!(pinned.0, Some(0), "{pinned:#?}");
         let job: serde_json::Value = serde_json::from_str(&pinned.1.join("\n")).unwrap();
         assert_eq!(job["workflow_version"], 1, "{job}");
+        assert_eq!(job["priority"], 4, "{job}");
+        // A retry names its version as a number or `latest`; anything else
+        // is a usage error before any call, and a job that is not finished
+        // for good is refused by the API with its state.
+        let id = job["job_id"].as_str().unwrap().to_owned();
+        let (wrong, live) = tokio::task::spawn_blocking(move || {
+            let retry = |version: &str| flotilla(&env, &["retry", &id, "--workflow-version", version]);
+            (retry("newest"), retry("latest"))
+        })
+        .await
+        .unwrap();
+        assert_eq!(wrong.0, Some(2), "{wrong:#?}");
+        assert!(wrong.1.iter().any(|l| l.contains("neither a number nor latest")), "{wrong:#?}");
+        assert_ne!(live.0, Some(0), "{live:#?}");
+        assert!(live.1.iter().any(|l| l.contains("retry applies to DEAD, FAILED or CANCELLED")), "{live:#?}");
         assert_ne!(missing.0, Some(0), "{missing:#?}");
         assert!(missing.1.iter().any(|l| l.contains("has no version 7")), "{missing:#?}");
         app.stop().await;
