@@ -217,9 +217,25 @@ pub fn child_id(parent: Uuid, step: &str) -> Uuid {
 /// aside (`runs::READER_LEVEL`).
 fn reader_level(compiled: &CompiledWorkflow) -> i16 {
     use flotilla_store::runs::{
-        CHILD_READER_LEVEL, FOR_EACH_READER_LEVEL, GRAPH_READER_LEVEL, SIGNAL_READER_LEVEL,
+        CHILD_READER_LEVEL, CONTROLS_READER_LEVEL, FOR_EACH_READER_LEVEL, GRAPH_READER_LEVEL,
+        SIGNAL_READER_LEVEL,
     };
-    if compiled.steps.iter().any(|s| s.for_each.is_some()) {
+    let definition = &compiled.definition;
+    let controls = definition.retry.is_some()
+        || definition.execution_timeout_ms.is_some()
+        || definition.debounce.is_some()
+        || definition
+            .steps
+            .iter()
+            .chain(&definition.on_failure)
+            .any(|s| {
+                s.retry.is_some()
+                    || s.on_timeout.is_some()
+                    || (s.timeout_ms.is_some() && (s.wait_for.is_some() || s.start.is_some()))
+            });
+    if controls {
+        CONTROLS_READER_LEVEL
+    } else if compiled.steps.iter().any(|s| s.for_each.is_some()) {
         FOR_EACH_READER_LEVEL
     } else if compiled.definition.steps.iter().any(|s| s.start.is_some()) {
         CHILD_READER_LEVEL

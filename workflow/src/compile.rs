@@ -128,6 +128,7 @@ impl CompiledWorkflow {
             );
         }
         problems.execution_timeout(&definition);
+        let debounce_key = problems.debounce(&definition);
         if let Some(parallelism) = definition.parallelism
             && !(1..=MAX_PARALLELISM).contains(&parallelism)
         {
@@ -189,6 +190,7 @@ impl CompiledWorkflow {
                 graph,
                 output,
                 verdict,
+                debounce_key,
                 patterns,
             }),
             _ => Err(InvalidDefinition {

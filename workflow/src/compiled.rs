@@ -88,6 +88,8 @@ pub struct CompiledWorkflow {
     pub(crate) by_name: std::collections::HashMap<String, usize>,
     pub output: Vec<Assignment>,
     pub verdict: Option<Expression>,
+    /// The debounce key's expression, over `input`.
+    pub debounce_key: Option<Expression>,
     /// Regular expressions its schemas compiled (`pattern`, `patternProperties`).
     pub(crate) patterns: usize,
 }

@@ -71,6 +71,11 @@ pub struct WorkflowDefinition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 31_622_400_000_u64))]
     pub execution_timeout_ms: Option<u64>,
+    /// Runs one job per burst of requests with the same key: each request
+    /// waits `window_ms`, and a later one with its key, arriving before
+    /// the earlier has started, cancels it (the last input wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<Debounce>,
     /// The most steps of one job called at once (default
     /// [`DEFAULT_PARALLELISM`]); the targets' caps bound them too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,6 +102,19 @@ pub enum Completion {
     External,
 }
 
+/// A workflow's debounce: requests of one key within a window make one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Debounce {
+    /// CEL over `input` giving the key (a string or a number): requests
+    /// with equal keys are one burst.
+    pub key: String,
+    /// How long a job waits for a later request of its key before it
+    /// starts, in milliseconds (1 to 86,400,000).
+    #[schemars(range(min = 1, max = 86_400_000))]
+    pub window_ms: u64,
+}
+
 /// What a wait past its `timeout_ms` comes to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
@@ -106,7 +124,8 @@ pub enum OnTimeout {
     /// The step is checkpointed as skipped: dependants run, without it
     /// in `steps`.
     Skip,
-    /// This value is the step's response, judged like an answer.
+    /// This value is the step's response (not judged by `output_schema`
+    /// or `validate`: it is the author's, not an answer).
     Value(serde_json::Value),
 }
 

@@ -25,18 +25,23 @@ impl Nodes<'_> {
         &self,
         index: usize,
         began: Began,
-    ) -> Result<(Began, Option<(DateTime<Utc>, bool)>), SegmentStop> {
+    ) -> Result<(Began, Option<(String, DateTime<Utc>, bool)>), SegmentStop> {
         let step = &self.compiled.steps[index].definition;
         let waiting = matches!(
             began,
             Began::Waits(Wait::Signal(_) | Wait::Child | Wait::Answer) | Began::StartChild(..)
         );
-        let Some(timeout) = step.timeout_ms.filter(|_| waiting) else {
+        // An external step's `timeout_ms` meant nothing before waits had
+        // bounds: it bounds the wait only beside an `on_timeout`, so a
+        // definition stored then keeps its meaning.
+        let bounded = waiting && (!step.is_external() || step.on_timeout.is_some());
+        let Some(timeout) = step.timeout_ms.filter(|_| bounded) else {
             return Ok((began, None));
         };
         let name = step.name.clone();
+        let key = flotilla_store::runs::wait_deadline_key(&name);
         let now = self.engine.now();
-        let (at, new) = match self.claimed.row().timer(&name) {
+        let (at, new) = match self.claimed.row().wait_deadline(&name) {
             Some(at) => (at, false),
             None => {
                 let at = now
@@ -47,12 +52,12 @@ impl Nodes<'_> {
                 let at = at
                     .duration_trunc(chrono::TimeDelta::milliseconds(1))
                     .unwrap_or(at);
-                self.claimed.keep_timer(&name, &instant(at)).await?;
+                self.claimed.keep_timer(&key, &instant(at)).await?;
                 (at, true)
             }
         };
         if at > now {
-            return Ok((began, Some((at, new))));
+            return Ok((began, Some((key, at, new))));
         }
         if step.start.is_some() && step.cancel_children != Some(false) {
             let child = crate::submission::child_id(self.claimed.job_id(), &name);

@@ -322,9 +322,9 @@ impl<'a> Nodes<'a> {
                     }
                 };
                 let (began, wait_ends) = self.bounded(index, began).await?;
-                if let Some((at, new)) = wait_ends {
+                if let Some((key, at, new)) = wait_ends {
                     // The park wakes at the wait's deadline.
-                    sleeping.add(name.clone(), at, new);
+                    sleeping.add(key, at, new);
                 }
                 match began {
                     Began::Answer(checkpoint) => answered.push_back((node, checkpoint)),

@@ -131,6 +131,11 @@ impl Engine {
                 result => results.push(result),
             }
         }
+        let created = results.iter().filter_map(|result| match result {
+            Ok(Submitted::Created(row)) => Some(row),
+            _ => None,
+        });
+        super::submit::supersede(tx, created, now).await?;
         Ok(results)
     }
 

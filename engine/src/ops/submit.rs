@@ -14,6 +14,8 @@ use uuid::Uuid;
 
 use crate::submission::{admit, request_digest};
 use crate::{Engine, Feature, RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
+use flotilla_workflow::CompiledWorkflow;
+use flotilla_workflow::expr::Scope;
 
 /// A validated submission, ready to insert.
 pub(crate) struct Resolved {
@@ -24,6 +26,8 @@ pub(crate) struct Resolved {
     copy: Option<Json>,
     max_attempts: i32,
     execution_timeout_ms: Option<i64>,
+    /// The debounce key the input gave, and the window in milliseconds.
+    debounce: Option<(String, i64)>,
     /// The run layout a worker must read to run it (`runs::READER_LEVEL`).
     reader_level: i16,
 }
@@ -108,7 +112,11 @@ impl Engine {
         };
         let new_run = prepared.new_run(submission, now).expect("an insert");
         let row = runs::insert(tx, &new_run).await?;
-        prepared.inserted(tx, submission, row).await
+        let submitted = prepared.inserted(tx, submission, row).await?;
+        if let Submitted::Created(row) = &submitted {
+            supersede(tx, [row], now).await?;
+        }
+        Ok(submitted)
     }
 
     /// Checks and resolves a submission against the stored definitions,
@@ -130,6 +138,7 @@ impl Engine {
                     copy: Some(Json::Null),
                     max_attempts: 1,
                     execution_timeout_ms: None,
+                    debounce: None,
                     reader_level: 0,
                 };
                 (resolved, Some(refused.to_string()))
@@ -203,6 +212,7 @@ impl Engine {
                 violations,
             });
         }
+        let debounce = debounce_of(&compiled, &submission.input)?;
         // A stored workflow's row carries the key of its version, so a row
         // that points at the version instead of copying it finds it; with
         // `definition_by_reference` it keeps no copy. An inline definition
@@ -223,6 +233,7 @@ impl Engine {
                 .definition
                 .execution_timeout_ms
                 .and_then(|ms| i64::try_from(ms).ok()),
+            debounce,
             reader_level: self.reader_level_of(&compiled),
         })
     }
@@ -272,6 +283,7 @@ impl Prepared {
             traceparent: submission.traceparent.as_deref(),
             tracestate: submission.tracestate.as_deref(),
             priority: submission.priority,
+            debounce: resolved.debounce.clone(),
             now,
         })
     }
@@ -341,4 +353,57 @@ fn refused_name(submission: &Submission) -> String {
             .unwrap_or("(unnamed inline workflow)")
             .to_owned(),
     }
+}
+
+/// The debounce key `input` gives under `compiled`'s `debounce` (prefixed
+/// with the workflow's name), and its window; a key that does not evaluate
+/// to a string or a number refuses the input.
+fn debounce_of(
+    compiled: &CompiledWorkflow,
+    input: &Json,
+) -> Result<Option<(String, i64)>, SubmitError> {
+    let (Some(expression), Some(debounce)) =
+        (&compiled.debounce_key, &compiled.definition.debounce)
+    else {
+        return Ok(None);
+    };
+    let refused = |why: String| SubmitError::InvalidInput {
+        workflow: compiled.definition.name.clone(),
+        violations: vec![format!("debounce.key: {why}")],
+    };
+    let key = match expression.evaluate(&Scope::default().with("input", input)) {
+        Ok(Json::String(text)) => text,
+        Ok(number @ Json::Number(_)) => number.to_string(),
+        Ok(other) => return Err(refused(format!("gave {other}, not a string or a number"))),
+        Err(e) => return Err(refused(e)),
+    };
+    let window = i64::try_from(debounce.window_ms).unwrap_or(i64::MAX);
+    Ok(Some((
+        format!("{}/{key}", compiled.definition.name),
+        window,
+    )))
+}
+
+/// After new rows were inserted (in the order given): each debounce key's
+/// last new QUEUED job cancels the jobs of its key that have not started,
+/// earlier rows of the same batch among them.
+pub(crate) async fn supersede<'a>(
+    tx: &mut PgTransaction<'_>,
+    created: impl IntoIterator<Item = &'a RunRow>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let mut last: Vec<(&str, Uuid)> = Vec::new();
+    for row in created {
+        if let (Some(key), RunStatus::Queued) = (row.debounce_key.as_deref(), row.status) {
+            last.retain(|(k, _)| *k != key);
+            last.push((key, row.job_id));
+        }
+    }
+    for (key, survivor) in last {
+        let cancelled = flotilla_store::runs::debounce::supersede(tx, key, survivor, now).await?;
+        if !cancelled.is_empty() {
+            tracing::info!(key, %survivor, cancelled = cancelled.len(), "debounced: earlier requests of the key cancelled");
+        }
+    }
+    Ok(())
 }

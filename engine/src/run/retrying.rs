@@ -1,15 +1,20 @@
 //! Whether a retryable failure is tried again, and when: by the failed
 //! step's retry policy and its own count of failed attempts (the row's
-//! `failed_attempts`), or, for a failure no step owns, by the job's
-//! attempts as before.
+//! `failed_attempts`). A failure no step owns (the segment's deadline
+//! passed before the next step began) is judged by the workflow's policy
+//! and counted apart, under [`JOB_KEY`].
 
 use std::time::Duration;
 
 use flotilla_store::runs::RunRow;
 use flotilla_targets::StepFailure;
-use flotilla_workflow::CompiledWorkflow;
+use flotilla_workflow::{CompiledWorkflow, StepRetry};
 
 use crate::Engine;
+
+/// Where `failed_attempts` counts the failures no step owns: no step is
+/// named blank.
+pub(crate) const JOB_KEY: &str = "";
 
 /// What becomes of a retryable failure.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,36 +50,37 @@ pub(crate) fn retrying(
     };
     let settings = engine.settings();
     let fleet = (settings.backoff_base, settings.backoff_max);
-    let policy = step.and_then(|name| {
+    let owned = step.and_then(|name| {
         let compiled = compiled?;
         let step = compiled.step(compiled.step_index(name)?)?;
-        Some((name, &step.retry))
+        Some((name, step.retry.clone()))
     });
-    let (delay, failed, of) = match policy {
-        Some((name, policy)) => {
-            if policy.never_retries(class.label(), *status) {
-                let what = status.map_or_else(|| class.label().to_owned(), |s| s.to_string());
-                return Some(Retrying::Exhausted(format!(
-                    "step {name}'s retry policy never retries {what}"
-                )));
-            }
-            let failed = row.failed_attempts.0[name]
-                .as_i64()
-                .and_then(|n| i32::try_from(n).ok())
-                .unwrap_or(0)
-                .saturating_add(1);
-            let spread = retry_spread(row.job_id, name, failed);
-            (policy.pause(failed, fleet, spread), failed, policy.attempts)
-        }
-        None => {
-            let attempt = row.attempt;
-            let spread = retry_spread(row.job_id, "", attempt);
-            let pause = flotilla_runtime::backoff::jittered(fleet.0, attempt, fleet.1, spread);
-            (pause, attempt, row.max_attempts)
-        }
+    let (key, policy) = owned.unwrap_or_else(|| {
+        let workflow = compiled.and_then(|c| c.definition.retry.as_ref());
+        (
+            JOB_KEY,
+            StepRetry::resolve(None, workflow, row.max_attempts),
+        )
+    });
+    let whose = if key == JOB_KEY {
+        "the job".to_owned()
+    } else {
+        format!("step {key}")
     };
+    if policy.never_retries(class.label(), *status) {
+        let what = status.map_or_else(|| class.label().to_owned(), |s| s.to_string());
+        return Some(Retrying::Exhausted(format!(
+            "{whose}'s retry policy never retries {what}"
+        )));
+    }
+    let failed = row.failed_attempts.0[key]
+        .as_i64()
+        .and_then(|n| i32::try_from(n).ok())
+        .unwrap_or(0)
+        .saturating_add(1);
+    let spread = retry_spread(row.job_id, key, failed);
+    let (delay, of) = (policy.pause(failed, fleet, spread), policy.attempts);
     if failed >= of {
-        let whose = step.map_or_else(|| "the job".to_owned(), |name| format!("step {name}"));
         return Some(Retrying::Exhausted(format!(
             "{whose} failed {failed} of {of} attempts"
         )));

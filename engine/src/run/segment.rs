@@ -429,7 +429,10 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
             }
             continue;
         }
-        let answers: Vec<&Json> = match (&checkpoint.item, &step.for_each, checkpoint.skipped) {
+        // A wait's `on_timeout` value is the author's, not an answer: the
+        // schema judges answers only.
+        let unjudged = checkpoint.skipped || checkpoint.timed_out;
+        let answers: Vec<&Json> = match (&checkpoint.item, &step.for_each, unjudged) {
             (_, _, true) => Vec::new(),
             (Some(_), None, _) => {
                 return Err(format!(

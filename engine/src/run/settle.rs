@@ -169,12 +169,11 @@ pub(crate) async fn settle_as(
         ) => {
             let step_label = step.as_deref().unwrap_or("-");
             tracing::info!(%job_id, attempt, step = step_label, failed, of, class = class.label(), %error, ?delay, "retryable failure; requeued");
-            let error = match &step {
-                Some(_) => format!("{error} (attempt {failed} of {of} failed)"),
-                None => error,
-            };
+            let error = format!("{error} (attempt {failed} of {of} failed)");
+            // A failure no step owns is counted under the job's own key.
+            let counted = step.as_deref().unwrap_or(crate::run::retrying::JOB_KEY);
             claimed
-                .requeue(&error, engine.now() + delay, class, step.as_deref())
+                .requeue(&error, engine.now() + delay, class, Some(counted))
                 .await?;
             Ok(Outcome::Requeued(job_id))
         }

@@ -113,8 +113,10 @@ pub async fn settle_idle(
 /// Operator retry: a DEAD, FAILED or CANCELLED job goes back to the queue with
 /// fresh attempts, no lapses counted and a fresh wait for its targets,
 /// keeping its checkpoints and the results of the children that completed
-/// (a child that did not is started again: retried). An execution timeout
-/// counts again from the retry. `None` when the job is in another state.
+/// (a child that did not is started again: retried). Each wait's deadline
+/// is dropped (it waits its whole `timeout_ms` again) and an execution
+/// timeout counts again from the retry. `None` when the job is in another
+/// state.
 ///
 /// # Errors
 /// Database errors.
@@ -128,7 +130,15 @@ pub async fn retry(
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
              lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,
              step_requests = NULL, reply_deadline = NULL, wake_at = NULL, failed_attempts = '{{}}',
-             expires_at = $2 + (expires_at - created_at), {}
+             timers = (SELECT jsonb_object_agg(k, v)
+                       FROM jsonb_each(CASE WHEN jsonb_typeof(timers) = 'object' THEN timers ELSE '{{}}'::jsonb END) AS t(k, v)
+                       WHERE k NOT LIKE 'deadline:%'),
+             expires_at = CASE WHEN jsonb_typeof(d.document -> 'execution_timeout_ms') = 'number'
+                 THEN $2 + (d.document ->> 'execution_timeout_ms')::numeric * interval '1 millisecond' END,
+             {}
+         FROM (SELECT coalesce(r.definition, (SELECT s.definition FROM workflow_definition s
+                   WHERE s.name = r.workflow_name AND s.version = r.workflow_version)) AS document
+               FROM workflow_run r WHERE r.job_id = $1) AS d
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING {COLUMNS}",
         FORGET_UNFINISHED

@@ -7,6 +7,7 @@
 //! fenced on the lease token.
 
 pub mod children;
+pub mod debounce;
 pub mod idle;
 pub mod lease;
 pub mod moves;
@@ -37,11 +38,25 @@ use crate::status::RunStatus;
 /// workflows (`start`), whose rows hold `children`; 5, runs with a step
 /// whose target is a pair of Kafka topics, whose rows hold `step_requests`; 6,
 /// runs with a `for_each` step, whose item checkpoints may hold the digest
-/// of the step's list (`list`), which an earlier release refuses. A run
+/// of the step's list (`list`), which an earlier release refuses; 7, runs
+/// whose definition uses a field of the flow controls (`retry`,
+/// `on_timeout`, `execution_timeout_ms`, `debounce`, a bounded wait), whose
+/// definitions and checkpoints (`timed_out`) earlier releases refuse. A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 6;
+pub const READER_LEVEL: i16 = 7;
+/// Where `timers` keeps the deadline of the wait `step`: apart from the
+/// step's own name (a timer's), so an operator's retry can drop every
+/// deadline and give each wait its whole `timeout_ms` again.
+#[must_use]
+pub fn wait_deadline_key(step: &str) -> String {
+    format!("{WAIT_DEADLINE_PREFIX}{step}")
+}
+
+/// The prefix of a wait's deadline in `timers`.
+pub const WAIT_DEADLINE_PREFIX: &str = "deadline:";
+
 /// The level of a run whose definition is a graph.
 pub const GRAPH_READER_LEVEL: i16 = 2;
 /// The level of a run whose definition waits for signals.
@@ -52,6 +67,8 @@ pub const CHILD_READER_LEVEL: i16 = 4;
 pub const KAFKA_READER_LEVEL: i16 = 5;
 /// The level of a run with a `for_each` step.
 pub const FOR_EACH_READER_LEVEL: i16 = 6;
+/// The level of a run whose definition uses the flow controls.
+pub const CONTROLS_READER_LEVEL: i16 = 7;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -207,6 +224,8 @@ pub struct RunRow {
     pub wake_at: Option<DateTime<Utc>>,
     /// When the workflow's `execution_timeout_ms` ends the job, if it has one.
     pub expires_at: Option<DateTime<Utc>>,
+    /// The workflow's `debounce` key this job's input gave, if it has one.
+    pub debounce_key: Option<String>,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -289,7 +308,15 @@ impl RunRow {
                     && e.get("timed_out") == Some(&serde_json::Value::Bool(true))
             })
         });
-        ended_so || (!self.has_checkpoint(step) && self.timer(step).is_some_and(|at| at <= now))
+        ended_so
+            || (!self.has_checkpoint(step) && self.wait_deadline(step).is_some_and(|at| at <= now))
+    }
+
+    /// When `step`, a wait with a `timeout_ms`, stops waiting, once the
+    /// job has reached it (kept in `timers` under [`wait_deadline_key`]).
+    #[must_use]
+    pub fn wait_deadline(&self, step: &str) -> Option<DateTime<Utc>> {
+        self.timer(&wait_deadline_key(step))
     }
 
     /// The instant stored for `step` in `timers`: a timer's wake-up, or a
@@ -326,7 +353,7 @@ macro_rules! columns {
             coalesce(definition, (SELECT d.definition FROM workflow_definition d \
                 WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
             input, request_digest, status, attempt, max_attempts, priority, failed_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
-            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, expires_at, ",
+            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, expires_at, debounce_key, ",
             $list,
             " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
             lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

@@ -47,11 +47,13 @@ pub async fn retry_onto(
              max_attempts = $5, reader_level = greatest(reader_level, $6),
              expires_at = $2 + $7 * interval '1 millisecond',
              checkpoints = (SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb)
-                            FROM jsonb_array_elements(checkpoints) WITH ORDINALITY AS t(e, n)
+                            FROM jsonb_array_elements(CASE WHEN jsonb_typeof(checkpoints) = 'array' THEN checkpoints ELSE '[]'::jsonb END) WITH ORDINALITY AS t(e, n)
                             WHERE NOT (e ->> 'name' = ANY($8))),
-             timers = (SELECT jsonb_object_agg(k, v) FROM jsonb_each(timers) AS t(k, v)
-                       WHERE NOT (k = ANY($8))),
-             children = (SELECT jsonb_object_agg(k, v) FROM jsonb_each(children) AS c(k, v)
+             timers = (SELECT jsonb_object_agg(k, v)
+                       FROM jsonb_each(CASE WHEN jsonb_typeof(timers) = 'object' THEN timers ELSE '{}'::jsonb END) AS t(k, v)
+                       WHERE NOT (k = ANY($8)) AND k NOT LIKE 'deadline:%'),
+             children = (SELECT jsonb_object_agg(k, v)
+                         FROM jsonb_each(CASE WHEN jsonb_typeof(children) = 'object' THEN children ELSE '{}'::jsonb END) AS c(k, v)
                          WHERE v ->> 'status' = 'COMPLETED' AND NOT (k = ANY($8)))
          WHERE job_id = $1 AND status IN ('DEAD', 'FAILED', 'CANCELLED')
          RETURNING job_id",

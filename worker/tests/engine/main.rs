@@ -8,6 +8,7 @@ mod checkpoint_rows;
 mod children;
 mod claims;
 mod deadlines;
+mod debounce;
 mod failures;
 mod grafts;
 mod graphs;

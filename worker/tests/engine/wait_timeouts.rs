@@ -10,7 +10,7 @@ use flotilla_contracts::WorkflowRunEventType as E;
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::CompleteOutcome;
 use flotilla_worker::engine::ops::signal::{Signal, SignalError};
-use flotilla_worker::engine::{Engine, Outcome};
+use flotilla_worker::engine::{Clock as _, Engine, Outcome};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -79,7 +79,10 @@ async fn a_signal_that_never_comes_fails_the_job_at_its_timeout_naming_the_step(
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
     let parked = row(&pool, job_id).await;
     assert_eq!(parked.status, RunStatus::Waiting);
-    assert_eq!(parked.wake_at, Some(parked.timer("approve").unwrap()));
+    assert_eq!(
+        parked.wake_at,
+        Some(parked.wait_deadline("approve").unwrap())
+    );
 
     clock.advance(HOUR - Duration::from_secs(1));
     assert_eq!(engine.wake_due_waits().await.unwrap(), 0, "not yet");
@@ -155,7 +158,7 @@ async fn a_wait_that_takes_a_value_at_its_timeout_keeps_its_deadline_across_a_re
     let (engine, clock, calls) = setup(&pool).await;
     let job_id = submit(&engine, "takes", json!({})).await;
     assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
-    let deadline = row(&pool, job_id).await.timer("approve").unwrap();
+    let deadline = row(&pool, job_id).await.wait_deadline("approve").unwrap();
     clock.advance(Duration::from_secs(1800));
     drop(engine);
 
@@ -168,7 +171,7 @@ async fn a_wait_that_takes_a_value_at_its_timeout_keeps_its_deadline_across_a_re
         Outcome::Completed(job_id)
     );
     let done = row(&pool, job_id).await;
-    assert_eq!(done.timer("approve"), Some(deadline));
+    assert_eq!(done.wait_deadline("approve"), Some(deadline));
     let checkpoints = done.checkpoints.0.as_array().unwrap().clone();
     assert_eq!(
         checkpoints[0]["response"],
@@ -290,4 +293,26 @@ async fn a_job_past_its_execution_timeout_fails_as_timed_out_after_compensating(
         );
         assert_eq!(calls.of(job_id), ["charge", "refund"]);
     }
+}
+
+/// An operator's retry of a job whose wait timed out gives the wait its
+/// whole `timeout_ms` again (the old deadline is dropped), so a signal
+/// sent then is taken.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_retried_job_waits_its_whole_timeout_again(pool: PgPool) {
+    let (engine, clock, calls) = setup(&pool).await;
+    let job_id = submit(&engine, "fails", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    clock.advance(HOUR);
+    engine.wake_due_waits().await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+
+    engine.retry(job_id).await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let parked = row(&pool, job_id).await;
+    let deadline = parked.wait_deadline("approve").unwrap();
+    assert_eq!((deadline - clock.now()).num_seconds(), 3600);
+    engine.send_signal(approval(job_id, "again")).await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(calls.of(job_id), ["after", "noted"]);
 }

@@ -1,8 +1,13 @@
-//! Bounds on waiting: a wait's `timeout_ms` and `on_timeout`, and the
-//! workflow's `execution_timeout_ms`.
+//! Bounds on waiting: a wait's `timeout_ms` and `on_timeout`, the
+//! workflow's `execution_timeout_ms`, and its `debounce` (a key and the
+//! window a job waits for a later request of it).
 
 use super::Problems;
+use crate::expr::Expression;
 use crate::model::{StepDefinition, WorkflowDefinition};
+
+/// The longest debounce window: a day.
+pub(crate) const MAX_DEBOUNCE_WINDOW_MS: u64 = 24 * 3600 * 1000;
 
 /// The longest `execution_timeout_ms`: 366 days, as the longest `sleep`.
 pub(crate) const MAX_EXECUTION_TIMEOUT_MS: u64 = 366 * 24 * 3600 * 1000;
@@ -24,6 +29,21 @@ impl Problems {
         } else if step.timeout_ms.is_none() {
             self.add(at, "on_timeout", "needs the timeout_ms it applies after");
         }
+    }
+
+    /// The debounce key's expression, compiled; its window in bounds.
+    pub(super) fn debounce(&mut self, definition: &WorkflowDefinition) -> Option<Expression> {
+        let debounce = definition.debounce.as_ref()?;
+        if !(1..=MAX_DEBOUNCE_WINDOW_MS).contains(&debounce.window_ms) {
+            self.top(
+                "debounce.window_ms",
+                format!(
+                    "must be 1 to {MAX_DEBOUNCE_WINDOW_MS} (a day), got {}",
+                    debounce.window_ms
+                ),
+            );
+        }
+        self.expression(None, "debounce.key", &debounce.key)
     }
 
     pub(super) fn execution_timeout(&mut self, definition: &WorkflowDefinition) {

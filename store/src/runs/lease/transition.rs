@@ -359,7 +359,8 @@ impl Transition {
                         "failed_attempts",
                         "CASE WHEN $7::text IS NULL THEN failed_attempts \
                          ELSE failed_attempts || jsonb_build_object($7::text, \
-                              coalesce((failed_attempts ->> $7::text)::int, 0) + 1) END",
+                              CASE WHEN jsonb_typeof(failed_attempts -> $7::text) = 'number' \
+                              THEN (failed_attempts ->> $7::text)::numeric ELSE 0 END + 1) END",
                     ),
                 ]),
                 Some(crate::runs::children::FORGET_DEAD.to_owned()),
