@@ -59,6 +59,18 @@ impl Nodes<'_> {
         if at > now {
             return Ok((began, Some((key, at, new))));
         }
+        // A signal accepted while this segment ran, before the deadline,
+        // wins: the park finds it and the next segment takes it.
+        if let Began::Waits(Wait::Signal(signal)) = &began {
+            let job_id = self.claimed.job_id();
+            let pending = flotilla_store::sql::session(self.engine.pool(), async |conn| {
+                flotilla_store::runs::signals::has_pending(conn, job_id, signal).await
+            })
+            .await?;
+            if pending {
+                return Ok((began, None));
+            }
+        }
         if step.start.is_some() && step.cancel_children != Some(false) {
             let child = crate::submission::child_id(self.claimed.job_id(), &name);
             let reason = format!("its parent's step {name} timed out");

@@ -1,7 +1,8 @@
 //! An operator's retry that moves a job to another stored version of its
 //! workflow: the checkpoints of the steps that run again are dropped (in
 //! the row's array and its checkpoint rows), with their timers and the
-//! children they started; the rest are kept.
+//! unfinished children they started; the signals they took are given back
+//! to be taken again; the rest are kept.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgTransaction;
@@ -52,6 +53,10 @@ pub async fn retry_onto(
              timers = (SELECT jsonb_object_agg(k, v)
                        FROM jsonb_each(CASE WHEN jsonb_typeof(timers) = 'object' THEN timers ELSE '{}'::jsonb END) AS t(k, v)
                        WHERE NOT (k = ANY($8)) AND k NOT LIKE 'deadline:%'),
+             signals = (SELECT jsonb_agg(CASE WHEN e ->> 'consumed_by' = ANY($8)
+                                         THEN e - 'consumed_by' - 'consumed_at' ELSE e END ORDER BY n)
+                        FROM jsonb_array_elements(CASE WHEN jsonb_typeof(signals) = 'array' THEN signals ELSE '[]'::jsonb END)
+                             WITH ORDINALITY AS g(e, n)),
              children = (SELECT jsonb_object_agg(k, v)
                          FROM jsonb_each(CASE WHEN jsonb_typeof(children) = 'object' THEN children ELSE '{}'::jsonb END) AS c(k, v)
                          WHERE v ->> 'status' = 'COMPLETED' AND NOT (k = ANY($8)))

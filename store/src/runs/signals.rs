@@ -134,3 +134,25 @@ pub async fn write(
     outbox::insert(tx, &stamp, event, now).await?;
     Ok(true)
 }
+
+/// Whether `job_id` holds a signal named `name` that no step has taken:
+/// read afresh (a signal accepted while the job runs is not in the row
+/// its segment claimed).
+///
+/// # Errors
+/// Database errors.
+pub async fn has_pending(
+    conn: &mut sqlx::PgConnection,
+    job_id: uuid::Uuid,
+    name: &str,
+) -> Result<bool, sqlx::Error> {
+    crate::sql::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM workflow_run r,
+             jsonb_array_elements(CASE WHEN jsonb_typeof(r.signals) = 'array' THEN r.signals ELSE '[]'::jsonb END) AS e(s)
+             WHERE r.job_id = $1 AND e.s ->> 'name' = $2 AND e.s ->> 'consumed_at' IS NULL)",
+    )
+    .bind(job_id)
+    .bind(name)
+    .fetch_one(conn)
+    .await
+}

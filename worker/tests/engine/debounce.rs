@@ -95,7 +95,10 @@ async fn ten_submissions_in_a_second_start_one_run_with_the_last_input(pool: PgP
         assert!(started.contains(&job), "{job}");
         assert_eq!(row(&pool, job).await.status, RunStatus::Completed);
     }
-    assert_eq!(row(&pool, one_by_one[9]).await.result.unwrap().0["request"]["n"], 9);
+    assert_eq!(
+        row(&pool, one_by_one[9]).await.result.unwrap().0["request"]["n"],
+        9
+    );
 }
 
 /// A key that is not a string or a number refuses the input.

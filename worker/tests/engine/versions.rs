@@ -224,3 +224,58 @@ async fn a_job_of_an_inline_definition_cannot_be_moved_to_a_version(pool: PgPool
         "{refused:?}"
     );
 }
+
+/// A wait that runs again on the new version takes again the signal it
+/// took before (the move gives it back): the sender is not asked twice.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_signal_taken_by_a_step_that_runs_again_is_taken_again(pool: PgPool) {
+    use flotilla_worker::engine::ops::signal::Signal;
+    use flotilla_worker::engine::{Outcome, Switch};
+    use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall};
+    use std::sync::Arc;
+
+    let calls = Calls::default();
+    let mut targets = echo_targets(&calls);
+    targets.register(
+        "broken",
+        Arc::new(FnTarget(|_call: TargetCall| async {
+            Err::<serde_json::Value, _>(StepFailure::Defect("500".into()))
+        })),
+        8,
+    );
+    let mut settings = support::settings("w");
+    settings.definition_by_reference = Switch::False;
+    let engine =
+        flotilla_worker::engine::Engine::new(pool.clone(), targets, manual_clock(), settings);
+    let version = |then: &str, validate: serde_json::Value| {
+        json!({
+            "name": "signalled", "input_schema": {},
+            "steps": [
+                {"name": "go", "wait_for": "go", "validate": validate},
+                {"name": "then", "target": then, "method": "m"}
+            ]
+        })
+    };
+    engine
+        .register_workflow(&version("broken", json!([])))
+        .await
+        .unwrap();
+    let job_id = support::submit(&engine, "signalled", json!({})).await;
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Parked(job_id));
+    let signal = Signal {
+        job_id,
+        name: "go".into(),
+        payload: json!({"ok": true}),
+        source: json!({}),
+        idempotency_key: "once".into(),
+    };
+    engine.send_signal(signal).await.unwrap();
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Failed(job_id));
+
+    let changed = version("echo", json!(["response.ok == true"]));
+    engine.register_workflow(&changed).await.unwrap();
+    let (_, run_again) = engine.retry_onto(job_id, None).await.unwrap();
+    assert_eq!(run_again, ["go", "then"]);
+    assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
+    assert_eq!(calls.of(job_id), ["then"]);
+}
