@@ -30,6 +30,13 @@ pub struct JobView {
     pub failed_attempts: Value,
     /// When the workflow's `execution_timeout_ms` ends the job, if it has one.
     pub expires_at: Option<DateTime<Utc>>,
+    /// The workflow's concurrency key this job's input gave
+    /// (`<workflow>/<key>`), if it has one.
+    pub concurrency_key: Option<String>,
+    /// Whether the job holds a slot of its concurrency key (from its first
+    /// step until it ends). A QUEUED job without one waits for one: its
+    /// `error` says `held by its concurrency key …` and why.
+    pub holds_slot: bool,
     pub run_after: DateTime<Utc>,
     pub outstanding_step: Option<String>,
     #[schema(value_type = Object)]
@@ -97,6 +104,13 @@ impl From<RunRow> for JobView {
             failed_attempts: row.failed_attempts.0,
             priority: row.priority,
             expires_at: row.expires_at,
+            concurrency_key: row.concurrency_key,
+            // Kept on the row after it ends; a finished job holds nothing.
+            holds_slot: row.holds_slot
+                && matches!(
+                    row.status,
+                    RunStatus::Queued | RunStatus::Running | RunStatus::Waiting
+                ),
             run_after: row.run_after,
             outstanding_step: row.outstanding_step,
             input: row.input.0,

@@ -712,6 +712,7 @@
       workflow: field('Workflow', 'job-workflow'),
       attempt: field('Attempt', 'job-attempt'),
       failed: field('Failed attempts', 'job-failed-attempts'),
+      concurrency: field('Concurrency key', 'job-concurrency'),
       deadlines: field('Deadlines', 'job-deadlines'),
       runAfter: field('Run after', 'job-run-after'),
       step: field('Outstanding step', 'job-outstanding-step'),
@@ -782,6 +783,11 @@
       // Each step counts its failed attempts apart (its retry policy).
       const failed = job.failed_attempts && typeof job.failed_attempts === 'object' ? Object.entries(job.failed_attempts) : [];
       f.failed.dd.textContent = failed.length === 0 ? '—' : failed.map(([step, n]) => `${step}: ${n}`).join(', ');
+      // A job of a concurrency key holds a slot from its first step until
+      // it ends; one without waits for one (its error says why).
+      f.concurrency.dd.textContent = job.concurrency_key
+        ? `${job.concurrency_key} (${job.holds_slot ? 'holds a slot' : (['QUEUED', 'RUNNING', 'WAITING'].includes(job.status) ? 'waiting for a slot' : 'ended')})`
+        : '—';
       // Timers, the deadlines of waits with a timeout_ms, and the job's own.
       const timers = job.timers && typeof job.timers === 'object' ? Object.entries(job.timers) : [];
       const deadlines = timers.map(([step, at]) => el('div', null, `${step}: `, timeEl(at)));

@@ -140,6 +140,14 @@ pub(crate) async fn get(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
         if let Some(at) = job["expires_at"].as_str() {
             println!("expires (execution_timeout_ms) at: {at}");
         }
+        if let Some(key) = job["concurrency_key"].as_str() {
+            let slot = if job["holds_slot"] == true {
+                "holds a slot"
+            } else {
+                "holds no slot"
+            };
+            println!("concurrency key: {key} ({slot})");
+        }
         if let Some(parent) = job["parent_job_id"].as_str() {
             let step = job["parent_step"].as_str().unwrap_or("?");
             println!("started by: {parent} (step {step})");

@@ -217,8 +217,8 @@ pub fn child_id(parent: Uuid, step: &str) -> Uuid {
 /// aside (`runs::READER_LEVEL`).
 fn reader_level(compiled: &CompiledWorkflow) -> i16 {
     use flotilla_store::runs::{
-        CHILD_READER_LEVEL, CONTROLS_READER_LEVEL, FOR_EACH_READER_LEVEL, GRAPH_READER_LEVEL,
-        SIGNAL_READER_LEVEL,
+        CHILD_READER_LEVEL, CONCURRENCY_READER_LEVEL, CONTROLS_READER_LEVEL, FOR_EACH_READER_LEVEL,
+        GRAPH_READER_LEVEL, SIGNAL_READER_LEVEL,
     };
     let definition = &compiled.definition;
     let controls = definition.retry.is_some()
@@ -233,7 +233,9 @@ fn reader_level(compiled: &CompiledWorkflow) -> i16 {
                     || s.on_timeout.is_some()
                     || (s.timeout_ms.is_some() && (s.wait_for.is_some() || s.start.is_some()))
             });
-    if controls {
+    if definition.concurrency.is_some() {
+        CONCURRENCY_READER_LEVEL
+    } else if controls {
         CONTROLS_READER_LEVEL
     } else if compiled.steps.iter().any(|s| s.for_each.is_some()) {
         FOR_EACH_READER_LEVEL

@@ -503,6 +503,7 @@ fn outcome_job(outcome: &Outcome) -> Option<Uuid> {
         | Outcome::Dead(id)
         | Outcome::Requeued(id)
         | Outcome::Released(id)
+        | Outcome::Held(id)
         | Outcome::LeaseLost(id)
         | Outcome::StoreFailed(id) => Some(id),
     }

@@ -129,6 +129,7 @@ impl CompiledWorkflow {
         }
         problems.execution_timeout(&definition);
         let debounce_key = problems.debounce(&definition);
+        let concurrency_key = problems.concurrency(&definition);
         if let Some(parallelism) = definition.parallelism
             && !(1..=MAX_PARALLELISM).contains(&parallelism)
         {
@@ -191,6 +192,7 @@ impl CompiledWorkflow {
                 output,
                 verdict,
                 debounce_key,
+                concurrency_key,
                 patterns,
             }),
             _ => Err(InvalidDefinition {

@@ -90,6 +90,8 @@ pub struct CompiledWorkflow {
     pub verdict: Option<Expression>,
     /// The debounce key's expression, over `input`.
     pub debounce_key: Option<Expression>,
+    /// The concurrency key's expression, over `input`.
+    pub concurrency_key: Option<Expression>,
     /// Regular expressions its schemas compiled (`pattern`, `patternProperties`).
     pub(crate) patterns: usize,
 }

@@ -33,9 +33,9 @@ pub use compiled::{
 pub use frontier::Frontier;
 pub use graph::Graph;
 pub use model::{
-    Completion, DEFAULT_MAX_ITEMS, DEFAULT_MAX_PAGES, DEFAULT_PARALLELISM, Debounce, MAX_ATTEMPTS,
-    MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, OnTimeout, StartChild, StepDefinition,
-    WorkflowDefinition,
+    Completion, Concurrency, DEFAULT_MAX_ITEMS, DEFAULT_MAX_PAGES, DEFAULT_PARALLELISM, Debounce,
+    MAX_ATTEMPTS, MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, OnExcess, OnTimeout,
+    StartChild, StepDefinition, WorkflowDefinition,
 };
 pub use retry::{FailureMatch, RetryPolicy, StepRetry};
 

@@ -76,6 +76,10 @@ pub struct WorkflowDefinition {
     /// the earlier has started, cancels it (the last input wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debounce: Option<Debounce>,
+    /// At most `limit` jobs of one key run at once, fleet-wide; what
+    /// arrives past it waits its turn, or cancels the newest or the oldest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
     /// The most steps of one job called at once (default
     /// [`DEFAULT_PARALLELISM`]); the targets' caps bound them too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +117,36 @@ pub struct Debounce {
     /// starts, in milliseconds (1 to 86,400,000).
     #[schemars(range(min = 1, max = 86_400_000))]
     pub window_ms: u64,
+}
+
+/// A workflow's concurrency key: at most `limit` jobs of one key hold a
+/// slot at once (a job takes one when it first runs and keeps it, through
+/// its waits and retries, until it ends).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Concurrency {
+    /// CEL over `input` giving the key (a string or a number).
+    pub key: String,
+    /// The most jobs of one key running or waiting at once (1 to 10,000).
+    #[schemars(range(min = 1, max = 10_000))]
+    pub limit: u32,
+    /// What a job arriving past the limit does (default `queue`).
+    #[serde(default)]
+    pub on_excess: OnExcess,
+}
+
+/// What a job of a concurrency key arriving past its limit does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExcess {
+    /// It waits for a slot; slots go to the key's jobs in order of arrival.
+    #[default]
+    Queue,
+    /// It is CANCELLED at once.
+    CancelNewest,
+    /// The oldest jobs of the key not ended are cancelled to make room
+    /// (a running one as an operator's cancel would: at its next step).
+    CancelOldest,
 }
 
 /// What a wait past its `timeout_ms` comes to.

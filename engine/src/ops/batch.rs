@@ -112,6 +112,7 @@ impl Engine {
             .collect();
         let mut rows = runs::insert_many(tx, &new_runs).await?.into_iter();
         let mut results = Vec::with_capacity(admitted.len());
+        let mut policies = HashMap::new();
         for (prepared, submission) in prepared.into_iter().zip(admitted) {
             // A request that was not admitted has its error in `prepared`.
             let (prepared, submission) = match (prepared, submission) {
@@ -126,6 +127,9 @@ impl Engine {
                 Prepared::Insert { .. } => rows.next().flatten(),
                 Prepared::Done(_) => None,
             };
+            if let Some(policy) = prepared.on_excess() {
+                policies.insert(submission.job_id, policy);
+            }
             match prepared.inserted(tx, submission, row).await {
                 Err(SubmitError::Store(e)) => return Err(e),
                 result => results.push(result),
@@ -135,7 +139,8 @@ impl Engine {
             Ok(Submitted::Created(row)) => Some(row),
             _ => None,
         });
-        super::submit::supersede(tx, created, now).await?;
+        let cancelled = super::submit::supersede(tx, created, &policies, now).await?;
+        super::submit::reread_cancelled(tx, &mut results, &cancelled).await?;
         Ok(results)
     }
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use flotilla_store::runs::{self, NewRun, Refusal, RunRow};
+use flotilla_store::runs::{self, NewRun, Refusal, RunRow, concurrency};
 use flotilla_store::{RunStatus, StoreError, definitions};
 use serde_json::Value as Json;
 use sqlx::{PgConnection, PgTransaction};
@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use crate::submission::{admit, request_digest};
 use crate::{Engine, Feature, RefusalMode, Submission, SubmitError, Submitted, WorkflowRef};
-use flotilla_workflow::CompiledWorkflow;
 use flotilla_workflow::expr::Scope;
+use flotilla_workflow::{CompiledWorkflow, OnExcess};
 
 /// A validated submission, ready to insert.
 pub(crate) struct Resolved {
@@ -28,6 +28,8 @@ pub(crate) struct Resolved {
     execution_timeout_ms: Option<i64>,
     /// The debounce key the input gave, and the window in milliseconds.
     debounce: Option<(String, i64)>,
+    /// The concurrency key the input gave, its limit, and its policy past it.
+    concurrency: Option<(String, i32, OnExcess)>,
     /// The run layout a worker must read to run it (`runs::READER_LEVEL`).
     reader_level: i16,
 }
@@ -112,11 +114,19 @@ impl Engine {
         };
         let new_run = prepared.new_run(submission, now).expect("an insert");
         let row = runs::insert(tx, &new_run).await?;
+        let policies: HashMap<Uuid, OnExcess> = prepared
+            .on_excess()
+            .map(|policy| (submission.job_id, policy))
+            .into_iter()
+            .collect();
         let submitted = prepared.inserted(tx, submission, row).await?;
-        if let Submitted::Created(row) = &submitted {
-            supersede(tx, [row], now).await?;
+        let mut results = [Ok(submitted)];
+        if let Ok(Submitted::Created(row)) = &results[0] {
+            let cancelled = supersede(tx, [row], &policies, now).await?;
+            reread_cancelled(tx, &mut results, &cancelled).await?;
         }
-        Ok(submitted)
+        let [submitted] = results;
+        submitted
     }
 
     /// Checks and resolves a submission against the stored definitions,
@@ -139,6 +149,7 @@ impl Engine {
                     max_attempts: 1,
                     execution_timeout_ms: None,
                     debounce: None,
+                    concurrency: None,
                     reader_level: 0,
                 };
                 (resolved, Some(refused.to_string()))
@@ -213,6 +224,7 @@ impl Engine {
             });
         }
         let debounce = debounce_of(&compiled, &submission.input)?;
+        let concurrency = concurrency_of(&compiled, &submission.input)?;
         // A stored workflow's row carries the key of its version, so a row
         // that points at the version instead of copying it finds it; with
         // `definition_by_reference` it keeps no copy. An inline definition
@@ -234,6 +246,7 @@ impl Engine {
                 .execution_timeout_ms
                 .and_then(|ms| i64::try_from(ms).ok()),
             debounce,
+            concurrency,
             reader_level: self.reader_level_of(&compiled),
         })
     }
@@ -252,6 +265,14 @@ pub(crate) enum Prepared {
 }
 
 impl Prepared {
+    /// The concurrency policy of the row to insert, if its workflow has a key.
+    pub(crate) fn on_excess(&self) -> Option<OnExcess> {
+        match self {
+            Self::Insert { resolved, .. } => resolved.concurrency.as_ref().map(|(_, _, p)| *p),
+            Self::Done(_) => None,
+        }
+    }
+
     /// The row to insert for `submission`, unless it is a repeat.
     pub(crate) fn new_run<'a>(
         &'a self,
@@ -284,6 +305,10 @@ impl Prepared {
             tracestate: submission.tracestate.as_deref(),
             priority: submission.priority,
             debounce: resolved.debounce.clone(),
+            concurrency: resolved
+                .concurrency
+                .as_ref()
+                .map(|(key, limit, _)| (key.clone(), *limit)),
             now,
         })
     }
@@ -356,8 +381,7 @@ fn refused_name(submission: &Submission) -> String {
 }
 
 /// The debounce key `input` gives under `compiled`'s `debounce` (prefixed
-/// with the workflow's name), and its window; a key that does not evaluate
-/// to a string or a number refuses the input.
+/// with the workflow's name), and its window.
 fn debounce_of(
     compiled: &CompiledWorkflow,
     input: &Json,
@@ -367,9 +391,39 @@ fn debounce_of(
     else {
         return Ok(None);
     };
+    let key = key_of(compiled, expression, "debounce.key", input)?;
+    let window = i64::try_from(debounce.window_ms).unwrap_or(i64::MAX);
+    Ok(Some((key, window)))
+}
+
+/// The concurrency key `input` gives under `compiled`'s `concurrency`
+/// (prefixed with the workflow's name), its limit and its policy.
+fn concurrency_of(
+    compiled: &CompiledWorkflow,
+    input: &Json,
+) -> Result<Option<(String, i32, OnExcess)>, SubmitError> {
+    let (Some(expression), Some(concurrency)) =
+        (&compiled.concurrency_key, &compiled.definition.concurrency)
+    else {
+        return Ok(None);
+    };
+    let key = key_of(compiled, expression, "concurrency.key", input)?;
+    let limit = i32::try_from(concurrency.limit).unwrap_or(i32::MAX);
+    Ok(Some((key, limit, concurrency.on_excess)))
+}
+
+/// The key `expression` (the field `field`) gives over `input`, prefixed
+/// with the workflow's name; one that does not evaluate to a string or a
+/// number refuses the input.
+fn key_of(
+    compiled: &CompiledWorkflow,
+    expression: &flotilla_workflow::expr::Expression,
+    field: &str,
+    input: &Json,
+) -> Result<String, SubmitError> {
     let refused = |why: String| SubmitError::InvalidInput {
         workflow: compiled.definition.name.clone(),
-        violations: vec![format!("debounce.key: {why}")],
+        violations: vec![format!("{field}: {why}")],
     };
     let key = match expression.evaluate(&Scope::default().with("input", input)) {
         Ok(Json::String(text)) => text,
@@ -377,33 +431,81 @@ fn debounce_of(
         Ok(other) => return Err(refused(format!("gave {other}, not a string or a number"))),
         Err(e) => return Err(refused(e)),
     };
-    let window = i64::try_from(debounce.window_ms).unwrap_or(i64::MAX);
-    Ok(Some((
-        format!("{}/{key}", compiled.definition.name),
-        window,
-    )))
+    Ok(format!("{}/{key}", compiled.definition.name))
+}
+
+/// The new rows among `results` that [`supersede`] cancelled at once, read
+/// again, so the answer to their submission says CANCELLED and why.
+pub(crate) async fn reread_cancelled(
+    conn: &mut PgConnection,
+    results: &mut [Result<Submitted, SubmitError>],
+    cancelled: &[Uuid],
+) -> Result<(), StoreError> {
+    for result in results {
+        if let Ok(Submitted::Created(row)) = result
+            && cancelled.contains(&row.job_id)
+            && let Some(now) = runs::get(conn, row.job_id).await?
+        {
+            *row = now;
+        }
+    }
+    Ok(())
 }
 
 /// After new rows were inserted (in the order given): each debounce key's
 /// last new QUEUED job cancels the jobs of its key that have not started,
-/// earlier rows of the same batch among them.
+/// earlier rows of the same batch among them; then each new job of a
+/// concurrency key that cancels past its limit cancels the newest or the
+/// oldest. `policies`: the concurrency policy of each new job that has one.
+/// Returns the jobs cancelled (or, RUNNING, asked to cancel).
 pub(crate) async fn supersede<'a>(
     tx: &mut PgTransaction<'_>,
     created: impl IntoIterator<Item = &'a RunRow>,
+    policies: &HashMap<Uuid, OnExcess>,
     now: DateTime<Utc>,
-) -> Result<(), StoreError> {
+) -> Result<Vec<Uuid>, StoreError> {
+    let created: Vec<&RunRow> = created.into_iter().collect();
+    let mut cancelled = Vec::new();
     let mut last: Vec<(&str, Uuid)> = Vec::new();
-    for row in created {
+    for row in created.iter().copied() {
         if let (Some(key), RunStatus::Queued) = (row.debounce_key.as_deref(), row.status) {
             last.retain(|(k, _)| *k != key);
             last.push((key, row.job_id));
         }
     }
     for (key, survivor) in last {
-        let cancelled = flotilla_store::runs::debounce::supersede(tx, key, survivor, now).await?;
-        if !cancelled.is_empty() {
-            tracing::info!(key, %survivor, cancelled = cancelled.len(), "debounced: earlier requests of the key cancelled");
+        let superseded = flotilla_store::runs::debounce::supersede(tx, key, survivor, now).await?;
+        if !superseded.is_empty() {
+            tracing::info!(key, %survivor, cancelled = superseded.len(), "debounced: earlier requests of the key cancelled");
         }
+        cancelled.extend(superseded);
     }
-    Ok(())
+    let arrivals: Vec<concurrency::Arrival<'_>> = created
+        .iter()
+        .filter(|row| row.status == RunStatus::Queued && !cancelled.contains(&row.job_id))
+        .filter_map(|row| {
+            let cancel_oldest = match policies.get(&row.job_id)? {
+                OnExcess::Queue => return None,
+                OnExcess::CancelNewest => false,
+                OnExcess::CancelOldest => true,
+            };
+            Some(concurrency::Arrival {
+                job_id: row.job_id,
+                key: row.concurrency_key.as_deref()?,
+                limit: row.concurrency_limit?,
+                cancel_oldest,
+            })
+        })
+        .collect();
+    if !arrivals.is_empty() {
+        let excess = concurrency::cancel_excess(tx, &arrivals, now).await?;
+        if !excess.is_empty() {
+            tracing::info!(
+                cancelled = excess.len(),
+                "jobs cancelled past their concurrency key's limit"
+            );
+        }
+        cancelled.extend(excess);
+    }
+    Ok(cancelled)
 }

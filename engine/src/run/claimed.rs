@@ -113,6 +113,17 @@ impl ClaimedRun {
         Fence(self.lease.clone())
     }
 
+    /// What a write of this claim is fenced on, as the store takes it.
+    pub(crate) fn store_fence(&self) -> flotilla_store::runs::lease::Fence {
+        self.lease.store_fence()
+    }
+
+    /// Counts the job as ended `state` by a write made outside the lease's
+    /// writer (a hold that found a cancel asked).
+    pub(crate) fn finished_as(&self, state: &'static str) {
+        self.finished(state);
+    }
+
     /// Starts renewing the lease every quarter of its term. A renewal that
     /// fails for another reason than a lost lease is retried at the next
     /// tick: the term leaves room for three misses.

@@ -132,16 +132,21 @@ impl Lease {
         );
     }
 
+    /// What a write of this lease is fenced on, as the store takes it.
+    pub(crate) fn store_fence(&self) -> LeaseFence {
+        LeaseFence {
+            token: self.token,
+            sequence: self.sequence.load(Ordering::SeqCst),
+            revision: self.revision,
+        }
+    }
+
     /// Every fenced write shares its commit with other jobs' writes (see
     /// `group_commit`), and still waits for its own to be durable.
     pub(crate) async fn try_write(&self, change: Transition) -> Result<(), SegmentStop> {
         let now = self.engine.now();
         let group = &self.engine.inner.group_commit;
-        let fence = LeaseFence {
-            token: self.token,
-            sequence: self.sequence.load(Ordering::SeqCst),
-            revision: self.revision,
-        };
+        let fence = self.store_fence();
         let events = change.events_written();
         match group.write(self.job_id, fence, now, change).await? {
             Written::Done => {

@@ -11,6 +11,7 @@ pub(crate) mod claim_loop;
 pub(crate) mod claimed;
 pub(crate) mod claims;
 pub(crate) mod compensate;
+pub(crate) mod concurrency;
 pub(crate) mod gather;
 pub(crate) mod group_commit;
 pub(crate) mod in_flight;
@@ -47,10 +48,24 @@ pub enum Outcome {
     Requeued(Uuid),
     /// Handed back: this worker lacks a target the job needs.
     Released(Uuid),
+    /// QUEUED again, no attempt spent: every slot of its concurrency key
+    /// is held (or older jobs of the key wait for the free ones).
+    Held(Uuid),
     /// Another worker took the job; this segment wrote nothing more.
     LeaseLost(Uuid),
     /// The store failed mid-segment; the job waits for its lease to lapse.
     StoreFailed(Uuid),
+}
+
+impl Outcome {
+    /// Whether the job ended for good in this segment.
+    #[must_use]
+    pub fn ended(&self) -> bool {
+        matches!(
+            self,
+            Self::Completed(_) | Self::Cancelled(_) | Self::Failed(_) | Self::Dead(_)
+        )
+    }
 }
 
 /// The lease is gone: the sweeper requeued the job and maybe another worker claimed it.

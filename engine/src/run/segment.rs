@@ -59,6 +59,7 @@ impl Engine {
         let heartbeat = claimed.heartbeat();
         let fence = claimed.fence();
         let row = claimed.row();
+        let concurrency_key = row.concurrency_key.clone();
         // One span per segment (claim to settle or park), a child of the
         // run's trace, so retries, parks and resumes on other workers all
         // join the trace the request came with.
@@ -145,6 +146,13 @@ impl Engine {
         if matches!(outcome, Outcome::Failed(_) | Outcome::Dead(_)) {
             tracing::Instrument::instrument(self.cascade_cancel(job_id), span.clone()).await;
         }
+        // A job that ended gave back its concurrency slot: the next job of
+        // its key need not wait for the sweeper.
+        if let Some(key) = concurrency_key.as_deref()
+            && outcome.ended()
+        {
+            tracing::Instrument::instrument(self.slot_given_back(job_id, key), span.clone()).await;
+        }
         outcome
     }
 
@@ -174,6 +182,10 @@ impl Engine {
         if !missing.is_empty() {
             return self.release_for_others(claimed, &missing).await;
         }
+        let claimed = match self.take_slot(claimed).await? {
+            Ok(claimed) => claimed,
+            Err(held) => return Ok(held),
+        };
         let compiled = match self.compile_to_run(&claimed.row().definition.0).await {
             Ok(compiled) => compiled,
             Err(invalid) => {

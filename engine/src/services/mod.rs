@@ -7,6 +7,7 @@
 //! `sweeper.rs`); retention and the scheduler keep their own pace.
 
 mod cascade;
+mod concurrency;
 mod due_waits;
 pub(crate) mod finished_tally;
 pub(crate) mod layout_switches;

@@ -1,6 +1,7 @@
 //! The sweeper: on every tick, this worker announces itself, settles the
-//! layout switches, requeues jobs whose lease lapsed, cascades cancels and
-//! wakes waits that came due, in that order (announced first: after an
+//! layout switches, requeues jobs whose lease lapsed, cascades cancels,
+//! wakes waits that came due and jobs held by a concurrency slot now free,
+//! in that order (announced first: after an
 //! outage this worker's own lapsed jobs must find it alive, or their lapses
 //! would count).
 
@@ -43,6 +44,9 @@ impl Engine {
             }
             if let Err(e) = self.wake_due_waits().await {
                 tracing::warn!(error = %e, "requeueing waiting jobs whose timers or Kafka requests came due failed");
+            }
+            if let Err(e) = self.wake_held().await {
+                tracing::warn!(error = %e, "waking jobs held by their concurrency keys failed");
             }
         }
     }

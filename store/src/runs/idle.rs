@@ -129,7 +129,7 @@ pub async fn retry(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
              lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,
-             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, failed_attempts = '{{}}',
+             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, failed_attempts = '{{}}', holds_slot = false,
              timers = (SELECT jsonb_object_agg(k, v)
                        FROM jsonb_each(CASE WHEN jsonb_typeof(timers) = 'object' THEN timers ELSE '{{}}'::jsonb END) AS t(k, v)
                        WHERE k NOT LIKE 'deadline:%'),
@@ -193,12 +193,14 @@ pub async fn wake_due(
     })
     .await?;
     // A job QUEUED for later (a timer, a retry's pause) that has expired
-    // meanwhile comes back now, to be ended.
+    // meanwhile comes back now, to be ended; not one waiting for a worker
+    // with its targets (it would only be handed back again each sweep).
     crate::sql::session(pool, async |conn| {
         crate::sql::query(
             "UPDATE workflow_run SET run_after = $1
              WHERE job_id IN (SELECT job_id FROM workflow_run
                               WHERE status = 'QUEUED' AND expires_at <= $1 AND run_after > $1
+                                AND unplaced_since IS NULL
                               LIMIT $2 FOR UPDATE SKIP LOCKED)",
         )
         .bind(now)

@@ -7,6 +7,7 @@
 //! fenced on the lease token.
 
 pub mod children;
+pub mod concurrency;
 pub mod debounce;
 pub mod idle;
 pub mod lease;
@@ -41,11 +42,14 @@ use crate::status::RunStatus;
 /// of the step's list (`list`), which an earlier release refuses; 7, runs
 /// whose definition uses a field of the flow controls (`retry`,
 /// `on_timeout`, `execution_timeout_ms`, `debounce`, a bounded wait), whose
-/// definitions and checkpoints (`timed_out`) earlier releases refuse. A run
+/// definitions and checkpoints (`timed_out`) earlier releases refuse; 8,
+/// runs of a workflow with a `concurrency` key, which must take a slot of
+/// their key before they run (an earlier release would run them past the
+/// limit). A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 7;
+pub const READER_LEVEL: i16 = 8;
 /// Where `timers` keeps the deadline of the wait `step`: apart from the
 /// step's own name (a timer's), so an operator's retry can drop every
 /// deadline and give each wait its whole `timeout_ms` again.
@@ -69,6 +73,8 @@ pub const KAFKA_READER_LEVEL: i16 = 5;
 pub const FOR_EACH_READER_LEVEL: i16 = 6;
 /// The level of a run whose definition uses the flow controls.
 pub const CONTROLS_READER_LEVEL: i16 = 7;
+/// The level of a run whose workflow has a `concurrency` key.
+pub const CONCURRENCY_READER_LEVEL: i16 = 8;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -226,6 +232,13 @@ pub struct RunRow {
     pub expires_at: Option<DateTime<Utc>>,
     /// The workflow's `debounce` key this job's input gave, if it has one.
     pub debounce_key: Option<String>,
+    /// The workflow's `concurrency` key this job's input gave, if it has
+    /// one, and the most jobs of the key that may hold a slot at once.
+    pub concurrency_key: Option<String>,
+    pub concurrency_limit: Option<i32>,
+    /// Whether the job holds a slot of its concurrency key (from its first
+    /// segment until it ends; see [`concurrency`]).
+    pub holds_slot: bool,
     /// The row's array followed by the run's checkpoint rows, in order.
     /// Kept as raw JSON: a malformed entry must fail the job loudly, not the load.
     pub checkpoints: Json<serde_json::Value>,
@@ -353,7 +366,7 @@ macro_rules! columns {
             coalesce(definition, (SELECT d.definition FROM workflow_definition d \
                 WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
             input, request_digest, status, attempt, max_attempts, priority, failed_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
-            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, expires_at, debounce_key, ",
+            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, expires_at, debounce_key, concurrency_key, concurrency_limit, holds_slot, ",
             $list,
             " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
             lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"

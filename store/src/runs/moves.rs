@@ -42,7 +42,7 @@ pub async fn retry_onto(
         "UPDATE workflow_run SET status = 'QUEUED', attempt = 0, run_after = $2, updated_at = $2,
              error = NULL, verdict = NULL, result = NULL, outstanding_step = NULL,
              lease_losses = 0, unplaced_since = NULL, compensation = NULL, cancel_requested = NULL,
-             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, failed_attempts = '{}',
+             step_requests = NULL, reply_deadline = NULL, wake_at = NULL, failed_attempts = '{}', holds_slot = false,
              workflow_version = $3,
              definition = CASE WHEN definition IS NULL THEN NULL ELSE $4 END,
              max_attempts = $5, reader_level = greatest(reader_level, $6),

@@ -13,7 +13,7 @@ use super::*;
 /// oldest whose instant has come is still waiting to be claimed.
 ///
 /// Counts the QUEUED jobs that have reached a timer (a timer-ful job
-/// queued for a retry counts too).
+/// queued for a retry counts too); a wait's deadline is no timer.
 ///
 /// # Errors
 /// Database errors.
@@ -23,7 +23,9 @@ pub async fn timer_backlog(
 ) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
     crate::sql::query_as(
         "SELECT count(*) FILTER (WHERE run_after > $1), min(run_after) FILTER (WHERE run_after <= $1)
-         FROM workflow_run WHERE status = 'QUEUED' AND timers IS NOT NULL",
+         FROM workflow_run WHERE status = 'QUEUED' AND timers IS NOT NULL
+           AND jsonb_typeof(timers) = 'object'
+           AND EXISTS (SELECT 1 FROM jsonb_object_keys(timers) AS k WHERE k NOT LIKE 'deadline:%')",
     )
     .bind(now)
     .fetch_one(conn)

@@ -35,6 +35,8 @@ pub struct NewRun<'a> {
     /// The workflow's `debounce`: the key, and how long the job waits for
     /// a later request of it before it starts (added to its `run_after`).
     pub debounce: Option<(String, i64)>,
+    /// The workflow's `concurrency`: the key, and its limit.
+    pub concurrency: Option<(String, i32)>,
     /// The workflow's `execution_timeout_ms`: the job expires this long
     /// after `now`.
     pub execution_timeout_ms: Option<i64>,
@@ -84,14 +86,14 @@ pub async fn insert_many<'a>(
     let mut inserted: Vec<RunRow> = crate::sql::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at,
-             expires_at, priority, debounce_key)
+             expires_at, priority, debounce_key, concurrency_key, concurrency_limit)
          SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, $13 - prio * interval '1 minute' + coalesce(window_ms, 0) * interval '1 millisecond', error, verdict, 1, greatest(CASE WHEN definition IS NULL THEN 1 ELSE 0 END, level),
-             traceparent, tracestate, $13, $13, $13 + timeout_ms * interval '1 millisecond', prio, debounce_key
+             traceparent, tracestate, $13, $13, $13 + timeout_ms * interval '1 millisecond', prio, debounce_key, concurrency_key, concurrency_limit
          FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::jsonb[], $5::jsonb[], $6::text[],
-                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[], $15::int8[], $16::int2[], $17::text[], $18::int8[])
+                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[], $15::int8[], $16::int2[], $17::text[], $18::int8[], $19::text[], $20::int4[])
              WITH ORDINALITY AS r(job_id, workflow_name, workflow_version, definition, input, request_digest,
-                                  status, max_attempts, error, verdict, traceparent, tracestate, level, timeout_ms, prio, debounce_key, window_ms, position)
+                                  status, max_attempts, error, verdict, traceparent, tracestate, level, timeout_ms, prio, debounce_key, window_ms, concurrency_key, concurrency_limit, position)
          WHERE NOT EXISTS (SELECT 1 FROM workflow_run_removed rm WHERE rm.job_id = r.job_id)
          ORDER BY position
          ON CONFLICT (job_id) DO NOTHING
@@ -129,6 +131,16 @@ pub async fn insert_many<'a>(
     .bind(
         runs.iter()
             .map(|run| run.debounce.as_ref().map(|(_, window)| *window))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        runs.iter()
+            .map(|run| run.concurrency.as_ref().map(|(key, _)| key.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        runs.iter()
+            .map(|run| run.concurrency.as_ref().map(|(_, limit)| *limit))
             .collect::<Vec<_>>(),
     )
     .fetch_all(&mut **tx)

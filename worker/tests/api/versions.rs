@@ -115,3 +115,59 @@ async fn a_retry_may_move_a_job_to_the_latest_version(pool: PgPool) {
         .collect();
     assert_eq!(kept, ["check"], "the changed person's step runs again");
 }
+
+/// A job of a concurrency key shows its key, whether it holds a slot, and
+/// (held back) why it waits, with no attempt spent.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_held_by_its_concurrency_key_shows_the_key_and_why(pool: PgPool) {
+    let api = Api::start(&pool).await;
+    let mut keyed = approval();
+    keyed["concurrency"] = json!({"key": "input.account", "limit": 1});
+    assert_eq!(
+        api.call(Method::PUT, "/v1/workflows/approval", Some(keyed))
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    let submit = || {
+        api.call(
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"workflow_name": "approval", "input": {"amount": 5, "account": "ada"}})),
+        )
+    };
+    let (_, first) = submit().await;
+    let (_, second) = submit().await;
+    for job in [&first, &second] {
+        assert_eq!(job["concurrency_key"], "approval/ada", "{job}");
+        assert_eq!(job["holds_slot"], false, "{job}");
+    }
+    // The first parks holding its slot; the second is held back.
+    api.engine.run_once().await.unwrap();
+    api.engine.run_once().await.unwrap();
+    let get = async |job: &serde_json::Value| {
+        let path = format!("/v1/jobs/{}", job["job_id"].as_str().unwrap());
+        api.call(Method::GET, &path, None).await
+    };
+    let (_, first) = get(&first).await;
+    assert_eq!(
+        (first["status"].clone(), first["holds_slot"].clone()),
+        (json!("WAITING"), json!(true))
+    );
+    let (_, second) = get(&second).await;
+    assert_eq!(
+        (
+            second["status"].clone(),
+            second["holds_slot"].clone(),
+            second["attempt"].clone()
+        ),
+        (json!("QUEUED"), json!(false), json!(0))
+    );
+    assert!(
+        second["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("held by its concurrency key approval/ada: 1 of 1 slots taken"),
+        "{second}"
+    );
+}

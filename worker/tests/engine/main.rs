@@ -7,6 +7,7 @@ mod cancelling;
 mod checkpoint_rows;
 mod children;
 mod claims;
+mod concurrency;
 mod deadlines;
 mod debounce;
 mod failures;

@@ -1,6 +1,7 @@
 //! Bounds on waiting: a wait's `timeout_ms` and `on_timeout`, the
-//! workflow's `execution_timeout_ms`, and its `debounce` (a key and the
-//! window a job waits for a later request of it).
+//! workflow's `execution_timeout_ms`, its `debounce` (a key and the
+//! window a job waits for a later request of it) and its `concurrency`
+//! (a key and the most jobs of it at once).
 
 use super::Problems;
 use crate::expr::Expression;
@@ -8,6 +9,9 @@ use crate::model::{StepDefinition, WorkflowDefinition};
 
 /// The longest debounce window: a day.
 pub(crate) const MAX_DEBOUNCE_WINDOW_MS: u64 = 24 * 3600 * 1000;
+
+/// The most jobs one concurrency key may let run at once.
+pub(crate) const MAX_CONCURRENCY_LIMIT: u32 = 10_000;
 
 /// The longest `execution_timeout_ms`: 366 days, as the longest `sleep`.
 pub(crate) const MAX_EXECUTION_TIMEOUT_MS: u64 = 366 * 24 * 3600 * 1000;
@@ -44,6 +48,21 @@ impl Problems {
             );
         }
         self.expression(None, "debounce.key", &debounce.key)
+    }
+
+    /// The concurrency key's expression, compiled; its limit in bounds.
+    pub(super) fn concurrency(&mut self, definition: &WorkflowDefinition) -> Option<Expression> {
+        let concurrency = definition.concurrency.as_ref()?;
+        if !(1..=MAX_CONCURRENCY_LIMIT).contains(&concurrency.limit) {
+            self.top(
+                "concurrency.limit",
+                format!(
+                    "must be 1 to {MAX_CONCURRENCY_LIMIT}, got {}",
+                    concurrency.limit
+                ),
+            );
+        }
+        self.expression(None, "concurrency.key", &concurrency.key)
     }
 
     pub(super) fn execution_timeout(&mut self, definition: &WorkflowDefinition) {

@@ -121,6 +121,13 @@ pub enum Transition {
         run_after: DateTime<Utc>,
         since: DateTime<Utc>,
     },
+    /// Handed back because every slot of its concurrency key is held: no
+    /// attempt spent, no event; eligible again at `run_after` (a holder
+    /// that ends wakes it sooner, see `runs::concurrency`).
+    Hold {
+        reason: String,
+        run_after: DateTime<Utc>,
+    },
     /// Handed back at once by a worker whose job changed under it (a graft
     /// moved its event sequence, so its next commit point was refused), or
     /// whose segment met its deadline after writing checkpoints (progress,
@@ -174,6 +181,7 @@ impl Transition {
             },
             Self::Requeue { .. }
             | Self::Release { .. }
+            | Self::Hold { .. }
             | Self::HandBack { .. }
             | Self::Yield { .. }
             | Self::BeginCompensation { .. }
@@ -193,6 +201,7 @@ impl Transition {
         match self {
             Self::Requeue { .. }
             | Self::Release { .. }
+            | Self::Hold { .. }
             | Self::HandBack { .. }
             | Self::Yield { .. }
             | Self::BeginCompensation { .. }
@@ -372,6 +381,15 @@ impl Transition {
                     ("run_after", "$6"),
                     ("attempt", "greatest(attempt - 1, 0)"),
                     ("unplaced_since", "coalesce(unplaced_since, $7)"),
+                ]),
+                None,
+            ),
+            Self::Hold { .. } => (
+                lit(&[
+                    ("status", "'QUEUED'"),
+                    ("error", "$5"),
+                    ("run_after", "$6"),
+                    ("attempt", "greatest(attempt - 1, 0)"),
                 ]),
                 None,
             ),

@@ -138,6 +138,7 @@ pub async fn transition(
             run_after,
             since,
         } => query.bind(reason).bind(*run_after).bind(*since),
+        Transition::Hold { reason, run_after } => query.bind(reason).bind(*run_after),
         Transition::Yield { reason } => query.bind(reason),
         Transition::HandBack {
             reason,
