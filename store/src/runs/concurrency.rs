@@ -106,11 +106,14 @@ async fn enter_in(
     let free = (limit - holders).max(0);
     if ahead < free {
         let taken = crate::sql::query(
-            "UPDATE workflow_run SET holds_slot = true
+            "UPDATE workflow_run
+             SET holds_slot = true,
+                 error = CASE WHEN starts_with(error, $3) THEN NULL ELSE error END
              WHERE job_id = $1 AND lease_token = $2 AND status = 'RUNNING'",
         )
         .bind(entrant.job_id)
         .bind(entrant.fence.token)
+        .bind(HELD)
         .execute(&mut **tx)
         .await?;
         return Ok(if taken.rows_affected() == 1 {

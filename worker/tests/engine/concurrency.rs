@@ -258,6 +258,9 @@ async fn a_job_past_the_limit_is_held_saying_why_and_woken_when_a_slot_frees(poo
     };
     assert_eq!(worker.run_once().await.unwrap(), Outcome::Parked(older));
     assert_eq!(worker.run_once().await.unwrap(), Outcome::Idle);
+    let parked = row(&pool, older).await;
+    assert!(parked.holds_slot);
+    assert_eq!(parked.error, None, "the hold's reason is gone with it");
 
     // Cancelled while it waits: nothing ran to wake the next; the sweep does.
     worker.cancel(older, "not needed").await.unwrap();
