@@ -119,3 +119,28 @@ pub async fn bound_lock_wait(
         .await?;
     Ok(())
 }
+
+/// Commits `tx` when `result` is a success and rolls it back otherwise,
+/// ending it here rather than dropping it: a dropped transaction keeps its
+/// advisory locks until its connection is next used.
+///
+/// # Errors
+/// `result`'s error, or the commit's.
+pub async fn end_transaction<T, E>(
+    tx: sqlx::PgTransaction<'_>,
+    result: Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<sqlx::Error>,
+{
+    match result {
+        Ok(value) => {
+            tx.commit().await?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}

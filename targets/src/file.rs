@@ -7,7 +7,8 @@
 //! answer's body error texts keep; none unless set),
 //! plus for HTTPS `ca_file`, `client_certificate` and `client_key`, and
 //! `headers` whose values are literal or come `from_env` / `from_file` (for
-//! credentials: the file itself then holds no secret).
+//! credentials: the file itself then holds no secret), and for HTTP a
+//! fleet-wide `rate_limit` (`100/s`, `1000/m`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -59,6 +60,10 @@ enum TargetConfig {
         /// `[500]` for a service whose 500s pass.
         #[serde(default)]
         retry_statuses: Vec<u16>,
+        /// At most this many calls begin in any window of the period,
+        /// across the fleet: `100/s`, `1000/m`, `50/h`.
+        #[serde(default)]
+        rate_limit: Option<String>,
     },
     /// A pair of topics: requests leave through the outbox, replies come
     /// back on `reply_topic`.
@@ -245,7 +250,14 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 client_key,
                 insecure_skip_verify,
                 retry_statuses,
+                rate_limit,
             } => {
+                if let Some(rate) = rate_limit {
+                    let rate = rate
+                        .parse::<super::RateLimit>()
+                        .map_err(|e| refused(format!("rate_limit: {e}")))?;
+                    targets.set_rate_limit(name.clone(), rate);
+                }
                 if let Some(status) = retry_statuses.iter().find(|s| !(400..=599).contains(*s)) {
                     return Err(refused(format!(
                         "retry_statuses: {status} is not an HTTP status of 400 to 599"
@@ -384,6 +396,22 @@ mod tests {
                 .to_string();
             assert!(refused.contains(expected), "{expected}: {refused}");
         }
+    }
+
+    #[test]
+    fn an_http_target_s_rate_limit_loads_and_a_malformed_one_is_refused_by_name() {
+        let http = "targets:\n  crm:\n    kind: http\n    base_url: http://crm.test\n";
+        let targets = load_text(&format!("{http}    rate_limit: 100/s\n")).unwrap();
+        assert_eq!(targets.rate_limit("crm").unwrap().to_string(), "100/s");
+        assert_eq!(load_text(http).unwrap().rate_limit("crm"), None);
+        let refused = load_text(&format!("{http}    rate_limit: lots\n"))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("crm") && refused.contains("rate_limit"),
+            "{refused}"
+        );
     }
 
     #[test]

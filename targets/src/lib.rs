@@ -7,6 +7,9 @@
 pub mod file;
 pub mod http;
 pub mod kafka;
+pub mod rate;
+
+pub use rate::RateLimit;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -186,6 +189,8 @@ pub struct Targets {
     kafka: HashMap<String, Arc<kafka::KafkaTarget>>,
     /// The encoding of Kafka targets that do not name one.
     fleet_encoding: kafka::Encoding,
+    /// The rate limits of the targets that have one, fleet-wide.
+    rate_limits: HashMap<String, RateLimit>,
 }
 
 impl Default for Targets {
@@ -194,6 +199,7 @@ impl Default for Targets {
             by_name: HashMap::new(),
             kafka: HashMap::new(),
             fleet_encoding: kafka::Encoding::Json,
+            rate_limits: HashMap::new(),
         }
     }
 }
@@ -219,6 +225,18 @@ impl Targets {
             permits: Arc::new(Semaphore::new(max_concurrent.max(1))),
         };
         self.by_name.insert(name.into(), registered);
+    }
+
+    /// Limits the calls to `name` that begin, fleet-wide, in any window of
+    /// the rate's period (the engine takes a permit before each call).
+    pub fn set_rate_limit(&mut self, name: impl Into<String>, rate: RateLimit) {
+        self.rate_limits.insert(name.into(), rate);
+    }
+
+    /// The rate limit of `name`, if it has one.
+    #[must_use]
+    pub fn rate_limit(&self, name: &str) -> Option<RateLimit> {
+        self.rate_limits.get(name).copied()
     }
 
     /// Registers the Kafka target `name`.

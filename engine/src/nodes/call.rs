@@ -16,6 +16,7 @@ use super::{Node, Nodes};
 use crate::ClaimedRun;
 use crate::Engine;
 use crate::support::judge::check_response;
+use crate::support::rate_limit::NoPermit;
 use flotilla_targets::{RetryClass, StepFailure, TargetCall};
 use flotilla_workflow::assemble;
 use flotilla_workflow::expr::Scope;
@@ -25,6 +26,13 @@ use flotilla_workflow::{CompiledWorkflow, Exhausted};
 pub(crate) enum Invocation {
     LeaseLost,
     Failed(StepFailure),
+    /// The target's rate limit has no permit before the segment's time
+    /// runs out: the job goes back to the queue until `until`, its
+    /// attempt given back.
+    Throttled {
+        until: chrono::DateTime<chrono::Utc>,
+        reason: String,
+    },
 }
 
 impl Engine {
@@ -58,10 +66,31 @@ impl Engine {
                 )));
             }
         };
+        let target = &step.definition.target;
+        // A rate-limited target's permit first, fleet-wide; its wait comes
+        // out of the segment's time, not the call's.
+        let left = match self.targets().rate_limit(target) {
+            None => left,
+            Some(rate) => match self.rate_permit(target, rate, left, lease_lost).await {
+                Ok(waited) => left.saturating_sub(waited),
+                Err(NoPermit::Later { until, reason }) => {
+                    return Err(Invocation::Throttled { until, reason });
+                }
+                Err(NoPermit::LeaseLost) => return Err(Invocation::LeaseLost),
+                // The store failed: a failure of the world, retried as one.
+                Err(NoPermit::Store(e)) => {
+                    return Err(Invocation::Failed(StepFailure::retryable(
+                        RetryClass::Other,
+                        format!(
+                            "step {name}: taking a permit of target {target}'s rate limit: {e}"
+                        ),
+                    )));
+                }
+            },
+        };
         // One timer bounds the call: the step's timeout, the target's (the
         // operator's bound, which no definition raises) or what is left of
         // the segment's deadline, whichever is shortest, reported as itself.
-        let target = &step.definition.target;
         let target_limit = self.targets().timeout(target);
         let step_limit = match (
             step.definition.timeout_ms.map(Duration::from_millis),

@@ -72,6 +72,13 @@ pub(crate) enum Stop {
     },
     /// Nothing else could run and these timers have not woken.
     Sleep(Sleeping),
+    /// A rate-limited target has no permit before the segment's time runs
+    /// out: the answers in hand were checkpointed; the job goes back to the
+    /// queue until `until`, its attempt given back.
+    Throttled {
+        until: chrono::DateTime<chrono::Utc>,
+        reason: String,
+    },
     /// Someone asked to cancel the job: the calls under way were dropped
     /// (aborted) and every answer already in hand was checkpointed.
     Cancelled,
@@ -222,6 +229,8 @@ impl<'a> Nodes<'a> {
         // next call or during one; and the checkpoints this segment wrote.
         let mut out_of_time = false;
         let mut written_count = 0usize;
+        // A call a target's rate limit put off: nothing new starts.
+        let mut throttled: Option<(chrono::DateTime<chrono::Utc>, String)> = None;
         let mut park_on: Option<String> = None;
         // The signals the claim found, and the names of the ready
         // `wait_for` steps that found none (a park checks them again).
@@ -251,7 +260,11 @@ impl<'a> Nodes<'a> {
             if cancelling && calls.is_empty() && writing.is_none() && answered.is_empty() {
                 return Ok(Stop::Cancelled);
             }
-            while !cancelling && failure.is_none() && calls.len() < parallelism {
+            while !cancelling
+                && failure.is_none()
+                && throttled.is_none()
+                && calls.len() < parallelism
+            {
                 let Some(left) = deadline
                     .checked_sub(self.started.elapsed())
                     .filter(|d| !d.is_zero())
@@ -371,6 +384,9 @@ impl<'a> Nodes<'a> {
                             written: written_count,
                         });
                     }
+                    if let (None, Some((until, reason))) = (&failure, throttled) {
+                        return Ok(Stop::Throttled { until, reason });
+                    }
                     return Ok(if let Some((failure, step)) = failure {
                         Stop::Failed {
                             failure,
@@ -486,6 +502,9 @@ impl<'a> Nodes<'a> {
                         }
                     }
                     Err(Invocation::LeaseLost) => return Ok(Stop::LeaseLost),
+                    Err(Invocation::Throttled { until, reason }) => {
+                        throttled.get_or_insert((until, reason));
+                    }
                     // The calls still running go on to their checkpoints;
                     // nothing new starts.
                     Err(Invocation::Failed(failed)) => {

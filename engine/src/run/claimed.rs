@@ -418,6 +418,20 @@ impl ClaimedRun {
             .await
     }
 
+    /// Back to the queue until `run_after`, its attempt given back: a limit
+    /// of the fleet's (a target's rate) put the job off, not a failure.
+    ///
+    /// # Errors
+    /// Lease lost, or the store failed.
+    pub async fn hold(self, reason: &str, run_after: DateTime<Utc>) -> Result<(), SegmentStop> {
+        self.lease
+            .write(Transition::Hold {
+                reason: sanitize::error_text(reason),
+                run_after,
+            })
+            .await
+    }
+
     /// Back to the queue at once, its attempt given back: the segment met
     /// its deadline after writing checkpoints, which is progress, not a
     /// failure. Fenced on the lease token only, as it commits no event.

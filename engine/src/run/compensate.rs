@@ -104,6 +104,11 @@ pub(crate) async fn compensate(
                 claimed.compensated(&checkpoint).await?;
             }
             Err(Invocation::LeaseLost) => return Ok(Outcome::LeaseLost(job_id)),
+            // Begun and written: the next claim goes on compensating.
+            Err(Invocation::Throttled { until, reason }) => {
+                claimed.hold(&reason, until).await?;
+                return Ok(Outcome::Held(job_id));
+            }
             Err(Invocation::Failed(failed)) => {
                 note = Some(format!("compensation {name} failed: {}", failed.message()));
                 break;

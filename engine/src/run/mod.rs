@@ -49,7 +49,8 @@ pub enum Outcome {
     /// Handed back: this worker lacks a target the job needs.
     Released(Uuid),
     /// QUEUED again, no attempt spent: every slot of its concurrency key
-    /// is held (or older jobs of the key wait for the free ones).
+    /// is held (or older jobs of the key wait for the free ones), or a
+    /// target's rate limit has no permit before the segment's time ends.
     Held(Uuid),
     /// Another worker took the job; this segment wrote nothing more.
     LeaseLost(Uuid),

@@ -328,6 +328,11 @@ impl Engine {
                 claimed.sleep(&step, set, wakes_at).await?;
                 Ok(Outcome::Sleeping(job_id))
             }
+            Stop::Throttled { until, reason } => {
+                tracing::debug!(%job_id, %reason, "job put off by a target's rate limit");
+                claimed.hold(&reason, until).await?;
+                Ok(Outcome::Held(job_id))
+            }
             Stop::OutOfTime { error, written } => {
                 // Progress, not a failure: a long graph or for_each runs
                 // on over as many segments as it needs, its attempts kept

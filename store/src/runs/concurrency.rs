@@ -64,23 +64,7 @@ pub async fn enter(
 ) -> Result<Entry, StoreError> {
     let mut tx = pool.begin().await?;
     let entry = enter_in(&mut tx, entrant, now, hold_until).await;
-    end(tx, entry).await
-}
-
-/// Commits `tx` when `result` is a success, rolls it back otherwise: ended
-/// here, not dropped, since a dropped transaction keeps the key's advisory
-/// lock until its connection is next used.
-async fn end<T>(tx: PgTransaction<'_>, result: Result<T, StoreError>) -> Result<T, StoreError> {
-    match result {
-        Ok(value) => {
-            tx.commit().await?;
-            Ok(value)
-        }
-        Err(e) => {
-            let _ = tx.rollback().await;
-            Err(e)
-        }
-    }
+    crate::sql::end_transaction(tx, entry).await
 }
 
 async fn enter_in(
@@ -172,7 +156,7 @@ pub async fn wake(pool: &PgPool, key: &str, now: DateTime<Utc>) -> Result<u64, S
         wake_in(&mut tx, key, free, now).await
     }
     .await;
-    end(tx, woken).await
+    crate::sql::end_transaction(tx, woken).await
 }
 
 /// The keys (at most `batch`) with a job waiting for a slot that is free:

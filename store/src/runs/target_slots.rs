@@ -48,18 +48,8 @@ pub async fn take(
     now: DateTime<Utc>,
 ) -> Result<Take, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    match take_in(&mut tx, claim, cap, now).await {
-        Ok(take) => {
-            tx.commit().await?;
-            Ok(take)
-        }
-        // Ended here, not dropped: a dropped transaction keeps the
-        // target's advisory lock until its connection is next used.
-        Err(e) => {
-            let _ = tx.rollback().await;
-            Err(e)
-        }
-    }
+    let take = take_in(&mut tx, claim, cap, now).await;
+    crate::sql::end_transaction(tx, take).await
 }
 
 async fn take_in(

@@ -22,6 +22,7 @@ mod panics;
 mod parking;
 mod placement;
 mod priorities;
+mod rate_limits;
 mod responses;
 mod retention;
 mod scheduler_property;
