@@ -18,7 +18,7 @@ pub mod runs;
 pub mod schedules;
 pub mod sql;
 mod status;
-pub mod target_calls;
+pub mod target_rates;
 pub mod topics;
 pub mod wake;
 

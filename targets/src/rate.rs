@@ -1,7 +1,7 @@
 //! A target's rate limit, `<calls>/<period>` (`100/s`, `1000/m`, `50/h`):
 //! at most `calls` calls begin in any window of `period`, fleet-wide. The
 //! engine asks the store for a permit before each call
-//! (`store/src/target_calls.rs`); this is the setting.
+//! (`store/src/target_rates.rs`); this is the setting.
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,8 +14,8 @@ pub struct RateLimit {
     pub period: Duration,
 }
 
-/// The most calls a rate limit may allow per period: the store keeps one
-/// row per call of the last period.
+/// The most calls a rate limit may allow per period (10 µs apart at most
+/// per second).
 pub const MAX_RATE_CALLS: u32 = 100_000;
 
 impl FromStr for RateLimit {

@@ -14,8 +14,10 @@ use crate::run::LeaseLost;
 use crate::{ClaimedRun, Engine, Outcome, SegmentStop};
 
 /// The longest a held job waits before it asks for a slot again, if no
-/// holder and no sweep woke it first.
-const HOLD_RECHECK: Duration = Duration::from_secs(60);
+/// holder and no sweep woke it first: a safety net only, so long that a
+/// key held for hours (a person's step) costs its waiters a claim every
+/// five minutes, not a busy loop.
+const HOLD_RECHECK: Duration = Duration::from_secs(300);
 
 impl Engine {
     /// Takes a slot of `claimed`'s concurrency key, unless it has none or

@@ -1,5 +1,5 @@
-//! Waiting for a permit of a rate-limited target (the store keeps the
-//! fleet's count: `store/src/target_calls.rs`). A wait that fits in what is
+//! Waiting for a permit of a rate-limited target (the store spaces the
+//! fleet's permits: `store/src/target_rates.rs`). A wait that fits in what is
 //! left of the segment is slept here, the lease renewed meanwhile by its
 //! heartbeat; a longer one hands the job back until the permit frees, its
 //! attempt given back: a limit of the fleet's is no failure of the job.
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use flotilla_store::StoreError;
-use flotilla_store::target_calls::{self, Permit};
+use flotilla_store::target_rates::{self, Permit};
 use flotilla_targets::RateLimit;
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +43,7 @@ impl Engine {
         let began = tokio::time::Instant::now();
         loop {
             let now = self.now();
-            let permit = target_calls::take(self.pool(), target, (rate.calls, rate.period), now)
+            let permit = target_rates::take(self.pool(), target, (rate.calls, rate.period), now)
                 .await
                 .map_err(NoPermit::Store)?;
             let free_at = match permit {

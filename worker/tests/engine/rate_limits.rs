@@ -1,6 +1,7 @@
 //! A target's rate limit holds across the fleet: no window of its period
-//! sees more calls begin than the limit (plus the stated tolerance: the
-//! spread of the delays between a permit and its call's arrival), and a
+//! sees more calls begin than the limit (plus the stated tolerance: one
+//! call, and the spread of the delays between a permit and its call's
+//! arrival), and a
 //! job whose permit frees after its segment's time goes back to the queue
 //! until then, its attempt given back.
 
@@ -35,8 +36,10 @@ fn limited(arrivals: &Arc<Mutex<Vec<Instant>>>, rate: &str) -> Targets {
 }
 
 /// 60 one-step jobs on a target limited to 20/s, drained by two workers:
-/// no second holds more than 20 calls plus a tolerance of 2 (10%), and the
-/// drain takes the two seconds the limit asks for at least.
+/// no second holds more than the limit plus one (the algorithm's bound)
+/// plus what the spread of delays between a permit and its call's arrival
+/// adds (25%, for a loaded machine), and permits 50 ms apart make the
+/// drain take three seconds at least.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn two_workers_never_call_a_target_past_its_rate_in_any_second(pool: PgPool) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
@@ -97,20 +100,26 @@ async fn two_workers_never_call_a_target_past_its_rate_in_any_second(pool: PgPoo
         })
         .max()
         .unwrap();
-    assert!(busiest <= 22, "{busiest} calls began within one second");
+    // Measured where the calls land, after their own send delays (on a
+    // loaded machine, tens of milliseconds apart): 20 + 1, and 4 more.
+    assert!(busiest <= 25, "{busiest} calls began within one second");
+    assert!(
+        busiest >= 18,
+        "the limit, not the workers, set the pace: {busiest}"
+    );
     assert!(
         busiest >= 15,
         "the limit, not the workers, set the pace: {busiest}"
     );
     assert!(
-        took >= Duration::from_millis(1900),
-        "60 calls at 20/s take two seconds at least: {took:?}"
+        took >= Duration::from_millis(2900),
+        "60 calls 50 ms apart take three seconds at least: {took:?}"
     );
 }
 
 /// A permit that frees only after the segment's time: the job goes back
 /// to the queue until then, attempt given back, saying why; it runs when
-/// the permit frees.
+/// the permit frees. At 2/m permits are 30 s apart.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_job_whose_permit_frees_after_its_segment_is_put_off_until_then(pool: PgPool) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
@@ -130,44 +139,52 @@ async fn a_job_whose_permit_frees_after_its_segment_is_put_off_until_then(pool: 
             .unwrap();
         clock.advance(Duration::from_millis(1));
     }
-    let permits_taken_at = clock.now();
+    let first_permit = clock.now();
     let mut outcomes = Vec::new();
-    loop {
-        match worker.run_once().await.unwrap() {
-            Outcome::Idle => break,
-            outcome => outcomes.push(outcome),
-        }
+    while let outcome @ (Outcome::Completed(_) | Outcome::Held(_)) =
+        worker.run_once().await.unwrap()
+    {
+        outcomes.push(outcome);
     }
-    let completed = outcomes
-        .iter()
-        .filter(|o| matches!(o, Outcome::Completed(_)))
-        .count();
-    let held: Vec<Uuid> = outcomes
-        .iter()
-        .filter_map(|o| match o {
-            Outcome::Held(job) => Some(*job),
-            _ => None,
-        })
-        .collect();
-    assert_eq!((completed, held.len()), (2, 1), "{outcomes:?}");
-    assert_eq!(held[0], jobs[2], "permits go in the order of the claims");
-    let put_off = row(&pool, held[0]).await;
-    assert_eq!(put_off.status, RunStatus::Queued);
-    assert_eq!(put_off.attempt, 0, "no attempt spent");
-    let error = put_off.error.unwrap();
-    assert!(
-        error.starts_with("held by the rate limit of target limited (2/m)"),
-        "{error}"
-    );
-    // The first permit frees a minute after it was taken.
     assert_eq!(
-        put_off.run_after,
-        permits_taken_at + chrono::Duration::minutes(1)
+        outcomes,
+        [
+            Outcome::Completed(jobs[0]),
+            Outcome::Held(jobs[1]),
+            Outcome::Held(jobs[2])
+        ]
     );
-    clock.advance(Duration::from_secs(60));
+    let interval = chrono::Duration::seconds(30);
+    for job in [jobs[1], jobs[2]] {
+        let put_off = row(&pool, job).await;
+        assert_eq!(put_off.status, RunStatus::Queued);
+        assert_eq!(put_off.attempt, 0, "no attempt spent");
+        assert_eq!(
+            put_off.run_after,
+            first_permit + interval,
+            "when the next permit frees"
+        );
+        let error = put_off.error.unwrap();
+        assert!(
+            error.starts_with("held by the rate limit of target limited (2/m)"),
+            "{error}"
+        );
+    }
+    // Each freed permit lets one call begin; the other waits again.
+    clock.advance(Duration::from_secs(30));
     assert_eq!(
         worker.run_once().await.unwrap(),
-        Outcome::Completed(held[0])
+        Outcome::Completed(jobs[1])
+    );
+    assert_eq!(worker.run_once().await.unwrap(), Outcome::Held(jobs[2]));
+    assert_eq!(
+        row(&pool, jobs[2]).await.run_after,
+        first_permit + interval * 2
+    );
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(
+        worker.run_once().await.unwrap(),
+        Outcome::Completed(jobs[2])
     );
     assert_eq!(arrivals.lock().unwrap().len(), 3);
 }
