@@ -1,11 +1,12 @@
 //! Rate limits of targets, fleet-wide (`workflow_target_rate`): one row per
-//! rate-limited target holding `next_at`, the earliest instant its next
-//! call may begin. A permit is granted when `next_at` has come, and moves
-//! it one interval (`period / calls`) past the later of itself and now, in
-//! one statement under the row's lock: the generic cell rate algorithm
-//! with no burst. Permits are therefore at least an interval apart, and no
-//! window of the period holds more than `calls + 1` of them, whichever
-//! workers took them; a permit costs the same at any rate.
+//! rate-limited target holding `last_at`, when its latest permitted call
+//! began. A permit is granted when an interval (`period / calls`) has
+//! passed since, and sets `last_at` to now, in one statement under the
+//! row's lock: the generic cell rate algorithm with no burst. Permits are
+//! therefore at least an interval apart, and no window of the period holds
+//! more than `calls + 1` of them, whichever workers took them; a permit
+//! costs the same at any rate, and a changed limit holds from the next
+//! permit (the interval is the caller's, not stored).
 
 use std::time::Duration;
 
@@ -34,15 +35,16 @@ pub async fn take(
     (calls, period): (u32, Duration),
     now: DateTime<Utc>,
 ) -> Result<Permit, StoreError> {
-    let interval = chrono::Duration::from_std(period / calls.max(1))
-        .unwrap_or(chrono::Duration::MAX)
-        .max(chrono::Duration::microseconds(1));
+    // Whole microseconds, as Postgres keeps instants; at least one.
+    let interval = i64::try_from(period.as_micros() / u128::from(calls.max(1)))
+        .unwrap_or(i64::MAX)
+        .max(1);
     crate::sql::session(pool, async |conn| {
         let granted: Option<DateTime<Utc>> = crate::sql::query_scalar(
-            "INSERT INTO workflow_target_rate AS r (target, next_at) VALUES ($1, $2 + $3)
-             ON CONFLICT (target) DO UPDATE SET next_at = greatest(r.next_at, $2) + $3
-             WHERE r.next_at <= $2
-             RETURNING next_at",
+            "INSERT INTO workflow_target_rate AS r (target, last_at) VALUES ($1, $2)
+             ON CONFLICT (target) DO UPDATE SET last_at = $2
+             WHERE r.last_at + $3 * interval '1 microsecond' <= $2
+             RETURNING last_at",
         )
         .bind(target)
         .bind(now)
@@ -52,13 +54,15 @@ pub async fn take(
         if granted.is_some() {
             return Ok(Permit::Granted);
         }
-        let next_at: Option<DateTime<Utc>> =
-            crate::sql::query_scalar("SELECT next_at FROM workflow_target_rate WHERE target = $1")
-                .bind(target)
-                .fetch_optional(&mut *conn)
-                .await?;
+        let free_at: Option<DateTime<Utc>> = crate::sql::query_scalar(
+            "SELECT last_at + $2 * interval '1 microsecond' FROM workflow_target_rate WHERE target = $1",
+        )
+        .bind(target)
+        .bind(interval)
+        .fetch_optional(&mut *conn)
+        .await?;
         // Gone meanwhile (it never is): ask again at once.
-        Ok(Permit::FreeAt(next_at.unwrap_or(now)))
+        Ok(Permit::FreeAt(free_at.unwrap_or(now)))
     })
     .await
 }

@@ -67,11 +67,28 @@ impl Engine {
             }
         };
         let target = &step.definition.target;
+        // One timer bounds the call: the step's timeout, the target's (the
+        // operator's bound, which no definition raises) or what is left of
+        // the segment's deadline, whichever is shortest, reported as itself.
+        let target_limit = self.targets().timeout(target);
+        let step_limit = match (
+            step.definition.timeout_ms.map(Duration::from_millis),
+            target_limit,
+        ) {
+            (Some(step_limit), Some(target_limit)) => Some(step_limit.min(target_limit)),
+            (step_limit, target_limit) => step_limit.or(target_limit),
+        };
         // A rate-limited target's permit first, fleet-wide; its wait comes
-        // out of the segment's time, not the call's.
+        // out of the segment's time, keeping back the call's own bound (at
+        // most half the time left), so a wait never leaves the call cut
+        // short.
+        let reserve = step_limit.unwrap_or_default().min(left / 2);
         let left = match self.targets().rate_limit(target) {
             None => left,
-            Some(rate) => match self.rate_permit(target, rate, left, lease_lost).await {
+            Some(rate) => match self
+                .rate_permit(target, rate, left.saturating_sub(reserve), lease_lost)
+                .await
+            {
                 Ok(waited) => left.saturating_sub(waited),
                 Err(NoPermit::Later { until, reason }) => {
                     return Err(Invocation::Throttled { until, reason });
@@ -87,17 +104,6 @@ impl Engine {
                     )));
                 }
             },
-        };
-        // One timer bounds the call: the step's timeout, the target's (the
-        // operator's bound, which no definition raises) or what is left of
-        // the segment's deadline, whichever is shortest, reported as itself.
-        let target_limit = self.targets().timeout(target);
-        let step_limit = match (
-            step.definition.timeout_ms.map(Duration::from_millis),
-            target_limit,
-        ) {
-            (Some(step_limit), Some(target_limit)) => Some(step_limit.min(target_limit)),
-            (step_limit, target_limit) => step_limit.or(target_limit),
         };
         let limit = step_limit.map_or(left, |step_limit| step_limit.min(left));
         // The call's own span: the target sees it as the caller (its

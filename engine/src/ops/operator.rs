@@ -142,7 +142,19 @@ impl Engine {
                     .filter_map(|step| step["name"].as_str().map(str::to_owned))
                     .collect()
             });
+        // The version's concurrency key, from the job's input: a move may
+        // add, change or drop it.
+        let concurrency =
+            super::submit::concurrency_of(&compiled, &row.input.0).map_err(|refused| {
+                OperatorError::NoSuchVersion(format!(
+                    "version {} of {name} refuses the job's input: {refused}",
+                    stored.version
+                ))
+            })?;
         let onto = Onto {
+            concurrency: concurrency
+                .as_ref()
+                .map(|(key, limit, _)| (key.as_str(), *limit)),
             version: stored.version,
             definition: &document,
             max_attempts: compiled.definition.max_attempts,

@@ -398,7 +398,7 @@ fn debounce_of(
 
 /// The concurrency key `input` gives under `compiled`'s `concurrency`
 /// (prefixed with the workflow's name), its limit and its policy.
-fn concurrency_of(
+pub(crate) fn concurrency_of(
     compiled: &CompiledWorkflow,
     input: &Json,
 ) -> Result<Option<(String, i32, OnExcess)>, SubmitError> {
@@ -498,7 +498,8 @@ pub(crate) async fn supersede<'a>(
         })
         .collect();
     if !arrivals.is_empty() {
-        let excess = concurrency::cancel_excess(tx, &arrivals, now).await?;
+        let batch: Vec<Uuid> = created.iter().map(|row| row.job_id).collect();
+        let excess = concurrency::cancel_excess(tx, &arrivals, &batch, now).await?;
         if !excess.is_empty() {
             tracing::info!(
                 cancelled = excess.len(),

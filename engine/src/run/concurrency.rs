@@ -32,7 +32,9 @@ impl Engine {
         else {
             return Ok(Ok(claimed));
         };
-        if row.holds_slot {
+        // A job that holds its slot goes on; one past its execution timeout
+        // goes on to be ended (it calls nothing but its compensation).
+        if row.holds_slot || row.expires_at.is_some_and(|at| at <= self.now()) {
             return Ok(Ok(claimed));
         }
         let job_id = claimed.job_id();

@@ -126,9 +126,11 @@ async fn enter_in(
         Written::Cancelled => Entry::Cancelled,
         Written::Lost => Entry::Lost,
     };
-    // The free slots are for the older jobs: wake them now.
+    // The free slots are for the older jobs: wake the held ones now (not
+    // this one, nor a younger one).
     if free > 0 {
-        wake_in(tx, entrant.key, free, now).await?;
+        let older = (entrant.created_at, entrant.job_id);
+        wake_in(tx, entrant.key, free, now, Some(older)).await?;
     }
     Ok(entry)
 }
@@ -153,7 +155,7 @@ pub async fn wake(pool: &PgPool, key: &str, now: DateTime<Utc>) -> Result<u64, S
         if free == 0 {
             return Ok(0);
         }
-        wake_in(&mut tx, key, free, now).await
+        wake_in(&mut tx, key, free, now, None).await
     }
     .await;
     crate::sql::end_transaction(tx, woken).await
@@ -179,6 +181,7 @@ pub async fn keys_to_wake(
              HAVING (SELECT count(*) FROM workflow_run h
                      WHERE h.concurrency_key = w.concurrency_key AND h.holds_slot AND h.{ACTIVE})
                     < max(w.concurrency_limit)
+             ORDER BY min(w.created_at)
              LIMIT $2"
         ))
         .bind(now)
@@ -191,29 +194,43 @@ pub async fn keys_to_wake(
     Ok(keys)
 }
 
-/// After new rows of keys with a cancelling policy were inserted: for each
-/// of `arrivals` (in order) whose key now has more than `limit` jobs that
-/// have not ended, cancels the newest (the arrival itself) or the oldest
+/// After new rows were inserted (`batch`, every new row in order): for each
+/// of `arrivals` (in order) whose key then had more than `limit` jobs that
+/// had not ended (the rows after it in the batch not counted yet: they
+/// arrived later), cancels the newest (the arrival itself) or the oldest
 /// (QUEUED and WAITING ones at once, with their events; a RUNNING one is
-/// asked to cancel, as an operator would). Returns the jobs cancelled or
-/// asked to.
+/// asked to cancel, as an operator would), oldest by acceptance and then
+/// by place in the batch. The keys are locked first, in order, so two
+/// batches never wait on each other. Returns the jobs cancelled or asked to.
 ///
 /// # Errors
 /// Database errors; an event the contract refuses.
 pub async fn cancel_excess(
     tx: &mut PgTransaction<'_>,
     arrivals: &[Arrival<'_>],
+    batch: &[Uuid],
     now: DateTime<Utc>,
 ) -> Result<Vec<Uuid>, StoreError> {
+    let mut keys: Vec<&str> = arrivals.iter().map(|arrival| arrival.key).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    for key in keys {
+        lock(tx, key).await?;
+    }
     let mut cancelled = Vec::new();
     for arrival in arrivals {
-        lock(tx, arrival.key).await?;
+        let later = batch
+            .iter()
+            .position(|job| *job == arrival.job_id)
+            .map_or(&[][..], |at| &batch[at + 1..]);
         let active: Vec<(Uuid, RunStatus)> = crate::sql::query_as(&format!(
             "SELECT job_id, status FROM workflow_run
-             WHERE concurrency_key = $1 AND {ACTIVE}
-             ORDER BY created_at, job_id"
+             WHERE concurrency_key = $1 AND {ACTIVE} AND job_id <> ALL($2)
+             ORDER BY created_at, array_position($3, job_id) NULLS FIRST, job_id"
         ))
         .bind(arrival.key)
+        .bind(later)
+        .bind(batch)
         .fetch_all(&mut **tx)
         .await?;
         let limit = usize::try_from(arrival.limit.max(1)).unwrap_or(1);
@@ -280,18 +297,21 @@ pub struct Arrival<'a> {
 /// window).
 pub const HELD: &str = "held by its concurrency key";
 
-/// Wakes up to `free` of `key`'s held jobs, oldest first, in `tx`.
+/// Wakes up to `free` of `key`'s held jobs, oldest first, in `tx`; with
+/// `older_than`, only jobs accepted before that (instant, job).
 async fn wake_in(
     tx: &mut PgTransaction<'_>,
     key: &str,
     free: i64,
     now: DateTime<Utc>,
+    older_than: Option<(DateTime<Utc>, Uuid)>,
 ) -> Result<u64, StoreError> {
     let woken = crate::sql::query(
         "UPDATE workflow_run SET run_after = $3
          WHERE job_id IN (SELECT job_id FROM workflow_run
                           WHERE concurrency_key = $1 AND status = 'QUEUED' AND NOT holds_slot
                             AND starts_with(error, $4)
+                            AND ($5::timestamptz IS NULL OR (created_at, job_id) < ($5, $6))
                           ORDER BY created_at, job_id LIMIT $2)
            AND run_after > $3",
     )
@@ -299,6 +319,8 @@ async fn wake_in(
     .bind(free)
     .bind(now)
     .bind(HELD)
+    .bind(older_than.map(|(at, _)| at))
+    .bind(older_than.map(|(_, job)| job))
     .execute(&mut **tx)
     .await?;
     Ok(woken.rows_affected())

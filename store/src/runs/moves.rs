@@ -25,6 +25,8 @@ pub struct Onto<'a> {
     pub execution_timeout_ms: Option<i64>,
     /// The steps whose checkpoints go: they run again.
     pub run_again: &'a [String],
+    /// The version's concurrency key for the job's input, and its limit.
+    pub concurrency: Option<(&'a str, i32)>,
 }
 
 /// As [`super::idle::retry`], onto `onto`'s version, in the caller's
@@ -47,6 +49,7 @@ pub async fn retry_onto(
              definition = CASE WHEN definition IS NULL THEN NULL ELSE $4 END,
              max_attempts = $5, reader_level = greatest(reader_level, $6),
              expires_at = $2 + $7 * interval '1 millisecond',
+             concurrency_key = $9, concurrency_limit = $10,
              checkpoints = (SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb)
                             FROM jsonb_array_elements(CASE WHEN jsonb_typeof(checkpoints) = 'array' THEN checkpoints ELSE '[]'::jsonb END) WITH ORDINALITY AS t(e, n)
                             WHERE NOT (e ->> 'name' = ANY($8))),
@@ -71,6 +74,8 @@ pub async fn retry_onto(
     .bind(onto.reader_level)
     .bind(onto.execution_timeout_ms)
     .bind(onto.run_again)
+    .bind(onto.concurrency.map(|(key, _)| key))
+    .bind(onto.concurrency.map(|(_, limit)| limit))
     .fetch_optional(&mut **tx)
     .await?;
     if moved.is_none() {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use flotilla_store::RunStatus;
 use flotilla_store::runs::concurrency::HELD;
-use flotilla_worker::engine::{Engine, Outcome, RefusalMode, Submitted, SystemClock};
+use flotilla_worker::engine::{Engine, ManualClock, Outcome, RefusalMode, Submitted, SystemClock};
 use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall, Targets};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -77,6 +77,18 @@ fn books_targets(books: &Arc<Mutex<Books>>) -> Targets {
         16,
     );
     targets
+}
+
+/// Submits `input` to `workflow` a millisecond after the last submission.
+async fn submit_later(worker: &Engine, clock: &ManualClock, workflow: &str, input: Value) -> Uuid {
+    clock.advance(Duration::from_millis(1));
+    let submission = stored(Uuid::new_v4(), workflow, input);
+    let job_id = submission.job_id;
+    worker
+        .submit(submission, RefusalMode::Refuse)
+        .await
+        .unwrap();
+    job_id
 }
 
 /// Runs `worker` until every job of `jobs` has ended, completing each
@@ -196,34 +208,13 @@ async fn a_job_past_the_limit_is_held_saying_why_and_woken_when_a_slot_frees(poo
         .unwrap();
     // A millisecond apart: slots go in order of arrival.
     let submit = async |n: u32| {
-        clock.advance(Duration::from_millis(1));
-        let submission = stored(
-            Uuid::new_v4(),
-            "per_customer",
-            json!({"customer": "ada", "n": n}),
-        );
-        let job_id = submission.job_id;
-        worker
-            .submit(submission, RefusalMode::Refuse)
-            .await
-            .unwrap();
-        job_id
+        let input = json!({"customer": "ada", "n": n});
+        submit_later(&worker, &clock, "per_customer", input).await
     };
     let (first, second, third) = (submit(1).await, submit(2).await, submit(3).await);
     assert_eq!(worker.run_once().await.unwrap(), Outcome::Parked(first));
-    let held = worker.run_once().await.unwrap();
-    assert!(
-        matches!(held, Outcome::Held(job) if job == second || job == third),
-        "{held:?}"
-    );
-    assert_eq!(
-        worker.run_once().await.unwrap(),
-        Outcome::Held(if held == Outcome::Held(second) {
-            third
-        } else {
-            second
-        })
-    );
+    assert_eq!(worker.run_once().await.unwrap(), Outcome::Held(second));
+    assert_eq!(worker.run_once().await.unwrap(), Outcome::Held(third));
     assert_eq!(
         worker.run_once().await.unwrap(),
         Outcome::Idle,
@@ -302,6 +293,25 @@ async fn past_the_limit_cancel_newest_and_cancel_oldest_cancel_whom_they_say(poo
         "{error}"
     );
     assert_eq!(row(&pool, kept).await.status, RunStatus::Queued);
+    // In one batch the first of a key is the one kept.
+    let batch: Vec<_> = (0..3)
+        .map(|_| stored(Uuid::new_v4(), "newest", json!({"customer": "linus"})))
+        .collect();
+    let ids: Vec<Uuid> = batch.iter().map(|s| s.job_id).collect();
+    let answers = worker.submit_batch(batch).await.unwrap();
+    let statuses: Vec<RunStatus> = answers
+        .iter()
+        .map(|answer| answer.as_ref().unwrap().row().unwrap().status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            RunStatus::Queued,
+            RunStatus::Cancelled,
+            RunStatus::Cancelled
+        ],
+        "{ids:?}"
+    );
     let other = submit("newest", "grace").await.row().unwrap().job_id;
     assert_eq!(
         row(&pool, other).await.status,
@@ -350,5 +360,56 @@ async fn a_bad_key_refuses_the_input_and_a_bad_limit_the_definition(pool: PgPool
     assert!(
         format!("{refused:?}").contains("concurrency.key: gave [1]"),
         "{refused:?}"
+    );
+}
+
+/// A held job past its execution timeout is ended, not held again; a move
+/// to a version with a concurrency key gives the job that version's key.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn an_expired_held_job_ends_and_a_moved_job_takes_its_version_s_key(pool: PgPool) {
+    let books = Arc::new(Mutex::new(Books::default()));
+    let clock = manual_clock();
+    let worker = engine(&pool, books_targets(&books), clock.clone(), "w");
+    let mut expiring = per_customer(1, "queue");
+    expiring["execution_timeout_ms"] = json!(60_000);
+    worker.register_workflow(&expiring).await.unwrap();
+    let submit = async |input: Value| submit_later(&worker, &clock, "per_customer", input).await;
+    let (holder, waiter) = (
+        submit(json!({"customer": "ada"})).await,
+        submit(json!({"customer": "ada"})).await,
+    );
+    assert_eq!(worker.run_once().await.unwrap(), Outcome::Parked(holder));
+    assert_eq!(worker.run_once().await.unwrap(), Outcome::Held(waiter));
+    clock.advance(Duration::from_secs(61));
+    worker.wake_due_waits().await.unwrap();
+    let mut ended = Vec::new();
+    while let Ok(outcome) = worker.run_once().await {
+        if outcome == Outcome::Idle {
+            break;
+        }
+        ended.push(outcome);
+    }
+    assert!(ended.contains(&Outcome::Failed(waiter)), "{ended:?}");
+    let error = row(&pool, waiter).await.error.unwrap();
+    assert!(error.starts_with("timed out"), "{error}");
+
+    // A workflow without a key, then a version with one.
+    let mut plain = per_customer(1, "queue");
+    plain["name"] = json!("moving");
+    plain.as_object_mut().unwrap().remove("concurrency");
+    worker.register_workflow(&plain).await.unwrap();
+    let moving = stored(Uuid::new_v4(), "moving", json!({"customer": "grace"}));
+    let moving_id = moving.job_id;
+    worker.submit(moving, RefusalMode::Refuse).await.unwrap();
+    worker.cancel(moving_id, "to move it").await.unwrap();
+    assert_eq!(row(&pool, moving_id).await.concurrency_key, None);
+    let mut keyed = per_customer(1, "queue");
+    keyed["name"] = json!("moving");
+    worker.register_workflow(&keyed).await.unwrap();
+    worker.retry_onto(moving_id, None).await.unwrap();
+    let moved = row(&pool, moving_id).await;
+    assert_eq!(
+        (moved.concurrency_key.as_deref(), moved.concurrency_limit),
+        (Some("moving/grace"), Some(1))
     );
 }

@@ -119,12 +119,13 @@ async fn two_workers_never_call_a_target_past_its_rate_in_any_second(pool: PgPoo
 
 /// A permit that frees only after the segment's time: the job goes back
 /// to the queue until then, attempt given back, saying why; it runs when
-/// the permit frees. At 2/m permits are 30 s apart.
+/// the permit frees. At 7/h permits are 514.285714 s apart (an interval
+/// of no whole number of nanoseconds' thousands, kept in microseconds).
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_job_whose_permit_frees_after_its_segment_is_put_off_until_then(pool: PgPool) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
     let clock = manual_clock();
-    let worker = engine(&pool, limited(&arrivals, "2/m"), clock.clone(), "w");
+    let worker = engine(&pool, limited(&arrivals, "7/h"), clock.clone(), "w");
     worker
         .register_workflow(&one_step("ping", "limited", json!({})))
         .await
@@ -154,7 +155,7 @@ async fn a_job_whose_permit_frees_after_its_segment_is_put_off_until_then(pool: 
             Outcome::Held(jobs[2])
         ]
     );
-    let interval = chrono::Duration::seconds(30);
+    let interval = chrono::Duration::microseconds(3_600_000_000 / 7);
     for job in [jobs[1], jobs[2]] {
         let put_off = row(&pool, job).await;
         assert_eq!(put_off.status, RunStatus::Queued);
@@ -166,12 +167,12 @@ async fn a_job_whose_permit_frees_after_its_segment_is_put_off_until_then(pool: 
         );
         let error = put_off.error.unwrap();
         assert!(
-            error.starts_with("held by the rate limit of target limited (2/m)"),
+            error.starts_with("held by the rate limit of target limited (7/h)"),
             "{error}"
         );
     }
     // Each freed permit lets one call begin; the other waits again.
-    clock.advance(Duration::from_secs(30));
+    clock.advance(interval.to_std().unwrap());
     assert_eq!(
         worker.run_once().await.unwrap(),
         Outcome::Completed(jobs[1])
@@ -181,7 +182,7 @@ async fn a_job_whose_permit_frees_after_its_segment_is_put_off_until_then(pool: 
         row(&pool, jobs[2]).await.run_after,
         first_permit + interval * 2
     );
-    clock.advance(Duration::from_secs(30));
+    clock.advance(interval.to_std().unwrap());
     assert_eq!(
         worker.run_once().await.unwrap(),
         Outcome::Completed(jobs[2])
