@@ -3,7 +3,7 @@
 //! its first segment begins ([`enter`]) and keeps it until it ends, through
 //! its waits and retries; a job that finds every slot held goes back to the
 //! queue, its attempt given back, and is woken when a holder ends
-//! ([`wake`], [`wake_free`]). Within a key slots go in order of arrival: a
+//! ([`wake`], [`keys_to_wake`]). Within a key slots go in order of arrival: a
 //! job does not take a slot while an older job of its key waits for one.
 //!
 //! Every take, hold and wake of a key runs under one advisory lock on the
