@@ -44,6 +44,7 @@ async fn migrations_apply_to_a_fresh_database_and_twice_is_a_no_op(pool: PgPool)
             "workflow_run_set_aside",
             "workflow_schedule",
             "workflow_step_request_outbox",
+            "workflow_target_rate",
             "workflow_target_slot"
         ]
     );
