@@ -118,12 +118,6 @@ impl ClaimedRun {
         self.lease.store_fence()
     }
 
-    /// Counts the job as ended `state` by a write made outside the lease's
-    /// writer (a hold that found a cancel asked).
-    pub(crate) fn finished_as(&self, state: &'static str) {
-        self.finished(state);
-    }
-
     /// Starts renewing the lease every quarter of its term. A renewal that
     /// fails for another reason than a lost lease is retried at the next
     /// tick: the term leaves room for three misses.
@@ -315,7 +309,9 @@ impl ClaimedRun {
         }
     }
 
-    fn finished(&self, state: &'static str) {
+    /// Counts the job as ended `state` (also by a write made outside the
+    /// lease's writer: a hold that found a cancel asked).
+    pub(crate) fn finished(&self, state: &'static str) {
         self.lease.finished(state);
     }
 

@@ -55,7 +55,7 @@ impl Engine {
                 Ok(Err(Outcome::Held(job_id)))
             }
             Entry::Cancelled => {
-                claimed.finished_as("CANCELLED");
+                claimed.finished("CANCELLED");
                 self.cascade_cancel(job_id).await;
                 Ok(Err(Outcome::Cancelled(job_id)))
             }
