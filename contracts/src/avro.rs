@@ -108,18 +108,9 @@ impl AvroMessage for WorkflowRunRequest {
             ("input".into(), Value::String(self.input().to_string())),
             (
                 "workflow_version".into(),
-                match self.workflow_version() {
-                    None => Value::Union(0, Box::new(Value::Null)),
-                    Some(version) => Value::Union(1, Box::new(Value::Int(version))),
-                },
+                optional_int(self.workflow_version()),
             ),
-            (
-                "priority".into(),
-                match self.priority() {
-                    None => Value::Union(0, Box::new(Value::Null)),
-                    Some(priority) => Value::Union(1, Box::new(Value::Int(priority))),
-                },
-            ),
+            ("priority".into(), optional_int(self.priority())),
         ])
     }
 
@@ -284,6 +275,10 @@ impl AvroMessage for WorkflowRunEvent {
                 "occurred_at".into(),
                 Value::TimestampMicros(self.occurred_at().timestamp_micros()),
             ),
+            (
+                "workflow_version".into(),
+                optional_int(self.workflow_version()),
+            ),
         ])
     }
 
@@ -311,10 +306,17 @@ impl AvroMessage for WorkflowRunEvent {
             )
             .filter(|result| !result.is_null()),
         };
+        let version = record.optional_int("workflow_version")?;
         let event =
             WorkflowRunEvent::from_parts(header, event_type, step_name, verdict, error, result);
-        event.check_rules()?;
-        Ok(event)
+        Ok(event.with_workflow_version(version)?)
+    }
+}
+
+fn optional_int(value: Option<i32>) -> Value {
+    match value {
+        None => Value::Union(0, Box::new(Value::Null)),
+        Some(n) => Value::Union(1, Box::new(Value::Int(n))),
     }
 }
 

@@ -33,8 +33,12 @@ pub struct EventHeader {
 }
 
 /// One state change of a job, as published to the event topic.
+///
+/// Unlike the messages the fleet consumes, an event's JSON decoder ignores
+/// fields it does not know: events only grow by optional fields, and a
+/// consumer built before one was added must go on reading (as Avro's
+/// schema resolution does for the same change).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct WorkflowRunEvent {
     event_id: Uuid,
     job_id: Uuid,
@@ -53,6 +57,10 @@ pub struct WorkflowRunEvent {
     result: Option<serde_json::Value>,
     #[serde(with = "micros")]
     occurred_at: DateTime<Utc>,
+    /// The version of the workflow the job runs; absent for a job that
+    /// keeps its own copy of the definition (rows from before versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workflow_version: Option<i32>,
 }
 
 /// Optional fields of an event, set by the constructors.
@@ -108,7 +116,18 @@ impl WorkflowRunEvent {
             error,
             result,
             occurred_at: header.occurred_at,
+            workflow_version: None,
         }
+    }
+
+    /// The same event, stamped with the version of the workflow its job runs.
+    ///
+    /// # Errors
+    /// A version below 1.
+    pub fn with_workflow_version(mut self, version: Option<i32>) -> Result<Self, RuleViolation> {
+        self.workflow_version = version;
+        self.check_rules()?;
+        Ok(self)
     }
 
     /// The job was accepted and is queued.
@@ -318,6 +337,11 @@ impl WorkflowRunEvent {
     pub fn occurred_at(&self) -> DateTime<Utc> {
         self.occurred_at
     }
+    /// The version of the workflow the job runs, when the job has one.
+    #[must_use]
+    pub fn workflow_version(&self) -> Option<i32> {
+        self.workflow_version
+    }
 }
 
 impl Message for WorkflowRunEvent {
@@ -337,6 +361,9 @@ impl Message for WorkflowRunEvent {
         }
         if self.attempt < 0 {
             return Err(RuleViolation::NegativeAttempt(self.attempt));
+        }
+        if let Some(version) = self.workflow_version.filter(|v| *v < 1) {
+            return Err(RuleViolation::VersionBelowOne(version));
         }
         let present = |field: &Option<String>| field.as_deref().is_some_and(non_blank);
         match self.event_type {

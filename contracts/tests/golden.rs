@@ -152,3 +152,62 @@ fn a_request_written_before_priority_decodes_without_one_and_11_is_refused() {
     let refused = json::decode::<flotilla_contracts::WorkflowRunRequest>(eleven.as_bytes());
     assert!(refused.is_err(), "{refused:?}");
 }
+
+/// The event schema as it was before `workflow_version`: today's without
+/// its last field.
+fn event_schema_before_workflow_version() -> apache_avro::Schema {
+    let mut schema: serde_json::Value = serde_json::from_str(
+        <flotilla_contracts::WorkflowRunEvent as flotilla_contracts::Message>::schema_text(),
+    )
+    .unwrap();
+    let fields = schema["fields"].as_array_mut().unwrap();
+    assert_eq!(fields.pop().unwrap()["name"], "workflow_version");
+    apache_avro::Schema::parse(&schema).unwrap()
+}
+
+/// An event from a relay older than `workflow_version` (the committed bytes
+/// of that release, written by its schema) decodes without one.
+#[test]
+fn an_event_written_before_workflow_version_decodes_without_one() {
+    let framed = hex::decode(
+        "000000002a4830313932376331652d346232612d376433652d396631302d3838393961616262636364644830\
+         313932376331652d346232612d376433652d396631302d3232333334343535363637370a08126b79632d6368\
+         65636b04000228617070726f7665643a2073636f726520302e393300021c7b2273636f7265223a302e39337d\
+         80a6b6e5aedab006",
+    )
+    .unwrap();
+    let framing::Framed::Avro { datum, .. } = framing::detect(&framed).unwrap() else {
+        panic!("framed bytes must be Avro");
+    };
+    let event: flotilla_contracts::WorkflowRunEvent =
+        avro::decode_datum(&event_schema_before_workflow_version(), datum).unwrap();
+    assert_eq!(event, support::completed());
+    assert_eq!(event.workflow_version(), None);
+}
+
+/// A version round-trips in both encodings; a JSON event carrying a field
+/// this release does not know still decodes (events grow by optional
+/// fields); version 0 is refused.
+#[test]
+fn an_event_carries_its_workflow_version_and_tolerates_newer_fields() {
+    let versioned = support::completed().with_workflow_version(Some(7)).unwrap();
+    let datum = avro::encode_datum(&versioned).unwrap();
+    let decoded: flotilla_contracts::WorkflowRunEvent =
+        avro::decode_datum(flotilla_contracts::WorkflowRunEvent::avro_schema(), &datum).unwrap();
+    assert_eq!(decoded.workflow_version(), Some(7));
+
+    let mut document: serde_json::Value =
+        serde_json::from_slice(&json::encode(&versioned).unwrap()).unwrap();
+    assert_eq!(document["workflow_version"], 7);
+    document["a_field_of_a_later_release"] = serde_json::json!({"x": 1});
+    let newer: flotilla_contracts::WorkflowRunEvent =
+        json::decode(&serde_json::to_vec(&document).unwrap()).unwrap();
+    assert_eq!(newer, versioned);
+
+    assert!(support::completed().with_workflow_version(Some(0)).is_err());
+    document["workflow_version"] = serde_json::json!(0);
+    let refused = json::decode::<flotilla_contracts::WorkflowRunEvent>(
+        &serde_json::to_vec(&document).unwrap(),
+    );
+    assert!(refused.is_err(), "{refused:?}");
+}

@@ -55,6 +55,9 @@ class WorkflowRunEvent:
     verdict: Optional[str] = None
     error: Optional[str] = None
     result: Any = None
+    #: The version of the workflow the job runs; None from relays older
+    #: than the field, and for a job that keeps its own definition.
+    workflow_version: Optional[int] = None
 
 
 class NotAnEvent(ValueError):
@@ -135,7 +138,17 @@ def event_from_fields(fields: Any, result_is_text: bool) -> WorkflowRunEvent:
         verdict=_text(fields, "verdict", optional=True),
         error=_text(fields, "error", optional=True),
         result=result,
+        workflow_version=_optional_version(fields),
     )
+
+
+def _optional_version(fields: dict) -> Optional[int]:
+    value = fields.get("workflow_version")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise NotAnEvent(f"workflow_version: expected a version from 1, got {value!r}")
+    return value
 
 
 def event_from_json(value: bytes) -> WorkflowRunEvent:
@@ -157,6 +170,7 @@ def _common_fields(event: WorkflowRunEvent) -> dict:
         "step_name": event.step_name,
         "verdict": event.verdict,
         "error": event.error,
+        "workflow_version": event.workflow_version,
     }
 
 

@@ -4,6 +4,7 @@ two encodings."""
 
 import time
 import uuid
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from confluent_kafka import Producer
@@ -110,7 +111,8 @@ def test_an_avro_and_a_json_event_decode_to_the_same_typed_value(services, topic
     # second copy would be dropped as a repeat).
     json_topic = new_topic(services)
     job = uuid.uuid4()
-    done = event(job, 1, EventType.COMPLETED, result={"total": 12.5, "items": ["a", "b"], "note": None})
+    done = replace(event(job, 1, EventType.COMPLETED, result={"total": 12.5, "items": ["a", "b"], "note": None}),
+                   workflow_version=4)
     Writer(services, topic).write([done], avro=True)
     Writer(services, json_topic).write([done], avro=False)
     decoded = []
@@ -120,6 +122,7 @@ def test_an_avro_and_a_json_event_decode_to_the_same_typed_value(services, topic
             decoded.append(read(stream, 1)[0])
     assert decoded[0] == decoded[1] == done
     assert decoded[0].result == {"total": 12.5, "items": ["a", "b"], "note": None}
+    assert decoded[0].workflow_version == 4
 
 
 def test_a_record_that_is_not_an_event_is_reported_and_does_not_stall_the_partition(services, topic):

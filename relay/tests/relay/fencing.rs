@@ -339,6 +339,7 @@ async fn insert_at(pool: &PgPool, events: &[(Uuid, i64)]) {
             job_id,
             event_sequence: sequence,
             workflow_name: "stalled".into(),
+            workflow_version: None,
             attempt: 1,
             traceparent: None,
             tracestate: None,

@@ -59,6 +59,7 @@ async fn insert_event_of(
             job_id: *job_id,
             event_sequence: sequence,
             workflow_name: "relayed".into(),
+            workflow_version: Some(3),
             attempt: 1,
             traceparent: Some(format!("00-{}-00f067aa0ba902b7-01", job_id.simple())),
             tracestate: Some("flotilla=relayed".into()),

@@ -68,7 +68,8 @@ async fn events_of_one_job_arrive_in_sequence_with_three_relays(pool: PgPool) {
         for (job, sequences) in sequences_by_job(&events) {
             assert_eq!(sequences, [1, 2, 3, 4, 5], "job {job}");
         }
-        let (_, _, _, headers) = &events[0];
+        let (_, _, event, headers) = &events[0];
+        assert_eq!(event.workflow_version(), Some(3), "the job's version travels");
         assert!(
             headers["traceparent"].starts_with("00-"),
             "the stored trace context travels"

@@ -223,6 +223,11 @@ async fn rows_wait_without_spending_attempts_while_the_registry_fails_then_publi
                 SCHEMA_ID
             );
             let event = codec.decode::<WorkflowRunEvent>(payload).await.unwrap();
+            assert_eq!(
+                event.workflow_version(),
+                Some(3),
+                "the version travels in Avro"
+            );
             by_job
                 .entry(event.job_id())
                 .or_default()

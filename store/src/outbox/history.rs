@@ -17,6 +17,8 @@ pub struct TimelineEntry {
     /// creation when the payload lacks it).
     pub occurred_at: String,
     pub attempt: Option<i64>,
+    /// The workflow version the job ran at that point, when it has one.
+    pub workflow_version: Option<i64>,
     pub step_name: Option<String>,
     pub verdict: Option<String>,
     pub error: Option<String>,
@@ -60,6 +62,7 @@ impl From<TimelineRow> for TimelineEntry {
             sequence: row.sequence,
             occurred_at: text("occurred_at").unwrap_or_else(|| row.created_at.to_rfc3339()),
             attempt: payload.get("attempt").and_then(Value::as_i64),
+            workflow_version: payload.get("workflow_version").and_then(Value::as_i64),
             step_name: text("step_name"),
             verdict: text("verdict"),
             error: text("error"),

@@ -71,6 +71,8 @@ pub struct EventStamp {
     pub job_id: Uuid,
     pub event_sequence: i64,
     pub workflow_name: String,
+    /// `None` for a job that keeps its own copy of the definition.
+    pub workflow_version: Option<i32>,
     pub attempt: i32,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
@@ -145,7 +147,7 @@ fn build(
         attempt: stamp.attempt,
         occurred_at: now,
     };
-    Ok(match kind {
+    let event = match kind {
         EventKind::Accepted => WorkflowRunEvent::accepted(header),
         EventKind::Grafted { revision, steps } => {
             WorkflowRunEvent::grafted(header, revision, &steps)
@@ -164,7 +166,8 @@ fn build(
         EventKind::Failed { error, verdict } => WorkflowRunEvent::failed(header, error, verdict),
         EventKind::Dead { error } => WorkflowRunEvent::dead(header, error),
         EventKind::Cancelled { reason } => WorkflowRunEvent::cancelled(header, reason),
-    }?)
+    }?;
+    Ok(event.with_workflow_version(stamp.workflow_version)?)
 }
 
 /// A job's events in sequence order (for tests and the API's debugging views).

@@ -277,6 +277,7 @@ impl RunRow {
             job_id: self.job_id,
             event_sequence: self.event_sequence,
             workflow_name: self.workflow_name.clone(),
+            workflow_version: self.workflow_version,
             attempt: self.attempt,
             traceparent: self.traceparent.clone(),
             tracestate: self.tracestate.clone(),
@@ -484,4 +485,5 @@ fn is_beyond_jsonb_limits(e: &sqlx::Error) -> bool {
 }
 
 /// The columns an event repeats, returned by every commit-point statement.
-const STAMP: &str = "job_id, event_sequence, workflow_name, attempt, traceparent, tracestate";
+const STAMP: &str =
+    "job_id, event_sequence, workflow_name, workflow_version, attempt, traceparent, tracestate";

@@ -30,6 +30,17 @@ async fn a_job_submitted_with_a_workflow_version_runs_that_version(pool: PgPool)
         (status, newest["workflow_version"].clone()),
         (StatusCode::CREATED, json!(2))
     );
+    // The job's timeline says the version too, event by event.
+    let pinned_id = pinned["job_id"].as_str().unwrap();
+    let (status, timeline) = api
+        .call(Method::GET, &format!("/v1/jobs/{pinned_id}/events"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        timeline["events"][0]["event_type"], "ACCEPTED",
+        "{timeline}"
+    );
+    assert_eq!(timeline["events"][0]["workflow_version"], 1, "{timeline}");
 
     let (status, problem) =
         submit(json!({"workflow_name": "approval", "workflow_version": 5, "input": input})).await;

@@ -1,6 +1,7 @@
 //! Versions that stay put: what start-up registration adds, and requests
 //! that name the version they run.
 
+use flotilla_contracts::WorkflowRunEventType;
 use flotilla_store::RunStatus;
 use flotilla_worker::engine::{RefusalMode, Submission, SubmitError, WorkflowRef};
 use serde_json::json;
@@ -186,6 +187,25 @@ async fn a_failed_job_retried_onto_the_latest_version_keeps_the_checkpoints_of_u
         assert_eq!(engine.run_once().await.unwrap(), Outcome::Completed(job_id));
         assert_eq!(calls.of(job_id), ["a", "b", "c"], "a is not called again");
         assert_eq!(row(&pool, job_id).await.workflow_version, Some(2));
+        // Its events say which version each state change ran on.
+        let events = support::events(&pool, job_id).await;
+        let failed_at = events
+            .iter()
+            .position(|e| e.event_type() == WorkflowRunEventType::Failed)
+            .unwrap();
+        let versions: Vec<_> = events.iter().map(|e| e.workflow_version()).collect();
+        assert!(
+            versions[..=failed_at].iter().all(|v| *v == Some(1)),
+            "{versions:?}"
+        );
+        assert!(
+            versions[failed_at + 1..].iter().all(|v| *v == Some(2)),
+            "{versions:?}"
+        );
+        assert_eq!(
+            events.last().unwrap().event_type(),
+            WorkflowRunEventType::Completed
+        );
 
         // A COMPLETED job is not retried, onto any version.
         let done = engine.retry_onto(job_id, Some(1)).await;
@@ -222,6 +242,12 @@ async fn a_job_of_an_inline_definition_cannot_be_moved_to_a_version(pool: PgPool
     assert!(
         matches!(&refused, Err(OperatorError::NoSuchVersion(why)) if why.contains("inline")),
         "{refused:?}"
+    );
+    let events = support::events(&pool, job_id).await;
+    assert!(!events.is_empty());
+    assert!(
+        events.iter().all(|e| e.workflow_version().is_none()),
+        "an inline definition has no version to tell"
     );
 }
 
