@@ -109,9 +109,15 @@ pub async fn serve(
 /// client can ask again with the same job id).
 pub(crate) async fn limit_time(
     State(limit): State<Duration>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
+    // Long polls bound their waits by it (`waits.rs`).
+    request
+        .extensions_mut()
+        .insert(crate::jobs::RequestDeadline(
+            tokio::time::Instant::now() + limit,
+        ));
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => Problem::new(

@@ -97,6 +97,8 @@ pub(crate) struct Inner {
     pub(crate) work_available: Notify,
     /// Tells other processes' claim loops and the relays what this one committed.
     pub(crate) doorbell: Doorbell,
+    /// The API's waits for jobs to finish.
+    pub(crate) end_watch: ops::awaiting::EndWatch,
     /// Compiled definition snapshots, by the digest of the snapshot's text.
     pub(crate) compiled: Mutex<support::compiled_cache::CompiledCache>,
     /// The supervised tasks of this process (claim loops, sweeper, consumer).
@@ -148,6 +150,7 @@ impl Engine {
                         .then(|| run::reserved::reserved_timeouts(&settings, true)),
                 ),
                 doorbell,
+                end_watch: ops::awaiting::EndWatch::default(),
                 reserved,
                 claims: run::claims::Claims::new(
                     pool.clone(),

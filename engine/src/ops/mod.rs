@@ -1,9 +1,11 @@
 //! What callers ask of the engine, one operation per file: the API and
 //! ingest submit (`submit.rs`, `batch.rs`), signal, complete a step,
 //! graft, retry and cancel (`operator.rs`), register definitions,
-//! keep schedules, record Kafka replies, and read jobs, graphs, children
-//! and the fleet. Operations never import the step executors (`nodes/`).
+//! keep schedules, record Kafka replies, read jobs, graphs, children
+//! and the fleet, and wait for a job to finish (`awaiting.rs`).
+//! Operations never import the step executors (`nodes/`).
 
+pub mod awaiting;
 pub(crate) mod batch;
 pub mod children;
 pub(crate) mod complete_step;

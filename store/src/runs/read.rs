@@ -45,6 +45,24 @@ pub async fn get(conn: &mut PgConnection, job_id: Uuid) -> Result<Option<RunRow>
     .await
 }
 
+/// Which of `job_ids` are finished (COMPLETED, FAILED, DEAD or
+/// CANCELLED): one probe of the primary key each, for the waits of the API.
+///
+/// # Errors
+/// Database errors.
+pub async fn finished_among(
+    conn: &mut PgConnection,
+    job_ids: &[Uuid],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    crate::sql::query_scalar(
+        "SELECT job_id FROM workflow_run
+         WHERE job_id = ANY($1) AND status IN ('COMPLETED', 'FAILED', 'DEAD', 'CANCELLED')",
+    )
+    .bind(job_ids)
+    .fetch_all(conn)
+    .await
+}
+
 /// The row of `job_id`, locked until the transaction ends.
 ///
 /// # Errors

@@ -10,6 +10,7 @@ mod schedules;
 mod security;
 mod signals;
 mod versions;
+mod waits;
 
 use flotilla_worker::engine::Engine;
 use flotilla_worker::targets::Targets;

@@ -1,8 +1,10 @@
 //! `/v1/jobs`: submit, get (with the job's children), list, complete-step,
-//! retry, cancel. Handlers
-//! parse, call the engine, and answer; errors map to problems in
-//! [`crate::errors`]. The 401, 403 and 503 answers every route shares are
+//! retry, cancel; a submission or a get may wait for the job to finish
+//! (`waits.rs`). Handlers parse, call the engine, and answer; errors map
+//! to problems in [`crate::errors`]. The 401, 403 and 503 answers every route shares are
 //! added to the document in [`crate::openapi`].
+
+mod waits;
 
 use axum::Extension;
 use axum::extract::{Path, State};
@@ -23,6 +25,7 @@ use flotilla_engine::{
     Cancelled, CompleteOutcome, GraftOutcome, JobQuery, RefusalMode, Submission, Submitted,
     WorkflowRef,
 };
+pub(crate) use waits::RequestDeadline;
 
 fn job_id(raw: &str) -> Result<Uuid, Problem> {
     Uuid::parse_str(raw)
@@ -55,13 +58,16 @@ pub(crate) struct SubmitBody {
     priority: Option<i32>,
 }
 
-#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, responses((status = 201, description = "new job", body = JobView), (status = 200, description = "idempotent repeat", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 410, description = "idempotent repeat of a job whose run retention removed (code `removed`, `final_status`, `finished_at`, `removed_at`)", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow or version, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(post, path = "/v1/jobs", request_body = SubmitBody, params(("Prefer" = Option<String>, Header, description = "`wait=<seconds>` (RFC 7240): answer 200 with the finished job if it finishes within that many seconds (bounded by the request timeout), else as without it")), responses((status = 201, description = "new job (not finished within a `Prefer: wait`)", body = JobView), (status = 200, description = "idempotent repeat, or the job finished within a `Prefer: wait`", body = JobView), (status = 400, description = "both or neither workflow fields, bad JSON", body = ProblemDoc, content_type = "application/problem+json"), (status = 409, description = "same job id, different content", body = ProblemDoc, content_type = "application/problem+json"), (status = 410, description = "idempotent repeat of a job whose run retention removed (code `removed`, `final_status`, `finished_at`, `removed_at`)", body = ProblemDoc, content_type = "application/problem+json"), (status = 413, description = "body too large", body = ProblemDoc, content_type = "application/problem+json"), (status = 415, description = "the body is not `application/json`", body = ProblemDoc, content_type = "application/problem+json"), (status = 422, description = "unknown workflow or version, invalid definition or input", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(crate) async fn submit(
     State(state): State<ApiState>,
     Extension(Granted(scopes)): Extension<Granted>,
     headers: axum::http::HeaderMap,
+    deadline: Option<Extension<RequestDeadline>>,
     ApiJson(body): ApiJson<SubmitBody>,
 ) -> Result<Response, Problem> {
+    let wait = waits::preferred(&headers)
+        .map(|asked| waits::bounded(asked, deadline.map(|Extension(d)| d)));
     // An inline definition is code the workers run with their credentials:
     // it needs the scope that registers workflows, and the operator can
     // refuse it outright.
@@ -173,19 +179,63 @@ pub(crate) async fn submit(
             })));
         }
     };
-    Ok((status, axum::Json(JobView::from(row))).into_response())
+    let Some(wait) = wait else {
+        return Ok((status, axum::Json(JobView::from(row))).into_response());
+    };
+    // The preference is honoured (bounded): say how long it waited at most.
+    let applied = [("preference-applied", format!("wait={}", wait.as_secs()))];
+    let row = if row.status.is_finished() {
+        row
+    } else {
+        let id = row.job_id;
+        state
+            .engine
+            .job_when_finished(id, wait)
+            .await?
+            .unwrap_or(row)
+    };
+    // Finished within the wait: 200, as a repeat of a finished job is.
+    let status = if row.status.is_finished() {
+        StatusCode::OK
+    } else {
+        status
+    };
+    Ok((status, applied, axum::Json(JobView::from(row))).into_response())
 }
 
-#[utoipa::path(get, path = "/v1/jobs/{job_id}", params(("job_id" = Uuid, Path, description = "the job id")), responses((status = 200, body = JobView), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/jobs/{job_id}", params(("job_id" = Uuid, Path, description = "the job id"), GetQuery), responses((status = 200, description = "the job; with `wait`, as soon as it finishes, or as it is when the wait runs out", body = JobView), (status = 400, description = "malformed id or wait", body = ProblemDoc, content_type = "application/problem+json"), (status = 400, description = "malformed id", body = ProblemDoc, content_type = "application/problem+json"), (status = 404, description = "unknown job", body = ProblemDoc, content_type = "application/problem+json")), security(("bearer" = [])))]
 pub(crate) async fn get(
     State(state): State<ApiState>,
     Path(raw): Path<String>,
+    ApiQuery(query): ApiQuery<GetQuery>,
+    deadline: Option<Extension<RequestDeadline>>,
 ) -> Result<axum::Json<JobView>, Problem> {
-    let row = row_of(&state, &raw).await?;
+    let wait = waits::from_query(query.wait.as_deref())?;
+    let row = match wait {
+        None => row_of(&state, &raw).await?,
+        Some(asked) => {
+            let id = job_id(&raw)?;
+            let wait = waits::bounded(asked, deadline.map(|Extension(d)| d));
+            state
+                .engine
+                .job_when_finished(id, wait)
+                .await?
+                .ok_or_else(|| Problem::not_found(format!("job {id} not found")))?
+        }
+    };
     let children = state.engine.children_of(row.job_id).await?;
     let mut view = JobView::from(row);
     view.children = children;
     Ok(axum::Json(view))
+}
+
+/// The query of a job's view.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct GetQuery {
+    /// Wait up to this long for the job to finish before answering (`30s`,
+    /// `500ms`, or whole seconds), bounded by the request's timeout.
+    wait: Option<String>,
 }
 
 /// The row of the job `raw` names: 400 for a malformed id, 404 unknown.
