@@ -44,14 +44,19 @@
 //! in the repository does exactly that with Postgres.
 
 mod acks;
+mod ends;
 mod order;
+mod outcome;
 mod stream;
 mod submit;
+mod submit_error;
+mod waiting;
 
 pub use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunSignal};
 pub use flotilla_runtime::BrokerConfig;
 pub use flotilla_runtime::kafka::GroupProtocol;
 pub use flotilla_runtime::registry::RegistryConfig;
 pub use order::{JobSequences, Verdict, classify};
+pub use outcome::WaitError;
 pub use stream::{Delivery, EventStream, EventStreamOptions, StartAt, StreamError};
 pub use submit::{Receipt, Submission, SubmitError, Submitter};

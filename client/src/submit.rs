@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use flotilla_codec::{Codec, CodecError};
+use flotilla_codec::Codec;
 use flotilla_contracts::avro::AvroMessage;
 use flotilla_contracts::{WorkflowRunRequest, WorkflowRunSignal, topics};
 use flotilla_runtime::BrokerConfig;
@@ -16,53 +16,12 @@ use secrecy::{ExposeSecret as _, SecretString};
 use serde::Serialize;
 use uuid::Uuid;
 
+pub use crate::submit_error::SubmitError;
+
 /// How long a record may wait for room in the producer's queue.
 const QUEUE_WAIT: Duration = Duration::from_secs(30);
 /// How long one HTTP submission may take.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why a submission did not happen. Each error is about one thing:
-/// the request itself, the world, or this client's settings.
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    /// The request can never be accepted as it is (a rule it breaks, a
-    /// 4xx from the API, a record too large): fix it, do not retry it.
-    #[error("the request was refused: {0}")]
-    Rejected(String),
-    /// The broker, the registry or the API could not take it now: the same
-    /// request (with the same job id) may be retried; a repeat is harmless.
-    #[error("the fleet could not be reached: {0}")]
-    Unavailable(String),
-    /// This client's settings cannot work (the API refused the token, a
-    /// schema the registry refuses, a bad CA file or URL, a producer
-    /// librdkafka declared fatal). A registry refusing credentials is
-    /// [`SubmitError::Unavailable`], as it is for the fleet (credentials
-    /// rotated in come back); so are Kafka credentials the broker refuses,
-    /// which librdkafka reports only when the record's delivery times out
-    /// (`message.timeout.ms`, 300 s by default).
-    #[error("client settings: {0}")]
-    Settings(String),
-}
-
-impl SubmitError {
-    /// Whether sending the same request again later can succeed.
-    #[must_use]
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
-    }
-}
-
-impl From<CodecError> for SubmitError {
-    fn from(error: CodecError) -> Self {
-        match error {
-            CodecError::Decode(_) | CodecError::Rule(_) => Self::Rejected(error.to_string()),
-            CodecError::RegistryUnavailable(_) => Self::Unavailable(error.to_string()),
-            CodecError::RegistryRefused { .. }
-            | CodecError::Settings(_)
-            | CodecError::NoRegistry(_) => Self::Settings(error.to_string()),
-        }
-    }
-}
+pub(crate) const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One run request: the workflow, its input and the job id (the
 /// idempotency key: the same id twice is one job).
@@ -132,7 +91,7 @@ impl Submission {
         self.job_id
     }
 
-    fn request(&self) -> Result<WorkflowRunRequest, SubmitError> {
+    pub(crate) fn request(&self) -> Result<WorkflowRunRequest, SubmitError> {
         WorkflowRunRequest::new(self.job_id, &self.workflow_name, self.input.clone())
             .and_then(|request| request.with_workflow_version(self.workflow_version))
             .and_then(|request| request.with_priority(self.priority))
@@ -141,7 +100,7 @@ impl Submission {
 
     /// The trace context to send: the one given, or the current span's
     /// when the program records traces with OpenTelemetry.
-    fn trace_context(&self) -> Option<(String, Option<String>)> {
+    pub(crate) fn trace_context(&self) -> Option<(String, Option<String>)> {
         self.traceparent
             .clone()
             .or_else(|| flotilla_runtime::trace::context_headers(&tracing::Span::current()))
@@ -174,7 +133,7 @@ impl Receipt {
 
 /// Sends run requests to the fleet. Cheap to share: one per process.
 pub struct Submitter {
-    route: Route,
+    pub(crate) route: Route,
 }
 
 impl std::fmt::Debug for Submitter {
@@ -192,13 +151,15 @@ impl std::fmt::Debug for Submitter {
     }
 }
 
-enum Route {
+pub(crate) enum Route {
     Kafka {
         producer: FutureProducer,
         // Boxed: the codec's registry clients are large beside the API route.
         codec: Box<Codec>,
         request_topic: String,
         signal_topic: String,
+        /// What `submit_and_wait` reads the jobs' ends from.
+        ends: Box<crate::ends::EndsFeed>,
     },
     Api {
         client: reqwest::Client,
@@ -230,6 +191,7 @@ impl Submitter {
                 codec,
                 request_topic: topics::REQUEST_TOPIC.to_owned(),
                 signal_topic: topics::SIGNAL_TOPIC.to_owned(),
+                ends: Box::new(crate::ends::EndsFeed::new(broker.clone())),
             },
         })
     }
@@ -273,6 +235,16 @@ impl Submitter {
         self
     }
 
+    /// Reads the jobs' ends for [`Submitter::submit_and_wait`] from `topic`
+    /// instead of `workflow-run-events` (Kafka only).
+    #[must_use]
+    pub fn with_event_topic(mut self, topic: &str) -> Self {
+        if let Route::Kafka { ends, .. } = &mut self.route {
+            ends.set_topic(topic);
+        }
+        self
+    }
+
     /// Sends `submission` and waits until it is durable: acknowledged by
     /// the broker, or committed by the API.
     ///
@@ -308,7 +280,9 @@ impl Submitter {
                 client,
                 base_url,
                 token,
-            } => submit_to_api(client, base_url, token.as_ref(), &request, trace).await,
+            } => submit_to_api(client, base_url, token.as_ref(), &request, trace, None)
+                .await
+                .map(|(receipt, _)| receipt),
         }
     }
 
@@ -378,13 +352,16 @@ fn delivery_error(topic: &str, error: &KafkaError) -> SubmitError {
     }
 }
 
-async fn submit_to_api(
+/// Posts `request`; with `prefer_wait`, asks the API to answer once the job
+/// finishes within it (`Prefer: wait`). The receipt and the job's view.
+pub(crate) async fn submit_to_api(
     client: &reqwest::Client,
     base_url: &str,
     token: Option<&SecretString>,
     request: &WorkflowRunRequest,
     trace: Option<(String, Option<String>)>,
-) -> Result<Receipt, SubmitError> {
+    prefer_wait: Option<Duration>,
+) -> Result<(Receipt, serde_json::Value), SubmitError> {
     let url = format!("{base_url}/v1/jobs");
     let mut body = serde_json::json!({
         "job_id": request.job_id(),
@@ -398,6 +375,11 @@ async fn submit_to_api(
         body["workflow_version"] = serde_json::json!(version);
     }
     let mut call = client.post(&url).json(&body);
+    if let Some(wait) = prefer_wait {
+        call = call
+            .header("prefer", format!("wait={}", wait.as_secs()))
+            .timeout(wait + HTTP_TIMEOUT);
+    }
     if let Some(token) = token {
         call = call.bearer_auth(token.expose_secret());
     }
@@ -416,11 +398,25 @@ async fn submit_to_api(
     })?;
     let status = response.status();
     if status.is_success() {
-        return Ok(Receipt::Api {
+        let receipt = Receipt::Api {
             job_id: request.job_id(),
             created: status == StatusCode::CREATED,
-        });
+        };
+        let job = response
+            .json()
+            .await
+            .map_err(|e| SubmitError::Unavailable(format!("{url}: reading the answer: {e}")))?;
+        return Ok((receipt, job));
     }
+    Err(refusal(&url, status, response).await)
+}
+
+/// The error of an API answer that is not a success.
+pub(crate) async fn refusal(
+    url: &str,
+    status: StatusCode,
+    response: reqwest::Response,
+) -> SubmitError {
     let detail = response
         .json::<serde_json::Value>()
         .await
@@ -428,12 +424,12 @@ async fn submit_to_api(
         .and_then(|body| body["detail"].as_str().map(str::to_owned))
         .unwrap_or_default();
     let text = format!("{url}: {status} {detail}");
-    Err(match status.as_u16() {
+    match status.as_u16() {
         401 | 403 => SubmitError::Settings(text),
         408 | 429 => SubmitError::Unavailable(text),
         400..=499 => SubmitError::Rejected(text),
         _ => SubmitError::Unavailable(text),
-    })
+    }
 }
 
 #[cfg(test)]

@@ -92,6 +92,75 @@ async fn requests_through_kafka_and_the_api_complete_and_their_events_come_once_
     .expect("the test timed out");
 }
 
+/// `submit_and_wait` through the API and through Kafka: the result typed,
+/// a failed job as its own error, a result of another type, a wait that
+/// runs out; an input refused is a rejected submission through the API and
+/// a FAILED job through Kafka.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn submit_and_wait_gives_the_typed_result_or_how_the_job_ended_either_way(pool: PgPool) {
+    use flotilla_client::WaitError;
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let fleet = Fleet::start(&pool).await;
+        let kafka = Submitter::kafka(&support::broker())
+            .unwrap()
+            .with_request_topic(&fleet.request_topic)
+            .with_event_topic(&fleet.event_topic);
+        let api = Submitter::api(&fleet.api_url, Some(SecretString::from(TOKEN))).unwrap();
+        let wait = Duration::from_secs(60);
+        let submission = |workflow: &str, input: serde_json::Value| {
+            Submission::new(workflow, &input).unwrap()
+        };
+        for (route, submitter) in [("api", &api), ("kafka", &kafka)] {
+            // Typed: the last step's answer, the echo service's `{"echo": <body>}`.
+            #[derive(serde::Deserialize)]
+            struct Shipped {
+                echo: serde_json::Map<String, serde_json::Value>,
+            }
+            let shipped: Shipped = submitter
+                .submit_and_wait(&submission(WORKFLOW, serde_json::json!({"n": 7})), wait)
+                .await
+                .unwrap_or_else(|e| panic!("{route}: {e}"));
+            assert!(shipped.echo.is_empty(), "{route}: {:?}", shipped.echo);
+            let mistyped = submitter
+                .submit_and_wait::<Vec<String>>(&submission(WORKFLOW, serde_json::json!({})), wait)
+                .await;
+            assert!(matches!(mistyped, Err(WaitError::Result { .. })), "{route}: {mistyped:?}");
+            let broken = submitter
+                .submit_and_wait::<serde_json::Value>(&submission("breaking", serde_json::json!({})), wait)
+                .await;
+            assert!(
+                matches!(&broken, Err(WaitError::Failed { error, .. }) if error.contains("404")),
+                "{route}: {broken:?}"
+            );
+            let parked = submission("parked", serde_json::json!({}));
+            let ran_out = submitter
+                .submit_and_wait::<serde_json::Value>(&parked, Duration::from_secs(2))
+                .await;
+            assert!(
+                matches!(ran_out, Err(WaitError::TimedOut { job_id, .. }) if job_id == parked.job_id()),
+                "{route}"
+            );
+        }
+        let refused = api
+            .submit_and_wait::<serde_json::Value>(&submission("strict", serde_json::json!({})), wait)
+            .await;
+        assert!(
+            matches!(&refused, Err(WaitError::Submit(SubmitError::Rejected(_)))),
+            "{refused:?}"
+        );
+        let failed = kafka
+            .submit_and_wait::<serde_json::Value>(&submission("strict", serde_json::json!({})), wait)
+            .await;
+        assert!(
+            matches!(&failed, Err(WaitError::Failed { error, .. }) if error.contains("order")),
+            "{failed:?}"
+        );
+        fleet.stop().await;
+    })
+    .await
+    .expect("the test timed out");
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn each_refusal_is_classified_once_rejected_or_unavailable(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {

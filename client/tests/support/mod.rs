@@ -70,6 +70,20 @@ impl Fleet {
             ]
         });
         std::fs::write(dir.join("workflows/shipping.json"), definition.to_string()).unwrap();
+        // For the waits' other ends: a final 404, an input refused, a job
+        // parked until a signal nobody sends.
+        let others = [
+            json!({"name": "breaking", "input_schema": {},
+                   "steps": [{"name": "lost", "target": "svc", "method": "nowhere"}]}),
+            json!({"name": "strict", "input_schema": {"type": "object", "required": ["order"]},
+                   "steps": [{"name": "pack", "target": "svc", "method": "pack"}]}),
+            json!({"name": "parked", "input_schema": {},
+                   "steps": [{"name": "hold", "wait_for": "go"}]}),
+        ];
+        for definition in others {
+            let file = format!("workflows/{}.json", definition["name"].as_str().unwrap());
+            std::fs::write(dir.join(file), definition.to_string()).unwrap();
+        }
         let database_url = flotilla_tests::database::url_of(pool).await;
         let port = flotilla_tests::free_port();
         let mut worker = Command::new(workspace_binary("flotilla-worker"));

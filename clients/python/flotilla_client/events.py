@@ -19,6 +19,44 @@ from .wire import NotAnEvent, WorkflowRunEvent, event_from_fields, event_from_js
 EVENT_TOPIC = "workflow-run-events"
 
 
+class EventDecoder:
+    """Decodes a record of the event topic, Avro (with ``registry_url``) or
+    JSON. Raises ``NotAnEvent`` for a record that is no event,
+    ``Misconfigured`` for Avro without a registry, ``Unavailable`` when the
+    registry cannot answer now."""
+
+    def __init__(self, registry_url: Optional[str] = None):
+        self._registry = SchemaRegistryClient({"url": registry_url}) if registry_url else None
+        self._avro = AvroDeserializer(self._registry) if self._registry else None
+
+    def decode(self, message) -> WorkflowRunEvent:
+        value = message.value()
+        if not value:
+            raise NotAnEvent("the record has no value")
+        if not is_avro(value):
+            return event_from_json(value)
+        if self._avro is None:
+            raise Misconfigured("an Avro record, and no registry_url to read it")
+        if len(value) < 5:
+            raise NotAnEvent("Avro framing shorter than its 5-byte header")
+        schema_id = int.from_bytes(value[1:5], "big")
+        # Asking the registry is about the world, except a definite "no
+        # such schema"; decoding the datum is about the record.
+        try:
+            self._registry.get_schema(schema_id)
+        except SchemaRegistryError as e:
+            if e.http_status_code == 404 and e.error_code == 40403:
+                raise NotAnEvent(f"the registry has no schema {schema_id}") from None
+            raise Unavailable(f"the registry: {e}") from None
+        except Exception as e:  # transport errors of the registry's HTTP client
+            raise Unavailable(f"the registry: {e}") from None
+        try:
+            fields = self._avro(value, SerializationContext(message.topic(), MessageField.VALUE))
+        except Exception as e:  # fastavro raises many kinds for a bad datum
+            raise NotAnEvent(f"Avro: {e}") from None
+        return event_from_fields(fields, result_is_text=True)
+
+
 @dataclass(frozen=True)
 class Delivery:
     """One event for the caller; pass it to ``EventStream.ack`` once its
@@ -127,8 +165,7 @@ class EventStream:
         })
         self._consumer = Consumer(settings)
         self._topic = topic
-        self._registry = SchemaRegistryClient({"url": registry_url}) if registry_url else None
-        self._avro = AvroDeserializer(self._registry) if self._registry else None
+        self._decoder = EventDecoder(registry_url)
         self._jobs = JobSequences(remember_jobs)
         self._acks = _Acks()
         # The record in hand with the revocation count when it was read.
@@ -170,7 +207,7 @@ class EventStream:
                 self._held = None
                 continue
             try:
-                event = self._decode(message)
+                event = self._decoder.decode(message)
             except (Unavailable, Misconfigured):
                 raise  # the record stays in hand
             except NotAnEvent as e:
@@ -187,33 +224,6 @@ class EventStream:
             if isinstance(verdict, Skipped):
                 raise Gap(delivery, verdict.expected)
             return delivery
-
-    def _decode(self, message) -> WorkflowRunEvent:
-        value = message.value()
-        if not value:
-            raise NotAnEvent("the record has no value")
-        if not is_avro(value):
-            return event_from_json(value)
-        if self._avro is None:
-            raise Misconfigured("an Avro record, and no registry_url to read it")
-        if len(value) < 5:
-            raise NotAnEvent("Avro framing shorter than its 5-byte header")
-        schema_id = int.from_bytes(value[1:5], "big")
-        # Asking the registry is about the world, except a definite "no
-        # such schema"; decoding the datum is about the record.
-        try:
-            self._registry.get_schema(schema_id)
-        except SchemaRegistryError as e:
-            if e.http_status_code == 404 and e.error_code == 40403:
-                raise NotAnEvent(f"the registry has no schema {schema_id}") from None
-            raise Unavailable(f"the registry: {e}") from None
-        except Exception as e:  # transport errors of the registry's HTTP client
-            raise Unavailable(f"the registry: {e}") from None
-        try:
-            fields = self._avro(value, SerializationContext(message.topic(), MessageField.VALUE))
-        except Exception as e:  # fastavro raises many kinds for a bad datum
-            raise NotAnEvent(f"Avro: {e}") from None
-        return event_from_fields(fields, result_is_text=True)
 
     def ack(self, delivery: Delivery) -> None:
         """``delivery``'s effects are durable: its offset, and every offset

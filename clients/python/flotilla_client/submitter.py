@@ -4,6 +4,8 @@ API, returning once it is durable."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -16,6 +18,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from .events import EVENT_TOPIC
+from .waiting import LONGEST_POLL, EndsReader, end_of_view, outcome, poll_until_ended
 from .wire import schema_text
 
 REQUEST_TOPIC = "workflow-run-requests"
@@ -104,7 +108,12 @@ class KafkaSubmitter:
     ``config`` is extra librdkafka configuration (security settings)."""
 
     def __init__(self, bootstrap_servers: str, registry_url: Optional[str] = None,
-                 topic: str = REQUEST_TOPIC, config: Optional[dict] = None):
+                 topic: str = REQUEST_TOPIC, config: Optional[dict] = None,
+                 event_topic: str = EVENT_TOPIC):
+        # What submit_and_wait reads the jobs' ends with, started by its first call.
+        self._ends_settings = (bootstrap_servers, registry_url, event_topic, dict(config or {}))
+        self._ends: Optional[EndsReader] = None
+        self._ends_lock = threading.Lock()
         settings = dict(config or {})
         settings.update({
             "bootstrap.servers": bootstrap_servers,
@@ -173,8 +182,35 @@ class KafkaSubmitter:
         message = outcome["message"]
         return Receipt(job_id=request["job_id"], partition=message.partition(), offset=message.offset())
 
+    def submit_and_wait(self, workflow_name: str, input: Any, timeout: float = 60.0,
+                        job_id: Optional[uuid.UUID] = None, **options: Any) -> Any:
+        """Submits, then waits at most ``timeout`` seconds for the job to
+        finish, reading its end from the event topic: its result, or
+        ``JobFailed``, ``JobDead``, ``JobCancelled``, ``WaitTimedOut``.
+        ``options`` are ``submit``'s. A repeat of a job id that already
+        finished publishes no new end: its wait runs out; wait for a known
+        job through ``ApiSubmitter``."""
+        deadline = time.monotonic() + timeout
+        job_id = job_id or uuid.uuid4()
+        ends = self._ends_reader()
+        watch = ends.watch(job_id)
+        self.submit(workflow_name, input, job_id=job_id, **options)
+        return outcome(job_id, ends.wait(job_id, watch, deadline))
+
+    def _ends_reader(self) -> EndsReader:
+        with self._ends_lock:
+            if self._ends is None:
+                bootstrap, registry_url, topic, config = self._ends_settings
+                try:
+                    self._ends = EndsReader(bootstrap, registry_url, topic, config)
+                except Exception as e:
+                    raise Unavailable(f"reading the event topic {topic}: {e}") from None
+            return self._ends
+
     def close(self, timeout: float = 30.0) -> None:
         self._producer.flush(timeout)
+        if self._ends is not None:
+            self._ends.close()
 
 
 def _delivery_error(error: KafkaError) -> SubmitError:
@@ -207,6 +243,30 @@ class ApiSubmitter:
         """Sends one request and waits until a worker committed it.
         ``workflow_version`` runs that stored version instead of the newest;
         ``priority`` (0 to 10) gives the job a head start in the queue."""
+        receipt, _ = self._post(workflow_name, input, job_id, traceparent, timeout,
+                                workflow_version, priority, prefer_wait=None)
+        return receipt
+
+    def submit_and_wait(self, workflow_name: str, input: Any, timeout: float = 60.0,
+                        job_id: Optional[uuid.UUID] = None, traceparent: Optional[str] = None,
+                        workflow_version: Optional[int] = None,
+                        priority: Optional[int] = None) -> Any:
+        """Submits, then waits at most ``timeout`` seconds for the job to
+        finish, with long polls the fleet answers the moment it ends: its
+        result, or ``JobFailed``, ``JobDead``, ``JobCancelled``,
+        ``WaitTimedOut``. A refused submission raises as ``submit`` does."""
+        deadline = time.monotonic() + timeout
+        receipt, job = self._post(workflow_name, input, job_id, traceparent, 30.0,
+                                  workflow_version, priority, prefer_wait=min(timeout, LONGEST_POLL))
+        end = end_of_view(job)
+        if end is None:
+            end = poll_until_ended(self._url, self._token, receipt.job_id, deadline, _http_error)
+        return outcome(receipt.job_id, end)
+
+    def _post(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID],
+              traceparent: Optional[str], timeout: float, workflow_version: Optional[int],
+              priority: Optional[int], prefer_wait: Optional[float]) -> tuple:
+        """POSTs the request: its receipt and the job's view."""
         request = _request(workflow_name, input, job_id)
         document = {"job_id": str(request["job_id"]), "workflow_name": workflow_name,
                     "input": request["input"]}
@@ -218,21 +278,34 @@ class ApiSubmitter:
         headers = {"content-type": "application/json", **_trace_headers(traceparent)}
         if self._token:
             headers["authorization"] = f"Bearer {self._token}"
+        if prefer_wait is not None:
+            headers["prefer"] = f"wait={int(prefer_wait)}"
+            timeout += prefer_wait
         call = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(call, timeout=timeout) as response:
-                return Receipt(job_id=request["job_id"], created=response.status == 201)
+                receipt = Receipt(job_id=request["job_id"], created=response.status == 201)
+                try:
+                    job = json.loads(response.read())
+                except ValueError:
+                    job = None
+                return receipt, job
         except urllib.error.HTTPError as e:
-            try:
-                problem = json.loads(e.read())
-                detail = problem.get("detail", "") if isinstance(problem, dict) else ""
-            except ValueError:
-                detail = ""
-            text = f"{self._url}: {e.code} {detail}"
-            if e.code in (401, 403):
-                raise SettingsError(text) from None
-            if e.code in (408, 429) or e.code >= 500:
-                raise Unavailable(text) from None
-            raise Rejected(text) from None
+            raise _http_error(self._url, e) from None
         except (urllib.error.URLError, OSError) as e:
             raise Unavailable(f"{self._url}: {e}") from None
+
+
+def _http_error(url: str, e: urllib.error.HTTPError) -> SubmitError:
+    """An API answer that is not a success, classified once."""
+    try:
+        problem = json.loads(e.read())
+        detail = problem.get("detail", "") if isinstance(problem, dict) else ""
+    except ValueError:
+        detail = ""
+    text = f"{url}: {e.code} {detail}"
+    if e.code in (401, 403):
+        return SettingsError(text)
+    if e.code in (408, 429) or e.code >= 500:
+        return Unavailable(text)
+    return Rejected(text)
