@@ -58,5 +58,6 @@ pub use flotilla_runtime::kafka::GroupProtocol;
 pub use flotilla_runtime::registry::RegistryConfig;
 pub use order::{JobSequences, Verdict, classify};
 pub use outcome::WaitError;
+pub use secrecy::SecretString;
 pub use stream::{Delivery, EventStream, EventStreamOptions, StartAt, StreamError};
 pub use submit::{Receipt, Submission, SubmitError, Submitter};
