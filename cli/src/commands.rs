@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::failure::Failure;
-use crate::{client, jobs, produce, schedules, tail, workflows};
+use crate::{client, dlq, jobs, produce, schedules, tail, workflows};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -105,6 +105,9 @@ pub(crate) enum Command {
     /// Produce a WorkflowRunSignal to the signal topic (Avro when a schema
     /// registry is configured, JSON otherwise).
     ProduceSignal(produce::ProduceSignalArgs),
+    /// The request topic's dead letters: list them, show one, replay one
+    /// corrected under its job id.
+    Dlq(dlq::DlqArgs),
 }
 
 impl Command {
@@ -141,6 +144,7 @@ impl Command {
             Command::Workflows { api, command } => workflows::run(&api, command).await,
             Command::Schedules { api, command } => schedules::run(&api, command).await,
             Command::Tail(args) => tail::run(args).await,
+            Command::Dlq(args) => dlq::run(args).await,
         }
     }
 }

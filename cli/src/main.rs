@@ -7,6 +7,7 @@
 
 mod client;
 mod commands;
+mod dlq;
 mod failure;
 mod jobs;
 mod produce;

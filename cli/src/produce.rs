@@ -72,7 +72,7 @@ pub(crate) async fn run(args: ProduceArgs) -> Result<(), Failure> {
 
 /// The client library's Kafka submitter; JSON on the wire when `json_only`
 /// even where a registry is configured.
-fn submitter(kafka: &BrokerConfig, json_only: bool) -> Result<Submitter, Failure> {
+pub(crate) fn submitter(kafka: &BrokerConfig, json_only: bool) -> Result<Submitter, Failure> {
     let mut broker = kafka.clone();
     if json_only {
         broker.registry = RegistryConfig::default();
@@ -82,7 +82,7 @@ fn submitter(kafka: &BrokerConfig, json_only: bool) -> Result<Submitter, Failure
 
 /// Exit codes: the request's own fault is bad input (2), the rest is the
 /// world's (1).
-fn failure(error: SubmitError) -> Failure {
+pub(crate) fn failure(error: SubmitError) -> Failure {
     match error {
         SubmitError::Rejected(_) | SubmitError::Settings(_) => Failure::usage(error),
         SubmitError::Unavailable(_) => Failure::delivery(error),
