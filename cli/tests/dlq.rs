@@ -119,7 +119,7 @@ async fn a_refused_request_is_listed_shown_and_replayed_corrected_under_its_job_
             let (code, out) = dlq(&topic, &["replay", "0:0"]).await;
             assert_eq!(code, Some(0), "{out:?}");
             // stdout and stderr interleave: the job id is a line of its own.
-            assert!(out.iter().any(|line| *line == key), "{out:?}");
+            assert!(out.contains(&key), "{out:?}");
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
