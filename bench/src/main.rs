@@ -7,6 +7,7 @@
 
 mod broker;
 mod ceiling;
+mod clients;
 mod e2e;
 mod engine;
 mod fleet;
@@ -29,7 +30,7 @@ struct Args {
     /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
     #[arg(long)]
     smoke: bool,
-    /// Run only these parts (comma separated): ceiling, broker, e2e, engine, parking, retention, fleet, graphile, relay.
+    /// Run only these parts (comma separated): ceiling, broker, e2e, engine, parking, retention, fleet, graphile, relay, clients.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
@@ -150,6 +151,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("relay") {
         relay::run(&mut report, args.smoke).await?;
+    }
+    if wanted("clients") {
+        clients::run(&mut report, args.smoke).await?;
     }
     ratios(&mut report);
     println!("\n{}", report.table());

@@ -44,6 +44,7 @@
 //! in the repository does exactly that with Postgres.
 
 mod acks;
+mod bulk;
 mod ends;
 mod order;
 mod outcome;

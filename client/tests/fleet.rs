@@ -161,6 +161,73 @@ async fn submit_and_wait_gives_the_typed_result_or_how_the_job_ended_either_way(
     .expect("the test timed out");
 }
 
+/// `submit_all`: a thousand through Kafka and fifty through the API, each
+/// outcome in its submission's place; one the API refuses fails alone.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn submit_all_sends_many_at_once_and_a_refused_one_fails_alone(pool: PgPool) {
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let fleet = Fleet::start(&pool).await;
+        let kafka = Submitter::kafka(&support::broker())
+            .unwrap()
+            .with_request_topic(&fleet.request_topic);
+        let api = Submitter::api(&fleet.api_url, Some(SecretString::from(TOKEN))).unwrap();
+        let many = |count: usize| -> Vec<Submission> {
+            (0..count)
+                .map(|n| Submission::new(WORKFLOW, &serde_json::json!({ "n": n })).unwrap())
+                .collect()
+        };
+        let through_kafka = many(1000);
+        let receipts = kafka.submit_all(&through_kafka).await;
+        assert_eq!(receipts.len(), 1000);
+        for (submission, receipt) in through_kafka.iter().zip(&receipts) {
+            let receipt = receipt.as_ref().unwrap();
+            assert!(matches!(receipt, Receipt::Kafka { .. }), "{receipt:?}");
+            assert_eq!(receipt.job_id(), submission.job_id());
+        }
+        let mut through_api = many(50);
+        through_api[20] = Submission::new("no-such-workflow", &serde_json::json!({})).unwrap();
+        let outcomes = api.submit_all(&through_api).await;
+        for (n, (submission, outcome)) in through_api.iter().zip(&outcomes).enumerate() {
+            match outcome {
+                Err(SubmitError::Rejected(_)) if n == 20 => {}
+                Ok(Receipt::Api {
+                    job_id,
+                    created: true,
+                }) if n != 20 => {
+                    assert_eq!(*job_id, submission.job_id());
+                }
+                other => panic!("submission {n}: {other:?}"),
+            }
+        }
+        // Every one sent through Kafka became a row.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let rows: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM workflow_run WHERE job_id = ANY($1)")
+                    .bind(
+                        through_kafka
+                            .iter()
+                            .map(Submission::job_id)
+                            .collect::<Vec<_>>(),
+                    )
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            if rows == 1000 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{rows} of 1000 rows"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        fleet.stop().await;
+    })
+    .await
+    .expect("the test timed out");
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn each_refusal_is_classified_once_rejected_or_unavailable(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {

@@ -11,7 +11,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, List, Optional, Tuple, Union
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -55,6 +55,10 @@ class Receipt:
     offset: Optional[int] = None
     #: API: False for a repeat of a job id the fleet already had.
     created: Optional[bool] = None
+
+
+#: What ``submit_many`` returns for each request.
+Outcome = Union[Receipt, SubmitError]
 
 
 def _trace_headers(traceparent: Optional[str]) -> dict:
@@ -139,6 +143,31 @@ class KafkaSubmitter:
         """Sends one request and waits for the broker's acknowledgement.
         ``workflow_version`` runs that stored version instead of the newest;
         ``priority`` (0 to 10) gives the job a head start in the queue."""
+        value, key, job = self._encode(workflow_name, input, job_id, workflow_version, priority)
+        outcome: dict = {}
+
+        def delivered(error, message):
+            outcome["error"], outcome["message"] = error, message
+
+        headers = list(_trace_headers(traceparent).items())
+        try:
+            self._producer.produce(self._topic, key=key, value=value,
+                                   headers=headers or None, on_delivery=delivered)
+        except BufferError:
+            raise Unavailable("the producer's queue is full") from None
+        except KafkaException as e:
+            raise _delivery_error(e.args[0]) from None
+        self._producer.flush(timeout)
+        if "error" not in outcome:
+            raise Unavailable(f"no acknowledgement within {timeout} s")
+        if outcome["error"] is not None:
+            raise _delivery_error(outcome["error"])
+        message = outcome["message"]
+        return Receipt(job_id=job, partition=message.partition(), offset=message.offset())
+
+    def _encode(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID],
+                workflow_version: Optional[int], priority: Optional[int]) -> Tuple[bytes, str, uuid.UUID]:
+        """The request's record value (Avro or JSON), its key and its job id."""
         request = _request(workflow_name, input, job_id)
         fields = {"job_id": str(request["job_id"]), "workflow_name": workflow_name,
                   "input": request["input_text"], "workflow_version": _version(workflow_version),
@@ -161,26 +190,49 @@ class KafkaSubmitter:
             if priority is not None:
                 document["priority"] = priority
             value = json.dumps(document, allow_nan=False).encode()
-        outcome: dict = {}
+        return value, fields["job_id"], request["job_id"]
 
-        def delivered(error, message):
-            outcome["error"], outcome["message"] = error, message
+    def submit_many(self, requests: Iterable[Tuple[Any, ...]], timeout: float = 60.0) -> List[Outcome]:
+        """Sends every ``(workflow_name, input)`` of ``requests`` (or
+        ``(workflow_name, input, job_id)``) with all of them in flight at
+        once and one flush, and returns each one's outcome in their order:
+        a ``Receipt`` once the broker acknowledged it, or the
+        ``SubmitError`` it met (a rejected one does not stop the others;
+        send the retryable ones again with the same job ids)."""
+        outcomes: List[Outcome] = []
+        deadline = time.monotonic() + timeout
+        for index, request in enumerate(requests):
+            outcomes.append(Unavailable(f"no acknowledgement within {timeout} s"))
+            try:
+                workflow_name, input, job_id = (tuple(request) + (None,))[:3]
+                value, key, job = self._encode(workflow_name, input, job_id, None, None)
+            except SubmitError as e:
+                outcomes[index] = e
+                continue
+            except (TypeError, ValueError) as e:
+                outcomes[index] = Rejected(f"request {index}: {e}")
+                continue
 
-        headers = list(_trace_headers(traceparent).items())
-        try:
-            self._producer.produce(self._topic, key=fields["job_id"], value=value,
-                                   headers=headers or None, on_delivery=delivered)
-        except BufferError:
-            raise Unavailable("the producer's queue is full") from None
-        except KafkaException as e:
-            raise _delivery_error(e.args[0]) from None
-        self._producer.flush(timeout)
-        if "error" not in outcome:
-            raise Unavailable(f"no acknowledgement within {timeout} s")
-        if outcome["error"] is not None:
-            raise _delivery_error(outcome["error"])
-        message = outcome["message"]
-        return Receipt(job_id=request["job_id"], partition=message.partition(), offset=message.offset())
+            def delivered(error, message, index=index, job=job):
+                outcomes[index] = (_delivery_error(error) if error is not None else
+                                   Receipt(job_id=job, partition=message.partition(), offset=message.offset()))
+
+            while True:
+                try:
+                    self._producer.produce(self._topic, key=key, value=value, on_delivery=delivered)
+                    break
+                except BufferError:
+                    # The producer's queue is full: let deliveries drain it.
+                    if time.monotonic() > deadline:
+                        outcomes[index] = Unavailable("the producer's queue stayed full")
+                        break
+                    self._producer.poll(0.05)
+                except KafkaException as e:
+                    outcomes[index] = _delivery_error(e.args[0])
+                    break
+            self._producer.poll(0)
+        self._producer.flush(max(0.0, deadline - time.monotonic()))
+        return outcomes
 
     def submit_and_wait(self, workflow_name: str, input: Any, timeout: float = 60.0,
                         job_id: Optional[uuid.UUID] = None, **options: Any) -> Any:
