@@ -148,6 +148,32 @@ def hook_of(doc):
     return ({h.strip() for h in ann["helm.sh/hook"].split(",")}, int(ann.get("helm.sh/hook-weight", "0")))
 
 
+def upgrade_order(docs):
+    """What breaks the upgrade order docs/upgrading.md gives, one sentence
+    each: the migration runs first, as the only pre-install,pre-upgrade
+    hook Job, and nothing after the Secrets it reads comes before it; the
+    relay and worker Deployments roll after it, in the release's own
+    phase (never as hooks); no hook runs after the Deployments roll."""
+    problems = []
+    jobs = [d for d in docs if d.get("kind") == "Job"]
+    migrations = [j for j in jobs if (hook_of(j) or [set()])[0] >= {"pre-install", "pre-upgrade"}]
+    if len(migrations) != 1:
+        problems.append(f"{len(migrations)} pre-install,pre-upgrade hook Jobs, not the one migration")
+        return problems
+    weight = hook_of(migrations[0])[1]
+    for d in docs:
+        hook = hook_of(d)
+        name = f"{d.get('kind')} {d.get('metadata', {}).get('name')}"
+        if d.get("kind") == "Deployment" and hook:
+            problems.append(f"{name} is a hook ({', '.join(sorted(hook[0]))}): it must roll after the migration")
+        elif hook and hook[0] & {"post-install", "post-upgrade"}:
+            problems.append(f"{name} is a {', '.join(sorted(hook[0]))} hook: nothing runs after the Deployments roll")
+        elif hook and d is not migrations[0] and "pre-upgrade" in hook[0] and d.get("kind") != "Secret" \
+                and hook[1] >= weight:
+            problems.append(f"{name} is a pre-upgrade hook that runs with or after the migration")
+    return problems
+
+
 def selects(selector, labels):
     for k, v in (selector.get("matchLabels") or {}).items():
         if labels.get(k) != v:
@@ -498,6 +524,11 @@ def check(label, values, outdir):
                 err(f"{where}: {probe} is not GET {path} on port {port} or the health listener")
         if merged["worker"]["consumeRequests"] and deployment is worker and env.get("FLOTILLA_CONSUME_REQUESTS", {}).get("value") != "true":
             err(f"{where}: consumeRequests on but FLOTILLA_CONSUME_REQUESTS is not true")
+
+    # The upgrade order (docs/upgrading.md): migrate first, then roll.
+    if merged["migration"]["enabled"]:
+        for problem in upgrade_order(docs):
+            err(f"upgrade order: {problem}")
 
     # The migration hook.
     jobs = by_kind.get("Job", {})
