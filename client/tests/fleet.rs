@@ -429,13 +429,40 @@ async fn the_example_consumer_killed_between_its_write_and_its_ack_applies_each_
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn the_python_package_passes_its_tests_against_the_fleet(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
-        let (python, examples) = flotilla_tests::examples_python();
-        let package = examples.parent().unwrap().join("clients/python");
+        let (_, examples) = flotilla_tests::examples_python();
+        let root = examples.parent().unwrap().to_owned();
+        let package = root.join("clients/python");
+        // The wheel, installed into a fresh environment and type-checked.
+        let installed = std::env::temp_dir().join(format!("flotilla-wheel-{}", Uuid::new_v4()));
+        let built = tokio::task::spawn_blocking({
+            let (root, installed) = (root.clone(), installed.clone());
+            move || {
+                Command::new(root.join("scripts/python-package"))
+                    .arg(&installed)
+                    .output()
+                    .unwrap()
+            }
+        })
+        .await
+        .unwrap();
+        assert!(
+            built.status.success(),
+            "scripts/python-package failed:\n{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let python = String::from_utf8(built.stdout).unwrap().trim().to_owned();
+        let pytest = std::path::Path::new(&python).with_file_name("pytest");
         let fleet = Fleet::start(&pool).await;
-        let mut command = Command::new(python);
+        let mut command = Command::new(pytest);
+        // From outside the tree, with no PYTHONPATH: only the installed
+        // package can be imported.
         command
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-            .current_dir(&package)
+            .args(["-q", "-p", "no:cacheprovider", "--rootdir"])
+            .arg(&package)
+            .arg(package.join("tests"))
+            .current_dir(&installed)
+            .env_remove("PYTHONPATH")
+            .env("FLOTILLA_PACKAGE_INSTALLED", "1")
             .env("KAFKA_BOOTSTRAP_SERVERS", bootstrap_servers())
             .env("SCHEMA_REGISTRY_URL", schema_registry_url())
             .env("FLOTILLA_REQUEST_TOPIC", &fleet.request_topic)
@@ -443,7 +470,6 @@ async fn the_python_package_passes_its_tests_against_the_fleet(pool: PgPool) {
             .env("FLOTILLA_URL", &fleet.api_url)
             .env("FLOTILLA_TOKEN", TOKEN)
             .env("FLOTILLA_WORKFLOW", WORKFLOW)
-            .env("PYTHONPATH", &package)
             .env("PYTHONDONTWRITEBYTECODE", "1");
         let (status, output) = tokio::task::spawn_blocking(move || {
             let mut pytest = Running::start(command);
@@ -464,6 +490,7 @@ async fn the_python_package_passes_its_tests_against_the_fleet(pool: PgPool) {
             "{summary}"
         );
         fleet.stop().await;
+        std::fs::remove_dir_all(installed).unwrap();
     })
     .await
     .expect("the test timed out");

@@ -396,5 +396,78 @@ async fn the_registry_is_reached_over_https_with_basic_auth() {
             ca.display()
         );
     }
+
+    // The Python client through the same registry: a request submitted
+    // Avro, an event encoded and decoded; wrong credentials an outage.
+    flotilla_tests::create_topic(&topic, 1).await.unwrap();
+    let (python, examples) = flotilla_tests::examples_python();
+    let package = examples.parent().unwrap().join("clients/python");
+    let mut command = Command::new(python);
+    command
+        .args(["-c", PYTHON_THROUGH_THE_GUARDED_REGISTRY, &url, &topic])
+        .arg(&certs.ca)
+        .env("PYTHONPATH", package)
+        .env(
+            "KAFKA_BOOTSTRAP_SERVERS",
+            flotilla_tests::bootstrap_servers(),
+        );
+    // Off the runtime: the guarded registry answers on this test's thread.
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::task::spawn_blocking(move || command.output().unwrap()),
+    )
+    .await
+    .expect("the Python client hung")
+    .unwrap();
+    assert!(
+        outcome.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&outcome.stdout),
+        String::from_utf8_lossy(&outcome.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout).trim(),
+        "avro submitted; event decoded; wrong credentials unavailable"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Run by the test above with the registry's URL, a topic and the CA file.
+const PYTHON_THROUGH_THE_GUARDED_REGISTRY: &str = r#"
+import os, sys, uuid
+from datetime import datetime, timezone
+from confluent_kafka.serialization import MessageField, SerializationContext
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from flotilla_client import EventType, KafkaSubmitter, Unavailable, WorkflowRunEvent, event_to_avro_fields
+from flotilla_client.events import EventDecoder, registry_client
+from flotilla_client.wire import schema_text
+
+url, topic, ca = sys.argv[1:4]
+good = {"basic.auth.user.info": "flotilla:s3cret:with-colon", "ssl.ca.location": ca}
+submitter = KafkaSubmitter(os.environ["KAFKA_BOOTSTRAP_SERVERS"], registry_url=url, topic=topic,
+                           registry_config=good)
+receipt = submitter.submit("w", {"a": 1}, timeout=30)
+assert receipt.offset is not None
+print("avro submitted;", end=" ")
+
+event = WorkflowRunEvent(event_id=uuid.uuid4(), job_id=uuid.uuid4(), sequence=1, type=EventType.ACCEPTED,
+                         workflow_name="w", attempt=0, occurred_at=datetime.now(timezone.utc),
+                         workflow_version=2)
+serializer = AvroSerializer(registry_client(url, good), schema_text("WorkflowRunEvent"))
+value = serializer(event_to_avro_fields(event), SerializationContext(topic + "-events", MessageField.VALUE))
+
+class Record:
+    def value(self): return value
+    def topic(self): return topic + "-events"
+
+assert EventDecoder(url, good).decode(Record()) == event
+print("event decoded;", end=" ")
+
+wrong = KafkaSubmitter(os.environ["KAFKA_BOOTSTRAP_SERVERS"], registry_url=url, topic=topic,
+                       registry_config={**good, "basic.auth.user.info": "flotilla:wrong"})
+try:
+    wrong.submit("w", {"a": 1}, timeout=30)
+    raise SystemExit("wrong credentials were accepted")
+except Unavailable:
+    print("wrong credentials unavailable")
+"#;

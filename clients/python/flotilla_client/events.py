@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer
@@ -19,23 +19,41 @@ from .wire import NotAnEvent, WorkflowRunEvent, event_from_fields, event_from_js
 EVENT_TOPIC = "workflow-run-events"
 
 
+def registry_client(url: Optional[str], config: Optional[Dict[str, Any]] = None) -> Optional[SchemaRegistryClient]:
+    """The Schema Registry client for ``url`` (None without one). ``config``
+    adds the client's settings: ``basic.auth.user.info`` (``user:secret``)
+    for basic authentication, ``ssl.ca.location`` for a private CA,
+    ``ssl.certificate.location`` and ``ssl.key.location`` for mutual TLS."""
+    if not url:
+        return None
+    return SchemaRegistryClient({**(config or {}), "url": url})
+
+
+def _place(value: Optional[int]) -> int:
+    """A received record's partition or offset (always set on a record
+    that carries no error)."""
+    if value is None:
+        raise Unavailable("a record without its partition or offset")
+    return value
+
+
 class EventDecoder:
     """Decodes a record of the event topic, Avro (with ``registry_url``) or
     JSON. Raises ``NotAnEvent`` for a record that is no event,
     ``Misconfigured`` for Avro without a registry, ``Unavailable`` when the
     registry cannot answer now."""
 
-    def __init__(self, registry_url: Optional[str] = None):
-        self._registry = SchemaRegistryClient({"url": registry_url}) if registry_url else None
+    def __init__(self, registry_url: Optional[str] = None, registry_config: Optional[Dict[str, Any]] = None):
+        self._registry = registry_client(registry_url, registry_config)
         self._avro = AvroDeserializer(self._registry) if self._registry else None
 
-    def decode(self, message) -> WorkflowRunEvent:
+    def decode(self, message: Message) -> WorkflowRunEvent:
         value = message.value()
         if not value:
             raise NotAnEvent("the record has no value")
         if not is_avro(value):
             return event_from_json(value)
-        if self._avro is None:
+        if self._avro is None or self._registry is None:
             raise Misconfigured("an Avro record, and no registry_url to read it")
         if len(value) < 5:
             raise NotAnEvent("Avro framing shorter than its 5-byte header")
@@ -51,7 +69,7 @@ class EventDecoder:
         except Exception as e:  # transport errors of the registry's HTTP client
             raise Unavailable(f"the registry: {e}") from None
         try:
-            fields = self._avro(value, SerializationContext(message.topic(), MessageField.VALUE))
+            fields = self._avro(value, SerializationContext(message.topic() or "", MessageField.VALUE))
         except Exception as e:  # fastavro raises many kinds for a bad datum
             raise NotAnEvent(f"Avro: {e}") from None
         return event_from_fields(fields, result_is_text=True)
@@ -105,9 +123,9 @@ class _Acks:
     """Offsets read and not yet acknowledged, per partition: a partition's
     commit position moves only over a run of acknowledged offsets."""
 
-    def __init__(self):
-        self._outstanding: dict = {}
-        self._next: dict = {}
+    def __init__(self) -> None:
+        self._outstanding: Dict[int, Set[int]] = {}
+        self._next: Dict[int, int] = {}
         self._lock = threading.Lock()
 
     def read(self, partition: int, offset: int) -> None:
@@ -152,7 +170,8 @@ class EventStream:
 
     def __init__(self, bootstrap_servers: str, group: str, registry_url: Optional[str] = None,
                  topic: str = EVENT_TOPIC, start_at: str = "earliest",
-                 remember_jobs: int = 100_000, config: Optional[dict] = None):
+                 remember_jobs: int = 100_000, config: Optional[Dict[str, Any]] = None,
+                 registry_config: Optional[Dict[str, Any]] = None):
         settings = dict(config or {})
         settings.update({
             "bootstrap.servers": bootstrap_servers,
@@ -165,16 +184,16 @@ class EventStream:
         })
         self._consumer = Consumer(settings)
         self._topic = topic
-        self._decoder = EventDecoder(registry_url)
+        self._decoder = EventDecoder(registry_url, registry_config)
         self._jobs = JobSequences(remember_jobs)
         self._acks = _Acks()
         # The record in hand with the revocation count when it was read.
-        self._held = None
-        self._revoked: list = []
+        self._held: Optional[Tuple[Message, int]] = None
+        self._revoked: List[int] = []
         self._revocations = 0
         self.repeats_dropped = 0
 
-        def revoked(_consumer, partitions):
+        def revoked(_consumer: Consumer, partitions: List[TopicPartition]) -> None:
             for partition in partitions:
                 self._acks.forget(partition.partition)
                 self._revoked.append(partition.partition)
@@ -194,10 +213,10 @@ class EventStream:
                     return None
                 if message.error():
                     raise Unavailable(str(message.error()))
-                self._acks.read(message.partition(), message.offset())
+                self._acks.read(_place(message.partition()), _place(message.offset()))
                 self._held = (message, self._revocations)
             message, read_at = self._held
-            partition, offset = message.partition(), message.offset()
+            partition, offset = _place(message.partition()), _place(message.offset())
             # A rebalance since the record was read: its partition is read
             # again from the group's last commit, by whoever holds it now.
             for taken in self._revoked:
@@ -260,5 +279,5 @@ class EventStream:
     def __enter__(self) -> "EventStream":
         return self
 
-    def __exit__(self, *_exc) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self.close()

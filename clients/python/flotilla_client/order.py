@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 from uuid import UUID
 
 
@@ -71,7 +71,7 @@ class JobSequences:
     forgotten first; a forgotten job counts as never seen)."""
 
     def __init__(self, capacity: int = 100_000):
-        self._last: OrderedDict[UUID, tuple] = OrderedDict()
+        self._last: OrderedDict[UUID, Tuple[int, int]] = OrderedDict()
         self._capacity = max(1, capacity)
 
     def observe(self, job_id: UUID, sequence: int, partition: int = 0) -> Verdict:

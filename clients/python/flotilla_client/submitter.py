@@ -11,14 +11,13 @@ import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from .events import EVENT_TOPIC
+from .events import EVENT_TOPIC, registry_client
 from .waiting import LONGEST_POLL, EndsReader, end_of_view, outcome, poll_until_ended
 from .wire import schema_text
 
@@ -61,16 +60,16 @@ class Receipt:
 Outcome = Union[Receipt, SubmitError]
 
 
-def _trace_headers(traceparent: Optional[str]) -> dict:
+def _trace_headers(traceparent: Optional[str]) -> Dict[str, str]:
     """The given trace context, else the current OpenTelemetry span's when
     the program uses OpenTelemetry."""
     if traceparent:
         return {"traceparent": traceparent}
     try:
-        from opentelemetry.propagate import inject  # optional dependency
+        from opentelemetry.propagate import inject  # type: ignore[import-not-found, unused-ignore]  # optional
     except ImportError:
         return {}
-    carrier: dict = {}
+    carrier: Dict[str, str] = {}
     inject(carrier)
     return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate") and v}
 
@@ -90,7 +89,7 @@ def _priority(priority: Optional[int]) -> Optional[int]:
     return priority
 
 
-def _request(workflow_name: str, input: Any, job_id: Optional[uuid.UUID]) -> dict:
+def _request(workflow_name: str, input: Any, job_id: Optional[uuid.UUID]) -> Dict[str, Any]:
     if not isinstance(workflow_name, str) or not workflow_name.strip():
         raise Rejected("workflow_name must be non-blank text")
     try:
@@ -109,13 +108,16 @@ class KafkaSubmitter:
     acks=all, keyed by job id (a job's messages keep their order), Avro
     through the registry when ``registry_url`` is given, JSON otherwise.
 
-    ``config`` is extra librdkafka configuration (security settings)."""
+    ``config`` is extra librdkafka configuration (security settings);
+    ``registry_config`` the registry client's (``basic.auth.user.info``,
+    ``ssl.ca.location``, ...; see ``events.registry_client``)."""
 
     def __init__(self, bootstrap_servers: str, registry_url: Optional[str] = None,
-                 topic: str = REQUEST_TOPIC, config: Optional[dict] = None,
-                 event_topic: str = EVENT_TOPIC):
+                 topic: str = REQUEST_TOPIC, config: Optional[Dict[str, Any]] = None,
+                 event_topic: str = EVENT_TOPIC, registry_config: Optional[Dict[str, Any]] = None):
         # What submit_and_wait reads the jobs' ends with, started by its first call.
-        self._ends_settings = (bootstrap_servers, registry_url, event_topic, dict(config or {}))
+        self._ends_settings = (bootstrap_servers, registry_url, event_topic, dict(config or {}),
+                               dict(registry_config or {}))
         self._ends: Optional[EndsReader] = None
         self._ends_lock = threading.Lock()
         settings = dict(config or {})
@@ -132,8 +134,8 @@ class KafkaSubmitter:
             raise SettingsError(f"creating the producer: {e}") from None
         self._topic = topic
         self._avro = None
-        if registry_url:
-            registry = SchemaRegistryClient({"url": registry_url})
+        registry = registry_client(registry_url, registry_config)
+        if registry is not None:
             self._avro = AvroSerializer(registry, schema_text("WorkflowRunRequest"))
 
     def submit(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID] = None,
@@ -144,12 +146,12 @@ class KafkaSubmitter:
         ``workflow_version`` runs that stored version instead of the newest;
         ``priority`` (0 to 10) gives the job a head start in the queue."""
         value, key, job = self._encode(workflow_name, input, job_id, workflow_version, priority)
-        outcome: dict = {}
+        outcome: Dict[str, Any] = {}
 
-        def delivered(error, message):
+        def delivered(error: Optional[KafkaError], message: Message) -> None:
             outcome["error"], outcome["message"] = error, message
 
-        headers = list(_trace_headers(traceparent).items())
+        headers: List[Tuple[str, Union[str, bytes, None]]] = list(_trace_headers(traceparent).items())
         try:
             self._producer.produce(self._topic, key=key, value=value,
                                    headers=headers or None, on_delivery=delivered)
@@ -213,7 +215,8 @@ class KafkaSubmitter:
                 outcomes[index] = Rejected(f"request {index}: {e}")
                 continue
 
-            def delivered(error, message, index=index, job=job):
+            def delivered(error: Optional[KafkaError], message: Message, index: int = index,
+                          job: uuid.UUID = job) -> None:
                 outcomes[index] = (_delivery_error(error) if error is not None else
                                    Receipt(job_id=job, partition=message.partition(), offset=message.offset()))
 
@@ -252,9 +255,9 @@ class KafkaSubmitter:
     def _ends_reader(self) -> EndsReader:
         with self._ends_lock:
             if self._ends is None:
-                bootstrap, registry_url, topic, config = self._ends_settings
+                bootstrap, registry_url, topic, config, registry_config = self._ends_settings
                 try:
-                    self._ends = EndsReader(bootstrap, registry_url, topic, config)
+                    self._ends = EndsReader(bootstrap, registry_url, topic, config, registry_config)
                 except Exception as e:
                     raise Unavailable(f"reading the event topic {topic}: {e}") from None
             return self._ends
@@ -317,7 +320,7 @@ class ApiSubmitter:
 
     def _post(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID],
               traceparent: Optional[str], timeout: float, workflow_version: Optional[int],
-              priority: Optional[int], prefer_wait: Optional[float]) -> tuple:
+              priority: Optional[int], prefer_wait: Optional[float]) -> Tuple[Receipt, Any]:
         """POSTs the request: its receipt and the job's view."""
         request = _request(workflow_name, input, job_id)
         document = {"job_id": str(request["job_id"]), "workflow_name": workflow_name,

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -101,7 +101,7 @@ def end_of_view(job: Any) -> Optional[End]:
 
 
 def poll_until_ended(jobs_url: str, token: Optional[str], job_id: uuid.UUID, deadline: float,
-                     classify_http_error) -> End:
+                     classify_http_error: Callable[[str, urllib.error.HTTPError], Any]) -> End:
     """Asks for the job with ``?wait=`` until it has ended or ``deadline``
     (a ``time.monotonic()`` instant) passes. An API that cannot be reached
     is asked again; one that refuses the question ends the wait with that
@@ -142,7 +142,8 @@ class EndsReader:
     each terminal event of a job waited on to its waiters."""
 
     def __init__(self, bootstrap_servers: str, registry_url: Optional[str], topic: str,
-                 config: Optional[dict] = None):
+                 config: Optional[Dict[str, Any]] = None,
+                 registry_config: Optional[Dict[str, Any]] = None):
         settings = dict(config or {})
         settings.update({
             "bootstrap.servers": bootstrap_servers,
@@ -167,7 +168,7 @@ class EndsReader:
         except StreamError:
             self._consumer.close()
             raise
-        self._decoder = EventDecoder(registry_url)
+        self._decoder = EventDecoder(registry_url, registry_config)
         self._lock = threading.Lock()
         self._watches: Dict[uuid.UUID, List[_Watch]] = {}
         self._stop = threading.Event()

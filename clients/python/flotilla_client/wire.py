@@ -13,7 +13,7 @@ import json
 import pathlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 from uuid import UUID
 
 SCHEMAS = pathlib.Path(__file__).resolve().parent / "schemas"
@@ -69,7 +69,7 @@ def is_avro(value: bytes) -> bool:
     return value[:1] == b"\x00"
 
 
-def _text(fields: dict, name: str, optional: bool = False) -> Optional[str]:
+def _text(fields: Dict[str, Any], name: str, optional: bool = False) -> Optional[str]:
     value = fields.get(name)
     if value is None and optional:
         return None
@@ -78,14 +78,20 @@ def _text(fields: dict, name: str, optional: bool = False) -> Optional[str]:
     return value
 
 
-def _integer(fields: dict, name: str) -> int:
+def _required_text(fields: Dict[str, Any], name: str) -> str:
+    value = _text(fields, name)
+    assert value is not None  # _text refuses an absent required field
+    return value
+
+
+def _integer(fields: Dict[str, Any], name: str) -> int:
     value = fields.get(name)
     if not isinstance(value, int) or isinstance(value, bool):
         raise NotAnEvent(f"{name}: expected an integer, got {value!r}")
     return value
 
 
-def _uuid(fields: dict, name: str) -> UUID:
+def _uuid(fields: Dict[str, Any], name: str) -> UUID:
     value = fields.get(name)
     if isinstance(value, UUID):
         parsed = value
@@ -131,7 +137,7 @@ def event_from_fields(fields: Any, result_is_text: bool) -> WorkflowRunEvent:
         job_id=_uuid(fields, "job_id"),
         sequence=sequence,
         type=event_type,
-        workflow_name=_text(fields, "workflow_name"),
+        workflow_name=_required_text(fields, "workflow_name"),
         attempt=_integer(fields, "attempt"),
         occurred_at=occurred_at.astimezone(timezone.utc),
         step_name=_text(fields, "step_name", optional=True),
@@ -142,8 +148,8 @@ def event_from_fields(fields: Any, result_is_text: bool) -> WorkflowRunEvent:
     )
 
 
-def _optional_version(fields: dict) -> Optional[int]:
-    value = fields.get("workflow_version")
+def _optional_version(fields: Dict[str, Any]) -> Optional[int]:
+    value: object = fields.get("workflow_version")
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -159,7 +165,7 @@ def event_from_json(value: bytes) -> WorkflowRunEvent:
     return event_from_fields(fields, result_is_text=False)
 
 
-def _common_fields(event: WorkflowRunEvent) -> dict:
+def _common_fields(event: WorkflowRunEvent) -> Dict[str, Any]:
     return {
         "event_id": str(event.event_id),
         "job_id": str(event.job_id),
@@ -181,7 +187,7 @@ def event_to_json(event: WorkflowRunEvent) -> bytes:
     return json.dumps(document).encode()
 
 
-def event_to_avro_fields(event: WorkflowRunEvent) -> dict:
+def event_to_avro_fields(event: WorkflowRunEvent) -> Dict[str, Any]:
     """The fields an Avro serializer of ``WorkflowRunEvent.avsc`` takes (the
     result as JSON text, the time as a datetime)."""
     result = None if event.result is None else json.dumps(event.result)

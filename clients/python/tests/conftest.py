@@ -1,17 +1,18 @@
 """What the tests run against, from the environment.
 `client/tests/fleet.rs::the_python_package_passes_its_tests_against_the_fleet`
 starts a fleet (worker and relay binaries on topics of their own) and runs
-these tests with every variable set (`scripts/test` runs it)."""
+these tests with every variable set (`scripts/test` runs it), in a fresh
+virtual environment where the package is installed from its wheel
+(`scripts/python-package`), from outside the source tree and with no
+PYTHONPATH. To run them from the tree instead, set PYTHONPATH=clients/python."""
 
 import os
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 
