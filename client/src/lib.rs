@@ -13,7 +13,9 @@
 //!   events you [acknowledged](EventStream::ack).
 //!
 //! ```no_run
-//! use flotilla_client::{BrokerConfig, EventStream, EventStreamOptions, Submission, Submitter};
+//! use flotilla_client::{
+//!     BrokerConfig, EventStream, EventStreamOptions, StreamError, Submission, Submitter,
+//! };
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let broker = BrokerConfig::new("localhost:9092");
@@ -25,7 +27,27 @@
 //!
 //! let mut events = EventStream::subscribe(&broker, &EventStreamOptions::new("billing"))?;
 //! loop {
-//!     let delivery = events.next().await?;
+//!     let delivery = match events.next().await {
+//!         Ok(delivery) => delivery,
+//!         // Events before this one never arrived: note it, then go on with it.
+//!         Err(StreamError::Gap { job_id, expected, delivery, .. }) => {
+//!             eprintln!("job {job_id}: events from {expected} missing");
+//!             *delivery
+//!         }
+//!         // A record that is no event is skipped; the partition goes on.
+//!         Err(StreamError::Undecodable { reason, .. }) => {
+//!             eprintln!("skipped: {reason}");
+//!             continue;
+//!         }
+//!         // The broker or registry away: the same record comes again.
+//!         Err(StreamError::Unavailable(e)) => {
+//!             eprintln!("unavailable, trying again: {e}");
+//!             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+//!             continue;
+//!         }
+//!         // Settings that cannot work (Avro and no registry): stop.
+//!         Err(e) => return Err(e.into()),
+//!     };
 //!     let event = delivery.event();
 //!     println!("{} #{} {}", event.job_id(), event.sequence(), event.event_type());
 //!     events.ack(&delivery);
