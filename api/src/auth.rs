@@ -74,6 +74,8 @@ pub const ROUTE_SCOPES: &[(&str, &str, Scope)] = &[
         "/v1/jobs/{job_id}/steps/{step_name}/complete",
         Scope::Answer,
     ),
+    ("POST", "/v1/jobs/bulk/retry", Scope::Operate),
+    ("POST", "/v1/jobs/bulk/cancel", Scope::Operate),
     ("POST", "/v1/jobs/{job_id}/retry", Scope::Operate),
     ("POST", "/v1/jobs/{job_id}/cancel", Scope::Operate),
     ("GET", "/v1/workflows", Scope::Read),

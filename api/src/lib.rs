@@ -94,6 +94,8 @@ pub fn router(state: ApiState, settings: RouterSettings) -> Router {
             "/jobs/{job_id}/steps/{step_name}/complete",
             post(jobs::complete),
         )
+        .route("/jobs/bulk/retry", post(jobs::bulk::retry))
+        .route("/jobs/bulk/cancel", post(jobs::bulk::cancel))
         .route("/jobs/{job_id}/retry", post(jobs::retry))
         .route("/jobs/{job_id}/cancel", post(jobs::cancel))
         .route("/workflows", get(workflows::list))

@@ -14,12 +14,12 @@ use crate::{fleet, jobs, ops, problem, schedules, signals, views, workflows};
 #[openapi(
     info(title = "Flotilla", description = "Durable workflow jobs: submit, inspect, complete external steps, signal, schedule, operate."),
     paths(
-        jobs::submit, jobs::list, jobs::get, jobs::events, jobs::graph, jobs::graft, signals::send, signals::list, jobs::complete, jobs::retry, jobs::cancel,
+        jobs::submit, jobs::list, jobs::get, jobs::events, jobs::graph, jobs::graft, signals::send, signals::list, jobs::complete, jobs::retry, jobs::cancel, jobs::bulk::retry, jobs::bulk::cancel,
         workflows::put, workflows::list, workflows::get, workflows::versions,
         schedules::put, schedules::list, schedules::get, schedules::pause, schedules::resume, schedules::delete, fleet::fleet,
         ops::who_am_i, ops::healthz, ops::readyz, ops::metrics, openapi
     ),
-    components(schemas(flotilla_engine::ops::graph_view::GraphView, flotilla_engine::ops::graph_view::NodeView, flotilla_engine::ops::graph_view::NodeState, views::JobView, views::JobPageView, views::TimelineView, fleet::FleetView, fleet::ConsumerLag, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, jobs::GraftBody, jobs::GraftView, jobs::RetryBody, signals::SignalBody, signals::SignalView, signals::SignalsView, flotilla_engine::ops::signal::SignalReceipt, schedules::ScheduleBody, schedules::SchedulesView, flotilla_engine::ops::schedules::ScheduleView, flotilla_engine::ops::children::ChildLink, problem::ProblemDoc)),
+    components(schemas(flotilla_engine::ops::graph_view::GraphView, flotilla_engine::ops::graph_view::NodeView, flotilla_engine::ops::graph_view::NodeState, views::JobView, views::JobPageView, views::TimelineView, fleet::FleetView, fleet::ConsumerLag, jobs::SubmitBody, jobs::CompleteBody, jobs::CancelBody, jobs::GraftBody, jobs::GraftView, jobs::RetryBody, jobs::bulk::BulkBody, jobs::bulk::FilterBody, jobs::bulk::BulkView, signals::SignalBody, signals::SignalView, signals::SignalsView, flotilla_engine::ops::signal::SignalReceipt, schedules::ScheduleBody, schedules::SchedulesView, flotilla_engine::ops::schedules::ScheduleView, flotilla_engine::ops::children::ChildLink, problem::ProblemDoc)),
     modifiers(&BearerAuth, &SharedResponses)
 )]
 pub struct ApiDoc;

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::failure::Failure;
-use crate::{client, dlq, jobs, produce, schedules, tail, workflows};
+use crate::{bulk, client, dlq, jobs, produce, schedules, tail, workflows};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -65,21 +65,28 @@ pub(crate) enum Command {
         api: client::ApiArgs,
         job_id: String,
     },
-    /// Retry a DEAD, FAILED or CANCELLED job.
+    /// Retry a DEAD, FAILED or CANCELLED job, or every job a filter
+    /// matches (`--status`, `--workflow`, `--created-after`,
+    /// `--created-before`; `--dry-run` only counts).
     Retry {
         #[command(flatten)]
         api: client::ApiArgs,
-        job_id: String,
+        job_id: Option<String>,
+        #[command(flatten)]
+        filter: bulk::FilterArgs,
         /// Move it to this stored version of its workflow (a number, or
         /// `latest`), keeping the checkpoints of the steps that did not change.
         #[arg(long)]
         workflow_version: Option<String>,
     },
-    /// Cancel a job (a RUNNING one is ended by its worker at its next heartbeat, or sooner when it parks, sleeps or ends).
+    /// Cancel a job (a RUNNING one is ended by its worker at its next heartbeat, or sooner when it parks, sleeps or ends),
+    /// or every job a filter matches (as for retry).
     Cancel {
         #[command(flatten)]
         api: client::ApiArgs,
-        job_id: String,
+        job_id: Option<String>,
+        #[command(flatten)]
+        filter: bulk::FilterArgs,
         #[arg(long)]
         reason: Option<String>,
     },
@@ -134,17 +141,44 @@ impl Command {
             Command::Retry {
                 api,
                 job_id,
+                filter,
                 workflow_version,
-            } => jobs::retry(&api, &job_id, workflow_version).await,
+            } => match one_or_filter(job_id, &filter)? {
+                Some(job_id) => jobs::retry(&api, &job_id, workflow_version).await,
+                None if workflow_version.is_some() => Err(Failure::usage(anyhow::anyhow!(
+                    "--workflow-version moves one job: give its id, not a filter"
+                ))),
+                None => bulk::run(&api, "retry", filter, None).await,
+            },
             Command::Cancel {
                 api,
                 job_id,
+                filter,
                 reason,
-            } => jobs::verb(&api, &job_id, "cancel", reason).await,
+            } => match one_or_filter(job_id, &filter)? {
+                Some(job_id) => jobs::verb(&api, &job_id, "cancel", reason).await,
+                None => bulk::run(&api, "cancel", filter, reason).await,
+            },
             Command::Workflows { api, command } => workflows::run(&api, command).await,
             Command::Schedules { api, command } => schedules::run(&api, command).await,
             Command::Tail(args) => tail::run(args).await,
             Command::Dlq(args) => dlq::run(args).await,
         }
+    }
+}
+
+/// A job id, or `None` for a filter: one of the two, not both.
+fn one_or_filter(
+    job_id: Option<String>,
+    filter: &bulk::FilterArgs,
+) -> Result<Option<String>, Failure> {
+    match (job_id, filter.given()) {
+        (Some(_), true) => Err(Failure::usage(anyhow::anyhow!(
+            "give a job id or a filter (--status, --workflow, --created-after, --created-before, --dry-run), not both"
+        ))),
+        (None, false) => Err(Failure::usage(anyhow::anyhow!(
+            "give a job id, or a filter (--status, --workflow, --created-after, --created-before)"
+        ))),
+        (job_id, _) => Ok(job_id),
     }
 }

@@ -5,6 +5,7 @@
 //! usage or input; 3 not found; 4 conflict or wrong state; 5 not authorised;
 //! 6 (`tail --until-terminal`) the job ended other than COMPLETED.
 
+mod bulk;
 mod client;
 mod commands;
 mod dlq;

@@ -216,3 +216,99 @@ async fn the_cli_signals_a_waiting_job_and_manages_a_schedule(pool: PgPool) {
     .await
     .expect("the CLI test timed out");
 }
+
+/// `retry` and `cancel` by filter: a dry run counts, the verb acts, and a
+/// job id with a filter, or neither, is a usage error.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_cli_retries_and_cancels_by_filter(pool: PgPool) {
+    use flotilla_worker::engine::{RefusalMode, Submission, WorkflowRef};
+    let app = TestApp::spawn_with(
+        pool.clone(),
+        &["--worker-count", "0"],
+        flotilla_worker::test_support::echo_targets(),
+    )
+    .await;
+    let strict = json!({"name": "strict", "input_schema": {"type": "object", "required": ["order"]},
+        "steps": [{"name": "only", "target": "echo", "method": "go"}]});
+    app.engine.register_workflow(&strict).await.unwrap();
+    for _ in 0..30 {
+        let submission = Submission {
+            priority: 0,
+            job_id: uuid::Uuid::new_v4(),
+            workflow: WorkflowRef::Stored("strict".into()),
+            input: json!({}),
+            traceparent: None,
+            tracestate: None,
+        };
+        app.engine
+            .submit(submission, RefusalMode::Record)
+            .await
+            .unwrap();
+    }
+    let env = vec![
+        ("FLOTILLA_URL", app.url.clone()),
+        ("FLOTILLA_TOKEN", TEST_TOKEN.to_owned()),
+    ];
+    let args = |list: &[&str]| list.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    let (code, out) = flotilla(
+        env.clone(),
+        args(&[
+            "retry",
+            "--status",
+            "FAILED",
+            "--workflow",
+            "strict",
+            "--dry-run",
+        ]),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out:?}");
+    assert!(
+        out.contains(&"30 job(s) match; nothing changed (dry run)".to_owned()),
+        "{out:?}"
+    );
+    let (code, out) = flotilla(
+        env.clone(),
+        args(&["retry", "--status", "FAILED", "--workflow", "strict"]),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out:?}");
+    assert!(
+        out.contains(&"30 job(s) matched, 30 retry, 0 passed over".to_owned()),
+        "{out:?}"
+    );
+    let (code, out) = flotilla(
+        env.clone(),
+        args(&[
+            "cancel",
+            "--status",
+            "QUEUED",
+            "--reason",
+            "bad deploy",
+            "--json",
+        ]),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out:?}");
+    let outcome: Value =
+        serde_json::from_str(out.iter().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(
+        (&outcome["matched"], &outcome["changed"]),
+        (&json!(30), &json!(30)),
+        "{outcome}"
+    );
+
+    for wrong in [
+        vec!["retry"],
+        vec![
+            "cancel",
+            "8b0c6f2e-8a39-4d1e-9c39-6a7c0f1d2e3f",
+            "--status",
+            "QUEUED",
+        ],
+    ] {
+        let (code, out) = flotilla(env.clone(), args(&wrong)).await;
+        assert_eq!(code, Some(2), "{wrong:?}: {out:?}");
+    }
+    app.stop().await;
+}

@@ -4,6 +4,7 @@
 //! to problems in [`crate::errors`]. The 401, 403 and 503 answers every route shares are
 //! added to the document in [`crate::openapi`].
 
+pub(crate) mod bulk;
 mod waits;
 
 use axum::Extension;

@@ -137,6 +137,8 @@ async fn the_openapi_document_describes_exactly_the_routes_the_router_serves(poo
         ("POST", "/v1/jobs/{job_id}/steps/{step_name}/complete"),
         ("POST", "/v1/jobs/{job_id}/retry"),
         ("POST", "/v1/jobs/{job_id}/cancel"),
+        ("POST", "/v1/jobs/bulk/retry"),
+        ("POST", "/v1/jobs/bulk/cancel"),
         ("PUT", "/v1/workflows/{name}"),
         ("GET", "/v1/workflows"),
         ("GET", "/v1/workflows/{name}"),

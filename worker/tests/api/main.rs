@@ -2,6 +2,7 @@
 //! worker (`TestApp`) without claim loops, so jobs stay where a test puts them.
 
 mod auth;
+mod bulk;
 mod console;
 mod document;
 mod jobs;

@@ -1,4 +1,7 @@
-//! Operator verbs: retry a finished-for-good job, cancel one that waits.
+//! Operator verbs: retry a finished-for-good job, cancel one that waits;
+//! `bulk.rs` does either to every job a filter matches.
+
+pub mod bulk;
 
 use uuid::Uuid;
 
