@@ -6,6 +6,9 @@
 //!   id, Avro through the Schema Registry or JSON, the current span's
 //!   `traceparent` attached) or through a worker's HTTP API, and returns
 //!   once the request is durable.
+//! - [`Jobs`] reads and acts on jobs already submitted through the API:
+//!   get, list, wait for one, cancel, retry, signal, complete a step,
+//!   events, and retry or cancel many by filter.
 //! - [`EventStream`] consumes `workflow-run-events` and yields each job's
 //!   events once and in `sequence` order: repeats are dropped, a skipped
 //!   sequence is reported as [`StreamError::Gap`], both encodings decode to
@@ -68,6 +71,7 @@
 mod acks;
 mod bulk;
 mod ends;
+mod jobs;
 mod order;
 mod outcome;
 mod stream;
@@ -79,6 +83,7 @@ pub use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRun
 pub use flotilla_runtime::BrokerConfig;
 pub use flotilla_runtime::kafka::GroupProtocol;
 pub use flotilla_runtime::registry::RegistryConfig;
+pub use jobs::{Job, JobFilter, JobPage, Jobs, JobsError, ROUTES as JOBS_ROUTES};
 pub use order::{JobSequences, Verdict, classify};
 pub use outcome::WaitError;
 pub use secrecy::SecretString;

@@ -228,6 +228,113 @@ async fn submit_all_sends_many_at_once_and_a_refused_one_fails_alone(pool: PgPoo
     .expect("the test timed out");
 }
 
+/// `Jobs`, every verb against a fleet: a job waited on while parked, then
+/// signalled and waited on to its end; a step completed; list, events,
+/// cancel, retry, the bulk dry run and schedules; a missing job and a
+/// finished one's cancel classed. And every route it calls is in the
+/// API's own OpenAPI document.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn the_jobs_client_drives_every_verb_and_its_routes_are_the_apis(pool: PgPool) {
+    use flotilla_client::{JOBS_ROUTES, JobFilter, Jobs, JobsError};
+    tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
+        let fleet = Fleet::start(&pool).await;
+        let jobs = Jobs::new(&fleet.api_url, Some(SecretString::from(TOKEN))).unwrap();
+        let api = Submitter::api(&fleet.api_url, Some(SecretString::from(TOKEN))).unwrap();
+        let submit = async |workflow: &str| {
+            let submission = Submission::new(workflow, &serde_json::json!({})).unwrap();
+            api.submit(&submission).await.unwrap().job_id()
+        };
+        let until_waiting = async |job_id: Uuid| {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let job = jobs.get(job_id).await.unwrap();
+                if job.status == "WAITING" {
+                    return job;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "{job:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+
+        let parked = submit("parked").await;
+        let waiting = until_waiting(parked).await;
+        assert_eq!(waiting.outstanding_step.as_deref(), Some("hold"));
+        let receipt = jobs
+            .signal(parked, "go", &serde_json::json!({"ok": true}), Some("k1"))
+            .await
+            .unwrap();
+        assert!(receipt.is_object(), "{receipt}");
+        let done = jobs.wait(parked, Duration::from_secs(20)).await.unwrap();
+        assert!(done.is_finished() && done.status == "COMPLETED", "{done:?}");
+
+        let approval = submit("approval").await;
+        until_waiting(approval).await;
+        jobs.complete_step(approval, "approve", &serde_json::json!({"ok": true}))
+            .await
+            .unwrap();
+        assert_eq!(
+            jobs.wait(approval, Duration::from_secs(20))
+                .await
+                .unwrap()
+                .status,
+            "COMPLETED"
+        );
+
+        let filter = JobFilter {
+            workflow_name: Some("parked".into()),
+            ..JobFilter::default()
+        };
+        let page = jobs.list(&filter, 10, None).await.unwrap();
+        assert!(page.jobs.iter().any(|job| job.job_id == parked), "{page:?}");
+        let events = jobs.events(parked).await.unwrap();
+        assert_eq!(events[0]["event_type"], "ACCEPTED", "{events:?}");
+
+        let cancelled = submit("parked").await;
+        until_waiting(cancelled).await;
+        assert_eq!(
+            jobs.cancel(cancelled, Some("not needed"))
+                .await
+                .unwrap()
+                .status,
+            "CANCELLED"
+        );
+        let again = jobs.cancel(cancelled, None).await;
+        assert!(matches!(again, Err(JobsError::Conflict(_))), "{again:?}");
+        assert_eq!(jobs.retry(cancelled).await.unwrap().status, "QUEUED");
+        let missing = jobs.get(Uuid::new_v4()).await;
+        assert!(
+            matches!(missing, Err(JobsError::NotFound(_))),
+            "{missing:?}"
+        );
+        let counted = jobs.bulk(&filter, true, true).await.unwrap();
+        assert_eq!(
+            (counted["dry_run"].clone(), counted["changed"].clone()),
+            (serde_json::json!(true), serde_json::json!(0))
+        );
+        assert!(counted["matched"].as_u64().unwrap() >= 1, "{counted}");
+        let empty = jobs.bulk(&JobFilter::default(), false, true).await;
+        assert!(matches!(empty, Err(JobsError::Rejected(_))), "{empty:?}");
+        assert!(jobs.schedules().await.unwrap()["schedules"].is_array());
+
+        // The client's routes are the API's.
+        let document: serde_json::Value = reqwest::get(format!("{}/openapi.json", fleet.api_url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for (method, path) in JOBS_ROUTES {
+            assert!(
+                document["paths"][path][method.to_lowercase()].is_object(),
+                "{method} {path} is not in the API's OpenAPI document"
+            );
+        }
+        fleet.stop().await;
+    })
+    .await
+    .expect("the test timed out");
+}
+
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn each_refusal_is_classified_once_rejected_or_unavailable(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {

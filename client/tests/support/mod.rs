@@ -79,6 +79,8 @@ impl Fleet {
                    "steps": [{"name": "pack", "target": "svc", "method": "pack"}]}),
             json!({"name": "parked", "input_schema": {},
                    "steps": [{"name": "hold", "wait_for": "go"}]}),
+            json!({"name": "approval", "input_schema": {},
+                   "steps": [{"name": "approve", "target": "svc", "method": "pack", "completion": "external"}]}),
         ];
         for definition in others {
             let file = format!("workflows/{}.json", definition["name"].as_str().unwrap());
