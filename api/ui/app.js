@@ -564,9 +564,58 @@
     const count = el('span', { id: 'jobs-count', class: 'muted' });
     const loadMore = el('button', { id: 'load-more', type: 'button', class: 'secondary', hidden: true }, 'Load more');
 
+    // --- every job the filters match, at once: counted first (a dry run),
+    // then acted on only once the operator confirms that count.
+    const filtered = ['status', 'workflow_name', 'created_after', 'created_before'].some((k) => filters[k]);
+    const bulkOutcome = el('span', { id: 'bulk-outcome', class: 'muted', role: 'status' });
+    const bulkConfirm = el('button', { id: 'bulk-confirm', type: 'button', class: 'danger', hidden: true });
+    const bulkBar = el('div', { id: 'bulk', class: 'toolbar', hidden: !(filtered && can('operate')) },
+      el('span', { class: 'muted' }, 'All matching: '),
+      el('button', { id: 'bulk-retry', type: 'button', class: 'secondary', onclick: () => bulkCount('retry') }, 'Retry all'),
+      el('button', { id: 'bulk-cancel', type: 'button', class: 'secondary', onclick: () => bulkCount('cancel') }, 'Cancel all'),
+      bulkConfirm, bulkOutcome);
+    const bulkBody = (dryRun) => {
+      const filter = {};
+      for (const k of ['status', 'workflow_name', 'created_after', 'created_before']) if (filters[k]) filter[k] = filters[k];
+      return { filter, dry_run: dryRun };
+    };
+    const bulkCount = async (verb) => {
+      bulkConfirm.hidden = true;
+      try {
+        const counted = await api('POST', `/v1/jobs/bulk/${verb}`, { body: bulkBody(true) });
+        if (!ctx.alive) return;
+        bulkOutcome.textContent = `${counted.matched}${counted.more ? '+' : ''} job(s) match.`;
+        bulkConfirm.textContent = `${verb === 'retry' ? 'Retry' : 'Cancel'} ${counted.matched} job(s)`;
+        bulkConfirm.onclick = () => bulkAct(verb);
+        bulkConfirm.hidden = counted.matched === 0;
+      } catch (e) {
+        if (!e.authFailed) bulkOutcome.textContent = `Refused: ${e.message}`;
+      }
+    };
+    const bulkAct = async (verb) => {
+      bulkConfirm.hidden = true;
+      try {
+        const done = await api('POST', `/v1/jobs/bulk/${verb}`, { body: bulkBody(false) });
+        if (!ctx.alive) return;
+        const acted = verb === 'retry' ? 'retried' : 'cancelled';
+        bulkOutcome.textContent = `${done.changed} ${acted}, ${done.passed_over} passed over${done.more ? '; more match: again' : ''}.`;
+        // The list again from its first page: the jobs acted on may no
+        // longer match the filters.
+        for (const { tr } of rows.values()) tr.remove();
+        rows.clear();
+        const first = await fetchPage(undefined, false);
+        if (!ctx.alive) return;
+        nextCursor = first.next_cursor ?? null;
+        appendPage(first.jobs || []);
+        renderCount();
+      } catch (e) {
+        if (!e.authFailed) bulkOutcome.textContent = `Refused: ${e.message}`;
+      }
+    };
+
     replaceContent(view, ...page('Jobs',
       el('div', { class: 'page-head' }, el('h1', null, 'Jobs'), el('label', { class: 'inline live' }, live, ' Live refresh')),
-      filterForm, searchForm, table, el('div', { class: 'table-foot' }, count, loadMore)));
+      filterForm, bulkBar, searchForm, table, el('div', { class: 'table-foot' }, count, loadMore)));
 
     const rows = new Map(); // job_id → {tr, job}
     let nextCursor = null;

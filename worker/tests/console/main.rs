@@ -580,3 +580,50 @@ async fn a_job_waiting_on_a_kafka_target_shows_its_request(pool: PgPool) {
     })
     .await;
 }
+
+/// With a filter applied, the jobs page counts every matching job (a dry
+/// run), says how many, and retries them all only once that count is
+/// confirmed.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn every_job_a_filter_matches_is_counted_then_retried_from_the_jobs_page(pool: PgPool) {
+    use flotilla_worker::engine::{RefusalMode, Submission, WorkflowRef};
+    within_timeout(async {
+        let app = worker(&pool, "0").await;
+        let strict = json!({"name": "strict", "input_schema": {"type": "object", "required": ["order"]},
+            "steps": [{"name": "only", "target": "echo", "method": "go"}]});
+        put_created(&app, "/v1/workflows/strict", &strict).await;
+        let mut failed = Vec::new();
+        for _ in 0..3 {
+            let job_id = Uuid::new_v4();
+            let submission = Submission {
+                priority: 0,
+                job_id,
+                workflow: WorkflowRef::Stored("strict".into()),
+                input: json!({}),
+                traceparent: None,
+                tracestate: None,
+            };
+            app.engine.submit(submission, RefusalMode::Record).await.unwrap();
+            failed.push(job_id);
+        }
+
+        let browser = Browser::start(&app.url).await;
+        browser.sign_in(TEST_TOKEN).await;
+        browser.open("#/jobs?status=FAILED&workflow_name=strict").await;
+        browser.find("#bulk:not([hidden])").await;
+        browser.click("#bulk-retry").await;
+        browser.text_until("#bulk-outcome", |t| t.contains("3 job(s) match")).await;
+        for job_id in &failed {
+            assert_eq!(status_of(&app, *job_id).await, "FAILED", "a count changes nothing");
+        }
+        browser.click("#bulk-confirm").await;
+        let done = browser.text_until("#bulk-outcome", |t| t.contains("retried")).await;
+        assert!(done.starts_with("3 retried, 0 passed over"), "{done}");
+        for job_id in &failed {
+            wait_for_status(&app, *job_id, "QUEUED").await;
+        }
+        browser.screenshot("jobs-bulk-retry").await;
+        browser.close().await;
+    })
+    .await;
+}
