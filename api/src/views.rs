@@ -25,6 +25,9 @@ pub struct JobView {
     pub max_attempts: i32,
     /// The request's priority, 0 to 10 (a head start in the queue).
     pub priority: i16,
+    /// The caller's labels on the job (strings by key), if it has any.
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Value>,
     /// Each step's failed attempts so far: step → count.
     #[schema(value_type = Object)]
     pub failed_attempts: Value,
@@ -103,6 +106,7 @@ impl From<RunRow> for JobView {
             max_attempts: row.max_attempts,
             failed_attempts: row.failed_attempts.0,
             priority: row.priority,
+            metadata: row.metadata.map(|m| m.0),
             expires_at: row.expires_at,
             concurrency_key: row.concurrency_key,
             // Kept on the row after it ends; a finished job holds nothing.

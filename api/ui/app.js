@@ -496,7 +496,7 @@
   // View: Jobs
   // ---------------------------------------------------------------------------
 
-  const JOB_FILTERS = ['status', 'workflow_name', 'created_after', 'created_before', 'limit'];
+  const JOB_FILTERS = ['status', 'workflow_name', 'created_after', 'created_before', 'metadata', 'limit'];
 
   function jobRow(job) {
     const id = String(job.job_id);
@@ -507,6 +507,16 @@
       el('td', { class: 'cell-attempt num' }, `${job.attempt ?? '—'}/${job.max_attempts ?? '—'}`),
       el('td', null, timeEl(job.created_at)),
       el('td', { class: 'cell-updated' }, timeEl(job.updated_at)));
+  }
+
+  // `key=value, key=value` as the JSON object the API filters by ('' for none).
+  function metadataFilter(text) {
+    const entries = {};
+    for (const part of String(text).split(',')) {
+      const at = part.indexOf('=');
+      if (at > 0) entries[part.slice(0, at).trim()] = part.slice(at + 1).trim();
+    }
+    return Object.keys(entries).length ? JSON.stringify(entries) : '';
   }
 
   async function jobsView(ctx, view, params) {
@@ -520,6 +530,11 @@
     const wfInput = el('input', { id: 'filter-workflow', type: 'text', value: filters.workflow_name || '', placeholder: 'workflow name' });
     const afterInput = el('input', { id: 'filter-after', type: 'datetime-local', value: toLocalInput(filters.created_after) });
     const beforeInput = el('input', { id: 'filter-before', type: 'datetime-local', value: toLocalInput(filters.created_before) });
+    // Labels as `key=value, key=value`; the API takes them as a JSON object.
+    const labelsOf = (raw) => {
+      try { return Object.entries(JSON.parse(raw || '{}')).map(([k, v]) => `${k}=${v}`).join(', '); } catch { return ''; }
+    };
+    const metaInput = el('input', { id: 'filter-metadata', type: 'text', value: labelsOf(filters.metadata), placeholder: 'key=value, key=value' });
     const filterForm = el('form', { id: 'jobs-filter', class: 'toolbar', onsubmit: (e) => {
       e.preventDefault();
       const next = {
@@ -527,6 +542,7 @@
         workflow_name: wfInput.value.trim(),
         created_after: afterInput.value ? new Date(afterInput.value).toISOString() : '',
         created_before: beforeInput.value ? new Date(beforeInput.value).toISOString() : '',
+        metadata: metadataFilter(metaInput.value),
         limit: filters.limit,
       };
       navigate(`#/jobs${query(next)}`);
@@ -535,6 +551,7 @@
     el('label', { class: 'inline' }, 'Workflow ', wfInput),
     el('label', { class: 'inline' }, 'Created after ', afterInput),
     el('label', { class: 'inline' }, 'before ', beforeInput),
+    el('label', { class: 'inline' }, 'Metadata ', metaInput),
     el('button', { id: 'filter-apply', type: 'submit' }, 'Apply'),
     el('button', { id: 'filter-clear', type: 'button', class: 'secondary', onclick: () => navigate('#/jobs') }, 'Clear'));
 
@@ -566,7 +583,7 @@
 
     // --- every job the filters match, at once: counted first (a dry run),
     // then acted on only once the operator confirms that count.
-    const filtered = ['status', 'workflow_name', 'created_after', 'created_before'].some((k) => filters[k]);
+    const filtered = ['status', 'workflow_name', 'created_after', 'created_before', 'metadata'].some((k) => filters[k]);
     const bulkOutcome = el('span', { id: 'bulk-outcome', class: 'muted', role: 'status' });
     const bulkConfirm = el('button', { id: 'bulk-confirm', type: 'button', class: 'danger', hidden: true });
     const bulkBar = el('div', { id: 'bulk', class: 'toolbar', hidden: !(filtered && can('operate')) },
@@ -577,6 +594,9 @@
     const bulkBody = (dryRun) => {
       const filter = {};
       for (const k of ['status', 'workflow_name', 'created_after', 'created_before']) if (filters[k]) filter[k] = filters[k];
+      if (filters.metadata) {
+        try { filter.metadata = JSON.parse(filters.metadata); } catch { /* the API's list says what is wrong */ }
+      }
       return { filter, dry_run: dryRun };
     };
     const bulkCount = async (verb) => {
@@ -759,6 +779,7 @@
     };
     const f = {
       workflow: field('Workflow', 'job-workflow'),
+      metadata: field('Metadata', 'job-metadata'),
       attempt: field('Attempt', 'job-attempt'),
       failed: field('Failed attempts', 'job-failed-attempts'),
       concurrency: field('Concurrency key', 'job-concurrency'),
@@ -831,6 +852,8 @@
       f.attempt.dd.textContent = `${job.attempt ?? '—'} / ${job.max_attempts ?? '—'}`;
       // Each step counts its failed attempts apart (its retry policy).
       const failed = job.failed_attempts && typeof job.failed_attempts === 'object' ? Object.entries(job.failed_attempts) : [];
+      const labels = Object.entries(job.metadata || {});
+      f.metadata.dd.textContent = labels.length === 0 ? '—' : labels.map(([k, v]) => `${k}=${v}`).join(', ');
       f.failed.dd.textContent = failed.length === 0 ? '—' : failed.map(([step, n]) => `${step}: ${n}`).join(', ');
       // A job of a concurrency key holds a slot from its first step until
       // it ends; one without waits for one (its error says why).

@@ -1,5 +1,5 @@
 //! `flotilla retry` and `cancel` by filter: `--status`, `--workflow`,
-//! `--created-after`, `--created-before` instead of a job id, `--dry-run`
+//! `--created-after`, `--created-before`, `--metadata` instead of a job id, `--dry-run`
 //! to only count (`POST /v1/jobs/bulk/{retry,cancel}`).
 
 use clap::Args;
@@ -25,6 +25,9 @@ pub(crate) struct FilterArgs {
     /// Jobs created before this time (RFC 3339).
     #[arg(long)]
     created_before: Option<String>,
+    /// Jobs labelled `key=value`; give it again for more.
+    #[arg(long = "metadata", value_name = "KEY=VALUE")]
+    metadata: Vec<String>,
     /// Only count the jobs the filter matches; change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -37,6 +40,7 @@ impl FilterArgs {
             || self.workflow_name.is_some()
             || self.created_after.is_some()
             || self.created_before.is_some()
+            || !self.metadata.is_empty()
             || self.dry_run
     }
 }
@@ -54,6 +58,7 @@ pub(crate) async fn run(
             "workflow_name": filter.workflow_name,
             "created_after": filter.created_after,
             "created_before": filter.created_before,
+            "metadata": crate::jobs::metadata_arg(&filter.metadata)?,
         },
         "dry_run": filter.dry_run,
     });

@@ -43,6 +43,9 @@ pub(crate) struct SubmitArgs {
     /// The job id (idempotency key).
     #[arg(long)]
     job_id: Option<Uuid>,
+    /// A label on the job, `key=value`; give it again for more.
+    #[arg(long = "metadata", value_name = "KEY=VALUE")]
+    metadata: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -55,6 +58,24 @@ pub(crate) struct ListArgs {
     limit: i64,
     #[arg(long)]
     cursor: Option<String>,
+    /// Only jobs labelled `key=value`; give it again for more.
+    #[arg(long = "metadata", value_name = "KEY=VALUE")]
+    metadata: Vec<String>,
+}
+
+/// `--metadata key=value` flags as a JSON object; `None` for none.
+pub(crate) fn metadata_arg(pairs: &[String]) -> Result<Option<Value>, Failure> {
+    if pairs.is_empty() {
+        return Ok(None);
+    }
+    let mut entries = serde_json::Map::new();
+    for pair in pairs {
+        let (key, value) = pair.split_once('=').ok_or_else(|| {
+            Failure::usage(anyhow::anyhow!("--metadata {pair:?} is not key=value"))
+        })?;
+        entries.insert(key.to_owned(), Value::String(value.to_owned()));
+    }
+    Ok(Some(Value::Object(entries)))
 }
 
 fn print_jobs(jobs: &[Value]) {
@@ -108,6 +129,9 @@ pub(crate) async fn submit(api: &ApiArgs, args: SubmitArgs) -> Result<(), Failur
     }
     if let Some(priority) = args.priority {
         body["priority"] = json!(priority);
+    }
+    if let Some(metadata) = metadata_arg(&args.metadata)? {
+        body["metadata"] = metadata;
     }
     let job = api.call(Method::POST, "/v1/jobs", Some(&body)).await?;
     show(api, &job, |job| {
@@ -223,19 +247,23 @@ pub(crate) async fn graph(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
 }
 
 pub(crate) async fn list(api: &ApiArgs, args: ListArgs) -> Result<(), Failure> {
-    let mut query = vec![format!("limit={}", args.limit)];
+    let metadata = metadata_arg(&args.metadata)?.map(|m| m.to_string());
+    // Encoded as a form would be: names and labels may hold any text.
+    let mut url = reqwest::Url::parse("http://query.invalid/v1/jobs").expect("a fixed URL");
+    url.query_pairs_mut()
+        .append_pair("limit", &args.limit.to_string());
     for (key, value) in [
         ("status", args.status),
         ("workflow_name", args.workflow),
         ("cursor", args.cursor),
+        ("metadata", metadata),
     ] {
         if let Some(value) = value {
-            query.push(format!("{key}={value}"));
+            url.query_pairs_mut().append_pair(key, &value);
         }
     }
-    let page = api
-        .call(Method::GET, &format!("/v1/jobs?{}", query.join("&")), None)
-        .await?;
+    let path = format!("/v1/jobs?{}", url.query().unwrap_or_default());
+    let page = api.call(Method::GET, &path, None).await?;
     show(api, &page, |page| {
         print_jobs(page["jobs"].as_array().map_or(&[], Vec::as_slice));
         if let Some(cursor) = page["next_cursor"].as_str() {

@@ -233,6 +233,7 @@ async fn the_cli_retries_and_cancels_by_filter(pool: PgPool) {
     app.engine.register_workflow(&strict).await.unwrap();
     for _ in 0..30 {
         let submission = Submission {
+            metadata: None,
             priority: 0,
             job_id: uuid::Uuid::new_v4(),
             workflow: WorkflowRef::Stored("strict".into()),
@@ -297,6 +298,52 @@ async fn the_cli_retries_and_cancels_by_filter(pool: PgPool) {
         (&json!(30), &json!(30)),
         "{outcome}"
     );
+
+    // Labels: given at submit, searched by list, used by a bulk filter.
+    let (code, out) = flotilla(
+        env.clone(),
+        args(&[
+            "submit",
+            "--workflow",
+            "strict",
+            "--input",
+            r#"{"order": 1}"#,
+            "--metadata",
+            "team=ops",
+            "--metadata",
+            "batch=7",
+        ]),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out:?}");
+    let labelled = out.last().unwrap().trim().to_owned();
+    let (code, out) = flotilla(
+        env.clone(),
+        args(&["list", "--metadata", "team=ops", "--json"]),
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out:?}");
+    let page: Value =
+        serde_json::from_str(out.iter().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    let listed: Vec<&str> = page["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["job_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [labelled.as_str()], "{page}");
+    assert_eq!(
+        page["jobs"][0]["metadata"],
+        json!({"batch": "7", "team": "ops"})
+    );
+    let (code, out) = flotilla(env.clone(), args(&["cancel", "--metadata", "team=ops"])).await;
+    assert_eq!(code, Some(0), "{out:?}");
+    assert!(
+        out.contains(&"1 job(s) matched, 1 cancel, 0 passed over".to_owned()),
+        "{out:?}"
+    );
+    let (code, out) = flotilla(env.clone(), args(&["list", "--metadata", "team"])).await;
+    assert_eq!(code, Some(2), "not key=value: {out:?}");
 
     for wrong in [
         vec!["retry"],

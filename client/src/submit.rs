@@ -32,6 +32,7 @@ pub struct Submission {
     input: serde_json::Value,
     workflow_version: Option<i32>,
     priority: Option<i32>,
+    metadata: Option<flotilla_contracts::Metadata>,
     traceparent: Option<(String, Option<String>)>,
 }
 
@@ -50,6 +51,7 @@ impl Submission {
             input,
             workflow_version: None,
             priority: None,
+            metadata: None,
             traceparent: None,
         })
     }
@@ -66,6 +68,20 @@ impl Submission {
     #[must_use]
     pub fn with_priority(mut self, priority: i32) -> Self {
         self.priority = Some(priority);
+        self
+    }
+
+    /// Labels the job (`customer` → `ada`): kept with it, echoed on its
+    /// events, searchable in the API. At most 16 entries; keys of letters,
+    /// digits, `_`, `-` and `.`; values up to 256 characters (checked when
+    /// it is submitted).
+    #[must_use]
+    pub fn with_metadata<K: Into<String>, V: Into<String>>(
+        mut self,
+        entries: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        let metadata = self.metadata.get_or_insert_with(Default::default);
+        metadata.extend(entries.into_iter().map(|(k, v)| (k.into(), v.into())));
         self
     }
 
@@ -95,6 +111,7 @@ impl Submission {
         WorkflowRunRequest::new(self.job_id, &self.workflow_name, self.input.clone())
             .and_then(|request| request.with_workflow_version(self.workflow_version))
             .and_then(|request| request.with_priority(self.priority))
+            .and_then(|request| request.with_metadata(self.metadata.clone()))
             .map_err(|e| SubmitError::Rejected(e.to_string()))
     }
 
@@ -373,6 +390,9 @@ pub(crate) async fn submit_to_api(
     }
     if let Some(version) = request.workflow_version() {
         body["workflow_version"] = serde_json::json!(version);
+    }
+    if let Some(metadata) = request.metadata() {
+        body["metadata"] = serde_json::json!(metadata);
     }
     let mut call = client.post(&url).json(&body);
     if let Some(wait) = prefer_wait {

@@ -316,6 +316,36 @@ async fn the_jobs_client_drives_every_verb_and_its_routes_are_the_apis(pool: PgP
         assert!(matches!(empty, Err(JobsError::Rejected(_))), "{empty:?}");
         assert!(jobs.schedules().await.unwrap()["schedules"].is_array());
 
+        // Labels sent through Kafka are kept, searchable and echoed on events.
+        let kafka = Submitter::kafka(&support::broker())
+            .unwrap()
+            .with_request_topic(&fleet.request_topic);
+        let labelled = Submission::new(WORKFLOW, &serde_json::json!({}))
+            .unwrap()
+            .with_metadata([("customer", "ada")]);
+        kafka.submit(&labelled).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let job = loop {
+            match jobs.wait(labelled.job_id(), Duration::from_secs(10)).await {
+                Ok(job) if job.is_finished() => break job,
+                Ok(_) | Err(JobsError::NotFound(_)) => {}
+                Err(e) => panic!("{e}"),
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the labelled job never finished"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(job.rest["metadata"], serde_json::json!({"customer": "ada"}));
+        let events = jobs.events(labelled.job_id()).await.unwrap();
+        assert!(
+            events
+                .iter()
+                .all(|e| e["metadata"] == serde_json::json!({"customer": "ada"})),
+            "{events:?}"
+        );
+
         // The client's routes are the API's.
         let document: serde_json::Value = reqwest::get(format!("{}/openapi.json", fleet.api_url))
             .await

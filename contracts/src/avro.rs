@@ -111,6 +111,7 @@ impl AvroMessage for WorkflowRunRequest {
                 optional_int(self.workflow_version()),
             ),
             ("priority".into(), optional_int(self.priority())),
+            ("metadata".into(), optional_map(self.metadata())),
         ])
     }
 
@@ -121,9 +122,11 @@ impl AvroMessage for WorkflowRunRequest {
         let input = record.json("input")?;
         let version = record.optional_int("workflow_version")?;
         let priority = record.optional_int("priority")?;
+        let metadata = record.optional_map("metadata")?;
         Ok(Self::new(job_id, workflow_name, input)?
             .with_workflow_version(version)?
-            .with_priority(priority)?)
+            .with_priority(priority)?
+            .with_metadata(metadata)?)
     }
 }
 
@@ -279,6 +282,7 @@ impl AvroMessage for WorkflowRunEvent {
                 "workflow_version".into(),
                 optional_int(self.workflow_version()),
             ),
+            ("metadata".into(), optional_map(self.metadata())),
         ])
     }
 
@@ -307,9 +311,26 @@ impl AvroMessage for WorkflowRunEvent {
             .filter(|result| !result.is_null()),
         };
         let version = record.optional_int("workflow_version")?;
+        let metadata = record.optional_map("metadata")?;
         let event =
             WorkflowRunEvent::from_parts(header, event_type, step_name, verdict, error, result);
-        Ok(event.with_workflow_version(version)?)
+        Ok(event
+            .with_workflow_version(version)?
+            .with_metadata(metadata)?)
+    }
+}
+
+fn optional_map(value: Option<&crate::Metadata>) -> Value {
+    match value {
+        None => Value::Union(0, Box::new(Value::Null)),
+        Some(map) => Value::Union(
+            1,
+            Box::new(Value::Map(
+                map.iter()
+                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                    .collect(),
+            )),
+        ),
     }
 }
 
@@ -418,6 +439,24 @@ impl<M: Message> Fields<M> {
             Value::Null => Ok(None),
             Value::Int(n) => Ok(Some(n)),
             other => Err(self.mismatch(field, format!("expected null or an int, found {other:?}"))),
+        }
+    }
+
+    fn optional_map(&mut self, field: &str) -> Result<Option<crate::Metadata>, DecodeError> {
+        match self.take(field)? {
+            Value::Null => Ok(None),
+            Value::Map(entries) => {
+                entries
+                    .into_iter()
+                    .map(|(key, value)| match value {
+                        Value::String(text) => Ok((key, text)),
+                        other => Err(self
+                            .mismatch(field, format!("{key}: expected a string, found {other:?}"))),
+                    })
+                    .collect::<Result<_, _>>()
+                    .map(Some)
+            }
+            other => Err(self.mismatch(field, format!("expected null or a map, found {other:?}"))),
         }
     }
 

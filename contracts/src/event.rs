@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::rules::{check_uuid, check_workflow_name, non_blank};
-use crate::{Message, RuleViolation};
+use crate::{Message, Metadata, RuleViolation};
 
 pub use crate::event_type::WorkflowRunEventType;
 
@@ -61,6 +61,9 @@ pub struct WorkflowRunEvent {
     /// keeps its own copy of the definition (rows from before versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     workflow_version: Option<i32>,
+    /// The job's metadata, as its request gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metadata: Option<Metadata>,
 }
 
 /// Optional fields of an event, set by the constructors.
@@ -117,7 +120,18 @@ impl WorkflowRunEvent {
             result,
             occurred_at: header.occurred_at,
             workflow_version: None,
+            metadata: None,
         }
+    }
+
+    /// The same event, carrying its job's metadata (an empty map is none).
+    ///
+    /// # Errors
+    /// Metadata past its bounds.
+    pub fn with_metadata(mut self, metadata: Option<Metadata>) -> Result<Self, RuleViolation> {
+        self.metadata = metadata.filter(|m| !m.is_empty());
+        self.check_rules()?;
+        Ok(self)
     }
 
     /// The same event, stamped with the version of the workflow its job runs.
@@ -342,6 +356,11 @@ impl WorkflowRunEvent {
     pub fn workflow_version(&self) -> Option<i32> {
         self.workflow_version
     }
+    /// The job's metadata, when its request gave some.
+    #[must_use]
+    pub fn metadata(&self) -> Option<&Metadata> {
+        self.metadata.as_ref()
+    }
 }
 
 impl Message for WorkflowRunEvent {
@@ -364,6 +383,9 @@ impl Message for WorkflowRunEvent {
         }
         if let Some(version) = self.workflow_version.filter(|v| *v < 1) {
             return Err(RuleViolation::VersionBelowOne(version));
+        }
+        if let Some(metadata) = &self.metadata {
+            crate::metadata::check(metadata)?;
         }
         let present = |field: &Option<String>| field.as_deref().is_some_and(non_blank);
         match self.event_type {

@@ -12,6 +12,7 @@ mod event;
 mod event_type;
 pub mod framing;
 pub mod json;
+pub mod metadata;
 mod request;
 mod rules;
 mod signal;
@@ -22,6 +23,7 @@ pub use error::DecodeError;
 pub use event::{
     COMPENSATION, EventHeader, SKIPPED, TIMED_OUT, WorkflowRunEvent, WorkflowRunEventType,
 };
+pub use metadata::Metadata;
 pub use request::WorkflowRunRequest;
 pub use rules::MAX_PRIORITY;
 pub use rules::RuleViolation;

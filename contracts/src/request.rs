@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::rules::{MAX_PRIORITY, check_uuid, check_workflow_name};
-use crate::{Message, RuleViolation};
+use crate::{Message, Metadata, RuleViolation};
 
 /// Asks the fleet to run the stored workflow `workflow_name` on `input`.
 ///
@@ -24,6 +24,10 @@ pub struct WorkflowRunRequest {
     /// `docs/workflows.md`, "Priority"); `None` is 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     priority: Option<i32>,
+    /// The caller's labels on the job (bounded, `metadata.rs`); absent
+    /// from producers older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metadata: Option<Metadata>,
 }
 
 impl WorkflowRunRequest {
@@ -42,6 +46,7 @@ impl WorkflowRunRequest {
             input,
             workflow_version: None,
             priority: None,
+            metadata: None,
         };
         request.check_rules()?;
         Ok(request)
@@ -65,6 +70,22 @@ impl WorkflowRunRequest {
         self.priority = priority;
         self.check_rules()?;
         Ok(self)
+    }
+
+    /// Labels the job (an empty map is none).
+    ///
+    /// # Errors
+    /// Metadata past its bounds.
+    pub fn with_metadata(mut self, metadata: Option<Metadata>) -> Result<Self, RuleViolation> {
+        self.metadata = metadata.filter(|m| !m.is_empty());
+        self.check_rules()?;
+        Ok(self)
+    }
+
+    /// The caller's labels on the job.
+    #[must_use]
+    pub fn metadata(&self) -> Option<&Metadata> {
+        self.metadata.as_ref()
     }
 
     /// The priority asked for; `None` is 0.
@@ -113,6 +134,9 @@ impl Message for WorkflowRunRequest {
         check_workflow_name(&self.workflow_name)?;
         if let Some(version) = self.workflow_version.filter(|v| *v < 1) {
             return Err(RuleViolation::VersionBelowOne(version));
+        }
+        if let Some(metadata) = &self.metadata {
+            crate::metadata::check(metadata)?;
         }
         match self.priority {
             Some(priority) if !(0..=MAX_PRIORITY).contains(&priority) => {

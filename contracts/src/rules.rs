@@ -34,6 +34,8 @@ pub enum RuleViolation {
     VersionBelowOne(i32),
     #[error("rule broken: priority is 0 to {MAX_PRIORITY}, got {0}")]
     PriorityOutOfRange(i32),
+    #[error("rule broken: metadata {0}")]
+    Metadata(String),
 }
 
 /// The highest priority a request may ask for.

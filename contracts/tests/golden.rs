@@ -128,8 +128,10 @@ fn a_request_written_before_priority_decodes_without_one_and_11_is_refused() {
               {"name": "workflow_version", "type": ["null", "int"], "default": null}]}"#,
     )
     .unwrap();
-    // The older writer's bytes: today's without the trailing null priority.
+    // The older writer's bytes: today's without the trailing null priority
+    // and metadata.
     let mut older = avro::encode_datum(&support::request()).unwrap();
+    assert_eq!(older.pop(), Some(0), "a null union branch is one zero byte");
     assert_eq!(older.pop(), Some(0), "a null union branch is one zero byte");
     let request: flotilla_contracts::WorkflowRunRequest =
         avro::decode_datum(&writer, &older).unwrap();
@@ -154,13 +156,14 @@ fn a_request_written_before_priority_decodes_without_one_and_11_is_refused() {
 }
 
 /// The event schema as it was before `workflow_version`: today's without
-/// its last field.
+/// its last two fields (`workflow_version`, then `metadata`).
 fn event_schema_before_workflow_version() -> apache_avro::Schema {
     let mut schema: serde_json::Value = serde_json::from_str(
         <flotilla_contracts::WorkflowRunEvent as flotilla_contracts::Message>::schema_text(),
     )
     .unwrap();
     let fields = schema["fields"].as_array_mut().unwrap();
+    assert_eq!(fields.pop().unwrap()["name"], "metadata");
     assert_eq!(fields.pop().unwrap()["name"], "workflow_version");
     apache_avro::Schema::parse(&schema).unwrap()
 }
@@ -209,5 +212,52 @@ fn an_event_carries_its_workflow_version_and_tolerates_newer_fields() {
     let refused = json::decode::<flotilla_contracts::WorkflowRunEvent>(
         &serde_json::to_vec(&document).unwrap(),
     );
+    assert!(refused.is_err(), "{refused:?}");
+}
+
+/// Metadata round-trips in both encodings, sorted by key; a request of a
+/// producer older than it (today's bytes without the trailing null)
+/// decodes without; metadata past its bounds is refused at decode.
+#[test]
+fn a_requests_metadata_round_trips_and_an_older_request_has_none() {
+    let mut schema: serde_json::Value = serde_json::from_str(
+        <flotilla_contracts::WorkflowRunRequest as flotilla_contracts::Message>::schema_text(),
+    )
+    .unwrap();
+    assert_eq!(
+        schema["fields"].as_array_mut().unwrap().pop().unwrap()["name"],
+        "metadata"
+    );
+    let writer = apache_avro::Schema::parse(&schema).unwrap();
+    let mut older = avro::encode_datum(&support::request()).unwrap();
+    assert_eq!(older.pop(), Some(0));
+    let request: flotilla_contracts::WorkflowRunRequest =
+        avro::decode_datum(&writer, &older).unwrap();
+    assert_eq!(request.metadata(), None);
+
+    let labels: flotilla_contracts::Metadata = [("customer", "ada"), ("batch", "7")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+    let labelled = support::request()
+        .with_metadata(Some(labels.clone()))
+        .unwrap();
+    let datum = avro::encode_datum(&labelled).unwrap();
+    let decoded: flotilla_contracts::WorkflowRunRequest = avro::decode_datum(
+        flotilla_contracts::WorkflowRunRequest::avro_schema(),
+        &datum,
+    )
+    .unwrap();
+    assert_eq!(decoded.metadata(), Some(&labels));
+    let text = String::from_utf8(json::encode(&labelled).unwrap()).unwrap();
+    assert!(
+        text.contains(r#""metadata":{"batch":"7","customer":"ada"}"#),
+        "{text}"
+    );
+    assert_eq!(
+        json::decode::<flotilla_contracts::WorkflowRunRequest>(text.as_bytes()).unwrap(),
+        labelled
+    );
+    let spaced = text.replace(r#""batch":"7""#, r#""two words":"7""#);
+    let refused = json::decode::<flotilla_contracts::WorkflowRunRequest>(spaced.as_bytes());
     assert!(refused.is_err(), "{refused:?}");
 }

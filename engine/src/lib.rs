@@ -50,6 +50,8 @@ use flotilla_store::wake::{Channel, Doorbell};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
+pub use flotilla_contracts::Metadata;
+pub use flotilla_contracts::metadata::check as check_metadata;
 pub use flotilla_store::features::Feature;
 pub use flotilla_store::{Clock, ManualClock, SystemClock};
 pub use nodes::child::DEFAULT_MAX_FAMILY_JOBS;

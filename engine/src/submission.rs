@@ -38,6 +38,9 @@ pub struct Submission {
     /// the request's digest: the same job sent again with another
     /// priority is the same job.
     pub priority: i16,
+    /// The caller's labels on the job, checked against the contract's
+    /// bounds. Not part of the digest either: the first submission's stay.
+    pub metadata: Option<flotilla_contracts::Metadata>,
 }
 
 /// The highest priority a submission may ask for (the contract's).
@@ -275,6 +278,7 @@ mod tests {
     #[test]
     fn digest_ignores_key_order_but_not_content() {
         let submission = |input: Json| Submission {
+            metadata: None,
             priority: 0,
             job_id: Uuid::nil(),
             workflow: WorkflowRef::Stored("w".into()),

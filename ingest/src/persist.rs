@@ -323,6 +323,7 @@ impl RequestConsumer {
             .and_then(|p| i16::try_from(p).ok())
             .unwrap_or(0);
         Ok(Classified::Submit(Submission {
+            metadata: request.metadata().cloned(),
             priority,
             job_id: request.job_id(),
             workflow: match request.workflow_version() {

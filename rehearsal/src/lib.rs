@@ -279,6 +279,7 @@ impl Rehearsing<'_> {
             self.recorded.stand_in(*child, step);
         }
         let submission = Submission {
+            metadata: None,
             job_id,
             workflow: WorkflowRef::Stored(self.plan.main.clone()),
             input: self.fixtures.input.clone(),

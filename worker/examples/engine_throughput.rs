@@ -107,6 +107,7 @@ fn build_engine(pool: &PgPool, loops: usize, targets: Targets, name: &str) -> En
 
 async fn submit(engine: &Engine) -> anyhow::Result<()> {
     let submission = Submission {
+        metadata: None,
         priority: 0,
         job_id: Uuid::new_v4(),
         workflow: WorkflowRef::Stored("bench".into()),

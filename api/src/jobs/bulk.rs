@@ -34,6 +34,9 @@ pub(crate) struct FilterBody {
     created_after: Option<String>,
     /// RFC 3339: created strictly before.
     created_before: Option<String>,
+    /// Metadata every job holds (strings by key).
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<serde_json::Value>,
 }
 
 /// What a bulk action did (or, with `dry_run`, would act on).
@@ -116,20 +119,32 @@ fn filter(body: FilterBody) -> Result<JobFilter, Problem> {
         })
         .transpose()
     };
+    let metadata = match body.metadata {
+        None => None,
+        Some(given) => {
+            let entries: flotilla_engine::Metadata = serde_json::from_value(given)
+                .map_err(|e| bad("filter.metadata", format!("not an object of strings: {e}")))?;
+            flotilla_engine::check_metadata(&entries)
+                .map_err(|e| bad("filter.metadata", e.to_string()))?;
+            Some(json!(entries)).filter(|_| !entries.is_empty())
+        }
+    };
     let filter = JobFilter {
         status,
         created_after: time("filter.created_after", body.created_after)?,
         created_before: time("filter.created_before", body.created_before)?,
         workflow_name: body.workflow_name,
+        metadata,
     };
     if filter.status.is_none()
         && filter.workflow_name.is_none()
         && filter.created_after.is_none()
         && filter.created_before.is_none()
+        && filter.metadata.is_none()
     {
         return Err(bad(
             "filter",
-            "an empty filter matches every job: give at least one of status, workflow_name, created_after, created_before".to_owned(),
+            "an empty filter matches every job: give at least one of status, workflow_name, created_after, created_before, metadata".to_owned(),
         ));
     }
     Ok(filter)

@@ -52,6 +52,11 @@ pub(crate) struct SubmitBody {
     input: Value,
     #[serde(default)]
     job_id: Option<Uuid>,
+    /// Labels on the job: at most 16 entries, keys of letters, digits,
+    /// `_`, `-` and `.` (1 to 64 characters), string values up to 256
+    /// characters. Kept with the job, echoed on its events, searchable.
+    #[serde(default)]
+    metadata: Option<flotilla_engine::Metadata>,
     /// 0 to 10 (default 0): a head start in the queue of a minute per point
     /// over jobs of lower priority.
     #[serde(default)]
@@ -143,7 +148,13 @@ pub(crate) async fn submit(
                 .with(json!({ "field": "priority" }))
             })?,
     };
+    if let Some(metadata) = &body.metadata {
+        flotilla_engine::check_metadata(metadata).map_err(|e| {
+            Problem::bad_request(e.to_string()).with(json!({ "field": "metadata" }))
+        })?;
+    }
     let submission = Submission {
+        metadata: body.metadata,
         priority,
         job_id: body.job_id.unwrap_or_else(Uuid::new_v4),
         workflow,
@@ -285,6 +296,25 @@ pub(crate) struct ListQuery {
     created_before: Option<String>,
     limit: Option<i64>,
     cursor: Option<String>,
+    /// Only jobs whose metadata holds every entry of this JSON object of
+    /// strings, e.g. `{"customer":"ada"}` (URL-encoded).
+    metadata: Option<String>,
+}
+
+/// A metadata filter: a JSON object of strings, keys as the contract
+/// allows them (400 naming `metadata` otherwise).
+pub(crate) fn metadata_filter(raw: Option<&str>) -> Result<Option<Value>, Problem> {
+    let Some(raw) = raw.filter(|r| !r.is_empty()) else {
+        return Ok(None);
+    };
+    let bad = |detail: String| Problem::bad_request(detail).with(json!({ "field": "metadata" }));
+    let entries: flotilla_engine::Metadata = serde_json::from_str(raw).map_err(|e| {
+        bad(format!(
+            "metadata {raw:?} is not a JSON object of strings: {e}"
+        ))
+    })?;
+    flotilla_engine::check_metadata(&entries).map_err(|e| bad(e.to_string()))?;
+    Ok(Some(json!(entries)))
 }
 
 fn timestamp(name: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, Problem> {
@@ -321,6 +351,7 @@ pub(crate) async fn list(
         workflow_name: query.workflow_name,
         limit: query.limit.unwrap_or(0),
         cursor: query.cursor,
+        metadata: metadata_filter(query.metadata.as_deref())?,
     };
     Ok(axum::Json(state.engine.jobs(&query).await?.into()))
 }

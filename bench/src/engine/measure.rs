@@ -6,6 +6,7 @@ use super::*;
 pub(super) async fn submit(engine: &Engine, workflow: &str, jobs: usize) -> anyhow::Result<()> {
     for n in 0..jobs {
         let submission = Submission {
+            metadata: None,
             priority: 0,
             job_id: Uuid::new_v4(),
             workflow: WorkflowRef::Stored(workflow.into()),

@@ -4,6 +4,7 @@ API, returning once it is durable."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -89,6 +90,24 @@ def _priority(priority: Optional[int]) -> Optional[int]:
     return priority
 
 
+_METADATA_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _metadata(metadata: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
+    """Labels on the job: at most 16, keys of letters, digits, ``_``, ``-``
+    and ``.`` (1 to 64 characters), string values up to 256 characters."""
+    if metadata is None or metadata == {}:
+        return None
+    if not isinstance(metadata, dict) or len(metadata) > 16:
+        raise Rejected("metadata must be a dict of at most 16 entries")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _METADATA_KEY.fullmatch(key):
+            raise Rejected(f"metadata key {key!r}: 1 to 64 letters, digits, '_', '-' or '.'")
+        if not isinstance(value, str) or len(value) > 256 or "\0" in value:
+            raise Rejected(f"metadata value of {key!r}: text up to 256 characters without NUL")
+    return dict(sorted(metadata.items()))
+
+
 def _request(workflow_name: str, input: Any, job_id: Optional[uuid.UUID]) -> Dict[str, Any]:
     if not isinstance(workflow_name, str) or not workflow_name.strip():
         raise Rejected("workflow_name must be non-blank text")
@@ -141,11 +160,13 @@ class KafkaSubmitter:
     def submit(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID] = None,
                traceparent: Optional[str] = None, timeout: float = 30.0,
                workflow_version: Optional[int] = None,
-               priority: Optional[int] = None) -> Receipt:
+               priority: Optional[int] = None,
+               metadata: Optional[Dict[str, str]] = None) -> Receipt:
         """Sends one request and waits for the broker's acknowledgement.
         ``workflow_version`` runs that stored version instead of the newest;
-        ``priority`` (0 to 10) gives the job a head start in the queue."""
-        value, key, job = self._encode(workflow_name, input, job_id, workflow_version, priority)
+        ``priority`` (0 to 10) gives the job a head start in the queue;
+        ``metadata`` labels it (kept, echoed on its events, searchable)."""
+        value, key, job = self._encode(workflow_name, input, job_id, workflow_version, priority, metadata)
         outcome: Dict[str, Any] = {}
 
         def delivered(error: Optional[KafkaError], message: Message) -> None:
@@ -168,12 +189,14 @@ class KafkaSubmitter:
         return Receipt(job_id=job, partition=message.partition(), offset=message.offset())
 
     def _encode(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID],
-                workflow_version: Optional[int], priority: Optional[int]) -> Tuple[bytes, str, uuid.UUID]:
+                workflow_version: Optional[int], priority: Optional[int],
+                metadata: Optional[Dict[str, str]] = None) -> Tuple[bytes, str, uuid.UUID]:
         """The request's record value (Avro or JSON), its key and its job id."""
         request = _request(workflow_name, input, job_id)
+        labels = _metadata(metadata)
         fields = {"job_id": str(request["job_id"]), "workflow_name": workflow_name,
                   "input": request["input_text"], "workflow_version": _version(workflow_version),
-                  "priority": _priority(priority)}
+                  "priority": _priority(priority), "metadata": labels}
         if self._avro:
             try:
                 value = self._avro(fields, SerializationContext(self._topic, MessageField.VALUE))
@@ -191,6 +214,8 @@ class KafkaSubmitter:
                 document["workflow_version"] = workflow_version
             if priority is not None:
                 document["priority"] = priority
+            if labels is not None:
+                document["metadata"] = labels
             value = json.dumps(document, allow_nan=False).encode()
         return value, fields["job_id"], request["job_id"]
 
@@ -294,25 +319,29 @@ class ApiSubmitter:
     def submit(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID] = None,
                traceparent: Optional[str] = None, timeout: float = 30.0,
                workflow_version: Optional[int] = None,
-               priority: Optional[int] = None) -> Receipt:
+               priority: Optional[int] = None,
+               metadata: Optional[Dict[str, str]] = None) -> Receipt:
         """Sends one request and waits until a worker committed it.
         ``workflow_version`` runs that stored version instead of the newest;
-        ``priority`` (0 to 10) gives the job a head start in the queue."""
+        ``priority`` (0 to 10) gives the job a head start in the queue;
+        ``metadata`` labels it (kept, echoed on its events, searchable)."""
         receipt, _ = self._post(workflow_name, input, job_id, traceparent, timeout,
-                                workflow_version, priority, prefer_wait=None)
+                                workflow_version, priority, prefer_wait=None, metadata=metadata)
         return receipt
 
     def submit_and_wait(self, workflow_name: str, input: Any, timeout: float = 60.0,
                         job_id: Optional[uuid.UUID] = None, traceparent: Optional[str] = None,
                         workflow_version: Optional[int] = None,
-                        priority: Optional[int] = None) -> Any:
+                        priority: Optional[int] = None,
+                        metadata: Optional[Dict[str, str]] = None) -> Any:
         """Submits, then waits at most ``timeout`` seconds for the job to
         finish, with long polls the fleet answers the moment it ends: its
         result, or ``JobFailed``, ``JobDead``, ``JobCancelled``,
         ``WaitTimedOut``. A refused submission raises as ``submit`` does."""
         deadline = time.monotonic() + timeout
         receipt, job = self._post(workflow_name, input, job_id, traceparent, 30.0,
-                                  workflow_version, priority, prefer_wait=min(timeout, LONGEST_POLL))
+                                  workflow_version, priority, prefer_wait=min(timeout, LONGEST_POLL),
+                                  metadata=metadata)
         end = end_of_view(job)
         if end is None:
             end = poll_until_ended(self._url, self._token, receipt.job_id, deadline, _http_error)
@@ -320,7 +349,8 @@ class ApiSubmitter:
 
     def _post(self, workflow_name: str, input: Any, job_id: Optional[uuid.UUID],
               traceparent: Optional[str], timeout: float, workflow_version: Optional[int],
-              priority: Optional[int], prefer_wait: Optional[float]) -> Tuple[Receipt, Any]:
+              priority: Optional[int], prefer_wait: Optional[float],
+              metadata: Optional[Dict[str, str]] = None) -> Tuple[Receipt, Any]:
         """POSTs the request: its receipt and the job's view."""
         request = _request(workflow_name, input, job_id)
         document = {"job_id": str(request["job_id"]), "workflow_name": workflow_name,
@@ -329,6 +359,9 @@ class ApiSubmitter:
             document["workflow_version"] = workflow_version
         if _priority(priority) is not None:
             document["priority"] = priority
+        labels = _metadata(metadata)
+        if labels is not None:
+            document["metadata"] = labels
         body = json.dumps(document, allow_nan=False).encode()
         headers = {"content-type": "application/json", **_trace_headers(traceparent)}
         if self._token:

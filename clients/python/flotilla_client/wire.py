@@ -58,6 +58,8 @@ class WorkflowRunEvent:
     #: The version of the workflow the job runs; None from relays older
     #: than the field, and for a job that keeps its own definition.
     workflow_version: Optional[int] = None
+    #: The job's labels, as its request gave them; None for none.
+    metadata: Optional[Dict[str, str]] = None
 
 
 class NotAnEvent(ValueError):
@@ -145,7 +147,18 @@ def event_from_fields(fields: Any, result_is_text: bool) -> WorkflowRunEvent:
         error=_text(fields, "error", optional=True),
         result=result,
         workflow_version=_optional_version(fields),
+        metadata=_optional_metadata(fields),
     )
+
+
+def _optional_metadata(fields: Dict[str, Any]) -> Optional[Dict[str, str]]:
+    value: object = fields.get("metadata")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in value.items()):
+        raise NotAnEvent(f"metadata: expected an object of strings, got {value!r}")
+    return dict(value)
 
 
 def _optional_version(fields: Dict[str, Any]) -> Optional[int]:
@@ -177,6 +190,7 @@ def _common_fields(event: WorkflowRunEvent) -> Dict[str, Any]:
         "verdict": event.verdict,
         "error": event.error,
         "workflow_version": event.workflow_version,
+        "metadata": event.metadata,
     }
 
 

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from flotilla_client import ApiSubmitter, AsyncJobs, JobConflict, JobNotFound, Jobs, Rejected
+from flotilla_client import ApiSubmitter, AsyncJobs, JobConflict, JobNotFound, Jobs, KafkaSubmitter, Rejected
 from flotilla_client.jobs import ROUTES
 
 
@@ -77,3 +77,25 @@ def test_every_route_the_client_calls_is_in_the_apis_openapi_document(fleet):
         document = json.loads(response.read())
     for method, path in ROUTES:
         assert method.lower() in document["paths"].get(path, {}), f"{method} {path} is not in the API"
+
+
+def test_labels_sent_through_kafka_are_kept_searchable_and_echoed(services, fleet):
+    kafka = KafkaSubmitter(services.bootstrap, registry_url=services.registry, topic=fleet.request_topic)
+    receipt = kafka.submit(fleet.workflow, {}, metadata={"customer": "grace", "batch": "9"})
+    kafka.close()
+    jobs = Jobs(fleet.api_url, token=fleet.token)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            job = jobs.wait(receipt.job_id, 10)
+            if job["status"] == "COMPLETED":
+                break
+        except JobNotFound:
+            pass
+        assert time.monotonic() < deadline, "the labelled job did not complete"
+        time.sleep(0.1)
+    assert job["metadata"] == {"batch": "9", "customer": "grace"}
+    events = jobs.events(receipt.job_id)
+    assert all(event["metadata"] == {"batch": "9", "customer": "grace"} for event in events), events
+    with pytest.raises(Rejected, match="metadata"):
+        ApiSubmitter(fleet.api_url, token=fleet.token).submit(fleet.workflow, {}, metadata={"two words": "x"})

@@ -163,6 +163,7 @@ impl ClaimedRun {
             timed_out: false,
         };
         let submission = Submission {
+            metadata: None,
             job_id: id,
             workflow: WorkflowRef::Stored(child.workflow),
             input: child.input,

@@ -30,6 +30,8 @@ pub struct JobQuery {
     pub created_after: Option<DateTime<Utc>>,
     /// Only jobs created strictly before this time.
     pub created_before: Option<DateTime<Utc>>,
+    /// Only jobs whose metadata holds every entry of this object.
+    pub metadata: Option<serde_json::Value>,
 }
 
 /// One page of jobs, newest first.
@@ -109,6 +111,7 @@ impl Engine {
             before,
             created_after: query.created_after,
             created_before: query.created_before,
+            metadata: query.metadata.as_ref(),
         };
         // One more than asked says whether a next page exists.
         let mut jobs = session(self.pool(), async |conn| {

@@ -304,6 +304,11 @@ impl Prepared {
             traceparent: submission.traceparent.as_deref(),
             tracestate: submission.tracestate.as_deref(),
             priority: submission.priority,
+            metadata: submission
+                .metadata
+                .as_ref()
+                .filter(|m| !m.is_empty())
+                .map(|m| serde_json::json!(m)),
             debounce: resolved.debounce.clone(),
             concurrency: resolved
                 .concurrency

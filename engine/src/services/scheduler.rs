@@ -130,6 +130,7 @@ impl Engine {
         if start {
             let job_id = tick_job_id(row.schedule_id, tick);
             let submission = Submission {
+                metadata: None,
                 job_id,
                 workflow: WorkflowRef::Stored(row.workflow_name.clone()),
                 input: row.input.0.clone(),

@@ -70,7 +70,7 @@ async fn a_row_the_broker_always_refuses_lands_failed_after_ten_attempts_without
         let big = Uuid::new_v4();
         insert_events(&pool, &[big], 2, json!({"blob": "x".repeat(5_000)})).await;
         let mut conn = pool.acquire().await.unwrap();
-        let stamp = EventStamp { job_id: big, event_sequence: 3, workflow_name: "relayed".into(), workflow_version: None, attempt: 2, traceparent: None, tracestate: None };
+        let stamp = EventStamp { job_id: big, event_sequence: 3, workflow_name: "relayed".into(), workflow_version: None, metadata: None, attempt: 2, traceparent: None, tracestate: None };
         outbox::insert(&mut conn, &stamp, EventKind::Failed { error: "later".into(), verdict: None }, Utc::now()).await.unwrap();
         let others: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
         insert_events(&pool, &others, 2, json!({})).await;

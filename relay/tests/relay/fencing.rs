@@ -336,6 +336,7 @@ async fn insert_at(pool: &PgPool, events: &[(Uuid, i64)]) {
     let mut tx = pool.begin().await.unwrap();
     for &(job_id, sequence) in events {
         let stamp = EventStamp {
+            metadata: None,
             job_id,
             event_sequence: sequence,
             workflow_name: "stalled".into(),

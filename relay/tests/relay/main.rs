@@ -56,6 +56,7 @@ async fn insert_event_of(
     let mut conn = pool.acquire().await.unwrap();
     for job_id in jobs {
         let stamp = EventStamp {
+            metadata: None,
             job_id: *job_id,
             event_sequence: sequence,
             workflow_name: "relayed".into(),

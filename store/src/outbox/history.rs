@@ -19,6 +19,8 @@ pub struct TimelineEntry {
     pub attempt: Option<i64>,
     /// The workflow version the job ran at that point, when it has one.
     pub workflow_version: Option<i64>,
+    /// The job's metadata, as the event echoes it.
+    pub metadata: Option<Value>,
     pub step_name: Option<String>,
     pub verdict: Option<String>,
     pub error: Option<String>,
@@ -63,6 +65,7 @@ impl From<TimelineRow> for TimelineEntry {
             occurred_at: text("occurred_at").unwrap_or_else(|| row.created_at.to_rfc3339()),
             attempt: payload.get("attempt").and_then(Value::as_i64),
             workflow_version: payload.get("workflow_version").and_then(Value::as_i64),
+            metadata: payload.get("metadata").filter(|m| m.is_object()).cloned(),
             step_name: text("step_name"),
             verdict: text("verdict"),
             error: text("error"),

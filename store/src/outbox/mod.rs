@@ -73,6 +73,8 @@ pub struct EventStamp {
     pub workflow_name: String,
     /// `None` for a job that keeps its own copy of the definition.
     pub workflow_version: Option<i32>,
+    /// The job's metadata, echoed on each of its events.
+    pub metadata: Option<Json<serde_json::Value>>,
     pub attempt: i32,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
@@ -167,7 +169,15 @@ fn build(
         EventKind::Dead { error } => WorkflowRunEvent::dead(header, error),
         EventKind::Cancelled { reason } => WorkflowRunEvent::cancelled(header, reason),
     }?;
-    Ok(event.with_workflow_version(stamp.workflow_version)?)
+    // Metadata the store holds came through the contract's rules; a row
+    // another writer broke carries none rather than failing the event.
+    let metadata = stamp
+        .metadata
+        .as_ref()
+        .and_then(|m| serde_json::from_value::<flotilla_contracts::Metadata>(m.0.clone()).ok());
+    Ok(event
+        .with_workflow_version(stamp.workflow_version)?
+        .with_metadata(metadata)?)
 }
 
 /// A job's events in sequence order (for tests and the API's debugging views).

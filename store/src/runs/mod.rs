@@ -191,6 +191,8 @@ pub struct RunRow {
     pub status: RunStatus,
     pub attempt: i32,
     pub max_attempts: i32,
+    /// The caller's labels on the job (a JSON object of strings), if any.
+    pub metadata: Option<Json<serde_json::Value>>,
     /// The request's priority (0 to 10): the head start its first
     /// `run_after` was given.
     pub priority: i16,
@@ -278,6 +280,7 @@ impl RunRow {
             event_sequence: self.event_sequence,
             workflow_name: self.workflow_name.clone(),
             workflow_version: self.workflow_version,
+            metadata: self.metadata.clone(),
             attempt: self.attempt,
             traceparent: self.traceparent.clone(),
             tracestate: self.tracestate.clone(),
@@ -367,7 +370,7 @@ macro_rules! columns {
             coalesce(definition, (SELECT d.definition FROM workflow_definition d \
                 WHERE d.name = workflow_name AND d.version = workflow_version), 'null'::jsonb) AS definition, \
             input, request_digest, status, attempt, max_attempts, priority, failed_attempts, run_after, outstanding_step, timers, compensation, revision, cancel_requested, signals, foreign_events, \
-            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, expires_at, debounce_key, concurrency_key, concurrency_limit, holds_slot, ",
+            parent_job_id, parent_step, depth, cancel_with_parent, children, step_requests, reply_deadline, wake_at, expires_at, debounce_key, concurrency_key, concurrency_limit, holds_slot, metadata, ",
             $list,
             " AS checkpoints, has_checkpoint_rows, result, verdict, error, lease_owner, \
             lease_until, lease_token, lease_losses, hand_backs, unplaced_since, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at"
@@ -485,5 +488,4 @@ fn is_beyond_jsonb_limits(e: &sqlx::Error) -> bool {
 }
 
 /// The columns an event repeats, returned by every commit-point statement.
-const STAMP: &str =
-    "job_id, event_sequence, workflow_name, workflow_version, attempt, traceparent, tracestate";
+const STAMP: &str = "job_id, event_sequence, workflow_name, workflow_version, metadata, attempt, traceparent, tracestate";

@@ -140,6 +140,8 @@ pub struct ListFilter<'a> {
     pub created_after: Option<DateTime<Utc>>,
     /// Only jobs created strictly before this time.
     pub created_before: Option<DateTime<Utc>>,
+    /// Only jobs whose metadata holds every entry of this object.
+    pub metadata: Option<&'a serde_json::Value>,
 }
 
 /// Up to `limit` jobs matching `filter`, newest first.
@@ -190,6 +192,14 @@ pub fn list_statement<'a>(filter: &ListFilter<'a>, limit: i64) -> QueryBuilder<'
     }
     if let Some(before) = filter.created_before {
         query.push(" AND created_at < ").push_bind(before);
+    }
+    if let Some(metadata) = filter.metadata {
+        // `@>` over the partial GIN index (`metadata IS NOT NULL` follows
+        // from the strict operator).
+        query
+            .push(" AND metadata @> ")
+            .push_bind(sqlx::types::Json(metadata))
+            .push("::jsonb");
     }
     query
         .push(" ORDER BY created_at DESC, job_id DESC LIMIT ")

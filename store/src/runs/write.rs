@@ -29,6 +29,8 @@ pub struct NewRun<'a> {
     pub input: &'a serde_json::Value,
     pub request_digest: &'a str,
     pub max_attempts: i32,
+    /// The caller's labels (a JSON object of strings), if any.
+    pub metadata: Option<serde_json::Value>,
     /// 0 to 10: the job's first `run_after` is this many minutes before
     /// `now`, ahead of jobs of lower priority that arrived since.
     pub priority: i16,
@@ -86,14 +88,14 @@ pub async fn insert_many<'a>(
     let mut inserted: Vec<RunRow> = crate::sql::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at,
-             expires_at, priority, debounce_key, concurrency_key, concurrency_limit)
+             expires_at, priority, debounce_key, concurrency_key, concurrency_limit, metadata)
          SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, $13 - prio * interval '1 minute' + coalesce(window_ms, 0) * interval '1 millisecond', error, verdict, 1, greatest(CASE WHEN definition IS NULL THEN 1 ELSE 0 END, level),
-             traceparent, tracestate, $13, $13, $13 + timeout_ms * interval '1 millisecond', prio, debounce_key, concurrency_key, concurrency_limit
+             traceparent, tracestate, $13, $13, $13 + timeout_ms * interval '1 millisecond', prio, debounce_key, concurrency_key, concurrency_limit, labels
          FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::jsonb[], $5::jsonb[], $6::text[],
-                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[], $15::int8[], $16::int2[], $17::text[], $18::int8[], $19::text[], $20::int4[])
+                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[], $15::int8[], $16::int2[], $17::text[], $18::int8[], $19::text[], $20::int4[], $21::jsonb[])
              WITH ORDINALITY AS r(job_id, workflow_name, workflow_version, definition, input, request_digest,
-                                  status, max_attempts, error, verdict, traceparent, tracestate, level, timeout_ms, prio, debounce_key, window_ms, concurrency_key, concurrency_limit, position)
+                                  status, max_attempts, error, verdict, traceparent, tracestate, level, timeout_ms, prio, debounce_key, window_ms, concurrency_key, concurrency_limit, labels, position)
          WHERE NOT EXISTS (SELECT 1 FROM workflow_run_removed rm WHERE rm.job_id = r.job_id)
          ORDER BY position
          ON CONFLICT (job_id) DO NOTHING
@@ -141,6 +143,11 @@ pub async fn insert_many<'a>(
     .bind(
         runs.iter()
             .map(|run| run.concurrency.as_ref().map(|(_, limit)| *limit))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        runs.iter()
+            .map(|run| run.metadata.as_ref().map(Json))
             .collect::<Vec<_>>(),
     )
     .fetch_all(&mut **tx)

@@ -13,6 +13,7 @@ use crate::{Api, MIGRATOR};
 async fn submit(api: &Api, workflow: &str, input: Value, count: usize) {
     for _ in 0..count {
         let submission = Submission {
+            metadata: None,
             priority: 0,
             job_id: Uuid::new_v4(),
             workflow: WorkflowRef::Stored(workflow.to_owned()),

@@ -7,6 +7,7 @@ mod console;
 mod document;
 mod jobs;
 mod listing;
+mod metadata;
 mod schedules;
 mod security;
 mod signals;

@@ -593,9 +593,11 @@ async fn every_job_a_filter_matches_is_counted_then_retried_from_the_jobs_page(p
             "steps": [{"name": "only", "target": "echo", "method": "go"}]});
         put_created(&app, "/v1/workflows/strict", &strict).await;
         let mut failed = Vec::new();
-        for _ in 0..3 {
+        // Three labelled FAILED jobs, and one unlabelled the filter leaves out.
+        for n in 0..4 {
             let job_id = Uuid::new_v4();
             let submission = Submission {
+                metadata: (n < 3).then(|| [("batch".to_owned(), "b1".to_owned())].into()),
                 priority: 0,
                 job_id,
                 workflow: WorkflowRef::Stored("strict".into()),
@@ -604,12 +606,19 @@ async fn every_job_a_filter_matches_is_counted_then_retried_from_the_jobs_page(p
                 tracestate: None,
             };
             app.engine.submit(submission, RefusalMode::Record).await.unwrap();
-            failed.push(job_id);
+            if n < 3 {
+                failed.push(job_id);
+            }
         }
 
         let browser = Browser::start(&app.url).await;
         browser.sign_in(TEST_TOKEN).await;
-        browser.open("#/jobs?status=FAILED&workflow_name=strict").await;
+        // The job page shows a job's labels.
+        browser.open(&format!("#/jobs/{}", failed[0])).await;
+        browser.text_until("#job-metadata", |t| t == "batch=b1").await;
+        // The filters: status, workflow and the label.
+        browser.open("#/jobs?status=FAILED&workflow_name=strict&metadata=%7B%22batch%22%3A%22b1%22%7D").await;
+        assert_eq!(browser.find("#filter-metadata").await.prop("value").await.unwrap().as_deref(), Some("batch=b1"));
         browser.find("#bulk:not([hidden])").await;
         browser.click("#bulk-retry").await;
         browser.text_until("#bulk-outcome", |t| t.contains("3 job(s) match")).await;

@@ -317,6 +317,7 @@ pub(crate) async fn submit_stored(engine: &Engine, job_id: Uuid, workflow: &str)
     engine
         .submit(
             flotilla_worker::engine::Submission {
+                metadata: None,
                 priority: 0,
                 job_id,
                 workflow: flotilla_worker::engine::WorkflowRef::Stored(workflow.into()),

@@ -152,6 +152,7 @@ pub(crate) async fn approval_engine(pool: &PgPool, calls: &Calls, checkpoint_row
 /// A submission of the stored workflow `name`.
 pub(crate) fn stored(job_id: Uuid, name: &str, input: Value) -> Submission {
     Submission {
+        metadata: None,
         priority: 0,
         job_id,
         workflow: WorkflowRef::Stored(name.into()),

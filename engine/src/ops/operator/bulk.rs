@@ -1,4 +1,5 @@
-//! Retrying or cancelling every job a filter matches: what an operator
+//! Retrying or cancelling every job a filter matches (status, workflow,
+//! time range, metadata): what an operator
 //! does after an outage (retry the DEAD jobs of the last hour) or a bad
 //! deploy (cancel what a workflow has queued).
 //!
@@ -35,6 +36,8 @@ pub struct JobFilter {
     pub created_after: Option<DateTime<Utc>>,
     /// Created strictly before this time.
     pub created_before: Option<DateTime<Utc>>,
+    /// Whose metadata holds every entry of this object.
+    pub metadata: Option<serde_json::Value>,
 }
 
 /// What to do to each job.
@@ -150,6 +153,7 @@ impl Engine {
         let mut cursor = None;
         loop {
             let query = JobQuery {
+                metadata: filter.metadata.clone(),
                 status: filter.status,
                 workflow_name: filter.workflow_name.clone(),
                 created_after: filter.created_after,
