@@ -169,15 +169,59 @@ fn build(
         EventKind::Dead { error } => WorkflowRunEvent::dead(header, error),
         EventKind::Cancelled { reason } => WorkflowRunEvent::cancelled(header, reason),
     }?;
-    // Metadata the store holds came through the contract's rules; a row
-    // another writer broke carries none rather than failing the event.
+    // What the row repeats on its events came through the contract's rules
+    // when it was written; a row another writer broke (labels that are no
+    // map of strings or past their bounds, a version below 1) gives its
+    // events none of it, rather than failing the commit point.
     let metadata = stamp
         .metadata
         .as_ref()
-        .and_then(|m| serde_json::from_value::<flotilla_contracts::Metadata>(m.0.clone()).ok());
+        .and_then(|m| serde_json::from_value::<flotilla_contracts::Metadata>(m.0.clone()).ok())
+        .filter(|m| flotilla_contracts::metadata::check(m).is_ok());
+    let version = stamp.workflow_version.filter(|v| *v >= 1);
     Ok(event
-        .with_workflow_version(stamp.workflow_version)?
+        .with_workflow_version(version)?
         .with_metadata(metadata)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row whose stored labels or version break the contract still gets
+    /// its event, without them.
+    #[test]
+    fn a_rows_broken_labels_or_version_are_left_off_its_event_not_fatal_to_it() {
+        let many: serde_json::Map<String, serde_json::Value> = (0..17)
+            .map(|n| (format!("k{n}"), serde_json::json!("v")))
+            .collect();
+        for (metadata, version) in [
+            (serde_json::Value::Object(many), Some(2)),
+            (serde_json::json!({"two words": "x"}), Some(2)),
+            (serde_json::json!({"k": 7}), Some(2)),
+            (serde_json::json!({"k": "v"}), Some(0)),
+        ] {
+            let stamp = EventStamp {
+                job_id: Uuid::new_v4(),
+                event_sequence: 1,
+                workflow_name: "w".into(),
+                workflow_version: version,
+                metadata: Some(Json(metadata.clone())),
+                attempt: 0,
+                traceparent: None,
+                tracestate: None,
+            };
+            let event = build(&stamp, EventKind::Accepted, Utc::now())
+                .unwrap_or_else(|e| panic!("{metadata} {version:?}: {e}"));
+            let kept_labels = event.metadata().is_some();
+            assert_eq!(
+                kept_labels,
+                metadata == serde_json::json!({"k": "v"}),
+                "{metadata}"
+            );
+            assert_eq!(event.workflow_version(), version.filter(|v| *v >= 1));
+        }
+    }
 }
 
 /// A job's events in sequence order (for tests and the API's debugging views).
