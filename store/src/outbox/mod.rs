@@ -184,46 +184,6 @@ fn build(
         .with_metadata(metadata)?)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A row whose stored labels or version break the contract still gets
-    /// its event, without them.
-    #[test]
-    fn a_rows_broken_labels_or_version_are_left_off_its_event_not_fatal_to_it() {
-        let many: serde_json::Map<String, serde_json::Value> = (0..17)
-            .map(|n| (format!("k{n}"), serde_json::json!("v")))
-            .collect();
-        for (metadata, version) in [
-            (serde_json::Value::Object(many), Some(2)),
-            (serde_json::json!({"two words": "x"}), Some(2)),
-            (serde_json::json!({"k": 7}), Some(2)),
-            (serde_json::json!({"k": "v"}), Some(0)),
-        ] {
-            let stamp = EventStamp {
-                job_id: Uuid::new_v4(),
-                event_sequence: 1,
-                workflow_name: "w".into(),
-                workflow_version: version,
-                metadata: Some(Json(metadata.clone())),
-                attempt: 0,
-                traceparent: None,
-                tracestate: None,
-            };
-            let event = build(&stamp, EventKind::Accepted, Utc::now())
-                .unwrap_or_else(|e| panic!("{metadata} {version:?}: {e}"));
-            let kept_labels = event.metadata().is_some();
-            assert_eq!(
-                kept_labels,
-                metadata == serde_json::json!({"k": "v"}),
-                "{metadata}"
-            );
-            assert_eq!(event.workflow_version(), version.filter(|v| *v >= 1));
-        }
-    }
-}
-
 /// A job's events in sequence order (for tests and the API's debugging views).
 ///
 /// # Errors
@@ -269,4 +229,44 @@ pub async fn backlog(pool: &sqlx::PgPool) -> Result<(i64, f64), sqlx::Error> {
         .await
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row whose stored labels or version break the contract still gets
+    /// its event, without them.
+    #[test]
+    fn a_rows_broken_labels_or_version_are_left_off_its_event_not_fatal_to_it() {
+        let many: serde_json::Map<String, serde_json::Value> = (0..17)
+            .map(|n| (format!("k{n}"), serde_json::json!("v")))
+            .collect();
+        for (metadata, version) in [
+            (serde_json::Value::Object(many), Some(2)),
+            (serde_json::json!({"two words": "x"}), Some(2)),
+            (serde_json::json!({"k": 7}), Some(2)),
+            (serde_json::json!({"k": "v"}), Some(0)),
+        ] {
+            let stamp = EventStamp {
+                job_id: Uuid::new_v4(),
+                event_sequence: 1,
+                workflow_name: "w".into(),
+                workflow_version: version,
+                metadata: Some(Json(metadata.clone())),
+                attempt: 0,
+                traceparent: None,
+                tracestate: None,
+            };
+            let event = build(&stamp, EventKind::Accepted, Utc::now())
+                .unwrap_or_else(|e| panic!("{metadata} {version:?}: {e}"));
+            let kept_labels = event.metadata().is_some();
+            assert_eq!(
+                kept_labels,
+                metadata == serde_json::json!({"k": "v"}),
+                "{metadata}"
+            );
+            assert_eq!(event.workflow_version(), version.filter(|v| *v >= 1));
+        }
+    }
 }
