@@ -7,7 +7,6 @@
 //! bounded number of requests are in flight.
 
 use futures_util::StreamExt as _;
-use futures_util::future::join_all;
 
 use crate::submit::Route;
 use crate::{Receipt, Submission, SubmitError, Submitter};
@@ -25,13 +24,15 @@ impl Submitter {
         &self,
         submissions: &[Submission],
     ) -> Vec<Result<Receipt, SubmitError>> {
-        let Some((first, rest)) = submissions.split_first() else {
-            return Vec::new();
-        };
         match &self.route {
-            Route::Kafka { .. } => {
+            #[cfg(feature = "kafka")]
+            Route::Kafka(_) => {
+                let Some((first, rest)) = submissions.split_first() else {
+                    return Vec::new();
+                };
                 let mut outcomes = vec![self.submit(first).await];
-                outcomes.extend(join_all(rest.iter().map(|s| self.submit(s))).await);
+                let others = rest.iter().map(|s| self.submit(s));
+                outcomes.extend(futures_util::future::join_all(others).await);
                 outcomes
             }
             Route::Api { .. } => {

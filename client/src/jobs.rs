@@ -98,9 +98,16 @@ pub struct JobFilter {
     pub created_after: Option<String>,
     /// RFC 3339, exclusive.
     pub created_before: Option<String>,
+    /// Labels the job's metadata must hold, every one (none: any job).
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 impl JobFilter {
+    /// The metadata filter as the API takes it: a JSON object.
+    fn metadata(&self) -> Option<Value> {
+        (!self.metadata.is_empty()).then(|| json!(self.metadata))
+    }
+
     fn pairs(&self) -> Vec<(&'static str, &str)> {
         [
             ("status", &self.status),
@@ -180,7 +187,11 @@ impl Jobs {
         cursor: Option<&str>,
     ) -> Result<JobPage, JobsError> {
         let limit = limit.to_string();
+        let metadata = filter.metadata().map(|m| m.to_string());
         let mut query = filter.pairs();
+        if let Some(metadata) = &metadata {
+            query.push(("metadata", metadata));
+        }
         if limit != "0" {
             query.push(("limit", &limit));
         }
@@ -271,11 +282,14 @@ impl Jobs {
         cancel: bool,
         dry_run: bool,
     ) -> Result<Value, JobsError> {
-        let fields: serde_json::Map<String, Value> = filter
+        let mut fields: serde_json::Map<String, Value> = filter
             .pairs()
             .into_iter()
             .map(|(name, value)| (name.to_owned(), json!(value)))
             .collect();
+        if let Some(metadata) = filter.metadata() {
+            fields.insert("metadata".to_owned(), metadata);
+        }
         let body = json!({ "filter": fields, "dry_run": dry_run });
         let verb = if cancel { "cancel" } else { "retry" };
         let path = format!("/v1/jobs/bulk/{verb}");

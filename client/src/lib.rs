@@ -15,6 +15,11 @@
 //!   the same [`WorkflowRunEvent`], and offsets are committed only past
 //!   events you [acknowledged](EventStream::ack).
 //!
+//! Kafka is the `kafka` feature, on by default. A service that only talks
+//! HTTP turns it off (`default-features = false`): no librdkafka to build,
+//! and [`Submitter::api`], [`Jobs`] and `submit_and_wait` through the API
+//! remain.
+//!
 //! ```no_run
 //! use flotilla_client::{
 //!     BrokerConfig, EventStream, EventStreamOptions, StreamError, Submission, Submitter,
@@ -68,24 +73,33 @@
 //! event again and finds it applied. `examples/rust/src/bin/outcomes.rs`
 //! in the repository does exactly that with Postgres.
 
+#[cfg(feature = "kafka")]
 mod acks;
 mod bulk;
+#[cfg(feature = "kafka")]
 mod ends;
 mod jobs;
 mod order;
 mod outcome;
+#[cfg(feature = "kafka")]
+mod produce;
+#[cfg(feature = "kafka")]
 mod stream;
 mod submit;
 mod submit_error;
 mod waiting;
 
 pub use flotilla_contracts::{WorkflowRunEvent, WorkflowRunEventType, WorkflowRunSignal};
+#[cfg(feature = "kafka")]
 pub use flotilla_runtime::BrokerConfig;
+#[cfg(feature = "kafka")]
 pub use flotilla_runtime::kafka::GroupProtocol;
+#[cfg(feature = "kafka")]
 pub use flotilla_runtime::registry::RegistryConfig;
 pub use jobs::{Job, JobFilter, JobPage, Jobs, JobsError, ROUTES as JOBS_ROUTES};
 pub use order::{JobSequences, Verdict, classify};
 pub use outcome::WaitError;
 pub use secrecy::SecretString;
+#[cfg(feature = "kafka")]
 pub use stream::{Delivery, EventStream, EventStreamOptions, StartAt, StreamError};
 pub use submit::{Receipt, Submission, SubmitError, Submitter};

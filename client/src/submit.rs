@@ -1,16 +1,10 @@
 //! [`Submitter`]: a `WorkflowRunRequest` to the fleet, through Kafka or the
-//! HTTP API, returning once the request is durable.
+//! HTTP API, returning once the request is durable. The HTTP route is
+//! here; the Kafka route, behind the `kafka` feature, is `produce.rs`.
 
 use std::time::Duration;
 
-use flotilla_codec::Codec;
-use flotilla_contracts::avro::AvroMessage;
-use flotilla_contracts::{WorkflowRunRequest, WorkflowRunSignal, topics};
-use flotilla_runtime::BrokerConfig;
-use flotilla_runtime::kafka::security::{is_refused_access, is_refused_for_itself};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use flotilla_contracts::WorkflowRunRequest;
 use reqwest::StatusCode;
 use secrecy::{ExposeSecret as _, SecretString};
 use serde::Serialize;
@@ -18,8 +12,6 @@ use uuid::Uuid;
 
 pub use crate::submit_error::SubmitError;
 
-/// How long a record may wait for room in the producer's queue.
-const QUEUE_WAIT: Duration = Duration::from_secs(30);
 /// How long one HTTP submission may take.
 pub(crate) const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -156,9 +148,10 @@ pub struct Submitter {
 impl std::fmt::Debug for Submitter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.route {
-            Route::Kafka { request_topic, .. } => f
+            #[cfg(feature = "kafka")]
+            Route::Kafka(kafka) => f
                 .debug_struct("Submitter")
-                .field("request_topic", request_topic)
+                .field("request_topic", &kafka.request_topic)
                 .finish_non_exhaustive(),
             Route::Api { base_url, .. } => f
                 .debug_struct("Submitter")
@@ -169,15 +162,10 @@ impl std::fmt::Debug for Submitter {
 }
 
 pub(crate) enum Route {
-    Kafka {
-        producer: FutureProducer,
-        // Boxed: the codec's registry clients are large beside the API route.
-        codec: Box<Codec>,
-        request_topic: String,
-        signal_topic: String,
-        /// What `submit_and_wait` reads the jobs' ends from.
-        ends: Box<crate::ends::EndsFeed>,
-    },
+    /// Boxed: the producer and the codec's registry clients are large
+    /// beside the API route.
+    #[cfg(feature = "kafka")]
+    Kafka(Box<crate::produce::KafkaRoute>),
     Api {
         client: reqwest::Client,
         base_url: String,
@@ -186,33 +174,6 @@ pub(crate) enum Route {
 }
 
 impl Submitter {
-    /// Produces to Kafka with the settings the contract needs: an
-    /// idempotent producer waiting for every in-sync replica, keyed by job
-    /// id (so a job's messages keep their order), Avro through the Schema
-    /// Registry when `broker` names one, JSON otherwise.
-    ///
-    /// # Errors
-    /// [`SubmitError::Settings`] for settings that cannot work.
-    pub fn kafka(broker: &BrokerConfig) -> Result<Self, SubmitError> {
-        broker
-            .validate()
-            .map_err(|e| SubmitError::Settings(e.to_string()))?;
-        let codec = Box::new(Codec::from_config(&broker.registry)?);
-        let producer = broker
-            .idempotent_producer()
-            .create()
-            .map_err(|e| SubmitError::Settings(format!("creating the producer: {e}")))?;
-        Ok(Self {
-            route: Route::Kafka {
-                producer,
-                codec,
-                request_topic: topics::REQUEST_TOPIC.to_owned(),
-                signal_topic: topics::SIGNAL_TOPIC.to_owned(),
-                ends: Box::new(crate::ends::EndsFeed::new(broker.clone())),
-            },
-        })
-    }
-
     /// Submits through a worker's HTTP API (`POST /v1/jobs`) at `base_url`,
     /// with a bearer token when the fleet requires one.
     ///
@@ -232,36 +193,6 @@ impl Submitter {
         })
     }
 
-    /// Produces requests to `topic` instead of `workflow-run-requests`
-    /// (Kafka only).
-    #[must_use]
-    pub fn with_request_topic(mut self, topic: &str) -> Self {
-        if let Route::Kafka { request_topic, .. } = &mut self.route {
-            topic.clone_into(request_topic);
-        }
-        self
-    }
-
-    /// Produces signals to `topic` instead of `workflow-run-signals`
-    /// (Kafka only).
-    #[must_use]
-    pub fn with_signal_topic(mut self, topic: &str) -> Self {
-        if let Route::Kafka { signal_topic, .. } = &mut self.route {
-            topic.clone_into(signal_topic);
-        }
-        self
-    }
-
-    /// Reads the jobs' ends for [`Submitter::submit_and_wait`] from `topic`
-    /// instead of `workflow-run-events` (Kafka only).
-    #[must_use]
-    pub fn with_event_topic(mut self, topic: &str) -> Self {
-        if let Route::Kafka { ends, .. } = &mut self.route {
-            ends.set_topic(topic);
-        }
-        self
-    }
-
     /// Sends `submission` and waits until it is durable: acknowledged by
     /// the broker, or committed by the API.
     ///
@@ -272,21 +203,9 @@ impl Submitter {
         let request = submission.request()?;
         let trace = submission.trace_context();
         match &self.route {
-            Route::Kafka {
-                producer,
-                codec,
-                request_topic,
-                ..
-            } => {
-                let (partition, offset) = produce(
-                    producer,
-                    codec,
-                    request_topic,
-                    request.job_id(),
-                    &request,
-                    trace,
-                )
-                .await?;
+            #[cfg(feature = "kafka")]
+            Route::Kafka(kafka) => {
+                let (partition, offset) = kafka.submit(&request, trace).await?;
                 Ok(Receipt::Kafka {
                     job_id: request.job_id(),
                     partition,
@@ -302,70 +221,70 @@ impl Submitter {
                 .map(|(receipt, _)| receipt),
         }
     }
+}
 
-    /// Produces a signal for a waiting job (Kafka only; over HTTP use the
-    /// API's signal endpoint). Returns the record's partition and offset.
+#[cfg(feature = "kafka")]
+impl Submitter {
+    /// Produces to Kafka with the settings the contract needs: an
+    /// idempotent producer waiting for every in-sync replica, keyed by job
+    /// id (so a job's messages keep their order), Avro through the Schema
+    /// Registry when `broker` names one, JSON otherwise.
+    ///
+    /// # Errors
+    /// [`SubmitError::Settings`] for settings that cannot work.
+    pub fn kafka(broker: &flotilla_runtime::BrokerConfig) -> Result<Self, SubmitError> {
+        let kafka = crate::produce::KafkaRoute::new(broker)?;
+        Ok(Self {
+            route: Route::Kafka(Box::new(kafka)),
+        })
+    }
+
+    /// Produces requests to `topic` instead of `workflow-run-requests`
+    /// (Kafka only).
+    #[must_use]
+    pub fn with_request_topic(mut self, topic: &str) -> Self {
+        if let Route::Kafka(kafka) = &mut self.route {
+            topic.clone_into(&mut kafka.request_topic);
+        }
+        self
+    }
+
+    /// Produces signals to `topic` instead of `workflow-run-signals`
+    /// (Kafka only).
+    #[must_use]
+    pub fn with_signal_topic(mut self, topic: &str) -> Self {
+        if let Route::Kafka(kafka) = &mut self.route {
+            topic.clone_into(&mut kafka.signal_topic);
+        }
+        self
+    }
+
+    /// Reads the jobs' ends for [`Submitter::submit_and_wait`] from `topic`
+    /// instead of `workflow-run-events` (Kafka only).
+    #[must_use]
+    pub fn with_event_topic(mut self, topic: &str) -> Self {
+        if let Route::Kafka(kafka) = &mut self.route {
+            kafka.ends.set_topic(topic);
+        }
+        self
+    }
+
+    /// Produces a signal for a waiting job (Kafka only; over HTTP use
+    /// [`Jobs::signal`](crate::Jobs::signal)). Returns the record's
+    /// partition and offset.
     ///
     /// # Errors
     /// As [`Submitter::submit`]; [`SubmitError::Settings`] on the API route.
-    pub async fn signal(&self, signal: &WorkflowRunSignal) -> Result<(i32, i64), SubmitError> {
+    pub async fn signal(
+        &self,
+        signal: &flotilla_contracts::WorkflowRunSignal,
+    ) -> Result<(i32, i64), SubmitError> {
         match &self.route {
-            Route::Kafka {
-                producer,
-                codec,
-                signal_topic,
-                ..
-            } => produce(producer, codec, signal_topic, signal.job_id(), signal, None).await,
+            Route::Kafka(kafka) => kafka.signal(signal).await,
             Route::Api { .. } => Err(SubmitError::Settings(
                 "signals are produced to Kafka; this submitter talks to the HTTP API".to_owned(),
             )),
         }
-    }
-}
-
-async fn produce<M: AvroMessage>(
-    producer: &FutureProducer,
-    codec: &Codec,
-    topic: &str,
-    job_id: Uuid,
-    message: &M,
-    trace: Option<(String, Option<String>)>,
-) -> Result<(i32, i64), SubmitError> {
-    let payload = codec.encode(topic, message).await?;
-    let key = job_id.to_string();
-    let mut record = FutureRecord::to(topic).key(&key).payload(&payload);
-    if let Some((traceparent, tracestate)) = &trace {
-        let mut headers = OwnedHeaders::new().insert(Header {
-            key: "traceparent",
-            value: Some(traceparent.as_bytes()),
-        });
-        if let Some(tracestate) = tracestate {
-            headers = headers.insert(Header {
-                key: "tracestate",
-                value: Some(tracestate.as_bytes()),
-            });
-        }
-        record = record.headers(headers);
-    }
-    let delivery = producer
-        .send(record, QUEUE_WAIT)
-        .await
-        .map_err(|(e, _)| delivery_error(topic, &e))?;
-    Ok((delivery.partition, delivery.offset))
-}
-
-/// A record the broker will never take is about the record; refused
-/// access or a dead producer is about the settings; anything else is about
-/// the broker.
-fn delivery_error(topic: &str, error: &KafkaError) -> SubmitError {
-    let text = format!("producing to {topic}: {error}");
-    match error.rdkafka_error_code() {
-        Some(code) if is_refused_for_itself(code) => SubmitError::Rejected(text),
-        _ if is_refused_access(error) => SubmitError::Settings(text),
-        Some(RDKafkaErrorCode::InvalidTopic | RDKafkaErrorCode::Fatal) => {
-            SubmitError::Settings(text)
-        }
-        _ => SubmitError::Unavailable(text),
     }
 }
 

@@ -1,7 +1,5 @@
 //! [`SubmitError`]: why a submission did not happen, classed once.
 
-use flotilla_codec::CodecError;
-
 /// Why a submission did not happen. Each error is about one thing:
 /// the request itself, the world, or this client's settings.
 #[derive(Debug, thiserror::Error)]
@@ -33,8 +31,10 @@ impl SubmitError {
     }
 }
 
-impl From<CodecError> for SubmitError {
-    fn from(error: CodecError) -> Self {
+#[cfg(feature = "kafka")]
+impl From<flotilla_codec::CodecError> for SubmitError {
+    fn from(error: flotilla_codec::CodecError) -> Self {
+        use flotilla_codec::CodecError;
         match error {
             CodecError::Decode(_) | CodecError::Rule(_) => Self::Rejected(error.to_string()),
             CodecError::RegistryUnavailable(_) => Self::Unavailable(error.to_string()),

@@ -69,10 +69,11 @@ impl Submitter {
                     }
                 }
             }
-            Route::Kafka { ends, .. } => {
+            #[cfg(feature = "kafka")]
+            Route::Kafka(kafka) => {
                 // Watching from before the request is produced: its end
                 // cannot slip past.
-                let watch = ends.watch(job_id).await?;
+                let watch = kafka.ends.watch(job_id).await?;
                 self.submit(submission).await?;
                 watch.ended(deadline).await?
             }

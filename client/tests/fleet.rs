@@ -5,6 +5,8 @@
 //! acknowledgement; and the Python package's tests (pytest) against the
 //! same kind of fleet.
 
+#![cfg(feature = "kafka")]
+
 mod support;
 
 use std::process::Command;

@@ -3,6 +3,8 @@
 //! a gap, both encodings, a record that is no event, and offsets committed
 //! only past what was acknowledged.
 
+#![cfg(feature = "kafka")]
+
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};

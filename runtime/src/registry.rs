@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use secrecy::{ExposeSecret as _, SecretString};
 
-use crate::kafka::security::SecurityError;
-use crate::settings::{readable_file, secret, secret_from_file};
+use crate::settings::{SecurityError, readable_file, secret, secret_from_file};
 
 /// The registry's address and credentials. `Debug` shows the URL without
 /// its user info or query (`redact.rs`) and no secret.

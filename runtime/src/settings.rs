@@ -60,6 +60,14 @@ pub fn readable_file(path: &str) -> Result<std::path::PathBuf, String> {
     Ok(std::path::PathBuf::from(path))
 }
 
+/// A setting that cannot work, named as the user wrote it.
+#[derive(Debug, thiserror::Error)]
+#[error("{setting}: {problem}")]
+pub struct SecurityError {
+    pub setting: &'static str,
+    pub problem: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+#[cfg(feature = "kafka")]
 use flotilla_client::{
     BrokerConfig, Delivery, EventStream, EventStreamOptions, StreamError, WorkflowRunEvent,
     WorkflowRunEventType,
@@ -19,6 +20,7 @@ pub(crate) const TOKEN: &str = "client-test-token";
 pub(crate) const WORKFLOW: &str = "shipping";
 
 /// The broker and registry as a user of the client describes them.
+#[cfg(feature = "kafka")]
 pub(crate) fn broker() -> BrokerConfig {
     let mut broker = BrokerConfig::new(&bootstrap_servers());
     broker.registry = flotilla_runtime::registry::RegistryConfig::new(&schema_registry_url());
@@ -131,6 +133,7 @@ impl Fleet {
     }
 
     /// An event stream on the fleet's event topic, in a group of its own.
+    #[cfg(feature = "kafka")]
     pub(crate) fn events(&self) -> EventStream {
         let options = EventStreamOptions::new(&unique("client-stream")).topic(&self.event_topic);
         EventStream::subscribe(&broker(), &options).unwrap()
@@ -155,6 +158,7 @@ impl Fleet {
 
 /// Reads until every job in `jobs` has published COMPLETED, acknowledging
 /// each event; returns each job's events in the order they came.
+#[cfg(feature = "kafka")]
 pub(crate) async fn until_completed(
     stream: &mut EventStream,
     jobs: &[Uuid],

@@ -53,6 +53,11 @@ def _filter(status: Optional[str], workflow_name: Optional[str], created_after: 
     return {name: value for name, value in given.items() if value is not None}
 
 
+def _labels(metadata: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
+    """A metadata filter worth sending: none for no labels."""
+    return dict(metadata) if metadata else None
+
+
 class Jobs:
     """The jobs of a fleet through a worker's API at ``base_url``. Each
     method returns the API's JSON (a job is a dict with ``job_id``,
@@ -78,9 +83,14 @@ class Jobs:
 
     def list(self, status: Optional[str] = None, workflow_name: Optional[str] = None,
              created_after: Optional[str] = None, created_before: Optional[str] = None,
-             limit: Optional[int] = None, cursor: Optional[str] = None) -> Dict[str, Any]:
-        """A page of jobs, newest first: ``{"jobs": [...], "next_cursor": ...}``."""
+             limit: Optional[int] = None, cursor: Optional[str] = None,
+             metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        """A page of jobs, newest first: ``{"jobs": [...], "next_cursor": ...}``.
+        ``metadata``: labels every job listed holds."""
         query: Dict[str, str] = _filter(status, workflow_name, created_after, created_before)
+        labels = _labels(metadata)
+        if labels is not None:
+            query["metadata"] = json.dumps(labels)
         if limit is not None:
             query["limit"] = str(limit)
         if cursor is not None:
@@ -110,11 +120,15 @@ class Jobs:
 
     def bulk(self, cancel: bool = False, dry_run: bool = False, reason: Optional[str] = None,
              status: Optional[str] = None, workflow_name: Optional[str] = None,
-             created_after: Optional[str] = None, created_before: Optional[str] = None) -> Dict[str, Any]:
+             created_after: Optional[str] = None, created_before: Optional[str] = None,
+             metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
         """Retries (or with ``cancel``, cancels) every job the filter
         matches, or only counts them with ``dry_run``."""
-        body: Dict[str, Any] = {"filter": _filter(status, workflow_name, created_after, created_before),
-                                "dry_run": dry_run}
+        matching: Dict[str, Any] = dict(_filter(status, workflow_name, created_after, created_before))
+        labels = _labels(metadata)
+        if labels is not None:
+            matching["metadata"] = labels
+        body: Dict[str, Any] = {"filter": matching, "dry_run": dry_run}
         if reason is not None:
             body["reason"] = reason
         verb = "cancel" if cancel else "retry"

@@ -56,6 +56,14 @@ def test_every_verb_of_the_jobs_client_against_the_fleet(fleet):
     assert counted["dry_run"] is True and counted["changed"] == 0 and counted["matched"] >= 1
     with pytest.raises(Rejected):
         jobs.bulk(dry_run=True)
+
+    # Labels filter the list and the bulk verbs: only the labelled job.
+    label = {"batch": uuid.uuid4().hex}
+    labelled = submit("parked", {}, metadata=label).job_id
+    until_waiting(jobs, labelled)
+    assert [job["job_id"] for job in jobs.list(metadata=label)["jobs"]] == [str(labelled)]
+    assert jobs.bulk(cancel=True, metadata=label)["changed"] == 1
+    assert jobs.get(labelled)["status"] == "CANCELLED"
     assert isinstance(jobs.schedules()["schedules"], list)
 
 

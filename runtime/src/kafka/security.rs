@@ -193,13 +193,7 @@ impl std::fmt::Debug for KafkaSecurity {
     }
 }
 
-/// A setting that cannot work, named as the user wrote it.
-#[derive(Debug, thiserror::Error)]
-#[error("{setting}: {problem}")]
-pub struct SecurityError {
-    pub setting: &'static str,
-    pub problem: String,
-}
+pub use crate::settings::SecurityError;
 
 impl KafkaSecurity {
     /// Every property this adds to a client, in the order they apply.
