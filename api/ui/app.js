@@ -1551,7 +1551,9 @@
     if (step.label !== undefined) return step.label;
     if (step.sleep !== undefined) return `sleep ${step.sleep}`;
     if (step.until !== undefined) return 'until an instant';
-    const target = `${step.target ?? '?'}.${step.method ?? '?'}`;
+    const target = step.verb !== undefined || step.path !== undefined
+      ? `${step.target ?? '?'} ${step.verb ?? ''} ${step.path ?? `/${step.method ?? ''}`}`.replace(/  +/g, ' ')
+      : `${step.target ?? '?'}.${step.method ?? '?'}`;
     if (step.for_each !== undefined) return `${target} for each`;
     if (step.paged) return `${target} paged`;
     return target;
@@ -1662,7 +1664,9 @@
     const steps = nodes.map((n) => ({
       name: n.name,
       needs: Array.isArray(n.needs) ? n.needs : [],
-      label: n.target ? `${n.target}${n.kind === 'call' || n.kind === 'external' ? '' : ` (${n.kind})`}` : String(n.kind),
+      label: n.target
+        ? `${n.target}${n.call ? ` ${n.call}` : ''}${n.kind === 'call' || n.kind === 'external' ? '' : ` (${n.kind})`}`
+        : String(n.kind),
       completion: n.kind === 'external' ? 'external' : undefined,
     }));
     const states = new Map(nodes.map((n) => {

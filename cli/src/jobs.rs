@@ -231,6 +231,8 @@ pub(crate) async fn graph(api: &ApiArgs, job_id: &str) -> Result<(), Failure> {
                 format!("{done} items done")
             } else if let Some(pages) = node["pages"].as_u64() {
                 format!("{pages} pages, cursor {}", node["cursor"])
+            } else if let Some(call) = node["call"].as_str() {
+                call.to_owned()
             } else {
                 String::new()
             };

@@ -6,7 +6,7 @@
 
 use flotilla_store::StoreError;
 use flotilla_store::runs::RunRow;
-use flotilla_workflow::{CompiledWorkflow, InvalidDefinition};
+use flotilla_workflow::{CompiledWorkflow, InvalidDefinition, StepDefinition};
 use serde_json::Value as Json;
 use uuid::Uuid;
 
@@ -220,8 +220,8 @@ pub fn child_id(parent: Uuid, step: &str) -> Uuid {
 /// aside (`runs::READER_LEVEL`).
 fn reader_level(compiled: &CompiledWorkflow) -> i16 {
     use flotilla_store::runs::{
-        CHILD_READER_LEVEL, CONCURRENCY_READER_LEVEL, CONTROLS_READER_LEVEL, FOR_EACH_READER_LEVEL,
-        GRAPH_READER_LEVEL, SIGNAL_READER_LEVEL,
+        CALL_SHAPE_READER_LEVEL, CHILD_READER_LEVEL, CONCURRENCY_READER_LEVEL,
+        CONTROLS_READER_LEVEL, FOR_EACH_READER_LEVEL, GRAPH_READER_LEVEL, SIGNAL_READER_LEVEL,
     };
     let definition = &compiled.definition;
     let controls = definition.retry.is_some()
@@ -236,7 +236,14 @@ fn reader_level(compiled: &CompiledWorkflow) -> i16 {
                     || s.on_timeout.is_some()
                     || (s.timeout_ms.is_some() && (s.wait_for.is_some() || s.start.is_some()))
             });
-    if definition.concurrency.is_some() {
+    let shaped = definition
+        .steps
+        .iter()
+        .chain(&definition.on_failure)
+        .any(StepDefinition::shapes_its_call);
+    if shaped {
+        CALL_SHAPE_READER_LEVEL
+    } else if definition.concurrency.is_some() {
         CONCURRENCY_READER_LEVEL
     } else if controls {
         CONTROLS_READER_LEVEL

@@ -116,7 +116,16 @@ impl Recorded {
     }
 
     fn answer(&self, target: &str, call: &TargetCall) -> Result<Json, StepFailure> {
-        let url = format!("{target}/{}", call.method);
+        // The call as an HTTP target names it in its errors (a step that
+        // names no verb: POST, as a target without a `verb` has it).
+        let url = match &call.shape {
+            Some(shape) => {
+                let shown = shape.shown(flotilla_workflow::Verb::Post);
+                let (verb, path) = shown.split_once(' ').unwrap_or(("POST", "/"));
+                format!("{verb} {target}{path}")
+            }
+            None => format!("POST {target}/{}", call.method),
+        };
         if target == CHILD_TARGET {
             let step = self
                 .stand_ins
@@ -172,7 +181,7 @@ impl Recorded {
             }
             (None, None, Some(why)) => Err(StepFailure::retryable(
                 RetryClass::Transport,
-                format!("POST {url}: {why}"),
+                format!("{url}: {why}"),
             )),
             // `Fixtures::parse` refuses an answer that gives none.
             (None, None, None) => Err(StepFailure::Defect(format!(

@@ -7,8 +7,10 @@
 //! answer's body error texts keep; none unless set),
 //! plus for HTTPS `ca_file`, `client_certificate` and `client_key`, and
 //! `headers` whose values are literal or come `from_env` / `from_file` (for
-//! credentials: the file itself then holds no secret), and for HTTP a
-//! fleet-wide `rate_limit` (`100/s`, `1000/m`).
+//! credentials: the file itself then holds no secret), `secrets` from the
+//! same sources that steps' headers name as `{secrets.<name>}`, the `verb`
+//! of steps that name none, and for HTTP a fleet-wide `rate_limit`
+//! (`100/s`, `1000/m`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -45,6 +47,13 @@ enum TargetConfig {
         /// Headers sent on every call (an `Authorization`, an API key).
         #[serde(default)]
         headers: BTreeMap<String, HeaderValueSource>,
+        /// Values steps' headers name as `{secrets.<name>}`: an API key
+        /// one workflow sends as `Authorization: Bearer {secrets.key}`.
+        #[serde(default)]
+        secrets: BTreeMap<String, HeaderValueSource>,
+        /// The verb of the steps that name none (default `POST`).
+        #[serde(default)]
+        verb: Option<flotilla_workflow::Verb>,
         /// PEM file of extra certificate authorities for this target.
         #[serde(default)]
         ca_file: Option<PathBuf>,
@@ -122,6 +131,28 @@ fn resolve_headers(
         map.insert(name, value);
     }
     Ok(map)
+}
+
+/// The secrets of a target, resolved; a problem names the secret, never
+/// its value.
+fn resolve_secrets(
+    secrets: &BTreeMap<String, HeaderValueSource>,
+) -> Result<BTreeMap<String, reqwest::header::HeaderValue>, String> {
+    let mut resolved = BTreeMap::new();
+    for (name, source) in secrets {
+        if !flotilla_workflow::http::is_secret_name(name) {
+            return Err(format!(
+                "secret {name:?}: a name is letters, digits, '_' and '-'"
+            ));
+        }
+        let value = source
+            .resolve()
+            .map_err(|e| format!("secret {name}: {e}"))?;
+        let value = reqwest::header::HeaderValue::from_str(&value)
+            .map_err(|_| format!("secret {name}: the value cannot go in a header"))?;
+        resolved.insert(name.clone(), value);
+    }
+    Ok(resolved)
 }
 
 /// Default per-call timeout of an http target without `timeout_ms`.
@@ -245,6 +276,8 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                 max_response_bytes,
                 error_body_bytes,
                 headers,
+                secrets,
+                verb,
                 ca_file,
                 client_certificate,
                 client_key,
@@ -287,10 +320,13 @@ pub fn load(path: &Path, targets: &mut Targets) -> Result<(), TargetsFileError> 
                     insecure_skip_verify,
                 };
                 let headers = resolve_headers(&headers).map_err(refused)?;
+                let secrets = resolve_secrets(&secrets).map_err(refused)?;
                 let target = HttpTarget::configured(&base_url, timeout, limit, &tls, headers)
                     .map_err(refused)?
                     .keep_error_body(error_body_bytes)
-                    .retry_statuses(retry_statuses);
+                    .retry_statuses(retry_statuses)
+                    .default_verb(verb.unwrap_or(flotilla_workflow::Verb::Post))
+                    .secrets(secrets);
                 targets.register(
                     name,
                     Arc::new(target),
@@ -412,6 +448,35 @@ mod tests {
             refused.contains("crm") && refused.contains("rate_limit"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn an_http_target_s_verb_and_secrets_load_and_a_bad_secret_is_refused_by_name() {
+        let http = "targets:\n  shop:\n    kind: http\n    base_url: http://shop.test\n";
+        let targets = load_text(&format!(
+            "{http}    verb: GET\n    secrets:\n      key: {{from_env: PATH}}\n"
+        ))
+        .unwrap();
+        assert_eq!(targets.default_verb("shop"), flotilla_workflow::Verb::Get);
+        assert_eq!(
+            load_text(http).unwrap().default_verb("shop"),
+            flotilla_workflow::Verb::Post
+        );
+        for (secrets, says) in [
+            ("      bad/name: x\n", "bad/name"),
+            (
+                "      gone: {from_env: FLOTILLA_TEST_UNSET_SECRET}\n",
+                "secret gone",
+            ),
+            ("      broken: \"a\\nb-s3cret\"\n", "secret broken"),
+        ] {
+            let refused = load_text(&format!("{http}    secrets:\n{secrets}"))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(refused.contains(says), "{refused}");
+            assert!(!refused.contains("s3cret"), "{refused}");
+        }
     }
 
     #[test]

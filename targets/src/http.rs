@@ -1,8 +1,13 @@
 //! The `http` target: POST `<base_url>/<method>` with the JSON request,
-//! over HTTPS with the system's roots plus an optional CA file, optional
-//! client certificate and configured headers (sent, never shown).
+//! or the step's own verb, path, query and headers (its call shape:
+//! `flotilla_workflow::http`), over HTTPS with the system's roots plus an
+//! optional CA file, optional client certificate and configured headers
+//! and secrets (sent, never shown). `GET` and `DELETE` send no body.
 //!
-//! Classification (DESIGN.md): 2xx JSON is the response; connection failures
+//! Classification (DESIGN.md): a 2xx answer is the response: its JSON, or
+//! null for an empty body, or the text of a body that is not JSON and
+//! does not claim to be (a JSON content type whose body does not parse is
+//! a defect); connection failures
 //! (retry class `transport`), timeouts (`timeout`), 408, 429, 502, 503 and
 //! 504 (`status`) are retryable; so are 401 and 407 (`status`): refused
 //! credentials are the worker's configuration (a rotated or wrong secret),
@@ -12,9 +17,11 @@
 //! allowed), and so is a TLS certificate the worker refuses (retrying would
 //! not change it).
 //!
-//! Containment: the URL is built segment by segment from the base URL and
-//! a method checked to be one plain segment (`flotilla_workflow::limits`), so no
-//! method reaches another path, query or host. Error texts (which reach
+//! Containment: the URL is the base URL and a method checked to be one
+//! plain segment (`flotilla_workflow::limits`), or a path whose text was
+//! checked when its definition compiled and whose values are
+//! percent-encoded (`flotilla_workflow::http`), so neither reaches another
+//! host, and a path no parent directory. Error texts (which reach
 //! rows and events) show the URL without its user info and query, and of a
 //! failed answer's body only its length and content type unless the
 //! operator keeps a prefix (`error_body_bytes`).
@@ -22,10 +29,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use reqwest::header::HeaderMap;
+use std::collections::BTreeMap;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 
 use super::{RetryClass, StepFailure, Target, TargetCall};
+use flotilla_workflow::Verb;
+use flotilla_workflow::http::HeaderPiece;
 use flotilla_workflow::limits;
 
 /// How long after the engine's own step timeout the HTTP client gives up by
@@ -49,6 +60,10 @@ pub struct HttpTarget {
     /// Statuses this target's operator wants retried although they would
     /// be final (a service whose 500s are known to pass).
     retry_statuses: Vec<u16>,
+    /// The verb of a step that names none.
+    default_verb: Verb,
+    /// Values steps' headers name as `{secrets.<name>}`.
+    secrets: BTreeMap<String, HeaderValue>,
 }
 
 /// How to reach an HTTPS target beyond the system's defaults.
@@ -131,7 +146,30 @@ impl HttpTarget {
             max_response_bytes,
             error_body_bytes: 0,
             retry_statuses: Vec::new(),
+            default_verb: Verb::Post,
+            secrets: BTreeMap::new(),
         })
+    }
+
+    /// Uses `verb` for the steps that name none (`POST` unless set).
+    #[must_use]
+    pub fn default_verb(mut self, verb: Verb) -> Self {
+        self.default_verb = verb;
+        self
+    }
+
+    /// The values steps' headers may name as `{secrets.<name>}` (marked
+    /// sensitive: never in logs or `Debug` output).
+    #[must_use]
+    pub fn secrets(mut self, secrets: BTreeMap<String, HeaderValue>) -> Self {
+        self.secrets = secrets
+            .into_iter()
+            .map(|(name, mut value)| {
+                value.set_sensitive(true);
+                (name, value)
+            })
+            .collect();
+        self
     }
 
     /// Keeps the first `bytes` of a failed answer's body in error texts
@@ -150,18 +188,90 @@ impl HttpTarget {
         self
     }
 
-    /// The URL of `method`: the base URL with the method as one more path
-    /// segment, after checking it is one plain segment.
-    fn url_of(&self, method: &str) -> Result<Url, StepFailure> {
-        if let Some(problem) = limits::method_problem(method) {
-            return Err(StepFailure::Defect(format!("method {problem}")));
-        }
+    /// The URL of `call` and the text its errors show: the base URL with
+    /// the step's path (and query), or with its method as one more
+    /// segment after checking it is one plain segment.
+    fn url_of(&self, call: &TargetCall) -> Result<(Url, String), StepFailure> {
+        let shape = call.shape.as_ref();
         let mut url = self.base.clone();
-        url.path_segments_mut()
-            .map_err(|()| StepFailure::Defect(format!("{} cannot hold a path", self.shown)))?
-            .pop_if_empty()
-            .push(method);
-        Ok(url)
+        let mut shown = self.shown.trim_end_matches('/').to_owned();
+        match shape.and_then(|shape| shape.path.as_deref()) {
+            // Checked when the definition compiled, its values encoded.
+            Some(path) => {
+                let joined = format!("{}{path}", url.path().trim_end_matches('/'));
+                url.set_path(&joined);
+                shown.push_str(path);
+            }
+            None => {
+                if let Some(problem) = limits::method_problem(&call.method) {
+                    return Err(StepFailure::Defect(format!("method {problem}")));
+                }
+                url.path_segments_mut()
+                    .map_err(|()| {
+                        StepFailure::Defect(format!("{} cannot hold a path", self.shown))
+                    })?
+                    .pop_if_empty()
+                    .push(&call.method);
+                shown.push('/');
+                shown.push_str(&call.method);
+            }
+        }
+        if let Some(query) = shape.and_then(flotilla_workflow::http::ResolvedCall::query_string) {
+            let joined = match url.query() {
+                Some(own) if !own.is_empty() => format!("{own}&{query}"),
+                _ => query,
+            };
+            url.set_query(Some(&joined));
+        }
+        Ok((url, shown))
+    }
+
+    /// The step's own headers, its secrets filled in.
+    fn headers_of(&self, call: &TargetCall) -> Result<HeaderMap, StepFailure> {
+        let mut headers = HeaderMap::new();
+        let Some(shape) = &call.shape else {
+            return Ok(headers);
+        };
+        for (name, pieces) in &shape.headers {
+            let mut value = Vec::new();
+            let mut secret = false;
+            for piece in pieces {
+                match piece {
+                    HeaderPiece::Text(text) => value.extend_from_slice(text.as_bytes()),
+                    HeaderPiece::Secret(key) => {
+                        // The targets file lacks it: the worker's
+                        // configuration, which an operator fixes.
+                        let known = self.secrets.get(key).ok_or_else(|| {
+                            StepFailure::retryable(
+                                RetryClass::Other,
+                                format!(
+                                    "header {name}: this target has no secret {key:?} (add it to its secrets in the targets file)"
+                                ),
+                            )
+                        })?;
+                        value.extend_from_slice(known.as_bytes());
+                        secret = true;
+                    }
+                }
+            }
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| StepFailure::Defect(format!("{name:?} is not a header name")))?;
+            let mut value = HeaderValue::from_bytes(&value)
+                .map_err(|_| StepFailure::Defect(format!("header {name}: not a header value")))?;
+            value.set_sensitive(secret);
+            headers.insert(name, value);
+        }
+        Ok(headers)
+    }
+}
+
+fn method_of(verb: Verb) -> reqwest::Method {
+    match verb {
+        Verb::Get => reqwest::Method::GET,
+        Verb::Post => reqwest::Method::POST,
+        Verb::Put => reqwest::Method::PUT,
+        Verb::Patch => reqwest::Method::PATCH,
+        Verb::Delete => reqwest::Method::DELETE,
     }
 }
 
@@ -187,18 +297,31 @@ impl Target for HttpTarget {
         Some(self.timeout)
     }
 
+    fn default_verb(&self) -> Verb {
+        self.default_verb
+    }
+
     async fn call(&self, call: TargetCall) -> Result<serde_json::Value, StepFailure> {
-        let target_url = self.url_of(&call.method)?;
-        let url = format!("{}/{}", self.shown, call.method);
+        let verb = call
+            .shape
+            .as_ref()
+            .and_then(|shape| shape.verb)
+            .unwrap_or(self.default_verb);
+        let (target_url, shown) = self.url_of(&call)?;
+        // What error texts name the call by: its verb and URL, no query.
+        let url = format!("{} {shown}", verb.as_str());
         let mut request = self
             .client
-            .post(target_url)
+            .request(method_of(verb), target_url)
             // The engine enforces `call.timeout` (already cut to the
             // target's timeout) and names it; this backstop fires a second
             // later, so it never races the engine's clearer verdict.
             .timeout(call.timeout.min(self.timeout) + BACKSTOP_GRACE)
-            .header("Idempotency-Key", call.idempotency_key())
-            .json(&call.request);
+            .headers(self.headers_of(&call)?)
+            .header("Idempotency-Key", call.idempotency_key());
+        if verb.has_body() {
+            request = request.json(&call.request);
+        }
         if let Some(traceparent) = &call.traceparent {
             request = request.header("traceparent", traceparent);
         }
@@ -211,10 +334,10 @@ impl Target for HttpTarget {
             if e.is_builder() {
                 // The request itself cannot be built (a header value, the
                 // URL): the same call would fail the same way.
-                StepFailure::Defect(format!("POST {url}: building the request: {e}"))
+                StepFailure::Defect(format!("{url}: building the request: {e}"))
             } else if flotilla_runtime::tls::is_certificate_refused(&e) {
                 StepFailure::Defect(format!(
-                    "POST {url}: the target's TLS certificate was refused (set its ca_file?): {}",
+                    "{url}: the target's TLS certificate was refused (set its ca_file?): {}",
                     error_chain(&e)
                 ))
             } else {
@@ -223,7 +346,7 @@ impl Target for HttpTarget {
                 } else {
                     RetryClass::Transport
                 };
-                StepFailure::retryable(class, format!("POST {url}: {}", error_chain(&e)))
+                StepFailure::retryable(class, format!("{url}: {}", error_chain(&e)))
             }
         })?;
         let status = response.status();
@@ -258,7 +381,7 @@ async fn read_capped(
 ) -> Result<Vec<u8>, StepFailure> {
     let too_large = |size: String| {
         StepFailure::Defect(format!(
-            "POST {url}: the response body is {size} bytes, over the limit of {limit}"
+            "{url}: the response body is {size} bytes, over the limit of {limit}"
         ))
     };
     if let Some(announced) = response.content_length()
@@ -275,7 +398,7 @@ async fn read_capped(
         };
         StepFailure::retryable(
             class,
-            format!("POST {url}: reading the body: {}", e.without_url()),
+            format!("{url}: reading the body: {}", e.without_url()),
         )
     })? {
         if body.len() + chunk.len() > limit {
@@ -327,21 +450,21 @@ impl Answer<'_> {
     }
 }
 
-/// How the engine takes an answer of `status` with `body` from `url`, as
-/// if a call had received it: recorded answers (`flotilla workflows test`)
+/// How the engine takes an answer of `status` with `body` to `call` (its
+/// verb and URL: `POST orders/create`), as if a call had received it: recorded answers (`flotilla workflows test`)
 /// are classified by the same rules as live ones. The body is shown whole
 /// in error texts, as a recording is the tester's own.
 ///
 /// # Errors
 /// The failure that answer is.
 pub fn classify_recorded(
-    url: &str,
+    call: &str,
     status: u16,
     body: &[u8],
     retry_after_header: Option<&str>,
 ) -> Result<serde_json::Value, StepFailure> {
     let status = StatusCode::from_u16(status)
-        .map_err(|e| StepFailure::Defect(format!("POST {url}: status {status}: {e}")))?;
+        .map_err(|e| StepFailure::Defect(format!("{call}: status {status}: {e}")))?;
     let answer = Answer {
         status,
         body,
@@ -351,18 +474,42 @@ pub fn classify_recorded(
             .and_then(|value| retry_after(value, std::time::SystemTime::now())),
         retried: &[],
     };
-    classify(url, &answer)
+    classify(call, &answer)
+}
+
+/// A 2xx answer's value: its JSON; null for no body; the text of a body
+/// that is not JSON and does not claim to be. A body that claims to be
+/// JSON and is not, or text that is not UTF-8, broke the target's
+/// contract.
+fn success(url: &str, answer: &Answer<'_>) -> Result<serde_json::Value, StepFailure> {
+    let (status, body) = (answer.status, answer.body);
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Value::Null);
+    }
+    let claims_json = answer
+        .content_type
+        .is_some_and(|kind| kind.to_ascii_lowercase().contains("json"));
+    match serde_json::from_slice(body) {
+        Ok(value) => Ok(value),
+        Err(e) if claims_json => Err(StepFailure::Defect(format!(
+            "{url}: {status} with a body that is not JSON ({e}): {}",
+            answer.excerpt()
+        ))),
+        Err(_) => String::from_utf8(body.to_vec())
+            .map(serde_json::Value::String)
+            .map_err(|_| {
+                StepFailure::Defect(format!(
+                    "{url}: {status} with a body that is neither JSON nor UTF-8 text: {}",
+                    answer.excerpt()
+                ))
+            }),
+    }
 }
 
 fn classify(url: &str, answer: &Answer<'_>) -> Result<serde_json::Value, StepFailure> {
     let (status, body) = (answer.status, answer.body);
     if status.is_success() {
-        return serde_json::from_slice(body).map_err(|e| {
-            StepFailure::Defect(format!(
-                "POST {url}: {status} with a body that is not JSON ({e}): {}",
-                answer.excerpt()
-            ))
-        });
+        return success(url, answer);
     }
     let code = status.as_u16();
     let retry = |error: String| StepFailure::Retryable {
@@ -378,18 +525,16 @@ fn classify(url: &str, answer: &Answer<'_>) -> Result<serde_json::Value, StepFai
         .any(|statuses| statuses.contains(&code))
     {
         return Err(retry(format!(
-            "POST {url}: {status} (retried as its retry_on asks): {}",
+            "{url}: {status} (retried as its retry_on asks): {}",
             answer.excerpt()
         )));
     }
     match code {
-        408 | 429 | 502 | 503 | 504 => {
-            Err(retry(format!("POST {url}: {status}: {}", answer.excerpt())))
-        }
+        408 | 429 | 502 | 503 | 504 => Err(retry(format!("{url}: {status}: {}", answer.excerpt()))),
         // The target (or a proxy) refused the worker's credentials: every
         // job of this target would meet the same until the secret is fixed.
         401 | 407 => Err(retry(format!(
-            "POST {url}: {status} (check the target's credentials): {}",
+            "{url}: {status} (check the target's credentials): {}",
             answer.excerpt()
         ))),
         422 => {
@@ -405,18 +550,18 @@ fn classify(url: &str, answer: &Answer<'_>) -> Result<serde_json::Value, StepFai
                         .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
                         .collect();
                     Err(StepFailure::Verdict {
-                        message: format!("POST {url}: 422: {}", violations.join("; ")),
+                        message: format!("{url}: 422: {}", violations.join("; ")),
                         violations,
                     })
                 }
                 None => Err(StepFailure::Defect(format!(
-                    "POST {url}: 422 without a violations list: {}",
+                    "{url}: 422 without a violations list: {}",
                     answer.excerpt()
                 ))),
             }
         }
         _ => Err(StepFailure::Defect(format!(
-            "POST {url}: {status}: {}",
+            "{url}: {status}: {}",
             answer.excerpt()
         ))),
     }

@@ -144,6 +144,10 @@ pub struct TargetCall {
     /// HTTP statuses the step's retry policy retries although they would
     /// be final (`retry.retry_on`); other kinds of target ignore them.
     pub retry_statuses: Vec<u16>,
+    /// The step's verb, path, query and headers, filled in, when it names
+    /// any: an HTTP target sends them (`method` is then unused); other
+    /// kinds of target ignore them.
+    pub shape: Option<flotilla_workflow::http::ResolvedCall>,
 }
 
 impl TargetCall {
@@ -166,6 +170,11 @@ pub trait Target: Send + Sync + 'static {
     /// `timeout_ms` and a workflow's `deadline_ms` never raise it.
     fn timeout(&self) -> Option<Duration> {
         None
+    }
+
+    /// The verb of a call whose step names none (an HTTP target's `verb`).
+    fn default_verb(&self) -> flotilla_workflow::Verb {
+        flotilla_workflow::Verb::Post
     }
 
     /// Performs the call and returns the JSON response.
@@ -300,6 +309,14 @@ impl Targets {
         self.by_name.get(name)?.target.timeout()
     }
 
+    /// The verb a call to `name` uses when its step names none.
+    #[must_use]
+    pub fn default_verb(&self, name: &str) -> flotilla_workflow::Verb {
+        self.by_name
+            .get(name)
+            .map_or(flotilla_workflow::Verb::Post, |r| r.target.default_verb())
+    }
+
     /// Calls `name` under its concurrency cap. The caller bounds the call in
     /// time (`call.timeout` tells the target how long it has).
     ///
@@ -370,6 +387,7 @@ mod tests {
             tracestate: None,
             part: part.map(str::to_owned),
             retry_statuses: Vec::new(),
+            shape: None,
         };
         let nil = Uuid::nil();
         assert_eq!(call(None).idempotency_key(), format!("{nil}:score"));

@@ -187,6 +187,7 @@ fn call(method: &str) -> TargetCall {
         tracestate: None,
         part: None,
         retry_statuses: Vec::new(),
+        shape: None,
     }
 }
 

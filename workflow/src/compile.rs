@@ -17,6 +17,7 @@ use crate::model::{
 };
 
 mod assign;
+mod call_shape;
 mod checks;
 mod retry;
 mod shape;
@@ -266,10 +267,13 @@ impl Problems {
                     ),
                 );
             }
-            if let Some(problem) = limits::method_problem(&step.method) {
+            if step.path.is_none()
+                && let Some(problem) = limits::method_problem(&step.method)
+            {
                 self.add(at, "method", problem);
             }
         }
+        let call_shape = self.call_shape(at, step);
         self.wait_bounds(at, step);
         if step.timeout_ms == Some(0) {
             self.add(at, "timeout_ms", "must be above 0");
@@ -364,6 +368,7 @@ impl Problems {
             when,
             timer,
             for_each,
+            call_shape,
             retry: crate::retry::StepRetry::plain(crate::model::default_max_attempts()),
         })
     }

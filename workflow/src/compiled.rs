@@ -56,6 +56,8 @@ pub struct CompiledStep {
     pub timer: Option<Timer>,
     /// The list a `for_each` step calls its target once per item of.
     pub for_each: Option<Expression>,
+    /// Its HTTP call's verb, path, query and headers, when it names any.
+    pub call_shape: Option<crate::http::CallShape>,
     /// Its retry policy, the workflow's filling its gaps.
     pub retry: crate::retry::StepRetry,
 }

@@ -18,6 +18,7 @@ mod compiled;
 pub mod expr;
 mod frontier;
 pub mod graph;
+pub mod http;
 pub mod limits;
 mod model;
 mod references;
@@ -35,7 +36,7 @@ pub use graph::Graph;
 pub use model::{
     Completion, Concurrency, DEFAULT_MAX_ITEMS, DEFAULT_MAX_PAGES, DEFAULT_PARALLELISM, Debounce,
     MAX_ATTEMPTS, MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, OnExcess, OnTimeout,
-    StartChild, StepDefinition, WorkflowDefinition,
+    StartChild, StepDefinition, Verb, WorkflowDefinition,
 };
 pub use retry::{FailureMatch, RetryPolicy, StepRetry};
 

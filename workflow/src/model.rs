@@ -1,5 +1,7 @@
 //! The workflow document as users write it (its rules: docs/architecture.md).
 
+use std::collections::BTreeMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -163,6 +165,37 @@ pub enum OnTimeout {
     Value(serde_json::Value),
 }
 
+/// The HTTP verb of a step's call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Verb {
+    Get,
+    Post,
+    Put,
+    Patch,
+    Delete,
+}
+
+impl Verb {
+    /// The verb as HTTP writes it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Get => "GET",
+            Self::Post => "POST",
+            Self::Put => "PUT",
+            Self::Patch => "PATCH",
+            Self::Delete => "DELETE",
+        }
+    }
+
+    /// Whether its request carries a body (`GET` and `DELETE` do not).
+    #[must_use]
+    pub fn has_body(self) -> bool {
+        !matches!(self, Self::Get | Self::Delete)
+    }
+}
+
 /// What a `start` step starts: a stored workflow, its input built by
 /// assignments as a call's request is by `rules`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -227,6 +260,29 @@ pub struct StepDefinition {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 128))]
     pub method: String,
+    /// For an HTTP target: the verb (unset: the target's `verb`, else
+    /// `POST`). `GET` and `DELETE` send no body, so such a step has no
+    /// `rules`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verb: Option<Verb>,
+    /// For an HTTP target, instead of `method`: a path under its
+    /// `base_url`, starting with `/`, whose `{<CEL>}` placeholders (over
+    /// `input`, the steps it needs, `item`) are each percent-encoded into
+    /// the segment they sit in: `/orders/{input.order_id}/lines`. `{{` and
+    /// `}}` are literal braces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub path: Option<String>,
+    /// For an HTTP target: query parameters, each value a template as in
+    /// `path` (a value that is one placeholder giving null leaves its
+    /// parameter out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub query: BTreeMap<String, String>,
+    /// For an HTTP target: headers, each value a template as in `path`;
+    /// `{secrets.<name>}` is the target's secret of that name (from the
+    /// targets file: never in a definition, a row, an event or a log).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
     /// Assignments `field.path = <CEL>` over `input` and `steps.<a step it needs>`.
     #[serde(default)]
     pub rules: Vec<String>,
@@ -290,6 +346,16 @@ impl StepDefinition {
     #[must_use]
     pub fn max_pages(&self) -> u32 {
         self.max_pages.unwrap_or(DEFAULT_MAX_PAGES)
+    }
+
+    /// Whether it shapes its HTTP call beyond `method` (a verb, a path,
+    /// query parameters or headers).
+    #[must_use]
+    pub fn shapes_its_call(&self) -> bool {
+        self.verb.is_some()
+            || self.path.is_some()
+            || !self.query.is_empty()
+            || !self.headers.is_empty()
     }
 
     #[must_use]

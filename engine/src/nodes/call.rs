@@ -35,6 +35,13 @@ pub(crate) enum Invocation {
     },
 }
 
+/// A call's judged response, and the call as shown (`GET /orders/42`)
+/// when its step shapes it.
+pub(crate) struct Answer {
+    pub(crate) response: Json,
+    pub(crate) call: Option<String>,
+}
+
 impl Engine {
     pub(crate) async fn invoke(
         &self,
@@ -43,16 +50,25 @@ impl Engine {
         scope: &Scope,
         (left, deadline): (Duration, Duration),
         lease_lost: &CancellationToken,
-    ) -> Result<Json, Invocation> {
+    ) -> Result<Answer, Invocation> {
         let step = compiled.step_at(index);
         let name = &step.definition.name;
-        let request = {
+        let built = {
             let (compiled, scope) = (compiled.clone(), scope.clone());
-            self.off_runtime(move || assemble(&compiled.step_at(index).rules, &scope))
-                .await
+            self.off_runtime(move || {
+                let step = compiled.step_at(index);
+                let request = assemble(&step.rules, &scope)?;
+                let shape = step
+                    .call_shape
+                    .as_ref()
+                    .map(|shape| shape.resolve(&scope))
+                    .transpose()?;
+                Ok::<_, String>((request, shape))
+            })
+            .await
         };
-        let request = match request {
-            Ok(Ok(request)) => request,
+        let (request, shape) = match built {
+            Ok(Ok(built)) => built,
             Ok(Err(e)) => {
                 return Err(Invocation::Failed(StepFailure::Defect(format!(
                     "step {name}: building the request: {e}"
@@ -129,6 +145,11 @@ impl Engine {
             },
             |(traceparent, tracestate)| (Some(traceparent), tracestate),
         );
+        // The call as checkpoints and the console show it: its verb and
+        // path, never its headers.
+        let shown = shape
+            .as_ref()
+            .map(|shape| shape.shown(self.targets().default_verb(target)));
         let call = TargetCall {
             job_id: claimed.job_id(),
             step_name: name.clone(),
@@ -139,6 +160,7 @@ impl Engine {
             tracestate,
             part,
             retry_statuses: step.retry.retry_statuses.clone(),
+            shape,
         };
         let started = std::time::Instant::now();
         // A target that panics fails this job as a defect; the loop goes on.
@@ -202,7 +224,10 @@ impl Engine {
                 )));
             }
         }
-        Ok(response)
+        Ok(Answer {
+            response,
+            call: shown,
+        })
     }
 }
 
@@ -222,7 +247,7 @@ impl Nodes<'_> {
         node: Node,
         scope: Scope,
         (left, deadline): (Duration, Duration),
-    ) -> (Node, Result<Option<Json>, Invocation>) {
+    ) -> (Node, Result<Option<Answer>, Invocation>) {
         let _running = Running::new();
         if node.is_first() {
             match self.holds(node.step, &scope).await {

@@ -161,6 +161,7 @@ impl ClaimedRun {
             child: Some(id),
             list: None,
             timed_out: false,
+            call: None,
         };
         let submission = Submission {
             metadata: None,

@@ -33,7 +33,7 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
-use crate::nodes::call::Invocation;
+use crate::nodes::call::{Answer, Invocation};
 use crate::nodes::child::NewChild;
 use crate::nodes::items::Items;
 use crate::nodes::kafka::Replies;
@@ -187,7 +187,7 @@ impl Node {
 type Write<'a> = BoxFuture<'a, Result<Option<StepFailure>, SegmentStop>>;
 
 /// A call's answer, or its step's `when` saying no (`None`).
-type Called<'a> = BoxFuture<'a, (Node, Result<Option<Json>, Invocation>)>;
+type Called<'a> = BoxFuture<'a, (Node, Result<Option<Answer>, Invocation>)>;
 
 pub(crate) struct Nodes<'a> {
     pub(crate) engine: &'a Engine,
@@ -479,8 +479,9 @@ impl<'a> Nodes<'a> {
                     to_start.clear();
                 }
                 Some((node, called)) = calls.next(), if !calls.is_empty() => match called {
-                    Ok(response) => {
+                    Ok(answer) => {
                         let name = self.compiled.steps[node.step].definition.name.clone();
+                        let (response, call) = answer.map_or((None, None), |a| (Some(a.response), a.call));
                         match (node.page, response) {
                             (Some(page), Some(answer)) if answer.get("more") == Some(&Json::Bool(true)) => {
                                 match self.next_page(node, page, &answer) {
@@ -492,6 +493,7 @@ impl<'a> Nodes<'a> {
                             }
                             (_, response) => {
                                 let mut kept = checkpoint(name, node.item, response);
+                                kept.call = call;
                                 if node.item.is_some() {
                                     // Checkpoints are written in answer order:
                                     // the first item answered is written first.
@@ -572,5 +574,6 @@ fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Chec
         child: None,
         list: None,
         timed_out: false,
+        call: None,
     }
 }

@@ -197,6 +197,7 @@ impl Engine {
                     child: None,
                     list: None,
                     timed_out: false,
+                    call: None,
                     response,
                 };
                 if !idle::resume_waiting(

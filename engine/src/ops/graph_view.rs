@@ -42,6 +42,11 @@ pub struct NodeView {
     pub kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// For a step that names its verb or path: the last call made, as
+    /// made (`GET /orders/42`), or before one, as its definition writes
+    /// it (`GET /orders/{input.order_id}`). Never its headers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
     pub needs: Vec<String>,
     pub dependants: Vec<String>,
     /// Items of a `for_each` answered so far.
@@ -88,10 +93,14 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
     let mut ended: Vec<Option<NodeState>> = vec![None; n];
     let mut items = vec![0usize; n];
     let mut pages: Vec<Option<(u32, Json)>> = vec![None; n];
+    let mut calls: Vec<Option<String>> = vec![None; n];
     for checkpoint in row.checkpoints.0.as_array().into_iter().flatten() {
         let Some(&i) = checkpoint["name"].as_str().and_then(|name| index.get(name)) else {
             continue;
         };
+        if let Some(call) = checkpoint["call"].as_str() {
+            calls[i] = Some(call.to_owned());
+        }
         if checkpoint.get("item").is_some_and(|item| !item.is_null()) {
             items[i] += 1;
         } else if let Some(page) = checkpoint.get("page").and_then(Json::as_u64) {
@@ -156,6 +165,7 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
                 state,
                 kind,
                 target: Some(step.target.clone()).filter(|t| !t.is_empty()),
+                call: calls[i].take().or_else(|| as_written(step)),
                 needs: names(graph.needs(i)),
                 dependants: names(graph.dependants(i)),
                 items_done: step.for_each.is_some().then_some(items[i]),
@@ -170,6 +180,22 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
         status: row.status.as_str().to_owned(),
         nodes,
     })
+}
+
+/// A shaped step's call as its definition writes it: its verb (the
+/// target's own when it names none) and its path template.
+fn as_written(step: &flotilla_workflow::StepDefinition) -> Option<String> {
+    if step.verb.is_none() && step.path.is_none() {
+        return None;
+    }
+    let verb = step
+        .verb
+        .map_or("(target's verb)", flotilla_workflow::Verb::as_str);
+    let path = step
+        .path
+        .clone()
+        .unwrap_or_else(|| format!("/{}", step.method));
+    Some(format!("{verb} {path}"))
 }
 
 /// Whether `step` of the job's own definition is ready now: every step it

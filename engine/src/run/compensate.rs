@@ -89,11 +89,12 @@ pub(crate) async fn compensate(
             )
             .await;
         match called {
-            Ok(response) => {
+            Ok(answer) => {
                 let checkpoint = Checkpoint {
                     name: name.clone(),
                     skipped: false,
-                    response,
+                    response: answer.response,
+                    call: answer.call,
                     item: None,
                     page: None,
                     signal: None,

@@ -83,6 +83,7 @@ mod tests {
             child: None,
             list: None,
             timed_out: false,
+            call: None,
         }
     }
 

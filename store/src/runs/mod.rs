@@ -45,11 +45,13 @@ use crate::status::RunStatus;
 /// definitions and checkpoints (`timed_out`) earlier releases refuse; 8,
 /// runs of a workflow with a `concurrency` key, which must take a slot of
 /// their key before they run (an earlier release would run them past the
-/// limit). A run
+/// limit); 9, runs with a step that names its HTTP verb, path, query or
+/// headers, whose definitions and checkpoints (`call`) earlier releases
+/// refuse (and would call the wrong URL). A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
-pub const READER_LEVEL: i16 = 8;
+pub const READER_LEVEL: i16 = 9;
 /// Where `timers` keeps the deadline of the wait `step`: apart from the
 /// step's own name (a timer's), so an operator's retry can drop every
 /// deadline and give each wait its whole `timeout_ms` again.
@@ -75,6 +77,9 @@ pub const FOR_EACH_READER_LEVEL: i16 = 6;
 pub const CONTROLS_READER_LEVEL: i16 = 7;
 /// The level of a run whose workflow has a `concurrency` key.
 pub const CONCURRENCY_READER_LEVEL: i16 = 8;
+/// The level of a run with a step that names its HTTP verb, path, query
+/// or headers.
+pub const CALL_SHAPE_READER_LEVEL: i16 = 9;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +116,11 @@ pub struct Checkpoint {
     /// gives), not by an answer.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+    /// For a call whose step names its verb, path, query or headers: the
+    /// call made, as shown (`GET /orders/42`; never its headers). Only in
+    /// runs at [`CALL_SHAPE_READER_LEVEL`] or above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
 }
 
 impl Checkpoint {

@@ -223,6 +223,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
         child: None,
         list: None,
         timed_out: false,
+        call: None,
     };
     assert!(matches!(
         old.checkpoint(&checkpoint).await,
@@ -406,6 +407,7 @@ async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPo
         child: None,
         list: None,
         timed_out: false,
+        call: None,
     };
     tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
         .await

@@ -167,6 +167,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
             child: None,
             list: None,
             timed_out: false,
+            call: None,
         })
         .await
         .unwrap();

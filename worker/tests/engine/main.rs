@@ -14,6 +14,7 @@ mod failures;
 mod grafts;
 mod graphs;
 mod hostile;
+mod http_calls;
 mod item_lists;
 mod kafka_steps;
 mod lapses;

@@ -6,6 +6,7 @@ use super::Problems;
 use crate::compiled::{CompiledStep, MAX_SLEEP, Timer};
 use crate::expr::Expression;
 use crate::graph::Graph;
+use crate::http::CallShape;
 use crate::limits::{self, MAX_RULES, PATTERN_SIZE_LIMIT};
 use crate::model::{StartChild, StepDefinition};
 
@@ -179,7 +180,8 @@ impl Problems {
                 .chain(step.timer.iter().filter_map(|timer| match timer {
                     Timer::Until(until) => Some(("until".to_owned(), until)),
                     Timer::Sleep(_) => None,
-                }));
+                }))
+                .chain(step.call_shape.iter().flat_map(CallShape::expressions));
             for (field, expression) in fields {
                 for name in expression.steps_named() {
                     match index.get(name.as_str()) {

@@ -282,3 +282,46 @@ fn retry_policies_and_wait_bounds_are_checked_and_resolved() {
     assert_eq!(b.initial_interval, Some(std::time::Duration::from_secs(2)));
     assert!(!a.jitter && !b.jitter);
 }
+
+/// A call shape is a call's, its templates read only the steps it needs,
+/// and its problems are named by field.
+#[test]
+fn a_call_shape_belongs_to_a_call_and_reads_only_its_needs() {
+    let document = serde_json::json!({
+        "name": "w", "input_schema": {},
+        "steps": [
+            {"name": "a", "target": "t", "method": "m"},
+            {"name": "b", "target": "t", "needs": [], "verb": "GET",
+             "path": "/x/{steps.a.id}"},
+            {"name": "wait", "sleep": "1s", "verb": "GET"},
+            {"name": "c", "target": "t", "path": "/../up"}
+        ]
+    });
+    let problems = compile(&document).unwrap_err().problems;
+    let named = |step: &str, field: &str| {
+        problems
+            .iter()
+            .any(|p| p.step.as_deref() == Some(step) && p.field == field)
+    };
+    assert!(
+        named("b", "path"),
+        "b reads a step it does not need: {problems:?}"
+    );
+    assert!(named("wait", "verb"), "{problems:?}");
+    assert!(named("c", "path"), "{problems:?}");
+    assert!(
+        !named("c", "method"),
+        "a path stands for the method: {problems:?}"
+    );
+    let fine = serde_json::json!({
+        "name": "w", "input_schema": {},
+        "steps": [
+            {"name": "a", "target": "t", "method": "m"},
+            {"name": "b", "target": "t", "verb": "DELETE", "path": "/x/{steps.a.id}",
+             "headers": {"X-Key": "{secrets.k}"}}
+        ]
+    });
+    let compiled = compile(&fine).unwrap();
+    assert!(compiled.steps[1].call_shape.is_some());
+    assert!(compiled.steps[0].call_shape.is_none());
+}

@@ -49,6 +49,7 @@ fn checkpoint(response: serde_json::Value, layout: CheckpointLayout) -> Transiti
             child: None,
             list: None,
             timed_out: false,
+            call: None,
             response,
         },
         layout,
@@ -235,6 +236,7 @@ fn named_checkpoint(name: &str, n: i64) -> Checkpoint {
         child: None,
         list: None,
         timed_out: false,
+        call: None,
         response: serde_json::json!({ "n": n }),
     }
 }
