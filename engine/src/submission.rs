@@ -6,7 +6,7 @@
 
 use flotilla_store::StoreError;
 use flotilla_store::runs::RunRow;
-use flotilla_workflow::{CompiledWorkflow, InvalidDefinition, StepDefinition};
+use flotilla_workflow::{CompiledWorkflow, InvalidDefinition};
 use serde_json::Value as Json;
 use uuid::Uuid;
 
@@ -220,8 +220,8 @@ pub fn child_id(parent: Uuid, step: &str) -> Uuid {
 /// aside (`runs::READER_LEVEL`).
 fn reader_level(compiled: &CompiledWorkflow) -> i16 {
     use flotilla_store::runs::{
-        CALL_SHAPE_READER_LEVEL, CHILD_READER_LEVEL, CONCURRENCY_READER_LEVEL,
-        CONTROLS_READER_LEVEL, FOR_EACH_READER_LEVEL, GRAPH_READER_LEVEL, SIGNAL_READER_LEVEL,
+        CHILD_READER_LEVEL, CONCURRENCY_READER_LEVEL, CONTROLS_READER_LEVEL, FOR_EACH_READER_LEVEL,
+        GRAPH_READER_LEVEL, SIGNAL_READER_LEVEL, STEP_FORMS_READER_LEVEL,
     };
     let definition = &compiled.definition;
     let controls = definition.retry.is_some()
@@ -240,9 +240,9 @@ fn reader_level(compiled: &CompiledWorkflow) -> i16 {
         .steps
         .iter()
         .chain(&definition.on_failure)
-        .any(StepDefinition::shapes_its_call);
+        .any(|step| step.shapes_its_call() || step.repeat.is_some());
     if shaped {
-        CALL_SHAPE_READER_LEVEL
+        STEP_FORMS_READER_LEVEL
     } else if definition.concurrency.is_some() {
         CONCURRENCY_READER_LEVEL
     } else if controls {

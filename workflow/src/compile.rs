@@ -274,6 +274,7 @@ impl Problems {
             }
         }
         let call_shape = self.call_shape(at, step);
+        let repeat = self.repeat(at, step);
         self.wait_bounds(at, step);
         if step.timeout_ms == Some(0) {
             self.add(at, "timeout_ms", "must be above 0");
@@ -369,6 +370,7 @@ impl Problems {
             timer,
             for_each,
             call_shape,
+            repeat,
             retry: crate::retry::StepRetry::plain(crate::model::default_max_attempts()),
         })
     }

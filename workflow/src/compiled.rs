@@ -58,8 +58,18 @@ pub struct CompiledStep {
     pub for_each: Option<Expression>,
     /// Its HTTP call's verb, path, query and headers, when it names any.
     pub call_shape: Option<crate::http::CallShape>,
+    /// How it polls, when it repeats.
+    pub repeat: Option<CompiledRepeat>,
     /// Its retry policy, the workflow's filling its gaps.
     pub retry: crate::retry::StepRetry,
+}
+
+/// A `repeat`, compiled.
+#[derive(Debug)]
+pub struct CompiledRepeat {
+    pub until: Expression,
+    pub every: std::time::Duration,
+    pub for_at_most: std::time::Duration,
 }
 
 /// What a timer step waits for.

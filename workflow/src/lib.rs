@@ -28,15 +28,15 @@ pub mod unchanged;
 
 pub use budget::{Budget, DEFAULT_BUDGET, Exhausted};
 pub use compiled::{
-    Assignment, CompiledStep, CompiledWorkflow, DefinitionProblem, InvalidDefinition, MAX_SLEEP,
-    Timer, assemble, schema_violations,
+    Assignment, CompiledRepeat, CompiledStep, CompiledWorkflow, DefinitionProblem,
+    InvalidDefinition, MAX_SLEEP, Timer, assemble, schema_violations,
 };
 pub use frontier::Frontier;
 pub use graph::Graph;
 pub use model::{
     Completion, Concurrency, DEFAULT_MAX_ITEMS, DEFAULT_MAX_PAGES, DEFAULT_PARALLELISM, Debounce,
     MAX_ATTEMPTS, MAX_DEADLINE_MS, MAX_ITEMS, MAX_PAGES, MAX_PARALLELISM, OnExcess, OnTimeout,
-    StartChild, StepDefinition, Verb, WorkflowDefinition,
+    Repeat, StartChild, StepDefinition, Verb, WorkflowDefinition,
 };
 pub use retry::{FailureMatch, RetryPolicy, StepRetry};
 

@@ -196,6 +196,22 @@ impl Verb {
     }
 }
 
+/// A step that polls: called again while its answer is not the one it
+/// waits for, sleeping between calls without holding a lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Repeat {
+    /// CEL boolean over `response` (and `input`, the steps it needs): true
+    /// ends the step with this answer.
+    pub until: String,
+    /// The pause between calls (`30s`, `5m`): 1 second to a day.
+    pub every: String,
+    /// The longest the step polls, from its first call (`1h`): at most
+    /// 366 days and 10,000 pauses.
+    #[serde(rename = "for")]
+    pub for_at_most: String,
+}
+
 /// What a `start` step starts: a stored workflow, its input built by
 /// assignments as a call's request is by `rules`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -323,6 +339,10 @@ pub struct StepDefinition {
     /// step's response).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_timeout: Option<OnTimeout>,
+    /// Calls the target again, `every` apart, while `until` is false,
+    /// for at most `for`; then `on_timeout` ends it (`fail` by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<Repeat>,
     /// How this step's transient failures are retried; its gaps are the
     /// workflow's `retry`, then the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -110,17 +110,37 @@ pub(crate) fn structural_problems(document: &Json) -> Vec<DefinitionProblem> {
                 jsonschema::error::ValidationErrorKind::AdditionalProperties { .. }
             )
         })
+        .flat_map(|e| specific(&e))
         .take(MAX_VIOLATIONS)
-        .map(|e| {
-            let pointer = e.instance_path().to_string();
+        .map(|(pointer, message)| {
             let (step, field) = locate(document, &pointer);
             DefinitionProblem {
                 step,
                 field,
-                message: e.to_string(),
+                message,
             }
         })
         .collect()
+}
+
+/// An error as the author needs it: for an optional object (`anyOf` a
+/// type or null) that fits neither, the errors of the branch its value's
+/// type chose (a missing `for`), not "valid under none of the schemas".
+fn specific(error: &jsonschema::ValidationError<'_>) -> Vec<(String, String)> {
+    use jsonschema::error::ValidationErrorKind;
+    let here = error.instance_path().to_string();
+    if let ValidationErrorKind::AnyOf { context } = error.kind()
+        && let Some(branch) = context.iter().find(|errors| {
+            !errors.is_empty()
+                && errors.iter().all(|e| {
+                    e.instance_path().to_string() != here
+                        || !matches!(e.kind(), ValidationErrorKind::Type { .. })
+                })
+        })
+    {
+        return branch.iter().flat_map(|e| specific(e)).collect();
+    }
+    vec![(here, error.to_string())]
 }
 
 /// The step and field a JSON pointer into the document falls in: `/steps/2/needs`

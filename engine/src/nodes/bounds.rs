@@ -1,4 +1,5 @@
-//! Waits with a `timeout_ms` (`wait_for`, `start` and external steps): the
+//! Waits with a `timeout_ms` (`wait_for`, `start` and external steps), and
+//! repeating steps with their `for`: the
 //! deadline is fixed the first time a segment reaches the wait and kept in
 //! the row's `timers` under the step's name, as a timer's instant is, so a
 //! restart never starts the wait again; a parked job wakes at it
@@ -31,11 +32,17 @@ impl Nodes<'_> {
             began,
             Began::Waits(Wait::Signal(_) | Wait::Child | Wait::Answer) | Began::StartChild(..)
         );
+        // A repeating step is bounded by its `for`, calling or asleep.
+        let repeating = self.compiled.steps[index]
+            .repeat
+            .as_ref()
+            .filter(|_| matches!(began, Began::Call(..) | Began::Sleeps { .. }))
+            .map(|repeat| u64::try_from(repeat.for_at_most.as_millis()).unwrap_or(u64::MAX));
         // An external step's `timeout_ms` meant nothing before waits had
         // bounds: it bounds the wait only beside an `on_timeout`, so a
         // definition stored then keeps its meaning.
         let bounded = waiting && (!step.is_external() || step.on_timeout.is_some());
-        let Some(timeout) = step.timeout_ms.filter(|_| bounded) else {
+        let Some(timeout) = repeating.or(step.timeout_ms.filter(|_| bounded)) else {
             return Ok((began, None));
         };
         let name = step.name.clone();
@@ -87,6 +94,14 @@ impl Nodes<'_> {
         };
         Ok((
             match &step.on_timeout {
+                None | Some(OnTimeout::Fail) if repeating.is_some() => {
+                    Began::Failed(StepFailure::Verdict {
+                        message: format!(
+                            "step {name}: timed out after {waited} of repeating without its until"
+                        ),
+                        violations: vec![format!("{name}: timed out after {waited}")],
+                    })
+                }
                 None | Some(OnTimeout::Fail) => Began::Failed(StepFailure::Verdict {
                     message: format!("step {name}: timed out after {waited} of waiting"),
                     violations: vec![format!("{name}: timed out after {waited}")],

@@ -162,6 +162,7 @@ impl ClaimedRun {
             list: None,
             timed_out: false,
             call: None,
+            poll: None,
         };
         let submission = Submission {
             metadata: None,

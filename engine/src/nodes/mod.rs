@@ -7,7 +7,7 @@
 //!
 //! One file per step kind a workflow author writes: `call.rs` (a target's
 //! call), `wait.rs` (`wait_for`), `items.rs` (`for_each`), `pages.rs`
-//! (`paged`), `timers.rs` (`sleep`, `until`), `child.rs` (`start`),
+//! (`paged`), `repeat.rs` (`repeat`), `timers.rs` (`sleep`, `until`), `child.rs` (`start`),
 //! `kafka.rs` (a Kafka target); `scope.rs` is what every kind evaluates in. Executors never
 //! import the operations callers ask for (`ops/`).
 
@@ -16,7 +16,9 @@ pub(crate) mod call;
 pub(crate) mod child;
 pub(crate) mod items;
 pub(crate) mod kafka;
+mod node;
 mod pages;
+mod repeat;
 mod scope;
 pub(crate) mod timers;
 mod wait;
@@ -37,6 +39,7 @@ use crate::nodes::call::{Answer, Invocation};
 use crate::nodes::child::NewChild;
 use crate::nodes::items::Items;
 use crate::nodes::kafka::Replies;
+use crate::nodes::node::Node;
 use crate::nodes::pages::begin_pages;
 use crate::nodes::timers::Sleeping;
 use crate::support::stored_bytes::StoredBytes;
@@ -146,40 +149,10 @@ pub(crate) struct Replayed {
     /// The digests of those steps' lists, stored with their first item.
     pub(crate) lists: HashMap<usize, String>,
     pub(crate) pages: HashMap<usize, (u32, Json)>,
+    /// Repeating steps that have not ended: the calls made so far.
+    pub(crate) polls: HashMap<usize, u32>,
     /// `start` steps whose child this run started already.
     pub(crate) started: HashSet<usize>,
-}
-
-/// A step, one item of a `for_each` step, or one page of a paged step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Node {
-    step: usize,
-    item: Option<usize>,
-    page: Option<u32>,
-}
-
-impl Node {
-    fn step(step: usize) -> Self {
-        Self {
-            step,
-            item: None,
-            page: None,
-        }
-    }
-
-    /// The part of its step this call is, as its idempotency key says it.
-    fn part(self) -> Option<String> {
-        match (self.item, self.page) {
-            (Some(item), _) => Some(format!("item-{item}")),
-            (None, Some(page)) => Some(format!("page-{page}")),
-            (None, None) => None,
-        }
-    }
-
-    /// Whether this call is the step's first (its `when` decides).
-    fn is_first(self) -> bool {
-        self.item.is_none() && self.page.unwrap_or(0) == 0
-    }
 }
 
 /// A checkpoint's fenced write; a verdict when the step's child was not
@@ -208,6 +181,7 @@ impl<'a> Nodes<'a> {
             items: mut earlier_items,
             lists: mut earlier_lists,
             pages: mut earlier_pages,
+            polls: mut earlier_polls,
             mut started,
         } = replayed;
         let mut frontier = Frontier::new(&self.compiled.graph, ended);
@@ -330,6 +304,8 @@ impl<'a> Nodes<'a> {
                         self.begin_items(index, scope, &mut items, earlier).await
                     } else if step.definition.paged {
                         begin_pages(node, scope, &mut earlier_pages)
+                    } else if step.repeat.is_some() {
+                        self.begin_repeat(node, scope, &mut earlier_polls)
                     } else {
                         Began::Call(node, scope)
                     }
@@ -423,6 +399,7 @@ impl<'a> Nodes<'a> {
                     && park_on.is_none()
                     && next.item.is_none()
                     && next.page.is_none()
+                    && next.poll.is_none()
                     && next.child.is_none()
                     && frontier.is_last(node.step)
                 {
@@ -482,6 +459,19 @@ impl<'a> Nodes<'a> {
                     Ok(answer) => {
                         let name = self.compiled.steps[node.step].definition.name.clone();
                         let (response, call) = answer.map_or((None, None), |a| (Some(a.response), a.call));
+                        let not_yet = match (node.poll, &response) {
+                            (Some(_), Some(answer)) => {
+                                let scope = self.scope(node.step, &steps, &mut converted);
+                                match self.repeat_done(node.step, scope, answer).await {
+                                    Ok(done) => !done,
+                                    Err(failed) => {
+                                        failure.get_or_insert((failed, Some(name)));
+                                        continue;
+                                    }
+                                }
+                            }
+                            _ => false,
+                        };
                         match (node.page, response) {
                             (Some(page), Some(answer)) if answer.get("more") == Some(&Json::Bool(true)) => {
                                 match self.next_page(node, page, &answer) {
@@ -491,6 +481,13 @@ impl<'a> Nodes<'a> {
                                     }
                                 }
                             }
+                            (_, Some(_)) if not_yet => {
+                                let poll = node.poll.unwrap_or(0);
+                                let mut kept = checkpoint(name, None, Some(serde_json::json!({ "calls": poll + 1 })));
+                                kept.poll = Some(poll);
+                                kept.call = call;
+                                answered.push_back((node, kept));
+                            }
                             (_, response) => {
                                 let mut kept = checkpoint(name, node.item, response);
                                 kept.call = call;
@@ -499,7 +496,7 @@ impl<'a> Nodes<'a> {
                                     // the first item answered is written first.
                                     kept.list = items.take_list_digest(node.step);
                                 }
-                                answered.push_back((Node { page: None, ..node }, kept));
+                                answered.push_back((Node { page: None, poll: None, ..node }, kept));
                             }
                         }
                     }
@@ -545,6 +542,12 @@ impl<'a> Nodes<'a> {
                         park_on.get_or_insert(checkpoint.name);
                         continue;
                     }
+                    if checkpoint.poll.is_some() {
+                        // Not yet: the next call waits its pause, asleep.
+                        let at = self.next_poll(node.step, &checkpoint.name).await?;
+                        sleeping.add(checkpoint.name, at, false);
+                        continue;
+                    }
                     if let Some(page) = checkpoint.page {
                         // The cursor is durable: the next page may be fetched.
                         let cursor = checkpoint.response.get("cursor").cloned().unwrap_or(Json::Null);
@@ -575,5 +578,6 @@ fn checkpoint(name: String, item: Option<usize>, response: Option<Json>) -> Chec
         list: None,
         timed_out: false,
         call: None,
+        poll: None,
     }
 }

@@ -198,6 +198,7 @@ impl Engine {
                     list: None,
                     timed_out: false,
                     call: None,
+                    poll: None,
                     response,
                 };
                 if !idle::resume_waiting(

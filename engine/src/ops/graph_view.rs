@@ -38,7 +38,8 @@ pub enum NodeState {
 pub struct NodeView {
     pub name: String,
     pub state: NodeState,
-    /// `call`, `external`, `timer`, `for_each` or `paged`.
+    /// `call`, `external`, `timer`, `signal`, `for_each`, `paged` or
+    /// `repeat`.
     pub kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
@@ -57,6 +58,10 @@ pub struct NodeView {
     pub pages: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cursor: Option<Json>,
+    /// Calls of a repeating step so far whose answer was not yet the one
+    /// it waits for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub polls: Option<u32>,
     /// The instant a timer wakes at, once reached.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wakes_at: Option<String>,
@@ -94,6 +99,7 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
     let mut items = vec![0usize; n];
     let mut pages: Vec<Option<(u32, Json)>> = vec![None; n];
     let mut calls: Vec<Option<String>> = vec![None; n];
+    let mut polls: Vec<Option<u32>> = vec![None; n];
     for checkpoint in row.checkpoints.0.as_array().into_iter().flatten() {
         let Some(&i) = checkpoint["name"].as_str().and_then(|name| index.get(name)) else {
             continue;
@@ -103,6 +109,8 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
         }
         if checkpoint.get("item").is_some_and(|item| !item.is_null()) {
             items[i] += 1;
+        } else if let Some(poll) = checkpoint.get("poll").and_then(Json::as_u64) {
+            polls[i] = Some(u32::try_from(poll + 1).unwrap_or(u32::MAX));
         } else if let Some(page) = checkpoint.get("page").and_then(Json::as_u64) {
             let cursor = checkpoint["response"]["cursor"].clone();
             pages[i] = Some((u32::try_from(page + 1).unwrap_or(u32::MAX), cursor));
@@ -157,6 +165,8 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
                 "for_each"
             } else if step.paged {
                 "paged"
+            } else if step.repeat.is_some() {
+                "repeat"
             } else {
                 "call"
             };
@@ -171,6 +181,7 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
                 items_done: step.for_each.is_some().then_some(items[i]),
                 pages: pages[i].as_ref().map(|(count, _)| *count),
                 cursor: pages[i].as_ref().map(|(_, cursor)| cursor.clone()),
+                polls: polls[i],
                 wakes_at,
             }
         })

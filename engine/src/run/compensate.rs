@@ -95,6 +95,7 @@ pub(crate) async fn compensate(
                     skipped: false,
                     response: answer.response,
                     call: answer.call,
+                    poll: None,
                     item: None,
                     page: None,
                     signal: None,

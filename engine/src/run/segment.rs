@@ -385,6 +385,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         items: HashMap::new(),
         lists: HashMap::new(),
         pages: HashMap::new(),
+        polls: HashMap::new(),
         started: HashSet::new(),
     };
     let mut ended = vec![false; compiled.steps.len()];
@@ -418,6 +419,22 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
                 ));
             }
             replayed.started.insert(index);
+            continue;
+        }
+        if let Some(poll) = checkpoint.poll {
+            // A call of a repeating step that was not yet the answer.
+            let stored = replayed.polls.get(&index).copied().unwrap_or(0);
+            if step.repeat.is_none() {
+                return Err(format!(
+                    "checkpoint {i} is a poll of step {name:?}, which does not repeat"
+                ));
+            }
+            if poll != stored {
+                return Err(format!(
+                    "checkpoint {i} is poll {poll} of step {name:?}, after {stored} polls"
+                ));
+            }
+            replayed.polls.insert(index, poll + 1);
             continue;
         }
         if let Some(page) = checkpoint.page {

@@ -84,6 +84,7 @@ mod tests {
             list: None,
             timed_out: false,
             call: None,
+            poll: None,
         }
     }
 

@@ -46,8 +46,8 @@ use crate::status::RunStatus;
 /// runs of a workflow with a `concurrency` key, which must take a slot of
 /// their key before they run (an earlier release would run them past the
 /// limit); 9, runs with a step that names its HTTP verb, path, query or
-/// headers, whose definitions and checkpoints (`call`) earlier releases
-/// refuse (and would call the wrong URL). A run
+/// headers, or that repeats, whose definitions and checkpoints (`call`,
+/// `poll`) earlier releases refuse (and would call the wrong URL). A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
@@ -78,8 +78,8 @@ pub const CONTROLS_READER_LEVEL: i16 = 7;
 /// The level of a run whose workflow has a `concurrency` key.
 pub const CONCURRENCY_READER_LEVEL: i16 = 8;
 /// The level of a run with a step that names its HTTP verb, path, query
-/// or headers.
-pub const CALL_SHAPE_READER_LEVEL: i16 = 9;
+/// or headers, or that repeats.
+pub const STEP_FORMS_READER_LEVEL: i16 = 9;
 
 /// One executed step: what the row's `checkpoints` array holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -118,9 +118,15 @@ pub struct Checkpoint {
     pub timed_out: bool,
     /// For a call whose step names its verb, path, query or headers: the
     /// call made, as shown (`GET /orders/42`; never its headers). Only in
-    /// runs at [`CALL_SHAPE_READER_LEVEL`] or above.
+    /// runs at [`STEP_FORMS_READER_LEVEL`] or above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<String>,
+    /// For a call of a repeating step whose `until` was false: its number
+    /// (from 0). It does not end the step; its response holds only the
+    /// calls made so far (`{"calls": n}`), not the answer. Only in runs at
+    /// [`STEP_FORMS_READER_LEVEL`] or above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll: Option<u32>,
 }
 
 impl Checkpoint {
@@ -135,6 +141,9 @@ impl Checkpoint {
         }
         if self.timed_out {
             return Some(flotilla_contracts::TIMED_OUT.to_owned());
+        }
+        if let Some(poll) = self.poll {
+            return Some(format!("poll {poll}"));
         }
         match (self.item, self.page, self.skipped) {
             (Some(item), _, _) => Some(format!("item {item}")),
@@ -298,7 +307,8 @@ impl RunRow {
     }
 
     /// The steps that have ended: those with a checkpoint of their own
-    /// (an item's, a page's or a child start's entry does not end a step).
+    /// (an item's, a page's, a poll's or a child start's entry does not end
+    /// a step).
     #[must_use]
     pub fn ended_steps(&self) -> std::collections::HashSet<&str> {
         self.checkpoints
@@ -307,7 +317,7 @@ impl RunRow {
             .into_iter()
             .flatten()
             .filter(|entry| {
-                ["item", "page", "child"]
+                ["item", "page", "poll", "child"]
                     .iter()
                     .all(|part| entry.get(part).is_none())
             })

@@ -224,6 +224,7 @@ async fn stale_worker_cannot_write_after_lease_taken(pool: PgPool) {
         list: None,
         timed_out: false,
         call: None,
+        poll: None,
     };
     assert!(matches!(
         old.checkpoint(&checkpoint).await,
@@ -408,6 +409,7 @@ async fn renewals_and_fenced_writes_never_wait_behind_the_shared_pool(pool: PgPo
         list: None,
         timed_out: false,
         call: None,
+        poll: None,
     };
     tokio::time::timeout(within, claimed.checkpoint(&checkpoint))
         .await

@@ -144,7 +144,7 @@ async fn a_step_gets_puts_and_deletes_a_resource_by_its_path_with_a_secret_heade
     assert_eq!(done.status, RunStatus::Completed);
     assert_eq!(
         done.reader_level,
-        flotilla_store::runs::CALL_SHAPE_READER_LEVEL
+        flotilla_store::runs::STEP_FORMS_READER_LEVEL
     );
     // The text answer is a string, the 204 a null.
     let checkpoints = done.checkpoints.0.as_array().unwrap().clone();

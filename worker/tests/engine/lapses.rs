@@ -168,6 +168,7 @@ async fn progress_between_lapses_starts_the_count_again(pool: PgPool) {
             list: None,
             timed_out: false,
             call: None,
+            poll: None,
         })
         .await
         .unwrap();

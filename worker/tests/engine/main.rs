@@ -24,6 +24,7 @@ mod parking;
 mod placement;
 mod priorities;
 mod rate_limits;
+mod repeats;
 mod responses;
 mod retention;
 mod scheduler_property;

@@ -181,7 +181,12 @@ impl Problems {
                     Timer::Until(until) => Some(("until".to_owned(), until)),
                     Timer::Sleep(_) => None,
                 }))
-                .chain(step.call_shape.iter().flat_map(CallShape::expressions));
+                .chain(step.call_shape.iter().flat_map(CallShape::expressions))
+                .chain(
+                    step.repeat
+                        .iter()
+                        .map(|repeat| ("repeat.until".to_owned(), &repeat.until)),
+                );
             for (field, expression) in fields {
                 for name in expression.steps_named() {
                     match index.get(name.as_str()) {

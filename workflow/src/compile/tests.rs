@@ -325,3 +325,86 @@ fn a_call_shape_belongs_to_a_call_and_reads_only_its_needs() {
     assert!(compiled.steps[1].call_shape.is_some());
     assert!(compiled.steps[0].call_shape.is_none());
 }
+
+/// A repeat is a plain call's, its pauses and span in bounds, its `until`
+/// a boolean over what it may read; a repeat without `for` is no repeat.
+#[test]
+fn a_repeat_is_bounded_and_belongs_to_a_plain_call() {
+    let with = |repeat: Json, extra: Json| {
+        let mut step =
+            serde_json::json!({"name": "poll", "target": "t", "method": "m", "repeat": repeat});
+        step.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        compile(&serde_json::json!({"name": "w", "input_schema": {}, "steps": [step]}))
+    };
+    let fine = serde_json::json!({"until": "response.ready", "every": "30s", "for": "1h"});
+    let compiled = with(fine.clone(), serde_json::json!({"on_timeout": "skip"})).unwrap();
+    let repeat = compiled.steps[0].repeat.as_ref().unwrap();
+    assert_eq!(repeat.every, std::time::Duration::from_secs(30));
+    assert_eq!(repeat.for_at_most, std::time::Duration::from_secs(3600));
+    for (repeat, extra, field, says) in [
+        (
+            serde_json::json!({"until": "true", "every": "30s"}),
+            serde_json::json!({}),
+            "repeat",
+            "\"for\" is a required",
+        ),
+        (
+            serde_json::json!({"until": "'yes'", "every": "30s", "for": "1h"}),
+            serde_json::json!({}),
+            "repeat.until",
+            "not a boolean",
+        ),
+        (
+            serde_json::json!({"until": "true", "every": "10ms", "for": "1h"}),
+            serde_json::json!({}),
+            "repeat.every",
+            "1 second",
+        ),
+        (
+            serde_json::json!({"until": "true", "every": "1m", "for": "30s"}),
+            serde_json::json!({}),
+            "repeat.for",
+            "shorter",
+        ),
+        (
+            serde_json::json!({"until": "true", "every": "1s", "for": "30d"}),
+            serde_json::json!({}),
+            "repeat.for",
+            "10000 pauses",
+        ),
+        (
+            serde_json::json!({"until": "true", "every": "soon", "for": "1h"}),
+            serde_json::json!({}),
+            "repeat.every",
+            "not a duration",
+        ),
+        (
+            serde_json::json!({"until": "steps.other.x", "every": "1s", "for": "1h"}),
+            serde_json::json!({}),
+            "repeat.until",
+            "no step",
+        ),
+        (
+            fine.clone(),
+            serde_json::json!({"paged": true}),
+            "repeat",
+            "plain call",
+        ),
+        (
+            fine.clone(),
+            serde_json::json!({"for_each": "[1]"}),
+            "repeat",
+            "plain call",
+        ),
+    ] {
+        let problems = with(repeat.clone(), extra).unwrap_err().problems;
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.field.starts_with(field) && p.message.contains(says)),
+            "{repeat}: {problems:?}"
+        );
+    }
+}

@@ -50,6 +50,7 @@ fn checkpoint(response: serde_json::Value, layout: CheckpointLayout) -> Transiti
             list: None,
             timed_out: false,
             call: None,
+            poll: None,
             response,
         },
         layout,
@@ -237,6 +238,7 @@ fn named_checkpoint(name: &str, n: i64) -> Checkpoint {
         list: None,
         timed_out: false,
         call: None,
+        poll: None,
         response: serde_json::json!({ "n": n }),
     }
 }
