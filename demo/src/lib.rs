@@ -2,6 +2,8 @@
 //!
 //! - [`target`]: the service the sample workflows' steps call, with knobs
 //!   for latency and failure rates (`flotilla-demo-target`).
+//! - [`resources`]: the target's orders and exports, for the workflows
+//!   that name their HTTP verb and path, and the one that polls.
 //! - [`responder`]: the target's Kafka mode, a service answering step
 //!   requests on a topic, as a workflow's Kafka target does.
 //! - [`driver`]: produces the sample requests, answers the human steps,
@@ -9,5 +11,6 @@
 //!   (`flotilla-demo`).
 
 pub mod driver;
+pub mod resources;
 pub mod responder;
 pub mod target;

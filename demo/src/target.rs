@@ -10,7 +10,9 @@
 //!   and `capture`'s answer carries them (`calls`) into the job's
 //!   checkpoints, where the demo driver checks them;
 //! - `check`: a verdict (422 with violations) for an applicant under 18;
-//! - `archive`: always 503, so its jobs run out of attempts and go DEAD.
+//! - `archive`: always 503, so its jobs run out of attempts and go DEAD;
+//! - `exports`: begins an export, polled at `GET /exports/{id}`; that and
+//!   the orders (`GET`, `PUT`, `DELETE`) are `crate::resources`.
 //!
 //! With `DEMO_TARGET_KAFKA_REQUESTS` it also answers step requests on that
 //! topic (`crate::responder`).
@@ -114,6 +116,7 @@ pub fn router(settings: &TargetSettings) -> axum::Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/{method}", post(call))
         .with_state(shared)
+        .merge(crate::resources::routes())
 }
 
 /// Serves until the process ends.
@@ -183,6 +186,11 @@ async fn call(
         "stock" => ok(json!({"available": request["skus"].as_array().map_or(0, Vec::len)})),
         "price" => ok(json!({"sku": request["sku"].clone(), "price": 5})),
         "dispatch" => ok(json!({"dispatched": true, "calls": shared.calls_of_job(&key)})),
+        // An export begun: polled at `GET /exports/{id}` (`resources`).
+        "exports" => {
+            let job = key.split_once(':').map_or(key.as_str(), |(job, _)| job);
+            ok(json!({"id": format!("export-{job}")}))
+        }
         "capture" if nth == Some(1) => busy("the payment provider is busy; try again"),
         "capture" => ok(json!({
             "captured": request["amount"].clone(),

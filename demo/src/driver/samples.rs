@@ -32,14 +32,19 @@ pub enum Kind {
     /// A step whose target is a pair of Kafka topics: the relay sends its
     /// request, the demo target answers on the reply topic.
     Screened,
+    /// Any HTTP call: `GET`, `PUT` and `DELETE` on an order's path (its id
+    /// percent-encoded), with an API key from the target's secrets.
+    Returned,
+    /// Polls an export every second until it is ready (`repeat`).
+    Exported,
 }
 
 impl Kind {
     /// Every kind, and its share of the requests (in twentieths).
-    pub const ALL: [(Kind, usize); 10] = [
+    pub const ALL: [(Kind, usize); 12] = [
         (Kind::Shipping, 2),
-        (Kind::Retried, 3),
-        (Kind::Approved, 3),
+        (Kind::Retried, 2),
+        (Kind::Approved, 2),
         (Kind::Refused, 2),
         (Kind::Dead, 2),
         (Kind::Cancelled, 2),
@@ -47,6 +52,8 @@ impl Kind {
         (Kind::Signalled, 2),
         (Kind::Parent, 1),
         (Kind::Screened, 1),
+        (Kind::Returned, 1),
+        (Kind::Exported, 1),
     ];
 
     /// The fewest requests that hold one of each kind.
@@ -64,6 +71,8 @@ impl Kind {
             Kind::Signalled => "settlement",
             Kind::Parent => "order",
             Kind::Screened => "screening",
+            Kind::Returned => "returns",
+            Kind::Exported => "export",
         }
     }
 
@@ -77,7 +86,9 @@ impl Kind {
             | Kind::Graph
             | Kind::Signalled
             | Kind::Parent
-            | Kind::Screened => "COMPLETED",
+            | Kind::Screened
+            | Kind::Returned
+            | Kind::Exported => "COMPLETED",
             Kind::Refused => "FAILED",
             Kind::Dead => "DEAD",
             Kind::Cancelled => "CANCELLED",
@@ -97,6 +108,8 @@ impl Kind {
             Kind::Signalled => "waits for a signal sent to Kafka",
             Kind::Parent => "starts a child workflow, takes its result",
             Kind::Screened => "a step answered over Kafka topics",
+            Kind::Returned => "GET, PUT, DELETE by path, secret header",
+            Kind::Exported => "polls every 1 s until ready (repeat)",
         }
     }
 
@@ -128,6 +141,8 @@ impl Kind {
             Kind::Screened => json!({"name": name, "amount": 100 + n}),
             Kind::Refused => json!({"name": name, "age": 15}),
             Kind::Dead => json!({}),
+            // A slash in the id: the path carries it percent-encoded.
+            Kind::Returned | Kind::Exported => json!({"order_id": format!("A-{n}/1")}),
             // Odd orders have five lines (reviewed), even ones three.
             Kind::Graph => {
                 let lines = if n % 2 == 1 { 5 } else { 3 };
