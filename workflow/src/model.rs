@@ -303,7 +303,8 @@ pub struct StepDefinition {
     #[serde(default)]
     pub rules: Vec<String>,
     /// JSON Schema the response must fit (else the target broke its
-    /// contract: the job fails as a defect).
+    /// contract: the job fails as a defect). An HTTP answer that is not
+    /// JSON is a string here, and an empty one null.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<serde_json::Value>,
     /// CEL booleans over `response` (and `input`, `steps`); a false one is a verdict.
