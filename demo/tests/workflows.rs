@@ -1,5 +1,5 @@
-//! The demo's `returns` and `export` workflows on a fleet: the worker
-//! binary loading `demo/workflows` and the demo's targets (the crm target
+//! The demo's `returns`, `export` and `packing` workflows on a fleet: the
+//! worker binary loading `demo/workflows` and the demo's targets (the crm target
 //! and its secret pointed at the demo target, served here), each job
 //! submitted through the API and awaited to its result.
 
@@ -36,7 +36,7 @@ fn targets_file(dir: &std::path::Path, target_url: &str) -> std::path::PathBuf {
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn the_demos_http_call_and_polling_workflows_complete_on_a_fleet(pool: PgPool) {
+async fn the_demos_http_call_polling_and_per_item_workflows_complete_on_a_fleet(pool: PgPool) {
     tokio::time::timeout(KAFKA_TEST_TIMEOUT, async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let target_url = format!("http://{}", listener.local_addr().unwrap());
@@ -99,6 +99,10 @@ async fn the_demos_http_call_and_polling_workflows_complete_on_a_fleet(pool: PgP
                 .is_some_and(|u| u.ends_with(".csv")),
             "{exported}"
         );
+        let packing = Submission::new("packing", &json!({"lines": ["ada", "bob", "cy"]})).unwrap();
+        let packed: Value = submitter.submit_and_wait(&packing, wait).await.unwrap();
+        let labels = packed["labels"].as_array().map(Vec::len);
+        assert_eq!(labels, Some(3), "a child per line: {packed}");
         let graph: Value = flotilla_runtime::tls::http_client()
             .build()
             .unwrap()

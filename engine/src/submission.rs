@@ -240,7 +240,11 @@ fn reader_level(compiled: &CompiledWorkflow) -> i16 {
         .steps
         .iter()
         .chain(&definition.on_failure)
-        .any(|step| step.shapes_its_call() || step.repeat.is_some());
+        .any(|step| {
+            step.shapes_its_call()
+                || step.repeat.is_some()
+                || (step.start.is_some() && step.for_each.is_some())
+        });
     if shaped {
         STEP_FORMS_READER_LEVEL
     } else if definition.concurrency.is_some() {

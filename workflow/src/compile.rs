@@ -162,6 +162,7 @@ impl CompiledWorkflow {
                 on_failure.push(compiled);
             }
         }
+        problems.per_item_child_names(&definition.steps);
         problems.retry_policies(&definition, &mut steps, &mut on_failure);
         let output = problems.assignments(None, "output", &definition.output);
         let verdict = definition

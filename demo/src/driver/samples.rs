@@ -37,12 +37,15 @@ pub enum Kind {
     Returned,
     /// Polls an export every second until it is ready (`repeat`).
     Exported,
+    /// One `shipping` child per line of the order, two at a time
+    /// (`start` with `for_each`).
+    Packed,
 }
 
 impl Kind {
     /// Every kind, and its share of the requests (in twentieths).
-    pub const ALL: [(Kind, usize); 12] = [
-        (Kind::Shipping, 2),
+    pub const ALL: [(Kind, usize); 13] = [
+        (Kind::Shipping, 1),
         (Kind::Retried, 2),
         (Kind::Approved, 2),
         (Kind::Refused, 2),
@@ -54,6 +57,7 @@ impl Kind {
         (Kind::Screened, 1),
         (Kind::Returned, 1),
         (Kind::Exported, 1),
+        (Kind::Packed, 1),
     ];
 
     /// The fewest requests that hold one of each kind.
@@ -73,6 +77,7 @@ impl Kind {
             Kind::Screened => "screening",
             Kind::Returned => "returns",
             Kind::Exported => "export",
+            Kind::Packed => "packing",
         }
     }
 
@@ -88,7 +93,8 @@ impl Kind {
             | Kind::Parent
             | Kind::Screened
             | Kind::Returned
-            | Kind::Exported => "COMPLETED",
+            | Kind::Exported
+            | Kind::Packed => "COMPLETED",
             Kind::Refused => "FAILED",
             Kind::Dead => "DEAD",
             Kind::Cancelled => "CANCELLED",
@@ -110,6 +116,7 @@ impl Kind {
             Kind::Screened => "a step answered over Kafka topics",
             Kind::Returned => "GET, PUT, DELETE by path, secret header",
             Kind::Exported => "polls every 1 s until ready (repeat)",
+            Kind::Packed => "a shipping child per line, two at a time",
         }
     }
 
@@ -143,6 +150,9 @@ impl Kind {
             Kind::Dead => json!({}),
             // A slash in the id: the path carries it percent-encoded.
             Kind::Returned | Kind::Exported => json!({"order_id": format!("A-{n}/1")}),
+            Kind::Packed => {
+                json!({"lines": [format!("{name}-a"), format!("{name}-b"), format!("{name}-c")]})
+            }
             // Odd orders have five lines (reviewed), even ones three.
             Kind::Graph => {
                 let lines = if n % 2 == 1 { 5 } else { 3 };

@@ -123,6 +123,13 @@ pub(crate) fn may_start_at(depth: i16) -> Result<(), StepFailure> {
     Ok(())
 }
 
+/// The key the child of item `item` of `start` step `step` is known by
+/// (`ship[3]`): its id, its link and its outcome in the parent's row. The
+/// compiler refuses a step named so beside such a step.
+pub(crate) fn item_key(step: &str, item: usize) -> String {
+    format!("{step}[{item}]")
+}
+
 /// A child to start: its submission and how it hangs off its parent.
 #[derive(Debug, Clone)]
 pub(crate) struct NewChild {
@@ -146,16 +153,21 @@ impl ClaimedRun {
     /// started: nothing is written, and the step's verdict is returned.
     pub(crate) async fn start_child(
         &self,
-        step: &str,
+        name: &str,
+        item: Option<u32>,
         child: NewChild,
     ) -> Result<Option<StepFailure>, SegmentStop> {
         let parent = self.row();
+        // The child is known by its step, or its step and item: its id,
+        // its link and its outcome in the parent's row.
+        let key = item.map_or_else(|| name.to_owned(), |item| item_key(name, item as usize));
+        let step = key.as_str();
         let id = child_id(parent.job_id, step);
         let checkpoint = Checkpoint {
-            name: step.to_owned(),
+            name: name.to_owned(),
             skipped: false,
             response: serde_json::json!({ "child_job_id": id }),
-            item: None,
+            item,
             page: None,
             signal: None,
             child: Some(id),
@@ -286,31 +298,47 @@ impl Nodes<'_> {
             },
             Ok(ChildState::Failed(failed)) | Err(failed) => Began::Failed(failed),
             Ok(ChildState::Running) => Began::Waits(Wait::Child),
-            Ok(ChildState::NotStarted) => {
-                let input = self
-                    .child_input(index, scope)
-                    .await
-                    .and_then(|input| may_start_at(self.claimed.row().depth).map(|()| input));
-                let input = match input {
-                    Ok(input) => input,
-                    Err(failed) => return Began::Failed(failed),
-                };
-                let child = NewChild {
-                    workflow: start.workflow.clone(),
-                    input,
-                    cancel_with_parent: step.definition.cancel_children != Some(false),
-                };
-                let id = child_id(self.claimed.job_id(), &name);
-                let mut begun =
-                    checkpoint(name, None, Some(serde_json::json!({ "child_job_id": id })));
-                begun.child = Some(id);
-                Began::StartChild(child, begun)
-            }
+            Ok(ChildState::NotStarted) => match self.new_child(index, start, scope, None).await {
+                Ok((child, begun)) => Began::StartChild(child, begun),
+                Err(failed) => Began::Failed(failed),
+            },
         }
     }
 
+    /// The child `start` step `index` starts (for `item`, when it starts
+    /// one per item), with its "child started" checkpoint.
+    ///
+    /// # Errors
+    /// Its input does not build, or the job is nested too deep.
+    pub(super) async fn new_child(
+        &self,
+        index: usize,
+        start: &StartChild,
+        scope: &Scope,
+        item: Option<usize>,
+    ) -> Result<(NewChild, Checkpoint), StepFailure> {
+        let step = &self.compiled.steps[index];
+        let name = step.definition.name.clone();
+        let input = self.child_input(index, scope).await?;
+        may_start_at(self.claimed.row().depth)?;
+        let child = NewChild {
+            workflow: start.workflow.clone(),
+            input,
+            cancel_with_parent: step.definition.cancel_children != Some(false),
+        };
+        let key = item.map_or_else(|| name.clone(), |item| item_key(&name, item));
+        let id = child_id(self.claimed.job_id(), &key);
+        let mut begun = checkpoint(name, item, Some(serde_json::json!({ "child_job_id": id })));
+        begun.child = Some(id);
+        Ok((child, begun))
+    }
+
     /// The input of step `index`'s child, built by its `start.input`.
-    async fn child_input(&self, index: usize, scope: &Scope) -> Result<Json, StepFailure> {
+    pub(super) async fn child_input(
+        &self,
+        index: usize,
+        scope: &Scope,
+    ) -> Result<Json, StepFailure> {
         let built = {
             let (compiled, scope) = (self.compiled.clone(), scope.clone());
             self.engine

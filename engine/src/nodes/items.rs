@@ -164,7 +164,7 @@ impl Nodes<'_> {
     /// The items of `for_each` step `index` and their digest, or `None`
     /// when its `when` skips it. More items than the step allows is the
     /// job's verdict.
-    async fn list(
+    pub(super) async fn list(
         &self,
         index: usize,
         scope: &Scope,

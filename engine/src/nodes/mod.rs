@@ -11,9 +11,11 @@
 //! `kafka.rs` (a Kafka target); `scope.rs` is what every kind evaluates in. Executors never
 //! import the operations callers ask for (`ops/`).
 
+mod began;
 mod bounds;
 pub(crate) mod call;
 pub(crate) mod child;
+mod child_items;
 pub(crate) mod items;
 pub(crate) mod kafka;
 mod node;
@@ -35,6 +37,7 @@ use serde_json::{Map, Value as Json};
 use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
+use crate::nodes::began::{Began, Wait};
 use crate::nodes::call::{Answer, Invocation};
 use crate::nodes::child::NewChild;
 use crate::nodes::items::Items;
@@ -44,12 +47,9 @@ use crate::nodes::pages::begin_pages;
 use crate::nodes::timers::Sleeping;
 use crate::support::stored_bytes::StoredBytes;
 use crate::{ClaimedRun, SegmentStop};
-use chrono::{DateTime, Utc};
-use flotilla_store::runs::step_requests::OutgoingRequest;
 use flotilla_targets::{RetryClass, StepFailure};
 use flotilla_workflow::CompiledWorkflow;
 use flotilla_workflow::Frontier;
-use flotilla_workflow::expr::Scope;
 
 /// How the steps of a segment stopped.
 pub(crate) enum Stop {
@@ -100,44 +100,6 @@ pub(crate) enum Stop {
     },
 }
 
-/// What starting a step came to: the segment's loop applies it.
-enum Began {
-    /// Answered at once, or skipped by its `when`: the checkpoint waits
-    /// for its write.
-    Answer(Checkpoint),
-    /// The step failed: nothing new starts.
-    Failed(StepFailure),
-    /// The step waits for something outside the segment: the job parks
-    /// on it once nothing else can run.
-    Waits(Wait),
-    /// A child to start, written with its step's "child started"
-    /// checkpoint.
-    StartChild(NewChild, Checkpoint),
-    /// A timer that has not woken.
-    Sleeps { at: DateTime<Utc>, new: bool },
-    /// A call to make (the first page's, for a paged step).
-    Call(Node, Scope),
-    /// A `for_each` step under way: its items are handed out as calls.
-    Items,
-    /// The lease was lost or a cancel asked while the step waited for a
-    /// slot of its target.
-    Interrupted,
-}
-
-/// What a parked step waits for.
-enum Wait {
-    /// A signal of this name.
-    Signal(String),
-    /// Its child to end.
-    Child,
-    /// The reply to its Kafka request, sent before, until this deadline.
-    Reply(DateTime<Utc>),
-    /// The reply to this Kafka request, sent with the park.
-    Send(Box<OutgoingRequest>),
-    /// Someone's answer (`completion: external`).
-    Answer,
-}
-
 /// What a segment starts from: the answers of the steps that ended, the
 /// steps in the order they ended, the answers of `for_each` items whose
 /// step has not ended (step → item → answer), and the pages of paged
@@ -153,6 +115,9 @@ pub(crate) struct Replayed {
     pub(crate) polls: HashMap<usize, u32>,
     /// `start` steps whose child this run started already.
     pub(crate) started: HashSet<usize>,
+    /// `start` steps with `for_each`: the items whose child this run
+    /// started already.
+    pub(crate) started_items: HashMap<usize, HashSet<usize>>,
 }
 
 /// A checkpoint's fenced write; a verdict when the step's child was not
@@ -183,6 +148,7 @@ impl<'a> Nodes<'a> {
             pages: mut earlier_pages,
             polls: mut earlier_polls,
             mut started,
+            mut started_items,
         } = replayed;
         let mut frontier = Frontier::new(&self.compiled.graph, ended);
         let parallelism = self.compiled.definition.parallelism();
@@ -222,7 +188,8 @@ impl<'a> Nodes<'a> {
         // The `start` steps waiting for their children, and the children
         // to start (written one at a time with the checkpoints).
         let mut waiting_children: Vec<String> = Vec::new();
-        let mut to_start: HashMap<usize, NewChild> = HashMap::new();
+        // By step and item (`None` for a step's one child).
+        let mut to_start: HashMap<(usize, Option<u32>), NewChild> = HashMap::new();
         let mut sleeping = Sleeping::default();
         let mut replies = Replies::default();
         let mut cancelling = false;
@@ -283,8 +250,13 @@ impl<'a> Nodes<'a> {
                     self.begin_wait(index, signal, &scope, &mut pending).await
                 } else if let Some(start) = &step.definition.start {
                     let scope = self.scope(index, &steps, &mut converted);
-                    self.begin_start(index, start, &scope, started.contains(&index))
-                        .await
+                    if step.for_each.is_some() {
+                        self.begin_children(index, start, scope, started_items.get(&index))
+                            .await
+                    } else {
+                        self.begin_start(index, start, &scope, started.contains(&index))
+                            .await
+                    }
                 } else if let Some(target) = self.engine.targets().kafka(&step.definition.target) {
                     let target = target.clone();
                     let scope = self.scope(index, &steps, &mut converted);
@@ -329,8 +301,15 @@ impl<'a> Nodes<'a> {
                         park_on.get_or_insert(name);
                     }
                     Began::StartChild(child, checkpoint) => {
-                        to_start.insert(index, child);
+                        to_start.insert((index, None), child);
                         answered.push_back((node, checkpoint));
+                    }
+                    Began::StartChildren(children) => {
+                        for (child, checkpoint) in children {
+                            to_start.insert((index, checkpoint.item), child);
+                            let item = checkpoint.item.map(|i| i as usize);
+                            answered.push_back((Node { item, ..node }, checkpoint));
+                        }
                     }
                     Began::Sleeps { at, new } => sleeping.add(name, at, new),
                     Began::Call(node, scope) => {
@@ -431,13 +410,17 @@ impl<'a> Nodes<'a> {
                 }
                 let claimed = self.claimed;
                 let write = checkpoint.clone();
-                let child = checkpoint.child.and_then(|_| to_start.remove(&node.step));
+                let child = checkpoint
+                    .child
+                    .and_then(|_| to_start.remove(&(node.step, checkpoint.item)));
                 writing = Some((
                     node,
                     checkpoint,
                     Box::pin(async move {
                         match child {
-                            Some(child) => claimed.start_child(&write.name, child).await,
+                            Some(child) => {
+                                claimed.start_child(&write.name, write.item, child).await
+                            }
                             None => claimed.checkpoint(&write).await.map(|()| None),
                         }
                     }),
@@ -528,18 +511,27 @@ impl<'a> Nodes<'a> {
                         continue;
                     }
                     written_count += 1;
+                    if checkpoint.child.is_some() {
+                        // The child is under way: the step waits for it.
+                        match checkpoint.item {
+                            Some(item) => {
+                                started_items.entry(node.step).or_default().insert(item as usize);
+                            }
+                            None => {
+                                started.insert(node.step);
+                            }
+                        }
+                        if !waiting_children.contains(&checkpoint.name) {
+                            waiting_children.push(checkpoint.name.clone());
+                        }
+                        park_on.get_or_insert(checkpoint.name);
+                        continue;
+                    }
                     if let Some(item) = node.item {
                         metrics::counter!("flotilla_items_done_total").increment(1);
                         if let Some(all) = items.answered(node.step, item, checkpoint.response) {
                             answered.push_back((Node::step(node.step), self::checkpoint(checkpoint.name, None, Some(all))));
                         }
-                        continue;
-                    }
-                    if checkpoint.child.is_some() {
-                        // The child is under way: the step waits for it.
-                        started.insert(node.step);
-                        waiting_children.push(checkpoint.name.clone());
-                        park_on.get_or_insert(checkpoint.name);
                         continue;
                     }
                     if checkpoint.poll.is_some() {

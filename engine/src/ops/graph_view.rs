@@ -107,7 +107,11 @@ pub fn of(row: &RunRow) -> Result<GraphView, String> {
         if let Some(call) = checkpoint["call"].as_str() {
             calls[i] = Some(call.to_owned());
         }
-        if checkpoint.get("item").is_some_and(|item| !item.is_null()) {
+        let child_started = checkpoint.get("child").is_some_and(|c| !c.is_null());
+        if child_started {
+            // A child under way (one of a `start` per item, too): not an
+            // answer yet.
+        } else if checkpoint.get("item").is_some_and(|item| !item.is_null()) {
             items[i] += 1;
         } else if let Some(poll) = checkpoint.get("poll").and_then(Json::as_u64) {
             polls[i] = Some(u32::try_from(poll + 1).unwrap_or(u32::MAX));

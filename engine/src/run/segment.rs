@@ -387,6 +387,7 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
         pages: HashMap::new(),
         polls: HashMap::new(),
         started: HashSet::new(),
+        started_items: HashMap::new(),
     };
     let mut ended = vec![false; compiled.steps.len()];
     for (i, entry) in entries.iter().enumerate() {
@@ -418,7 +419,18 @@ fn replay(compiled: &CompiledWorkflow, checkpoints: &Json) -> Result<Replayed, S
                     "checkpoint {i} starts a child of step {name:?}, which starts none"
                 ));
             }
-            replayed.started.insert(index);
+            match checkpoint.item {
+                Some(item) => {
+                    replayed
+                        .started_items
+                        .entry(index)
+                        .or_default()
+                        .insert(item as usize);
+                }
+                None => {
+                    replayed.started.insert(index);
+                }
+            }
             continue;
         }
         if let Some(poll) = checkpoint.poll {

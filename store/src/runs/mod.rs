@@ -46,8 +46,9 @@ use crate::status::RunStatus;
 /// runs of a workflow with a `concurrency` key, which must take a slot of
 /// their key before they run (an earlier release would run them past the
 /// limit); 9, runs with a step that names its HTTP verb, path, query or
-/// headers, or that repeats, whose definitions and checkpoints (`call`,
-/// `poll`) earlier releases refuse (and would call the wrong URL). A run
+/// headers, that repeats, or that starts a child per item, whose
+/// definitions and checkpoints (`call`, `poll`, a child started for an
+/// item) earlier releases refuse (and would call the wrong URL). A run
 /// states the level it needs in `reader_level`, and a worker claims only
 /// runs at or below its own (a later release's runs wait for a worker of
 /// that release instead of being run by one that cannot read them).
@@ -78,7 +79,7 @@ pub const CONTROLS_READER_LEVEL: i16 = 7;
 /// The level of a run whose workflow has a `concurrency` key.
 pub const CONCURRENCY_READER_LEVEL: i16 = 8;
 /// The level of a run with a step that names its HTTP verb, path, query
-/// or headers, or that repeats.
+/// or headers, that repeats, or that starts a child per item.
 pub const STEP_FORMS_READER_LEVEL: i16 = 9;
 
 /// One executed step: what the row's `checkpoints` array holds.

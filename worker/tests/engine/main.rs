@@ -5,6 +5,7 @@ mod backlog;
 mod backoff;
 mod cancelling;
 mod checkpoint_rows;
+mod child_items;
 mod children;
 mod claims;
 mod concurrency;

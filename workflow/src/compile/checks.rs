@@ -96,11 +96,50 @@ impl Problems {
         if start.workflow.trim().is_empty() {
             self.add(at, "start.workflow", "is blank");
         }
+        // One child per item: the list is its `for_each`.
+        let per_item = StepDefinition {
+            for_each: None,
+            ..step.clone()
+        };
         self.calls_nothing(
             at,
-            step,
+            &per_item,
             "a start step (its child's input is built by start.input)",
         );
+        if step.for_each.is_some() && (step.timeout_ms.is_some() || step.on_timeout.is_some()) {
+            self.add(
+                at,
+                "timeout_ms",
+                "a start step with for_each waits for its children unbounded (bound each child's workflow with execution_timeout_ms)",
+            );
+        }
+    }
+
+    /// The children of a `start` step with `for_each` are known by
+    /// `<step>[<index>]`: no other step may be named so, or its child
+    /// and an item's would be one.
+    pub(super) fn per_item_child_names(&mut self, steps: &[StepDefinition]) {
+        let per_item: Vec<&str> = steps
+            .iter()
+            .filter(|s| s.start.is_some() && s.for_each.is_some())
+            .map(|s| s.name.as_str())
+            .collect();
+        for step in steps {
+            let taken = per_item.iter().find(|parent| {
+                step.name
+                    .strip_prefix(**parent)
+                    .and_then(|rest| rest.strip_prefix('['))
+                    .and_then(|rest| rest.strip_suffix(']'))
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            });
+            if let Some(parent) = taken {
+                self.add(
+                    Some(&step.name),
+                    "name",
+                    format!("is the name the children of step {parent} are known by"),
+                );
+            }
+        }
     }
 
     /// A step that calls no target (`what`: a wait or a start) has none of

@@ -408,3 +408,30 @@ fn a_repeat_is_bounded_and_belongs_to_a_plain_call() {
         );
     }
 }
+
+/// A `start` step may run per item, unbounded in time: its children are.
+#[test]
+fn a_start_step_runs_per_item_without_a_timeout_of_its_own() {
+    let step = |extra: Json| {
+        let mut step = serde_json::json!({"name": "each", "for_each": "input.lines",
+            "start": {"workflow": "child", "input": ["sku = item"]}});
+        step.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        compile(&serde_json::json!({"name": "w", "input_schema": {}, "steps": [step]}))
+    };
+    assert!(step(serde_json::json!({})).is_ok());
+    let problems = step(serde_json::json!({"timeout_ms": 1000}))
+        .unwrap_err()
+        .problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.field == "timeout_ms" && p.message.contains("execution_timeout_ms")),
+        "{problems:?}"
+    );
+    let problems = step(serde_json::json!({"paged": true}))
+        .unwrap_err()
+        .problems;
+    assert!(problems.iter().any(|p| p.field == "paged"), "{problems:?}");
+}
