@@ -54,7 +54,7 @@ pub use flotilla_contracts::Metadata;
 pub use flotilla_contracts::metadata::check as check_metadata;
 pub use flotilla_store::features::Feature;
 pub use flotilla_store::{Clock, ManualClock, SystemClock};
-pub use nodes::child::DEFAULT_MAX_FAMILY_JOBS;
+pub use nodes::child::{DEFAULT_MAX_FAMILY_JOBS, item_key as child_item_key};
 pub use ops::batch::BatchOutcome;
 pub use ops::complete_step::{CompleteError, CompleteOutcome};
 pub use ops::definitions::RegisterError;

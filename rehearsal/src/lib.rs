@@ -217,15 +217,30 @@ impl Plan {
         }
         for step in &definition.steps {
             let Some(start) = &step.start else { continue };
-            let child = child_id(job_id, &step.name);
-            if self.stand_ins.contains_key(&start.workflow) {
-                found.push((child, step.name.clone()));
+            // One child, or one per item (known by `<step>[<index>]`,
+            // as many as the step may give items).
+            let keys: Vec<String> = if step.for_each.is_some() {
+                (0..step.max_items())
+                    .map(|item| flotilla_engine::child_item_key(&step.name, item))
+                    .collect()
             } else {
-                self.stand_in_children(child, &start.workflow, depth + 1, found);
+                vec![step.name.clone()]
+            };
+            for key in keys {
+                let child = child_id(job_id, &key);
+                if self.stand_ins.contains_key(&start.workflow) {
+                    found.push((child, step.name.clone()));
+                } else if found.len() < MAX_STAND_INS {
+                    self.stand_in_children(child, &start.workflow, depth + 1, found);
+                }
             }
         }
     }
 }
+
+/// The most stood-in children one rehearsal registers (a family of
+/// per-item children down several levels would otherwise be unbounded).
+const MAX_STAND_INS: usize = 100_000;
 
 /// A one-step workflow named `workflow` whose step asks the fixtures how
 /// the child ends and whose output holds the keys of its result.

@@ -289,3 +289,43 @@ async fn a_503_asking_to_retry_after_two_minutes_is_retried_two_minutes_later() 
     let again = rehearsed(&[definition], &fixtures).await.unwrap();
     assert_eq!(again.lines, rehearsal.lines);
 }
+
+/// A poll and a child per item rehearse as they run: the poll's pauses on
+/// the engine's clock, each item's child stood in.
+#[tokio::test]
+async fn a_poll_and_a_child_per_item_rehearse_without_wall_time() {
+    let definition = json!({
+        "name": "restock", "input_schema": {},
+        "steps": [
+            {"name": "export", "target": "stock", "verb": "GET", "path": "/exports/{input.id}",
+             "repeat": {"until": "response.ready", "every": "10m", "for": "1h"}},
+            {"name": "lines", "for_each": "input.skus",
+             "start": {"workflow": "shipping", "input": ["name = item"]}}
+        ],
+        "output": ["labels = steps.lines.map(l, l.label)", "rows = steps.export.rows"]
+    });
+    let fixtures = Fixtures::parse(
+        "input: {id: x, skus: [a, b]}
+answers:
+  export: [{answer: {ready: false}}, {answer: {ready: false}}, {answer: {ready: true, rows: 3}}]
+children: {lines: {result: {label: L}}}
+",
+    )
+    .unwrap();
+    let rehearsal = rehearsed(&[definition], &fixtures).await.unwrap();
+    assert_eq!(
+        rehearsal.state.as_str(),
+        "COMPLETED",
+        "{}",
+        rehearsal.render()
+    );
+    assert_eq!(
+        rehearsal.result,
+        Some(json!({"labels": ["L", "L"], "rows": 3}))
+    );
+    assert_eq!(rehearsal.calls.get("export"), Some(&3));
+    assert!(
+        rehearsal.elapsed >= Duration::from_secs(20 * 60),
+        "two pauses"
+    );
+}

@@ -124,9 +124,10 @@ pub(crate) fn may_start_at(depth: i16) -> Result<(), StepFailure> {
 }
 
 /// The key the child of item `item` of `start` step `step` is known by
-/// (`ship[3]`): its id, its link and its outcome in the parent's row. The
-/// compiler refuses a step named so beside such a step.
-pub(crate) fn item_key(step: &str, item: usize) -> String {
+/// (`ship[3]`): its id (`child_id(parent, key)`), its link and its
+/// outcome in the parent's row. The compiler refuses a step named so
+/// beside such a step.
+pub fn item_key(step: &str, item: usize) -> String {
     format!("{step}[{item}]")
 }
 

@@ -394,7 +394,8 @@ async fn a_read_only_token_is_offered_nothing_it_cannot_do(pool: PgPool) {
 }
 
 /// A graph workflow is drawn by depth, and a running job's steps are drawn
-/// coloured by state: completed, skipped, waiting for a human, pending.
+/// coloured by state: completed, skipped, waiting for a human, pending; a
+/// step that names its verb and path shows the call it made.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
     within_timeout(async {
@@ -402,7 +403,7 @@ async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
         let graph = json!({
             "name": "drawn", "input_schema": {},
             "steps": [
-                {"name": "fetch", "target": "echo", "method": "fetch", "needs": []},
+                {"name": "fetch", "target": "echo", "verb": "GET", "path": "/items/{'a/b'}", "needs": []},
                 {"name": "check", "target": "echo", "method": "check", "needs": ["fetch"], "when": "false"},
                 {"name": "approve", "target": "echo", "method": "approve", "needs": ["fetch"], "completion": "external"},
                 {"name": "ship", "target": "echo", "method": "ship", "needs": ["check", "approve"]}
@@ -420,6 +421,8 @@ async fn a_graph_job_is_drawn_with_each_step_in_its_state(pool: PgPool) {
         for state in ["completed", "skipped", "waiting", "pending"] {
             assert!(drawn.contains(state), "{state} missing from {drawn}");
         }
+        // The call a shaped step made, its value encoded.
+        assert!(drawn.contains("GET /items/a%2Fb"), "{drawn}");
         for (step, state) in [("fetch", "completed"), ("check", "skipped"), ("approve", "waiting"), ("ship", "pending")] {
             let node = browser
                 .find(&format!("#job-graph g.step[data-step='{step}']"))
