@@ -72,6 +72,8 @@ async fn the_demos_http_call_polling_and_per_item_workflows_complete_on_a_fleet(
                 "FLOTILLA_WORKFLOWS_DIR",
                 repository().join("demo/workflows"),
             )
+            // Everything it logs, so a secret in any of it shows.
+            .env("RUST_LOG", "debug")
             .env("NO_COLOR", "1");
         let worker = tokio::task::spawn_blocking(move || {
             let mut worker = Running::start(worker);
@@ -119,12 +121,20 @@ async fn the_demos_http_call_polling_and_per_item_workflows_complete_on_a_fleet(
             "{graph}"
         );
 
-        tokio::task::spawn_blocking(move || {
+        let logs = tokio::task::spawn_blocking(move || {
             let mut worker = worker;
             assert!(worker.terminate(Duration::from_secs(30)).success());
+            std::mem::take(&mut worker.output)
         })
         .await
         .unwrap();
+        // The secret went to the target, never to the logs.
+        assert!(!logs.is_empty(), "the worker's output was kept");
+        let secret = flotilla_demo::resources::API_KEY;
+        assert!(
+            logs.iter().all(|line| !line.contains(secret)),
+            "the worker logged the target's secret"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     })
     .await

@@ -167,23 +167,44 @@ async fn counting_server() -> (String, Arc<AtomicUsize>) {
 }
 
 #[sqlx::test(migrator = "MIGRATOR")]
-async fn hostile_methods_are_refused_at_registration_and_never_reach_the_target(pool: PgPool) {
+async fn hostile_methods_and_paths_are_refused_at_registration_and_never_reach_the_target(
+    pool: PgPool,
+) {
     let (url, hits) = counting_server().await;
     let mut targets = echo_targets();
     let crm = HttpTarget::new(&url, Duration::from_secs(5), 1024).unwrap();
     targets.register("crm", Arc::new(crm), 4);
     // Claim loops run: an accepted hostile job would reach the target.
     let api = Api::start_with(&pool, &["--worker-count", "2"], targets).await;
-    for method in [
+    // Methods, and paths (`path` stands for the method): each refused
+    // when it is registered, naming its field.
+    let methods = [
         "../admin",
         "%2e%2e/admin",
         "a/../../admin",
         "x?y",
         "x#y",
         "/admin",
-    ] {
-        let definition = json!({"name": "hostile", "input_schema": {},
-            "steps": [{"name": "s", "target": "crm", "method": method}]});
+    ]
+    .map(|method| ("method", json!({"method": method})));
+    let paths = [
+        "/../admin",
+        "/a/%2e%2e/admin",
+        "//evil.example/x",
+        "http://evil.example/x",
+        "/a?admin=1",
+        "/a#x",
+        "/a/./b",
+        "/{secrets.key}",
+    ]
+    .map(|path| ("path", json!({"verb": "GET", "path": path})));
+    for (field, shape) in methods.into_iter().chain(paths) {
+        let mut step = json!({"name": "s", "target": "crm"});
+        step.as_object_mut()
+            .unwrap()
+            .extend(shape.as_object().unwrap().clone());
+        let method = &shape;
+        let definition = json!({"name": "hostile", "input_schema": {}, "steps": [step]});
         let (status, problem) = api
             .call(
                 Method::PUT,
@@ -196,7 +217,7 @@ async fn hostile_methods_are_refused_at_registration_and_never_reach_the_target(
             StatusCode::UNPROCESSABLE_ENTITY,
             "{method}: {problem}"
         );
-        assert_eq!(problem["problems"][0]["field"], "method", "{problem}");
+        assert_eq!(problem["problems"][0]["field"], field, "{problem}");
         let (status, problem) = api
             .call(
                 Method::POST,
