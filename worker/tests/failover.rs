@@ -353,20 +353,7 @@ async fn fail_over(mode: Replication) {
     // it yet (counted after its promotion, the fleet's first new rows were
     // counted too): once it has replayed all it received.
     let standby = pool_to(postgres.standby.address()).await;
-    let replay_deadline = Instant::now() + Duration::from_secs(30);
-    while count(
-        &standby,
-        "SELECT (pg_last_wal_receive_lsn() IS NOT NULL AND pg_last_wal_replay_lsn() < pg_last_wal_receive_lsn())::int::bigint",
-    )
-    .await
-        != 0
-    {
-        assert!(
-            Instant::now() < replay_deadline,
-            "the standby never replayed what it received"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_replay(&standby).await;
     let rows_on_standby = count(&standby, "SELECT count(*) FROM workflow_run").await;
     let completed_on_standby = count(
         &standby,
@@ -601,4 +588,34 @@ async fn read_events(kafka: &flotilla_runtime::BrokerConfig, topic: &str) -> Vec
     }
     close_consumer(consumer);
     events
+}
+
+/// Waits until `standby` has replayed all it received that can be
+/// replayed. Replay stops at the last whole WAL record: a record the cut
+/// left half-sent counts as received and is never replayed, so "replayed
+/// up to received" may never hold. Replay is also done once the startup
+/// process waits for more WAL, seen twice 200 ms apart with replay not
+/// moving between (a wait seen once may be the moment before a wake-up).
+async fn wait_for_replay(standby: &sqlx::PgPool) {
+    const DONE: &str = "SELECT pg_last_wal_replay_lsn()::text,
+        pg_last_wal_receive_lsn() IS NULL
+          OR pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()
+          OR EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'startup'
+                     AND wait_event IN ('RecoveryWalStream', 'RecoveryRetrieveRetryInterval'))";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle_at: Option<Option<String>> = None;
+    loop {
+        let (replayed, done): (Option<String>, bool) =
+            sqlx::query_as(DONE).fetch_one(standby).await.unwrap();
+        match (&idle_at, done) {
+            (Some(before), true) if *before == replayed => return,
+            (_, true) => idle_at = Some(replayed),
+            (_, false) => idle_at = None,
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby never replayed what it received"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
