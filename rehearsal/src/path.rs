@@ -431,6 +431,7 @@ fn checkpoint_of(row: &RunRow, step: &str) -> Option<Json> {
             c["name"] == step
                 && c.get("item").is_none()
                 && c.get("page").is_none()
+                && c.get("poll").is_none()
                 && c["skipped"] != true
         })
         .map(|c| c["response"].clone())

@@ -310,6 +310,18 @@ impl Target for HttpTarget {
         let (target_url, shown) = self.url_of(&call)?;
         // What error texts name the call by: its verb and URL, no query.
         let url = format!("{} {shown}", verb.as_str());
+        // A GET or DELETE by the target's default, for a step whose rules
+        // built a request: sending it without its body would lose it.
+        let built = call
+            .request
+            .as_object()
+            .is_some_and(|body| !body.is_empty());
+        if !verb.has_body() && built {
+            return Err(StepFailure::Defect(format!(
+                "{url}: a {} sends no body, but the step's rules built one (give the step its own verb)",
+                verb.as_str()
+            )));
+        }
         let mut request = self
             .client
             .request(method_of(verb), target_url)

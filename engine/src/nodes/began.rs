@@ -25,8 +25,9 @@ pub(super) enum Began {
     /// checkpoint.
     StartChild(NewChild, Checkpoint),
     /// Children of a `start` step with `for_each` to start, one per item,
-    /// each written with its item's "child started" checkpoint.
-    StartChildren(Vec<(NewChild, Checkpoint)>),
+    /// each written with its item's "child started" checkpoint; and the
+    /// keys of its children already running (`Wait::Child`'s).
+    StartChildren(Vec<(NewChild, Checkpoint)>, Vec<String>),
     /// A timer that has not woken.
     Sleeps { at: DateTime<Utc>, new: bool },
     /// A call to make (the first page's, for a paged step).
@@ -42,8 +43,10 @@ pub(super) enum Began {
 pub(super) enum Wait {
     /// A signal of this name.
     Signal(String),
-    /// Its child to end.
-    Child,
+    /// Its children to end, by the keys their outcomes reach the row
+    /// under (the step's name, or `<step>[<index>]` per item): a child
+    /// that ends before the park commits wakes it at once.
+    Child(Vec<String>),
     /// The reply to its Kafka request, sent before, until this deadline.
     Reply(DateTime<Utc>),
     /// The reply to this Kafka request, sent with the park.

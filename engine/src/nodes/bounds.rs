@@ -30,7 +30,7 @@ impl Nodes<'_> {
         let step = &self.compiled.steps[index].definition;
         let waiting = matches!(
             began,
-            Began::Waits(Wait::Signal(_) | Wait::Child | Wait::Answer) | Began::StartChild(..)
+            Began::Waits(Wait::Signal(_) | Wait::Child(_) | Wait::Answer) | Began::StartChild(..)
         );
         // A repeating step is bounded by its `for`, calling or asleep.
         let repeating = self.compiled.steps[index]

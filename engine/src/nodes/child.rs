@@ -298,7 +298,7 @@ impl Nodes<'_> {
                 Err(failed) => Began::Failed(failed),
             },
             Ok(ChildState::Failed(failed)) | Err(failed) => Began::Failed(failed),
-            Ok(ChildState::Running) => Began::Waits(Wait::Child),
+            Ok(ChildState::Running) => Began::Waits(Wait::Child(vec![name])),
             Ok(ChildState::NotStarted) => match self.new_child(index, start, scope, None).await {
                 Ok((child, begun)) => Began::StartChild(child, begun),
                 Err(failed) => Began::Failed(failed),

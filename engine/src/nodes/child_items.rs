@@ -37,7 +37,7 @@ impl Nodes<'_> {
             Err(failed) => return Began::Failed(failed),
         };
         let mut results = Vec::with_capacity(list.len());
-        let mut running = 0usize;
+        let mut running = Vec::new();
         let mut not_started = Vec::new();
         for (item, value) in list.iter().enumerate() {
             let item_scope = scope
@@ -58,7 +58,7 @@ impl Nodes<'_> {
                 }
                 Ok(ChildState::Failed(failed)) | Err(failed) => return Began::Failed(failed),
                 Ok(ChildState::Running) => {
-                    running += 1;
+                    running.push(item_key(&name, item));
                     results.push(None);
                 }
                 Ok(ChildState::NotStarted) => {
@@ -75,7 +75,7 @@ impl Nodes<'_> {
             .compiled
             .definition
             .parallelism()
-            .saturating_sub(running);
+            .saturating_sub(running.len());
         let mut children = Vec::new();
         for (item, item_scope) in not_started.into_iter().take(room) {
             match self.new_child(index, start, &item_scope, Some(item)).await {
@@ -84,9 +84,9 @@ impl Nodes<'_> {
             }
         }
         if children.is_empty() {
-            Began::Waits(Wait::Child)
+            Began::Waits(Wait::Child(running))
         } else {
-            Began::StartChildren(children)
+            Began::StartChildren(children, running)
         }
     }
 }

@@ -293,7 +293,7 @@ impl<'a> Nodes<'a> {
                     Began::Waits(wait) => {
                         match wait {
                             Wait::Signal(signal) => awaited.push(signal),
-                            Wait::Child => waiting_children.push(name.clone()),
+                            Wait::Child(keys) => waiting_children.extend(keys),
                             Wait::Reply(deadline) => replies.wait(name.clone(), deadline),
                             Wait::Send(request) => replies.send(*request),
                             Wait::Answer => {}
@@ -304,7 +304,8 @@ impl<'a> Nodes<'a> {
                         to_start.insert((index, None), child);
                         answered.push_back((node, checkpoint));
                     }
-                    Began::StartChildren(children) => {
+                    Began::StartChildren(children, running) => {
+                        waiting_children.extend(running);
                         for (child, checkpoint) in children {
                             to_start.insert((index, checkpoint.item), child);
                             let item = checkpoint.item.map(|i| i as usize);
@@ -521,9 +522,12 @@ impl<'a> Nodes<'a> {
                                 started.insert(node.step);
                             }
                         }
-                        if !waiting_children.contains(&checkpoint.name) {
-                            waiting_children.push(checkpoint.name.clone());
-                        }
+                        // The key its outcome reaches the row under.
+                        let key = checkpoint.item.map_or_else(
+                            || checkpoint.name.clone(),
+                            |item| child::item_key(&checkpoint.name, item as usize),
+                        );
+                        waiting_children.push(key);
                         park_on.get_or_insert(checkpoint.name);
                         continue;
                     }

@@ -95,7 +95,16 @@ fn call_of(method: &str, shape: Option<ResolvedCall>) -> TargetCall {
         job_id: uuid::Uuid::nil(),
         step_name: "s".into(),
         method: method.into(),
-        request: serde_json::json!({"order": 42}),
+        // As the compiler has it: a step naming GET or DELETE has no rules.
+        request: if shape
+            .as_ref()
+            .and_then(|shape| shape.verb)
+            .is_some_and(|verb| !verb.has_body())
+        {
+            serde_json::json!({})
+        } else {
+            serde_json::json!({"order": 42})
+        },
         timeout: Duration::from_secs(5),
         traceparent: None,
         tracestate: None,
@@ -400,4 +409,32 @@ fn a_2xx_body_is_json_null_or_text_unless_it_claims_json() {
         ok(b"\xff\xfe", Some("text/plain")),
         Err(StepFailure::Defect(_))
     ));
+}
+
+#[tokio::test]
+async fn a_request_body_the_default_verb_would_drop_is_a_defect_before_any_call() {
+    // Nothing listens here: a call that went out would fail otherwise.
+    let target = HttpTarget::new("http://127.0.0.1:9", Duration::from_secs(5), 1024)
+        .unwrap()
+        .default_verb(Verb::Get);
+    let failure = target.call(call_of("score", None)).await;
+    assert!(
+        matches!(&failure, Err(StepFailure::Defect(e)) if e.contains("sends no body")),
+        "{failure:?}"
+    );
+    let empty = TargetCall {
+        request: serde_json::json!({}),
+        ..call_of("score", None)
+    };
+    let failure = target.call(empty).await;
+    assert!(
+        matches!(
+            failure,
+            Err(StepFailure::Retryable {
+                class: RetryClass::Transport,
+                ..
+            })
+        ),
+        "no body built: the GET goes out: {failure:?}"
+    );
 }

@@ -198,3 +198,58 @@ async fn cancelling_the_parent_cancels_every_items_child(pool: PgPool) {
         "no child started after the cancel"
     );
 }
+
+/// A child that ends while its parent still runs another branch, before
+/// the parent parks on it: the park finds its outcome and the parent goes
+/// on, rather than waiting for a wake-up that already happened.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_child_that_ends_before_its_parent_parks_does_not_strand_it(pool: PgPool) {
+    use flotilla_worker::targets::{FnTarget, StepFailure, TargetCall};
+    use std::sync::Arc;
+    // Another worker, which runs the child while the parent's other
+    // branch is under way.
+    let other = fleet(&pool, 1_000).await;
+    let mut targets = echo_targets(&Calls::default());
+    targets.register(
+        "elsewhere",
+        Arc::new(FnTarget(move |_: TargetCall| {
+            let other = other.clone();
+            async move {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while !matches!(other.run_once().await, Ok(Outcome::Completed(_))) {
+                    assert!(std::time::Instant::now() < deadline, "the child never ran");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Ok::<_, StepFailure>(json!({"ran": "the child"}))
+            }
+        })),
+        8,
+    );
+    let mut settings = settings("parent-worker");
+    settings.max_family_jobs = 1_000;
+    let engine = Engine::new(pool.clone(), targets, manual_clock(), settings);
+    engine
+        .register_workflow(&json!({
+            "name": "branches", "input_schema": {}, "parallelism": 2,
+            "steps": [
+                {"name": "lines", "needs": [], "for_each": "input.lines",
+                 "start": {"workflow": "ship-line", "input": ["sku = item"]}},
+                {"name": "meanwhile", "needs": [], "target": "elsewhere", "method": "wait"}
+            ]
+        }))
+        .await
+        .unwrap();
+    let parent = submit(&engine, "branches", json!({"lines": ["a"]})).await;
+    // Its one segment starts the child, waits on the other branch while
+    // the other worker completes the child, then parks: woken at once.
+    let first = engine.run_once().await.unwrap();
+    assert!(matches!(first, Outcome::Parked(_)), "{first:?}");
+    let parked = row(&pool, parent).await;
+    assert_eq!(
+        parked.status,
+        RunStatus::Queued,
+        "the park found the child's end"
+    );
+    settle(&engine).await;
+    assert_eq!(row(&pool, parent).await.status, RunStatus::Completed);
+}
