@@ -8,10 +8,10 @@
 mod broker;
 mod ceiling;
 mod clients;
+mod comparison;
 mod e2e;
 mod engine;
 mod fleet;
-mod graphile;
 mod metrics;
 mod relay;
 mod report;
@@ -30,7 +30,7 @@ struct Args {
     /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
     #[arg(long)]
     smoke: bool,
-    /// Run only these parts (comma separated): ceiling, broker, e2e, engine, parking, retention, fleet, graphile, relay, clients.
+    /// Run only these parts (comma separated): ceiling, broker, e2e, engine, parking, retention, fleet, graphile, river, relay, clients.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
@@ -64,9 +64,29 @@ fn machine() -> String {
 }
 
 /// The goals as ratios: end to end (the best worker count) against the
-/// ceiling, and 1-step against graphile-worker, per broker.
+/// ceiling, and 1-step against graphile-worker and River (at its fastest),
+/// per broker.
 fn ratios(report: &mut report::Report) {
-    let graphile = report.best("comparison", |name| name.starts_with("graphile-worker"));
+    let graphile = report.best("comparison", |name| {
+        name.starts_with("graphile-worker") && name.ends_with("at once")
+    });
+    let river = report.best("comparison", |name| {
+        name.starts_with("River 0") && name.ends_with("1 ms fetch cooldown")
+    });
+    // The whole job's WAL (engine and relay) against each competitor's.
+    let wal = report.best("components", |name| {
+        name == "WAL per 1-step no-op job, engine and relay"
+    });
+    let competitors_wal = [
+        ("graphile-worker", "graphile-worker WAL per no-op job"),
+        ("River", "River WAL per no-op job, 1 ms fetch cooldown"),
+    ];
+    for (other, figure) in competitors_wal {
+        if let (Some(wal), Some(theirs)) = (wal, report.best("comparison", |name| name == figure)) {
+            let name = format!("WAL per 1-step job, engine and relay / {other}");
+            report.add("ratio", name, wal / theirs, "ratio");
+        }
+    }
     for broker in ["mock cluster", "Apache Kafka"] {
         for steps in [3, 1] {
             let prefix = format!("{steps}-step");
@@ -79,9 +99,14 @@ fn ratios(report: &mut report::Report) {
                 let name = format!("{steps}-step end to end / ceiling, {broker}");
                 report.add("ratio", name, flotilla / ceiling, "ratio");
             }
-            if let (1, Some(graphile)) = (steps, graphile) {
-                let name = format!("1-step end to end / graphile-worker, {broker}");
-                report.add("ratio", name, flotilla / graphile, "ratio");
+            if steps != 1 {
+                continue;
+            }
+            for (other, rate) in [("graphile-worker", graphile), ("River", river)] {
+                if let Some(rate) = rate {
+                    let name = format!("1-step end to end / {other}, {broker}");
+                    report.add("ratio", name, flotilla / rate, "ratio");
+                }
             }
         }
     }
@@ -127,7 +152,10 @@ async fn main() -> anyhow::Result<()> {
     }
     let jobs = args.jobs.unwrap_or(if args.smoke { 200 } else { 20_000 });
     if wanted("graphile") {
-        graphile::figures(&mut report, jobs).await?;
+        comparison::graphile::figures(&mut report, jobs).await?;
+    }
+    if wanted("river") {
+        comparison::river::figures(&mut report, jobs).await?;
     }
     if wanted("e2e") {
         for broker in &args.brokers {
