@@ -63,7 +63,7 @@ pub use ops::graft::{GraftError, GraftOutcome};
 pub use ops::operator::{Cancelled, OperatorError};
 pub use ops::queries::{JobPage, JobQuery, ListError};
 pub use run::claimed::ClaimedRun;
-pub use run::claims::ClaimError;
+pub use run::claiming::claims::ClaimError;
 #[cfg(any(test, feature = "test-support"))]
 pub use run::group_commit::CommitFaults;
 pub use run::lease::MAX_HAND_BACKS;
@@ -108,7 +108,9 @@ pub(crate) struct Inner {
     /// The fenced writes of many running jobs, committed together.
     pub(crate) group_commit: run::group_commit::GroupCommit,
     /// Claims of the loops that look for work at once, in one statement.
-    pub(crate) claims: run::claims::Claims,
+    pub(crate) claims: run::claiming::claims::Claims,
+    /// Idle claim loops' seats, and jobs written claimed for them.
+    pub(crate) seats: run::claiming::eager::Seats,
     /// The jobs this process is running, for the hand-back at shutdown.
     pub(crate) in_flight: run::in_flight::InFlight,
     /// Jobs this process finished, by minute, for the fleet's tally.
@@ -154,7 +156,7 @@ impl Engine {
                 doorbell,
                 end_watch: ops::awaiting::EndWatch::default(),
                 reserved,
-                claims: run::claims::Claims::new(
+                claims: run::claiming::claims::Claims::new(
                     pool.clone(),
                     clock.clone(),
                     settings.worker_id.clone(),
@@ -169,6 +171,7 @@ impl Engine {
                     support::compiled_cache::DEFAULT_CACHE_BYTES,
                 )),
                 health: Health::default(),
+                seats: run::claiming::eager::Seats::default(),
                 in_flight: run::in_flight::InFlight::default(),
                 finishes: services::finished_tally::Finishes::default(),
                 switches: services::layout_switches::InUse::default(),
@@ -198,6 +201,22 @@ impl Engine {
     #[must_use]
     pub fn claim_statements(&self) -> u64 {
         self.inner.claims.statements()
+    }
+
+    /// Seats of this engine's idle claim loops no submission holds now
+    /// (`run/claiming/eager.rs`): for tests that must know a loop waits.
+    #[cfg(feature = "test-support")]
+    #[must_use]
+    pub fn free_seats(&self) -> usize {
+        self.inner.seats.free()
+    }
+
+    /// Offers a seat that no loop will ever fill, for good: a submission
+    /// then writes a job claimed by this engine that nothing here runs, as
+    /// when the process dies between the commit and the run.
+    #[cfg(feature = "test-support")]
+    pub fn offer_a_seat_nobody_fills(&self) {
+        std::mem::forget(self.inner.seats.offer());
     }
 
     /// Closes both pools: the shared one and the reserved one.

@@ -26,11 +26,15 @@ impl Engine {
         tracing::info!(?grace, "stopping claims; waiting for in-flight segments");
         let drained =
             tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        let mut held = Vec::new();
         if drained.is_err() {
-            let held = self.inner.in_flight.held();
+            held = self.inner.in_flight.held();
             tasks.shutdown().await;
-            self.hand_back_at_shutdown(&held).await;
         }
+        // Jobs a submission wrote claimed for a loop that stopped before
+        // taking them: back to the queue now, not at their lease's lapse.
+        held.extend(self.inner.seats.drain());
+        self.hand_back_at_shutdown(&held).await;
         // Only now: until its jobs are handed back, a lapse of one of them
         // must find this worker alive.
         let left = tokio::time::timeout(self.settings().lease / 4, self.leave_fleet()).await;

@@ -69,6 +69,9 @@ pub struct EngineSettings {
     /// Whether the claim loops listen for other processes' wake-ups
     /// (`flotilla_store::wake`); off, work from elsewhere is found by polls.
     pub listen_for_work: bool,
+    /// Whether a job submitted while a claim loop of this process waits is
+    /// written already claimed and run at once (`run/claiming/eager.rs`).
+    pub eager_start: bool,
     /// The largest event the relay can publish: a result whose COMPLETED
     /// event would be larger fails the job instead.
     pub max_event_bytes: usize,
@@ -114,6 +117,7 @@ impl EngineSettings {
             idle_poll_max: DEFAULT_IDLE_POLL_MAX,
             idle_poll_min: DEFAULT_IDLE_POLL_MIN,
             listen_for_work: true,
+            eager_start: true,
             max_event_bytes: flotilla_contracts::topics::DEFAULT_MAX_MESSAGE_BYTES,
             max_stored_bytes: DEFAULT_MAX_STORED_BYTES,
             max_family_jobs: DEFAULT_MAX_FAMILY_JOBS,

@@ -268,6 +268,14 @@ pub struct EngineConfig {
     #[arg(long, env = "FLOTILLA_LISTEN_FOR_WORK", default_value_t = true, action = clap::ArgAction::Set)]
     pub listen_for_work: bool,
 
+    /// Eager start: a job submitted to this worker (API or request topic)
+    /// while one of its claim loops waits is written already claimed by
+    /// it and run at once, one transaction and no wake-up before its first
+    /// step. Never more than the loops waiting; jobs of a concurrency key or
+    /// a debounce window are queued as before.
+    #[arg(long, env = "FLOTILLA_EAGER_START", default_value_t = true, action = clap::ArgAction::Set)]
+    pub eager_start: bool,
+
     /// Iterations (of `map`, `filter`, `all`, `exists`) one CEL evaluation
     /// may run; past it the job fails with its verdict.
     #[arg(long, env = "FLOTILLA_EXPRESSION_MAX_STEPS", default_value_t = crate::workflow::DEFAULT_BUDGET.steps, value_parser = RangedU64ValueParser::<u64>::new().range(1..))]

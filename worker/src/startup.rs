@@ -400,6 +400,7 @@ fn engine_settings(worker_id: &str, config: &WorkerConfig) -> EngineSettings {
     settings.sweep_interval = *engine.sweep_interval;
     settings.idle_poll_max = *engine.idle_poll_max;
     settings.listen_for_work = engine.listen_for_work;
+    settings.eager_start = engine.eager_start;
     settings.max_event_bytes = engine.max_event_bytes;
     settings.max_stored_bytes = engine.max_stored_bytes;
     settings.max_family_jobs = engine.max_family_jobs;

@@ -37,32 +37,46 @@ impl Engine {
     ) -> Result<BatchOutcome, StoreError> {
         let admitted: Vec<Result<Submission, Unstorable>> =
             submissions.into_iter().map(admit).collect();
-        let results = match self.write_batch(&admitted, false).await {
+        let seats = self.inner.seats.reserve(self.eager_seats(admitted.len()));
+        let results = match self.write_batch(&admitted, false, seats.count()).await {
             Err(e) if e.is_about_the_data() => {
                 tracing::warn!(error = %e, "the database refused a request of the batch; writing each on its own");
-                self.write_batch(&admitted, true).await?
+                self.write_batch(&admitted, true, 0).await?
             }
             other => other?,
         };
         for submitted in results.iter().flatten() {
             self.created(submitted);
         }
+        let created: Vec<Submitted> = results
+            .iter()
+            .filter_map(|result| match result {
+                Ok(Submitted::Created(row)) if row.lease_owner.is_some() => {
+                    Some(Submitted::Created(row.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        self.hand_claimed(seats, &created);
         Ok(results)
     }
 
     /// One attempt at the batch, in one transaction; with `isolated`, each
-    /// request in its own savepoint.
+    /// request in its own savepoint. Up to `eager` runs that may start at
+    /// once are written claimed by this worker (`run/claiming/eager.rs`);
+    /// the careful path writes none so.
     async fn write_batch(
         &self,
         admitted: &[Result<Submission, Unstorable>],
         isolated: bool,
+        eager: usize,
     ) -> Result<BatchOutcome, StoreError> {
         let now = self.now();
         let mut tx = self.pool().begin().await?;
         let written = if isolated {
             self.write_each(&mut tx, admitted, now).await
         } else {
-            self.write_together(&mut tx, admitted, now).await
+            self.write_together(&mut tx, admitted, now, eager).await
         };
         match written {
             Ok(results) => {
@@ -83,6 +97,7 @@ impl Engine {
         tx: &mut PgTransaction<'_>,
         admitted: &[Result<Submission, Unstorable>],
         now: DateTime<Utc>,
+        eager: usize,
     ) -> Result<BatchOutcome, StoreError> {
         let mut newest = HashMap::new();
         let mut prepared = Vec::with_capacity(admitted.len());
@@ -100,7 +115,7 @@ impl Engine {
                 Err(unstorable) => Err(SubmitError::Unstorable(unstorable.clone())),
             });
         }
-        let new_runs: Vec<_> = prepared
+        let mut new_runs: Vec<_> = prepared
             .iter()
             .zip(admitted)
             .filter_map(|(prepared, submission)| {
@@ -110,6 +125,14 @@ impl Engine {
                     .new_run(submission.as_ref().ok()?, now)
             })
             .collect();
+        let lease = self.eager_lease(now).filter(|_| eager > 0);
+        for run in new_runs
+            .iter_mut()
+            .filter(|run| run.may_start_at_once())
+            .take(eager)
+        {
+            run.lease = lease;
+        }
         let mut rows = runs::insert_many(tx, &new_runs).await?.into_iter();
         let mut results = Vec::with_capacity(admitted.len());
         let mut policies = HashMap::new();
@@ -170,6 +193,7 @@ impl Engine {
                     RefusalMode::Record,
                     now,
                     &mut newest,
+                    None,
                 )
                 .await
                 .map_err(SubmitError::data_to_unstorable);

@@ -47,9 +47,19 @@ impl Engine {
         mode: RefusalMode,
     ) -> Result<Submitted, SubmitError> {
         let submission = admit(submission)?;
+        let seats = self.inner.seats.reserve(self.eager_seats(1));
+        let now = self.now();
+        let lease = self.eager_lease(now);
         let mut tx = self.pool().begin().await?;
         let submitted = self
-            .submit_in(&mut tx, &submission, mode, self.now(), &mut HashMap::new())
+            .submit_in(
+                &mut tx,
+                &submission,
+                mode,
+                now,
+                &mut HashMap::new(),
+                lease.filter(|_| seats.count() > 0),
+            )
             .await
             .map_err(SubmitError::data_to_unstorable);
         // Only a submission that went through commits: an error part-way
@@ -60,8 +70,55 @@ impl Engine {
         }
         if let Ok(submitted) = &submitted {
             self.created(submitted);
+            self.hand_claimed(seats, std::slice::from_ref(submitted));
         }
         submitted
+    }
+
+    /// Seats to ask for `wanted` submissions: none with eager start off.
+    pub(crate) fn eager_seats(&self, wanted: usize) -> usize {
+        if self.settings().eager_start {
+            wanted
+        } else {
+            0
+        }
+    }
+
+    /// The lease a submission written already claimed by this worker gets.
+    pub(crate) fn eager_lease(&self, now: DateTime<Utc>) -> Option<runs::EagerLease<'_>> {
+        let until = now + chrono::TimeDelta::from_std(self.settings().lease).ok()?;
+        Some(runs::EagerLease {
+            owner: &self.settings().worker_id,
+            until,
+        })
+    }
+
+    /// After the commit: the rows written claimed by this worker go to the
+    /// loops whose seats `seats` holds, each with a wake-up; the other
+    /// seats go back.
+    pub(crate) fn hand_claimed(
+        &self,
+        seats: crate::run::claiming::eager::Reservation<'_>,
+        submitted: &[Submitted],
+    ) {
+        if seats.count() == 0 {
+            return;
+        }
+        let rows: Vec<RunRow> = submitted
+            .iter()
+            .filter_map(|submitted| match submitted {
+                Submitted::Created(row)
+                    if row.status == RunStatus::Running
+                        && row.lease_owner.as_deref() == Some(&self.settings().worker_id) =>
+                {
+                    Some(row.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        for _ in 0..seats.hand(rows) {
+            self.inner.work_available.notify_one();
+        }
     }
 
     /// After a submission commits: a new QUEUED job wakes a claim loop, a
@@ -95,11 +152,14 @@ impl Engine {
             RefusalMode::Record,
             now,
             &mut HashMap::new(),
+            None,
         )
         .await
     }
 
     /// The submission inside the caller's transaction; the caller commits.
+    /// With `lease`, a run that may start at once is written claimed by
+    /// this worker (`run/claiming/eager.rs`).
     pub(crate) async fn submit_in(
         &self,
         tx: &mut PgTransaction<'_>,
@@ -107,12 +167,14 @@ impl Engine {
         mode: RefusalMode,
         now: DateTime<Utc>,
         newest: &mut NewestDefinitions,
+        lease: Option<runs::EagerLease<'_>>,
     ) -> Result<Submitted, SubmitError> {
         let prepared = match self.prepare(tx, submission, mode, newest).await? {
             Prepared::Done(submitted) => return Ok(*submitted),
             insert @ Prepared::Insert { .. } => insert,
         };
-        let new_run = prepared.new_run(submission, now).expect("an insert");
+        let mut new_run = prepared.new_run(submission, now).expect("an insert");
+        new_run.lease = lease;
         let row = runs::insert(tx, &new_run).await?;
         let policies: HashMap<Uuid, OnExcess> = prepared
             .on_excess()
@@ -310,6 +372,7 @@ impl Prepared {
                 .filter(|m| !m.is_empty())
                 .map(|m| serde_json::json!(m)),
             debounce: resolved.debounce.clone(),
+            lease: None,
             concurrency: resolved
                 .concurrency
                 .as_ref()

@@ -16,7 +16,7 @@
 //! (`None`) and hands the rest of the queue to a new task.
 //!
 //! Used by group commit (`group_commit.rs`) and by batched claims
-//! (`claims.rs`).
+//! (`claiming/claims.rs`).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,5 @@
-//! Running a claimed job: the claim loops (`claim_loop.rs`) and the claims they
-//! share (`claims.rs`, `gather.rs`), one segment of a job (`segment.rs`),
+//! Running a claimed job: the claim loops, the claims they share and the
+//! jobs handed to them at submission (`claiming/`, batched by `gather.rs`), one segment of a job (`segment.rs`),
 //! the claimed-run handle that is the only writer of a RUNNING row
 //! (`claimed.rs`) and its lease (`lease.rs`), the fenced writes many jobs
 //! commit together (`group_commit.rs`) on connections of their own
@@ -7,9 +7,8 @@
 //! (`compensate.rs`), and handing a job back when its targets are missing
 //! (`placement.rs`).
 
-pub(crate) mod claim_loop;
 pub(crate) mod claimed;
-pub(crate) mod claims;
+pub(crate) mod claiming;
 pub(crate) mod compensate;
 pub(crate) mod concurrency;
 pub(crate) mod gather;

@@ -15,7 +15,7 @@ use serde_json::{Map, Value as Json};
 
 use crate::nodes::{Nodes, Replayed, Stop};
 use crate::run::Headed;
-use crate::run::claims::ClaimError;
+use crate::run::claiming::claims::ClaimError;
 use crate::run::compensate;
 use crate::run::lease::Heartbeat;
 use crate::run::retrying;
@@ -27,11 +27,20 @@ use flotilla_workflow::CompiledWorkflow;
 use flotilla_workflow::schema_violations;
 
 impl Engine {
-    /// Claims the oldest eligible job and runs one segment of it.
+    /// Runs one segment of a job handed to this process already claimed
+    /// (`claiming/eager.rs`), or else claims the oldest eligible job and
+    /// runs one segment of it.
     ///
     /// # Errors
     /// The claim itself failed (the database is unreachable).
     pub async fn run_once(&self) -> Result<Outcome, ClaimError> {
+        // A job a submission wrote already claimed by this process goes first.
+        if let Some(row) = self.inner.seats.take() {
+            crate::support::telemetry::claimed(row.created_at);
+            if let Some(claimed) = ClaimedRun::new(self.clone(), row) {
+                return Ok(self.run_segment(claimed).await);
+            }
+        }
         match self.claim().await? {
             None => Ok(Outcome::Idle),
             Some(claimed) => Ok(self.run_segment(claimed).await),
@@ -39,7 +48,7 @@ impl Engine {
     }
 
     /// Claims the oldest eligible QUEUED job, if any, in a statement shared
-    /// with this process's other loops looking for work (`claims.rs`).
+    /// with this process's other loops looking for work (`claiming/claims.rs`).
     ///
     /// # Errors
     /// The claim statement failed.

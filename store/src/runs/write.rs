@@ -47,9 +47,22 @@ pub struct NewRun<'a> {
     pub reader_level: i16,
     /// `None`: QUEUED with an ACCEPTED event; `Some`: FAILED with a FAILED event.
     pub refusal: Option<Refusal<'a>>,
+    /// Written already claimed by this worker (eager start): RUNNING under
+    /// a fresh lease token until `until`, its first attempt counted, as a
+    /// claim would leave it. Ignored where [`NewRun::may_start_at_once`]
+    /// says no: those go in as they would without it.
+    pub lease: Option<EagerLease<'a>>,
     pub traceparent: Option<&'a str>,
     pub tracestate: Option<&'a str>,
     pub now: DateTime<Utc>,
+}
+
+/// The lease a run is written under when the worker that writes it runs
+/// it at once.
+#[derive(Debug, Clone, Copy)]
+pub struct EagerLease<'a> {
+    pub owner: &'a str,
+    pub until: DateTime<Utc>,
 }
 
 /// Inserts a new run with its first event (ACCEPTED, or FAILED for a
@@ -88,14 +101,18 @@ pub async fn insert_many<'a>(
     let mut inserted: Vec<RunRow> = crate::sql::query_as(&format!(
         "INSERT INTO workflow_run (job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, run_after, error, verdict, event_sequence, reader_level, traceparent, tracestate, created_at, updated_at,
-             expires_at, priority, debounce_key, concurrency_key, concurrency_limit, metadata)
+             expires_at, priority, debounce_key, concurrency_key, concurrency_limit, metadata,
+             lease_owner, lease_token, lease_until, attempt)
          SELECT job_id, workflow_name, workflow_version, definition, input, request_digest,
              status, max_attempts, $13 - prio * interval '1 minute' + coalesce(window_ms, 0) * interval '1 millisecond', error, verdict, 1, greatest(CASE WHEN definition IS NULL THEN 1 ELSE 0 END, level),
-             traceparent, tracestate, $13, $13, $13 + timeout_ms * interval '1 millisecond', prio, debounce_key, concurrency_key, concurrency_limit, labels
+             traceparent, tracestate, $13, $13, $13 + timeout_ms * interval '1 millisecond', prio, debounce_key, concurrency_key, concurrency_limit, labels,
+             owner, CASE WHEN owner IS NOT NULL THEN gen_random_uuid() END, owner_until, CASE WHEN owner IS NOT NULL THEN 1 ELSE 0 END
          FROM UNNEST($1::uuid[], $2::text[], $3::int4[], $4::jsonb[], $5::jsonb[], $6::text[],
-                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[], $15::int8[], $16::int2[], $17::text[], $18::int8[], $19::text[], $20::int4[], $21::jsonb[])
+                     $7::text[], $8::int4[], $9::text[], $10::text[], $11::text[], $12::text[], $14::int2[], $15::int8[], $16::int2[], $17::text[], $18::int8[], $19::text[], $20::int4[], $21::jsonb[],
+                     $22::text[], $23::timestamptz[])
              WITH ORDINALITY AS r(job_id, workflow_name, workflow_version, definition, input, request_digest,
-                                  status, max_attempts, error, verdict, traceparent, tracestate, level, timeout_ms, prio, debounce_key, window_ms, concurrency_key, concurrency_limit, labels, position)
+                                  status, max_attempts, error, verdict, traceparent, tracestate, level, timeout_ms, prio, debounce_key, window_ms, concurrency_key, concurrency_limit, labels,
+                                  owner, owner_until, position)
          WHERE NOT EXISTS (SELECT 1 FROM workflow_run_removed rm WHERE rm.job_id = r.job_id)
          ORDER BY position
          ON CONFLICT (job_id) DO NOTHING
@@ -150,6 +167,12 @@ pub async fn insert_many<'a>(
             .map(|run| run.metadata.as_ref().map(Json))
             .collect::<Vec<_>>(),
     )
+    .bind(text(|run| run.eager_lease().map(|lease| lease.owner)))
+    .bind(
+        runs.iter()
+            .map(|run| run.eager_lease().map(|lease| lease.until))
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&mut **tx)
     .await?;
     // A run that retention removed while this insert waited on its row:
@@ -187,12 +210,27 @@ pub async fn insert_many<'a>(
     Ok(rows)
 }
 
-impl NewRun<'_> {
+impl<'a> NewRun<'a> {
     fn status(&self) -> RunStatus {
-        match self.refusal {
-            None => RunStatus::Queued,
-            Some(_) => RunStatus::Failed,
+        match (self.refusal, self.eager_lease()) {
+            (Some(_), _) => RunStatus::Failed,
+            (None, Some(_)) => RunStatus::Running,
+            (None, None) => RunStatus::Queued,
         }
+    }
+
+    /// Whether it may be written already claimed: not a refusal (FAILED
+    /// at once), not a run that waits out a debounce window, and not one of
+    /// a concurrency key, whose policy past the limit is settled among
+    /// QUEUED arrivals in the submitting transaction.
+    #[must_use]
+    pub fn may_start_at_once(&self) -> bool {
+        self.refusal.is_none() && self.debounce.is_none() && self.concurrency.is_none()
+    }
+
+    /// The lease it is written under, if it may start at once.
+    fn eager_lease(&self) -> Option<EagerLease<'a>> {
+        self.lease.filter(|_| self.may_start_at_once())
     }
 
     fn first_event(&self) -> EventKind {

@@ -11,6 +11,7 @@ mod claims;
 mod concurrency;
 mod deadlines;
 mod debounce;
+mod eager_start;
 mod failures;
 mod grafts;
 mod graphs;

@@ -1,6 +1,6 @@
 //! Batched claims: the claim loops of one process that look for work at the
 //! same moment share one claim statement, which takes up to one job per
-//! waiting loop (see `gather.rs`). A claim is a commit of its own, so under
+//! waiting loop (see `run/gather.rs`). A claim is a commit of its own, so under
 //! load this saves one commit per job; an idle loop's poll costs the same.
 //!
 //! A loop whose task is aborted while its claim is in flight (a shutdown

@@ -1,7 +1,8 @@
 //! The claim loops of one process.
 //!
 //! Wake-ups: a claim loop that found nothing waits for an in-process signal
-//! (a submission, a completed step, a retry in this process), a wake-up
+//! (a submission, a job handed to it already claimed, a completed step, a
+//! retry in this process), a wake-up
 //! from another process (`flotilla_store::wake`: a `NOTIFY` sent after that
 //! process's commit, never inside it), or a poll timer that doubles from
 //! `idle_poll_min` up to `idle_poll_max`, which finds the work when a
@@ -61,6 +62,11 @@ impl Engine {
                     CLAIM_ERROR_PAUSE
                 }
             };
+            // Waiting, this loop offers a seat to submissions (`eager.rs`).
+            let _seat = self
+                .settings()
+                .eager_start
+                .then(|| self.inner.seats.offer());
             tokio::select! {
                 () = self.inner.work_available.notified() => idle.reset(),
                 () = tokio::time::sleep(pause) => {}
