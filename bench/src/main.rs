@@ -102,6 +102,17 @@ fn ratios(report: &mut report::Report) {
             if steps != 1 {
                 continue;
             }
+            let wal =
+                format!("WAL per 1-step job, 1 worker(s), to the last COMPLETED read, {broker}");
+            if let (Some(wal), Some(theirs)) = (
+                report.best("end to end", |name| name == wal),
+                report.best("comparison", |name| {
+                    name == "graphile-worker WAL per no-op job"
+                }),
+            ) {
+                let name = format!("WAL per 1-step job end to end / graphile-worker, {broker}");
+                report.add("ratio", name, wal / theirs, "ratio");
+            }
             for (other, rate) in [("graphile-worker", graphile), ("River", river)] {
                 if let Some(rate) = rate {
                     let name = format!("1-step end to end / {other}, {broker}");

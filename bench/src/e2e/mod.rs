@@ -88,18 +88,37 @@ async fn ended_otherwise(fleet: &Fleet) -> (i64, String) {
     }
 }
 
+/// What one end-to-end run measured.
+struct Throughput {
+    jobs_per_second: f64,
+    /// The server's WAL from the first produce to the last COMPLETED event
+    /// read, per job: ingestion, the engine and the relay (the marks of the
+    /// last events read are not in it; on a server of its own meanwhile).
+    wal_bytes_per_job: f64,
+}
+
+/// The server's current WAL position, as bytes from its start.
+async fn wal_position(pool: &sqlx::PgPool) -> anyhow::Result<f64> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// Jobs per second from the first produce to the last COMPLETED event read.
 async fn throughput(
     kind: BrokerKind,
     workflow: &str,
     workers: usize,
     jobs: usize,
-) -> anyhow::Result<(f64, Fleet)> {
+) -> anyhow::Result<(Throughput, Fleet)> {
     let fleet = Fleet::start(kind, workers, Role::Run).await?;
     let ids: Vec<Uuid> = (0..jobs).map(|_| Uuid::new_v4()).collect();
     let reader = fleet
         .read_completed(ids.iter().copied().collect(), Duration::from_secs(1200))
         .await?;
+    let wal_before = wal_position(&fleet.database.pool).await?;
     let started = Instant::now();
     fleet.produce(workflow, &ids, None).await?;
     // A job that ends otherwise never sends the COMPLETED event the reader
@@ -111,9 +130,13 @@ async fn throughput(
         ),
     };
     let last = done.values().map(|c| c.read).max().unwrap_or(started);
+    let wal = wal_position(&fleet.database.pool).await? - wal_before;
     #[allow(clippy::cast_precision_loss)]
-    let rate = jobs as f64 / last.duration_since(started).as_secs_f64();
-    Ok((rate, fleet))
+    let measured = Throughput {
+        jobs_per_second: jobs as f64 / last.duration_since(started).as_secs_f64(),
+        wal_bytes_per_job: wal / jobs as f64,
+    };
+    Ok((measured, fleet))
 }
 
 /// 3-step jobs/s end to end (1 worker) while the worker's retention
@@ -273,12 +296,19 @@ pub(crate) async fn run(report: &mut Report, kind: BrokerKind, jobs: usize) -> a
     );
     for (workflow, steps) in [("bench3", 3), ("bench1", 1)] {
         for workers in [1, 2] {
-            let (rate, fleet) = throughput(kind, workflow, workers, jobs).await?;
+            let (measured, fleet) = throughput(kind, workflow, workers, jobs).await?;
+            let rate = measured.jobs_per_second;
             report.add(
                 "end to end",
                 format!("{steps}-step, {jobs} jobs, {workers} worker(s), 1 relay, {broker}"),
                 rate,
                 "jobs/s",
+            );
+            report.add(
+                "end to end",
+                format!("WAL per {steps}-step job, {workers} worker(s), to the last COMPLETED read, {broker}"),
+                measured.wal_bytes_per_job,
+                "bytes",
             );
             if steps == 3 && workers == 1 {
                 let (worker_mib, relay_mib) = fleet.peak_rss_mib();
@@ -313,11 +343,11 @@ pub(crate) async fn run(report: &mut Report, kind: BrokerKind, jobs: usize) -> a
     // The same 1-step job with its step answered over Kafka: the request
     // leaves through the outbox and the relay, the reply comes back
     // through the request consumer.
-    let (rate, fleet) = throughput(kind, KAFKA_WORKFLOW, 1, jobs).await?;
+    let (measured, fleet) = throughput(kind, KAFKA_WORKFLOW, 1, jobs).await?;
     report.add(
         "end to end",
         format!("Kafka-target step, 1-step, {jobs} jobs, 1 worker, 1 relay, {broker}"),
-        rate,
+        measured.jobs_per_second,
         "jobs/s",
     );
     let (p50, p99) = reply_latency(&fleet).await?;
