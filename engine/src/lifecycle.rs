@@ -34,7 +34,8 @@ impl Engine {
         // Jobs a submission wrote claimed for a loop that stopped before
         // taking them: back to the queue now, not at their lease's lapse.
         held.extend(self.inner.seats.drain());
-        self.hand_back_at_shutdown(&held).await;
+        self.hand_back(&held, "at the end of its shutdown grace")
+            .await;
         // Only now: until its jobs are handed back, a lapse of one of them
         // must find this worker alive.
         let left = tokio::time::timeout(self.settings().lease / 4, self.leave_fleet()).await;
@@ -51,18 +52,17 @@ impl Engine {
         self.settings().lease / 2 + Duration::from_secs(1)
     }
 
-    /// Gives back, in one statement, the jobs whose segments the grace did
-    /// not see finish: fenced on their tokens, no attempt spent, no lapse
-    /// counted. If the database cannot be reached, their leases lapse and
-    /// the sweeper requeues them.
-    async fn hand_back_at_shutdown(&self, held: &[(uuid::Uuid, uuid::Uuid)]) {
+    /// Gives back, in one statement, jobs this worker holds and will not
+    /// run (`held`: job and lease token; the segments a shutdown's grace
+    /// did not see finish, or jobs handed over already claimed that no
+    /// loop took in time): fenced on their tokens, no attempt spent, no
+    /// lapse counted. If the database cannot be reached, their leases
+    /// lapse and the sweeper requeues them.
+    pub(crate) async fn hand_back(&self, held: &[(uuid::Uuid, uuid::Uuid)], when: &str) {
         if held.is_empty() {
             return;
         }
-        let reason = format!(
-            "handed back by worker {} at the end of its shutdown grace",
-            self.settings().worker_id
-        );
+        let reason = format!("handed back by worker {} {when}", self.settings().worker_id);
         let now = self.now();
         let handed =
             self.on_reserved(async |conn| lease::hand_back_all(conn, held, now, &reason).await);
@@ -73,14 +73,11 @@ impl Engine {
             .unwrap_or(Err(sqlx::Error::PoolTimedOut));
         match handed {
             Ok(count) => {
-                tracing::warn!(
-                    jobs = count,
-                    "grace period over; in-flight jobs handed back"
-                );
+                tracing::warn!(jobs = count, when, "jobs handed back");
                 self.wake();
             }
-            Err(e) => tracing::warn!(jobs = held.len(), error = %e,
-                "grace period over; handing jobs back failed, their leases will lapse"),
+            Err(e) => tracing::warn!(jobs = held.len(), when, error = %e,
+                "handing jobs back failed; their leases will lapse"),
         }
     }
 }

@@ -34,8 +34,15 @@ impl Engine {
     /// # Errors
     /// The claim itself failed (the database is unreachable).
     pub async fn run_once(&self) -> Result<Outcome, ClaimError> {
-        // A job a submission wrote already claimed by this process goes first.
-        if let Some(row) = self.inner.seats.take() {
+        // A job a submission wrote already claimed by this process goes
+        // first, if at least half its lease is left.
+        let fresh_until = self.now() + self.settings().lease / 2;
+        let (handed, stale) = self.inner.seats.take(fresh_until);
+        if !stale.is_empty() {
+            self.hand_back(&stale, "after waiting for a claim loop for half its lease")
+                .await;
+        }
+        if let Some(row) = handed {
             crate::support::telemetry::claimed(row.created_at);
             if let Some(claimed) = ClaimedRun::new(self.clone(), row) {
                 return Ok(self.run_segment(claimed).await);

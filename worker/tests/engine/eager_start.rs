@@ -272,3 +272,45 @@ async fn a_job_handed_to_a_stopping_engine_is_handed_back_to_the_queue(pool: PgP
     assert_eq!((back.attempt, back.lease_owner), (0, None));
     assert!(calls.of(job_id).is_empty());
 }
+
+/// A job handed over already claimed that waited for a loop until less than
+/// half its lease was left is handed back to the queue and claimed afresh,
+/// not run on the lease it was written with.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_job_that_waited_half_its_lease_for_a_loop_is_claimed_afresh(pool: PgPool) {
+    let calls = Calls::default();
+    let clock = crate::support::manual_clock();
+    let engine = Engine::new(
+        pool.clone(),
+        echo_targets(&calls),
+        clock.clone(),
+        settings("slow"),
+    );
+    engine
+        .register_workflow(&three_steps("eager", "echo"))
+        .await
+        .unwrap();
+    engine.offer_a_seat_nobody_fills();
+    let job_id = Uuid::new_v4();
+    let submitted = engine
+        .submit(
+            stored(job_id, "eager", json!({"n": 1})),
+            RefusalMode::Refuse,
+        )
+        .await
+        .unwrap();
+    let written_token = created(&submitted).lease_token;
+    assert!(written_token.is_some());
+    clock.advance(settings("slow").lease / 2 + Duration::from_secs(1));
+
+    let claims = engine.claim_statements();
+    let outcome = engine.run_once().await.unwrap();
+    assert_eq!(outcome, flotilla_worker::engine::Outcome::Completed(job_id));
+    assert_eq!(engine.claim_statements(), claims + 1, "claimed afresh");
+    let finished = row(&pool, job_id).await;
+    assert_eq!(
+        (finished.status, finished.attempt),
+        (RunStatus::Completed, 1)
+    );
+    assert_eq!(calls.of(job_id).len(), 3);
+}

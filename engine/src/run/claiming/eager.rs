@@ -9,15 +9,18 @@
 //! them), so a worker never takes more than its idle loops would claim;
 //! seats a submission does not use (a repeat, a refusal, a rollback) go
 //! back when its [`Reservation`] drops. A handed row is run by the next
-//! loop that looks for work, before it claims; one still waiting when the
-//! engine stops is handed back to the queue. A process that dies between
+//! loop that looks for work, before it claims; one that waited behind busy
+//! loops until less than half its lease is left, or is still waiting when
+//! the engine stops, is handed back to the queue. A process that dies between
 //! the commit and the run leaves the row RUNNING under its lease: the lease
 //! lapses and the sweeper requeues it, as for a claim whose loop died.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use chrono::{DateTime, Utc};
 use flotilla_store::runs::RunRow;
+use uuid::Uuid;
 
 /// The seats of one engine's claim loops, and the rows handed to them.
 #[derive(Debug, Default)]
@@ -64,7 +67,7 @@ impl Seats {
 
     /// Every row handed over and not yet run, as (job, lease token): what
     /// a stopping engine hands back.
-    pub(crate) fn drain(&self) -> Vec<(uuid::Uuid, uuid::Uuid)> {
+    pub(crate) fn drain(&self) -> Vec<(Uuid, Uuid)> {
         self.lock()
             .handed
             .drain(..)
@@ -72,9 +75,21 @@ impl Seats {
             .collect()
     }
 
-    /// The oldest row handed over and not yet run.
-    pub(crate) fn take(&self) -> Option<RunRow> {
-        self.lock().handed.pop_front()
+    /// The oldest row handed over and not yet run whose lease lasts past
+    /// `fresh_until`, and every older one whose lease does not (as (job,
+    /// lease token)): a row that waited behind busy loops for most of its
+    /// lease is handed back, not run on a lease that may lapse under it.
+    pub(crate) fn take(&self, fresh_until: DateTime<Utc>) -> (Option<RunRow>, Vec<(Uuid, Uuid)>) {
+        let mut state = self.lock();
+        let mut stale = Vec::new();
+        while let Some(row) = state.handed.pop_front() {
+            match (row.lease_until, row.lease_token) {
+                (Some(until), Some(_)) if until > fresh_until => return (Some(row), stale),
+                (_, Some(token)) => stale.push((row.job_id, token)),
+                (_, None) => {}
+            }
+        }
+        (None, stale)
     }
 }
 
