@@ -164,7 +164,8 @@ mod tests {
         let reservation = seats.reserve(3);
         assert_eq!(reservation.hand(Vec::new()), 0);
         assert_eq!(seats.reserve(3).count(), 3, "all back");
-        assert!(seats.take().is_none());
+        let (row, stale) = seats.take(Utc::now());
+        assert!(row.is_none() && stale.is_empty());
     }
 
     /// A loop that stops waiting withdraws its seat.
