@@ -33,7 +33,7 @@ impl Engine {
         }
         // Jobs a submission wrote claimed for a loop that stopped before
         // taking them: back to the queue now, not at their lease's lapse.
-        held.extend(self.inner.seats.drain());
+        held.extend(self.inner.seats.close());
         self.hand_back(&held, "at the end of its shutdown grace")
             .await;
         // Only now: until its jobs are handed back, a lapse of one of them

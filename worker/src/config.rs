@@ -272,7 +272,8 @@ pub struct EngineConfig {
     /// while one of its claim loops waits is written already claimed by
     /// it and run at once, one transaction and no wake-up before its first
     /// step. Never more than the loops waiting; jobs of a concurrency key or
-    /// a debounce window are queued as before.
+    /// a debounce window, or calling a target this worker lacks, are queued
+    /// as before.
     #[arg(long, env = "FLOTILLA_EAGER_START", default_value_t = true, action = clap::ArgAction::Set)]
     pub eager_start: bool,
 

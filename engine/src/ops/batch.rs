@@ -45,10 +45,7 @@ impl Engine {
             }
             other => other?,
         };
-        for submitted in results.iter().flatten() {
-            self.created(submitted);
-        }
-        let created: Vec<Submitted> = results
+        let claimed: Vec<Submitted> = results
             .iter()
             .filter_map(|result| match result {
                 Ok(Submitted::Created(row)) if row.lease_owner.is_some() => {
@@ -57,7 +54,10 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        self.hand_claimed(seats, &created);
+        self.hand_claimed(seats, &claimed).await;
+        for submitted in results.iter().flatten() {
+            self.created(submitted);
+        }
         Ok(results)
     }
 
@@ -115,24 +115,21 @@ impl Engine {
                 Err(unstorable) => Err(SubmitError::Unstorable(unstorable.clone())),
             });
         }
-        let mut new_runs: Vec<_> = prepared
+        let lease = self.eager_lease(now);
+        let mut seats = eager;
+        let new_runs: Vec<_> = prepared
             .iter()
             .zip(admitted)
             .filter_map(|(prepared, submission)| {
-                prepared
-                    .as_ref()
-                    .ok()?
-                    .new_run(submission.as_ref().ok()?, now)
+                let prepared = prepared.as_ref().ok()?;
+                let mut run = prepared.new_run(submission.as_ref().ok()?, now)?;
+                if seats > 0 && prepared.runs_here() && run.may_start_at_once() {
+                    run.lease = lease;
+                    seats -= 1;
+                }
+                Some(run)
             })
             .collect();
-        let lease = self.eager_lease(now).filter(|_| eager > 0);
-        for run in new_runs
-            .iter_mut()
-            .filter(|run| run.may_start_at_once())
-            .take(eager)
-        {
-            run.lease = lease;
-        }
         let mut rows = runs::insert_many(tx, &new_runs).await?.into_iter();
         let mut results = Vec::with_capacity(admitted.len());
         let mut policies = HashMap::new();

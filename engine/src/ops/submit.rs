@@ -32,6 +32,9 @@ pub(crate) struct Resolved {
     concurrency: Option<(String, i32, OnExcess)>,
     /// The run layout a worker must read to run it (`runs::READER_LEVEL`).
     reader_level: i16,
+    /// Every target its steps call is one this worker has: it may be
+    /// written claimed by this worker (eager start).
+    runs_here: bool,
 }
 
 impl Engine {
@@ -69,8 +72,9 @@ impl Engine {
             Err(_) => tx.rollback().await?,
         }
         if let Ok(submitted) = &submitted {
+            self.hand_claimed(seats, std::slice::from_ref(submitted))
+                .await;
             self.created(submitted);
-            self.hand_claimed(seats, std::slice::from_ref(submitted));
         }
         submitted
     }
@@ -94,9 +98,11 @@ impl Engine {
     }
 
     /// After the commit: the rows written claimed by this worker go to the
-    /// loops whose seats `seats` holds, each with a wake-up; the other
-    /// seats go back.
-    pub(crate) fn hand_claimed(
+    /// loops waiting, each with a wake-up, and their ACCEPTED events to the
+    /// relays; rows no loop waits for any more go back to the queue; the
+    /// seats go back. Called before [`Engine::created`] wakes loops for the
+    /// QUEUED rows of the same submission, which would take the seats.
+    pub(crate) async fn hand_claimed(
         &self,
         seats: crate::run::claiming::eager::Reservation<'_>,
         submitted: &[Submitted],
@@ -116,9 +122,18 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        for _ in 0..seats.hand(rows) {
+        if rows.is_empty() {
+            return;
+        }
+        let (handed, back) = seats.hand(rows);
+        for _ in 0..handed {
             self.inner.work_available.notify_one();
         }
+        self.inner
+            .doorbell
+            .ring(flotilla_store::wake::Channel::Outbox);
+        self.hand_back(&back, "when no claim loop waited for it any more")
+            .await;
     }
 
     /// After a submission commits: a new QUEUED job wakes a claim loop, a
@@ -174,7 +189,7 @@ impl Engine {
             insert @ Prepared::Insert { .. } => insert,
         };
         let mut new_run = prepared.new_run(submission, now).expect("an insert");
-        new_run.lease = lease;
+        new_run.lease = lease.filter(|_| prepared.runs_here());
         let row = runs::insert(tx, &new_run).await?;
         let policies: HashMap<Uuid, OnExcess> = prepared
             .on_excess()
@@ -213,6 +228,7 @@ impl Engine {
                     debounce: None,
                     concurrency: None,
                     reader_level: 0,
+                    runs_here: false,
                 };
                 (resolved, Some(refused.to_string()))
             }
@@ -291,6 +307,7 @@ impl Engine {
         // that points at the version instead of copying it finds it; with
         // `definition_by_reference` it keeps no copy. An inline definition
         // has nothing to point at and is always copied.
+        let runs_here = self.missing_targets(&document).is_empty();
         let (workflow_name, workflow_version, copy) = match stored_as {
             Some((name, version)) => {
                 let copy = (!self.uses(Feature::DefinitionByReference)).then_some(document);
@@ -310,6 +327,7 @@ impl Engine {
             debounce,
             concurrency,
             reader_level: self.reader_level_of(&compiled),
+            runs_here,
         })
     }
 }
@@ -327,6 +345,12 @@ pub(crate) enum Prepared {
 }
 
 impl Prepared {
+    /// Whether the row to insert may be written claimed by this worker:
+    /// it has every target the workflow's steps call.
+    pub(crate) fn runs_here(&self) -> bool {
+        matches!(self, Self::Insert { resolved, .. } if resolved.runs_here)
+    }
+
     /// The concurrency policy of the row to insert, if its workflow has a key.
     pub(crate) fn on_excess(&self) -> Option<OnExcess> {
         match self {

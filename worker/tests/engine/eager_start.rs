@@ -138,9 +138,10 @@ async fn a_batch_takes_no_more_jobs_than_loops_wait(pool: PgPool) {
     running.await.unwrap();
 }
 
-/// A repeat of a job, a refusal recorded as FAILED, and a job of a
-/// concurrency key or a debounce window are written as without eager start
-/// (the repeat not at all), and each gives its seat back.
+/// A repeat of a job, a refusal recorded as FAILED, a job of a concurrency
+/// key or a debounce window, and one calling a target this worker lacks
+/// are written as without eager start (the repeat not at all), and each
+/// gives its seat back.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn jobs_a_rule_holds_back_are_queued_and_give_their_seat_back(pool: PgPool) {
     let calls = Calls::default();
@@ -152,6 +153,26 @@ async fn jobs_a_rule_holds_back_are_queued_and_give_their_seat_back(pool: PgPool
     for document in [&keyed, &debounced] {
         engine.register_workflow(document).await.unwrap();
     }
+    // Registered by a worker that has the target `elsewhere`; this one has not.
+    let mut elsewhere = flotilla_worker::targets::Targets::default();
+    elsewhere.register(
+        "elsewhere",
+        Arc::new(flotilla_worker::targets::FnTarget(
+            |_: flotilla_worker::targets::TargetCall| async {
+                Ok::<_, flotilla_worker::targets::StepFailure>(json!({}))
+            },
+        )),
+        1,
+    );
+    Engine::new(
+        pool.clone(),
+        elsewhere,
+        Arc::new(SystemClock),
+        settings("other"),
+    )
+    .register_workflow(&three_steps("remote", "elsewhere"))
+    .await
+    .unwrap();
     let (stop, running) = start(&engine, 1).await;
 
     let first = Uuid::new_v4();
@@ -184,7 +205,7 @@ async fn jobs_a_rule_holds_back_are_queued_and_give_their_seat_back(pool: PgPool
     let refused = submit(Uuid::new_v4(), "no-such-workflow", RefusalMode::Record).await;
     assert_eq!(created(&refused).status, RunStatus::Failed);
     assert_eq!(engine.free_seats(), 1, "the refusal gave its seat back");
-    for workflow in ["keyed", "debounced"] {
+    for workflow in ["keyed", "debounced", "remote"] {
         let held = submit(Uuid::new_v4(), workflow, RefusalMode::Refuse).await;
         assert_eq!(created(&held).status, RunStatus::Queued, "{workflow}");
         assert!(created(&held).lease_owner.is_none(), "{workflow}");

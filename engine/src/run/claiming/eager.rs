@@ -9,9 +9,10 @@
 //! them), so a worker never takes more than its idle loops would claim;
 //! seats a submission does not use (a repeat, a refusal, a rollback) go
 //! back when its [`Reservation`] drops. A handed row is run by the next
-//! loop that looks for work, before it claims; one that waited behind busy
-//! loops until less than half its lease is left, or is still waiting when
-//! the engine stops, is handed back to the queue. A process that dies between
+//! loop that looks for work, before it claims. A row is handed back to the
+//! queue instead when no loop waits for it any more at the hand-over (the
+//! loop woke for other work meanwhile), when it waited behind busy loops
+//! until less than half its lease is left, and when the engine stops. A process that dies between
 //! the commit and the run leaves the row RUNNING under its lease: the lease
 //! lapses and the sweeper requeues it, as for a claim whose loop died.
 
@@ -22,36 +23,74 @@ use chrono::{DateTime, Utc};
 use flotilla_store::runs::RunRow;
 use uuid::Uuid;
 
-/// The seats of one engine's claim loops, and the rows handed to them.
-#[derive(Debug, Default)]
-pub(crate) struct Seats(Mutex<State>);
+/// What the seats need of a row written claimed: its key and lease.
+pub(crate) trait Claimed {
+    fn job_id(&self) -> Uuid;
+    fn lease_token(&self) -> Option<Uuid>;
+    fn lease_until(&self) -> Option<DateTime<Utc>>;
+}
 
-#[derive(Debug, Default)]
-struct State {
+impl Claimed for RunRow {
+    fn job_id(&self) -> Uuid {
+        self.job_id
+    }
+    fn lease_token(&self) -> Option<Uuid> {
+        self.lease_token
+    }
+    fn lease_until(&self) -> Option<DateTime<Utc>> {
+        self.lease_until
+    }
+}
+
+/// The seats of one engine's claim loops, and the rows handed to them.
+#[derive(Debug)]
+pub(crate) struct Seats<R = RunRow>(Mutex<State<R>>);
+
+impl<R> Default for Seats<R> {
+    fn default() -> Self {
+        Self(Mutex::new(State {
+            waiting: 0,
+            promised: 0,
+            handed: VecDeque::new(),
+            closed: false,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct State<R> {
     /// Loops waiting for work now.
     waiting: usize,
     /// Seats reserved by submissions not yet committed.
     promised: usize,
     /// Rows written claimed, not yet taken by a loop.
-    handed: VecDeque<RunRow>,
+    handed: VecDeque<R>,
+    /// The engine stopped: no seat is reserved, nothing handed.
+    closed: bool,
 }
 
-impl Seats {
-    fn lock(&self) -> MutexGuard<'_, State> {
+/// A row's (job, lease token), for a hand-back.
+fn key<R: Claimed>(row: &R) -> Option<(Uuid, Uuid)> {
+    Some((row.job_id(), row.lease_token()?))
+}
+
+impl<R: Claimed> Seats<R> {
+    fn lock(&self) -> MutexGuard<'_, State<R>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Offers a loop's seat while the guard lives: the loop is waiting.
-    pub(crate) fn offer(&self) -> Offered<'_> {
+    pub(crate) fn offer(&self) -> Offered<'_, R> {
         self.lock().waiting += 1;
         Offered(self)
     }
 
-    /// Reserves up to `wanted` free seats.
-    pub(crate) fn reserve(&self, wanted: usize) -> Reservation<'_> {
+    /// Reserves up to `wanted` free seats (none once the engine stopped).
+    pub(crate) fn reserve(&self, wanted: usize) -> Reservation<'_, R> {
         let mut state = self.lock();
         let taken = state.promised + state.handed.len();
-        let count = state.waiting.saturating_sub(taken).min(wanted);
+        let free = if state.closed { 0 } else { state.waiting };
+        let count = free.saturating_sub(taken).min(wanted);
         state.promised += count;
         Reservation { seats: self, count }
     }
@@ -65,27 +104,25 @@ impl Seats {
             .saturating_sub(state.promised + state.handed.len())
     }
 
-    /// Every row handed over and not yet run, as (job, lease token): what
-    /// a stopping engine hands back.
-    pub(crate) fn drain(&self) -> Vec<(Uuid, Uuid)> {
-        self.lock()
-            .handed
-            .drain(..)
-            .filter_map(|row| Some((row.job_id, row.lease_token?)))
-            .collect()
+    /// Closes the seats for good and returns every row handed over and not
+    /// yet run, as (job, lease token): what a stopping engine hands back.
+    pub(crate) fn close(&self) -> Vec<(Uuid, Uuid)> {
+        let mut state = self.lock();
+        state.closed = true;
+        state.handed.drain(..).filter_map(|row| key(&row)).collect()
     }
 
     /// The oldest row handed over and not yet run whose lease lasts past
     /// `fresh_until`, and every older one whose lease does not (as (job,
     /// lease token)): a row that waited behind busy loops for most of its
     /// lease is handed back, not run on a lease that may lapse under it.
-    pub(crate) fn take(&self, fresh_until: DateTime<Utc>) -> (Option<RunRow>, Vec<(Uuid, Uuid)>) {
+    pub(crate) fn take(&self, fresh_until: DateTime<Utc>) -> (Option<R>, Vec<(Uuid, Uuid)>) {
         let mut state = self.lock();
         let mut stale = Vec::new();
         while let Some(row) = state.handed.pop_front() {
-            match (row.lease_until, row.lease_token) {
+            match (row.lease_until(), key(&row)) {
                 (Some(until), Some(_)) if until > fresh_until => return (Some(row), stale),
-                (_, Some(token)) => stale.push((row.job_id, token)),
+                (_, Some(key)) => stale.push(key),
                 (_, None) => {}
             }
         }
@@ -95,9 +132,9 @@ impl Seats {
 
 /// A waiting loop's seat; withdrawn when dropped.
 #[derive(Debug)]
-pub(crate) struct Offered<'a>(&'a Seats);
+pub(crate) struct Offered<'a, R: Claimed = RunRow>(&'a Seats<R>);
 
-impl Drop for Offered<'_> {
+impl<R: Claimed> Drop for Offered<'_, R> {
     fn drop(&mut self) {
         let mut state = self.0.lock();
         state.waiting = state.waiting.saturating_sub(1);
@@ -106,30 +143,42 @@ impl Drop for Offered<'_> {
 
 /// Seats a submission holds until it hands its rows over or drops them.
 #[derive(Debug)]
-pub(crate) struct Reservation<'a> {
-    seats: &'a Seats,
+pub(crate) struct Reservation<'a, R: Claimed = RunRow> {
+    seats: &'a Seats<R>,
     count: usize,
 }
 
-impl Reservation<'_> {
+impl<R: Claimed> Reservation<'_, R> {
     /// How many rows may be written claimed.
     pub(crate) fn count(&self) -> usize {
         self.count
     }
 
-    /// Hands the rows written claimed (at most [`Self::count`]) to the
-    /// loops, and gives the other seats back; returns how many were handed.
-    pub(crate) fn hand(mut self, rows: Vec<RunRow>) -> usize {
-        let handed = rows.len().min(self.count);
+    /// Hands the rows written claimed to the loops, as many as loops wait
+    /// for now (a loop whose seat this held may have woken for other work
+    /// meanwhile), and gives the seats back. Returns how many were handed,
+    /// and the others (job, lease token), which the caller hands back to
+    /// the queue rather than leave them behind busy loops; all of them
+    /// once the engine stops.
+    pub(crate) fn hand(mut self, rows: Vec<R>) -> (usize, Vec<(Uuid, Uuid)>) {
         let mut state = self.seats.lock();
         state.promised = state.promised.saturating_sub(self.count);
         self.count = 0;
-        state.handed.extend(rows.into_iter().take(handed));
-        handed
+        let room = if state.closed {
+            0
+        } else {
+            state.waiting.saturating_sub(state.handed.len())
+        };
+        let mut rows = rows.into_iter();
+        let before = state.handed.len();
+        state.handed.extend(rows.by_ref().take(room));
+        let handed = state.handed.len() - before;
+        let back = rows.filter_map(|row| key(&row)).collect();
+        (handed, back)
     }
 }
 
-impl Drop for Reservation<'_> {
+impl<R: Claimed> Drop for Reservation<'_, R> {
     fn drop(&mut self) {
         if self.count > 0 {
             let mut state = self.seats.lock();
@@ -142,11 +191,43 @@ impl Drop for Reservation<'_> {
 mod tests {
     use super::*;
 
+    /// A row written claimed, leased until `until`.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Row {
+        job: Uuid,
+        token: Uuid,
+        until: DateTime<Utc>,
+    }
+
+    impl Claimed for Row {
+        fn job_id(&self) -> Uuid {
+            self.job
+        }
+        fn lease_token(&self) -> Option<Uuid> {
+            Some(self.token)
+        }
+        fn lease_until(&self) -> Option<DateTime<Utc>> {
+            Some(self.until)
+        }
+    }
+
+    fn row(until: DateTime<Utc>) -> Row {
+        Row {
+            job: Uuid::new_v4(),
+            token: Uuid::new_v4(),
+            until,
+        }
+    }
+
+    fn seats() -> Seats<Row> {
+        Seats::default()
+    }
+
     /// A submission gets no more seats than loops wait, less what earlier
     /// submissions hold or handed and no loop has taken yet.
     #[test]
     fn seats_are_never_more_than_the_loops_waiting() {
-        let seats = Seats::default();
+        let seats = seats();
         assert_eq!(seats.reserve(1).count(), 0, "no loop waits");
         let (_a, _b) = (seats.offer(), seats.offer());
         let first = seats.reserve(5);
@@ -154,24 +235,66 @@ mod tests {
         assert_eq!(seats.reserve(1).count(), 0, "both promised");
         drop(first);
         assert_eq!(seats.reserve(1).count(), 1, "given back when dropped");
+        let handed = seats.reserve(1);
+        assert_eq!(handed.hand(vec![row(Utc::now())]).0, 1);
+        assert_eq!(seats.reserve(2).count(), 1, "the handed row holds its seat");
+    }
+
+    /// Rows are handed to the loops still waiting; one whose loop woke for
+    /// other work meanwhile comes back for a hand-back, as all do once
+    /// the seats are closed.
+    #[test]
+    fn rows_no_loop_waits_for_come_back_to_be_handed_back() {
+        let seats = seats();
+        let one = seats.offer();
+        let two = seats.offer();
+        let reservation = seats.reserve(2);
+        drop(two);
+        let (kept, gone) = (row(Utc::now()), row(Utc::now()));
+        let (handed, back) = reservation.hand(vec![kept, gone]);
+        assert_eq!((handed, back), (1, vec![(gone.job, gone.token)]));
+        let reservation = seats.reserve(1);
+        assert_eq!(
+            reservation.count(),
+            0,
+            "the waiting loop is owed the handed row"
+        );
+        drop(reservation);
+        assert_eq!(seats.close(), vec![(kept.job, kept.token)]);
+        assert_eq!(seats.reserve(1).count(), 0, "closed");
+        drop(one);
+    }
+
+    /// A loop takes the oldest row whose lease lasts past the bound; older
+    /// rows that do not come back for a hand-back.
+    #[test]
+    fn a_loop_takes_a_fresh_row_and_stale_ones_come_back() {
+        let seats = seats();
+        let _waiting: Vec<_> = (0..2).map(|_| seats.offer()).collect();
+        let now = Utc::now();
+        let (stale, fresh) = (row(now), row(now + chrono::TimeDelta::seconds(30)));
+        assert_eq!(seats.reserve(2).hand(vec![stale, fresh]).0, 2);
+        let (taken, back) = seats.take(now + chrono::TimeDelta::seconds(10));
+        assert_eq!(taken, Some(fresh));
+        assert_eq!(back, vec![(stale.job, stale.token)]);
+        let (taken, back) = seats.take(now);
+        assert!(taken.is_none() && back.is_empty());
     }
 
     /// Seats a submission did not use go back when it hands its rows over.
     #[test]
     fn unused_seats_go_back_when_the_rows_are_handed() {
-        let seats = Seats::default();
+        let seats = seats();
         let _waiting: Vec<_> = (0..3).map(|_| seats.offer()).collect();
         let reservation = seats.reserve(3);
-        assert_eq!(reservation.hand(Vec::new()), 0);
+        assert_eq!(reservation.hand(Vec::new()), (0, Vec::new()));
         assert_eq!(seats.reserve(3).count(), 3, "all back");
-        let (row, stale) = seats.take(Utc::now());
-        assert!(row.is_none() && stale.is_empty());
     }
 
     /// A loop that stops waiting withdraws its seat.
     #[test]
     fn a_loop_that_stops_waiting_withdraws_its_seat() {
-        let seats = Seats::default();
+        let seats = seats();
         drop(seats.offer());
         assert_eq!(seats.reserve(1).count(), 0);
     }
