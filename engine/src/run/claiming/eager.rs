@@ -20,8 +20,66 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
-use flotilla_store::runs::RunRow;
+use flotilla_store::RunStatus;
+use flotilla_store::runs::{self, RunRow};
 use uuid::Uuid;
+
+use crate::{Engine, Submitted};
+
+impl Engine {
+    /// Seats to ask for `wanted` submissions: none with eager start off.
+    pub(crate) fn eager_seats(&self, wanted: usize) -> usize {
+        if self.settings().eager_start {
+            wanted
+        } else {
+            0
+        }
+    }
+
+    /// The lease a submission written already claimed by this worker gets.
+    pub(crate) fn eager_lease(&self, now: DateTime<Utc>) -> Option<runs::EagerLease<'_>> {
+        let until = now + chrono::TimeDelta::from_std(self.settings().lease).ok()?;
+        Some(runs::EagerLease {
+            owner: &self.settings().worker_id,
+            until,
+        })
+    }
+
+    /// After the commit: the rows written claimed by this worker go to the
+    /// loops waiting, each with a wake-up, and their ACCEPTED events to the
+    /// relays; rows no loop waits for any more go back to the queue; the
+    /// seats go back. Called before [`Engine::created`] wakes loops for the
+    /// QUEUED rows of the same submission, which would take the seats.
+    pub(crate) async fn hand_claimed(&self, seats: Reservation<'_>, submitted: &[Submitted]) {
+        if seats.count() == 0 {
+            return;
+        }
+        let rows: Vec<RunRow> = submitted
+            .iter()
+            .filter_map(|submitted| match submitted {
+                Submitted::Created(row)
+                    if row.status == RunStatus::Running
+                        && row.lease_owner.as_deref() == Some(&self.settings().worker_id) =>
+                {
+                    Some(row.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let (handed, back) = seats.hand(rows);
+        for _ in 0..handed {
+            self.inner.work_available.notify_one();
+        }
+        self.inner
+            .doorbell
+            .ring(flotilla_store::wake::Channel::Outbox);
+        self.hand_back(&back, "when no claim loop waited for it any more")
+            .await;
+    }
+}
 
 /// What the seats need of a row written claimed: its key and lease.
 pub(crate) trait Claimed {
