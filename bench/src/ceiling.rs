@@ -45,11 +45,8 @@ fn script(steps: usize) -> String {
         "BEGIN;\nUPDATE workflow_run SET status = 'COMPLETED', result = '{{\"ok\": true}}', verdict = 'done', error = NULL, lease_owner = NULL, lease_token = NULL, lease_until = NULL, {next}\n  {fenced}{}COMMIT;\n",
         outbox(":seq", "COMPLETED")
     ));
-    // The relay's marking of this job's rows (it marks in batches; one
-    // statement per job stands for its share).
-    script.push_str(
-        "UPDATE workflow_run_outbox SET status = 'PUBLISHED', published_at = now(), last_error = NULL\n  WHERE job_id = ':job' AND status = 'PENDING';\n",
-    );
+    // The relay writes nothing per row: one progress row per bucket and
+    // batch, a share of a job too small to stand for here.
     script
 }
 

@@ -18,15 +18,18 @@ pub(crate) async fn run(report: &mut Report, smoke: bool) -> anyhow::Result<()> 
     let database = ScratchDatabase::create("bench_fleet", 4).await?;
     let pool = database.pool.clone();
     sqlx::query(
-        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload,
-             status, created_at, published_at)
-         SELECT gen_random_uuid(), gen_random_uuid(), 5, 'COMPLETED', '{}', 'PUBLISHED',
-             now() - (n % 3600) * interval '1 second', now() - (n % 3600) * interval '1 second'
+        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload, created_at)
+         SELECT gen_random_uuid(), gen_random_uuid(), 5, 'COMPLETED', '{}',
+             now() - (n % 3600) * interval '1 second'
          FROM generate_series(1, $1) n",
     )
     .bind(events)
     .execute(&pool)
     .await?;
+    // Published: every bucket's progress past them.
+    sqlx::query("UPDATE relay_bucket SET published = pg_current_snapshot()")
+        .execute(&pool)
+        .await?;
     sqlx::query("VACUUM ANALYZE workflow_run_outbox")
         .execute(&pool)
         .await?;

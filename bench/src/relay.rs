@@ -1,4 +1,4 @@
-//! The relay alone: events per second draining a backlog of PENDING rows to
+//! The relay alone: events per second draining a backlog of unpublished rows to
 //! librdkafka's mock cluster (in memory, in this process), with and without
 //! a long published history in the same table.
 
@@ -37,9 +37,10 @@ fn template() -> anyhow::Result<serde_json::Value> {
     )?)
 }
 
-/// Inserts `jobs × 5` rows with `status`, jobs interleaved as concurrent
-/// jobs write them (every job's first event, then every job's second…).
-async fn insert_rows(pool: &PgPool, jobs: i64, status: &str) -> anyhow::Result<()> {
+/// Inserts `jobs × 5` rows, jobs interleaved as concurrent jobs write
+/// them (every job's first event, then every job's second…); published
+/// ones are behind every bucket's progress.
+async fn insert_rows(pool: &PgPool, jobs: i64, published: bool) -> anyhow::Result<()> {
     let template = template()?;
     // In chunks, so a million rows do not make one huge transaction.
     let chunk = 20_000;
@@ -51,19 +52,20 @@ async fn insert_rows(pool: &PgPool, jobs: i64, status: &str) -> anyhow::Result<(
                   row AS (SELECT job.job_id, s.sequence, gen_random_uuid() AS event_id
                           FROM generate_series(1, $2) AS s(sequence), job
                           ORDER BY s.sequence, job.n)
-             INSERT INTO workflow_run_outbox
-                 (event_id, job_id, sequence, event_type, body, status, published_at)
-             SELECT event_id, job_id, sequence, 'STEP_CHECKPOINT', $3::jsonb,
-                    $4, CASE WHEN $4 = 'PUBLISHED' THEN now() END
-             FROM row",
+             INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, body)
+             SELECT event_id, job_id, sequence, 'STEP_CHECKPOINT', $3::jsonb FROM row",
         )
         .bind(count)
         .bind(EVENTS_PER_JOB)
         .bind(&template)
-        .bind(status)
         .execute(pool)
         .await?;
         done += count;
+    }
+    if published {
+        sqlx::query("UPDATE relay_bucket SET published = pg_current_snapshot()")
+            .execute(pool)
+            .await?;
     }
     // No ANALYZE: the relay's read must keep its shape on a table whose
     // statistics lag behind, as they do on a busy one.
@@ -71,20 +73,16 @@ async fn insert_rows(pool: &PgPool, jobs: i64, status: &str) -> anyhow::Result<(
 }
 
 async fn pending(pool: &PgPool) -> anyhow::Result<i64> {
-    Ok(
-        sqlx::query_scalar("SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING'")
-            .fetch_one(pool)
-            .await?,
-    )
+    Ok(flotilla_store::outbox::backlog(pool).await?.0)
 }
 
-/// Drains `backlog` PENDING rows (after `history` PUBLISHED ones) with one
+/// Drains `backlog` rows not published (after `history` published ones) with one
 /// relay; returns events per second.
 async fn drain(backlog: i64, history: i64) -> anyhow::Result<f64> {
     let database = ScratchDatabase::create("bench_relay", 8).await?;
     let pool = database.pool.clone();
-    insert_rows(&pool, history / EVENTS_PER_JOB, "PUBLISHED").await?;
-    insert_rows(&pool, backlog / EVENTS_PER_JOB, "PENDING").await?;
+    insert_rows(&pool, history / EVENTS_PER_JOB, true).await?;
+    insert_rows(&pool, backlog / EVENTS_PER_JOB, false).await?;
     let total = pending(&pool).await?;
     let elapsed = publish_all(&pool).await?;
     database.drop_now().await?;
@@ -92,9 +90,9 @@ async fn drain(backlog: i64, history: i64) -> anyhow::Result<f64> {
     Ok(total as f64 / elapsed.as_secs_f64())
 }
 
-/// Publishes every PENDING row of `pool`'s outbox with one relay to
+/// Publishes every unpublished row of `pool`'s outbox with one relay to
 /// librdkafka's mock cluster, and stops it; returns the time from its start
-/// to the last row's mark.
+/// to the last batch's progress moving.
 pub(crate) async fn publish_all(pool: &PgPool) -> anyhow::Result<Duration> {
     let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1)?;
     let topic = "workflow-run-events";
@@ -122,12 +120,12 @@ pub(crate) async fn publish_all(pool: &PgPool) -> anyhow::Result<Duration> {
         // rows themselves below, not from when the count saw zero.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let finished_at: chrono::DateTime<Utc> = sqlx::query_scalar(
-        "SELECT max(published_at) FROM workflow_run_outbox WHERE status = 'PUBLISHED' AND published_at >= $1",
-    )
-    .bind(started_at)
-    .fetch_one(pool)
-    .await?;
+    // When the last bucket's progress moved.
+    let finished_at: chrono::DateTime<Utc> =
+        sqlx::query_scalar("SELECT max(published_at) FROM relay_bucket WHERE published_at >= $1")
+            .bind(started_at)
+            .fetch_one(pool)
+            .await?;
     let elapsed = (finished_at - started_at)
         .to_std()
         .unwrap_or_else(|_| started.elapsed());

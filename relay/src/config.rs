@@ -30,13 +30,11 @@ pub const DEFAULT_IDLE_POLL_MAX: Duration = Duration::from_millis(100);
 /// broker will still write, and their resends are new records: repeats on
 /// the topic.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-/// Base of the backoff after a failed publish, unless configured.
-pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// Largest record the producer sends, unless configured.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = topics::DEFAULT_MAX_MESSAGE_BYTES;
-/// How long PUBLISHED rows are kept, unless configured.
+/// How long published rows are kept after they were written, unless configured.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Rows one retention statement deletes.
+/// Rows one retention statement deletes, shared among the 64 buckets.
 pub const DEFAULT_RETENTION_BATCH: i64 = 1000;
 /// How often retention runs.
 pub const DEFAULT_RETENTION_INTERVAL: Duration = Duration::from_secs(60);
@@ -64,7 +62,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Put FAILED outbox rows (all, or one job's) back to PENDING and exit.
+    /// Send FAILED outbox rows (all, or one job's) again and exit.
     ReplayFailed {
         #[command(flatten)]
         database: DatabaseConfig,
@@ -104,9 +102,6 @@ pub struct RelayArgs {
     /// How long a bucket lease lasts without renewal.
     #[arg(long, env = "FLOTILLA_RELAY_LEASE", default_value_t = DEFAULT_LEASE.into(), value_parser = duration_between(SECOND, HOUR))]
     pub lease: humantime::Duration,
-    /// Base of the backoff after a failed publish (`base × 2^(attempts−1)`).
-    #[arg(long, env = "FLOTILLA_RELAY_BACKOFF_BASE", default_value_t = DEFAULT_BACKOFF_BASE.into(), value_parser = duration_between(MILLISECOND, DAY))]
-    pub backoff_base: humantime::Duration,
     /// How long the producer tries to deliver one record: a third of the
     /// lease unless set, and never more (see `RelaySettings::send_window`).
     #[arg(long, env = "FLOTILLA_RELAY_DELIVERY_TIMEOUT", value_parser = duration_between(SECOND, DAY))]
@@ -114,7 +109,7 @@ pub struct RelayArgs {
     /// Largest record the producer sends; bigger rows fail (and land FAILED).
     #[arg(long, env = "FLOTILLA_RELAY_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000_000))]
     pub max_message_bytes: usize,
-    /// How long PUBLISHED rows are kept.
+    /// How long published rows are kept after they were written.
     #[arg(long, env = "FLOTILLA_OUTBOX_RETENTION", default_value_t = DEFAULT_RETENTION.into(), value_parser = duration_between(SECOND, YEAR * 10))]
     pub retention: humantime::Duration,
     /// How long in-flight deliveries may take after SIGTERM.
@@ -148,7 +143,6 @@ pub struct RelaySettings {
     /// Whether to listen for the workers' wake-ups (`flotilla_store::wake`).
     pub listen_for_events: bool,
     pub lease: Duration,
-    pub backoff_base: Duration,
     /// The producer's delivery timeout; `None`: a third of the lease.
     pub delivery_timeout: Option<Duration>,
     pub max_message_bytes: usize,
@@ -173,7 +167,6 @@ impl RelaySettings {
             idle_poll_min: crate::DEFAULT_IDLE_POLL_MIN,
             listen_for_events: true,
             lease: DEFAULT_LEASE,
-            backoff_base: DEFAULT_BACKOFF_BASE,
             delivery_timeout: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             retention: DEFAULT_RETENTION,
@@ -222,7 +215,6 @@ impl From<RelayArgs> for RelaySettings {
         settings.idle_poll_max = *args.idle_poll_max;
         settings.listen_for_events = args.listen_for_events;
         settings.lease = *args.lease;
-        settings.backoff_base = *args.backoff_base;
         settings.delivery_timeout = args.delivery_timeout.map(Into::into);
         settings.max_message_bytes = args.max_message_bytes;
         settings.retention = *args.retention;

@@ -1,10 +1,15 @@
 //! `flotilla-relay`: drains the transactional outbox to the event topic
-//! (guarantee 8 in docs/architecture.md). Rows are published keyed by job id
-//! and marked PUBLISHED only after the broker acknowledged them: at least
-//! once, with the same `event_id` on a repeat. A job's next event leaves
-//! only after its previous one was acknowledged and marked (the `stream` module), so
-//! per-job order does not rest on the broker's handling of producer
-//! retries; across replicas it comes from bucket ownership ([`buckets`]).
+//! (guarantee 8 in docs/architecture.md). Rows are written once and never
+//! updated: a bucket's rows go out in batches bounded by snapshots
+//! (`flotilla_store::outbox::relay`), keyed by job id, and the bucket's
+//! progress moves only after the broker acknowledged its whole batch: at
+//! least once, with the same `event_id` on a repeat. Within a batch a job's
+//! events go in order, one producer, one partition per job; the idempotent
+//! producer keeps that order across its retries. Told its broker does not
+//! check the idempotent producer's sequences (`FLOTILLA_RELAY_IDEMPOTENCE=false`),
+//! the relay sends a job's next event only after the previous one was
+//! acknowledged (pages of one event per job). Across replicas order comes
+//! from bucket ownership ([`buckets`]).
 
 pub mod buckets;
 pub mod config;
@@ -156,27 +161,68 @@ impl Relay {
     }
 
     /// One pass, without marking: takes its share of buckets and sends the
-    /// head of each of their jobs, renewing the leases meanwhile, and waits
-    /// for the acknowledgements (up to the delivery timeout).
+    /// next batch of each, renewing the leases meanwhile, and waits for the
+    /// acknowledgements (up to the delivery timeout). A batch goes whole in
+    /// one wave, or, when only one event of a job may be in flight, in
+    /// waves of one event per job; a batch the world held a row of back
+    /// stops there and is not finished.
     ///
     /// # Errors
     /// Database errors.
     pub async fn publish_once(&self) -> Result<Marks, sqlx::Error> {
         self.partitions.check(&self.pool).await?;
+        let mut marks = Marks::default();
         if !self.partitions.allowed() {
-            return Ok(Marks::default());
+            return Ok(marks);
         }
-        let now = self.clock.now();
         let buckets = self.leases.rebalance().await?;
-        let rows = {
+        let mut batches = {
             let mut conn = self.pool.acquire().await?;
-            outbox::publishable(&mut conn, &buckets, now, self.settings.batch_size)
-                .await?
-                .rows
+            outbox::plan(&mut conn, &buckets).await?
         };
         let _renewing = self.leases.keep_renewing();
         let deadline = tokio::time::Instant::now() + self.settings.send_window();
-        Ok(self.publisher.publish(rows, deadline).await)
+        while !batches.is_empty() {
+            let mut keys = Vec::new();
+            let mut pages = Vec::new();
+            for batch in &batches {
+                let len = self.page_len(&batch.rows, usize::MAX);
+                keys.extend_from_slice(&batch.rows[..len]);
+                pages.push(len);
+            }
+            let rows = {
+                let mut conn = self.pool.acquire().await?;
+                outbox::fetch(&mut conn, &keys).await?
+            };
+            self.publisher.publish(rows, deadline, &mut marks).await;
+            let held_back: Vec<i16> = marks.deferred_buckets().collect();
+            let mut rest = Vec::new();
+            for (mut batch, len) in batches.into_iter().zip(pages) {
+                if held_back.contains(&batch.bucket) {
+                    continue;
+                }
+                batch.rows.drain(..len);
+                if batch.rows.is_empty() {
+                    marks.finish(batch.bucket, batch.from, batch.to);
+                } else {
+                    rest.push(batch);
+                }
+            }
+            batches = rest;
+        }
+        Ok(marks)
+    }
+
+    /// How many of a batch's next `rows` one page takes, at most `most`:
+    /// all, or, when only one event of a job may be in flight (a broker
+    /// that does not check the idempotent producer's sequences), up to the
+    /// first row of a job already in the page.
+    pub(crate) fn page_len(&self, rows: &[outbox::Planned], most: usize) -> usize {
+        if self.settings.idempotence {
+            rows.len().min(most)
+        } else {
+            outbox::one_per_job(rows, most)
+        }
     }
 
     /// One pass, then marking (fenced on the buckets still held). The
@@ -189,38 +235,35 @@ impl Relay {
         self.publisher.replace_producer_if_fatal();
         let batch = self.publish_once().await?;
         batch
-            .mark(
-                &self.pool,
-                self.leases.relay_id(),
-                self.clock.now(),
-                self.settings.backoff_base,
-                self.settings.lease,
-            )
+            .mark(&self.pool, self.leases.relay_id(), self.settings.lease)
             .await
     }
 
-    /// Deletes PUBLISHED rows older than the retention, in bounded batches,
-    /// unless another relay is doing it right now. Returns how many.
+    /// Deletes published rows written longer ago than the retention, in
+    /// bounded rounds, unless another relay is doing it right now. Returns
+    /// how many.
     ///
     /// # Errors
     /// Database errors.
     pub async fn apply_retention(&self) -> Result<u64, sqlx::Error> {
         let cutoff = self.clock.now() - self.settings.retention;
-        let batch = self.settings.retention_batch;
+        // The batch is shared among the buckets, each read in its own order.
+        let per_bucket = (self.settings.retention_batch / 64).max(1);
         let mut deleted = 0;
         loop {
             let mut tx = self.pool.begin().await?;
             bound_transaction(&mut tx, self.settings.lease).await?;
-            // Through the published rows' index and the key, as the marks
-            // are, even before the table's statistics catch up.
+            // Through the `(bucket, txid, id)` index, even before the
+            // table's statistics catch up.
             outbox::prefer_indexes(&mut tx).await?;
-            let Some(count) = outbox::delete_published_before(&mut tx, cutoff, batch).await? else {
+            let Some(count) = outbox::delete_published_before(&mut tx, cutoff, per_bucket).await?
+            else {
                 tx.rollback().await?;
                 return Ok(deleted); // another relay holds the retention lock
             };
             tx.commit().await?;
             deleted += count;
-            if count < u64::try_from(batch).unwrap_or(u64::MAX) {
+            if count == 0 {
                 return Ok(deleted);
             }
         }
@@ -319,7 +362,7 @@ impl Relay {
     /// Publishes until `shutdown`, streaming (the `stream` module); then what is on
     /// its way is awaited (up to `grace`) and marked, and the buckets are
     /// released. A panic in the loop is logged and counted, and the loop
-    /// starts again: what it had sent stays PENDING and goes again.
+    /// starts again: the batches it had under way go again.
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
         self.run_reporting(shutdown, grace, &health::Readiness::default())
             .await;
@@ -354,7 +397,7 @@ impl Relay {
                 .catch_unwind()
                 .await;
             if streamed.is_err() {
-                tracing::error!("the relay's loop panicked; its rows stay PENDING and go again");
+                tracing::error!("the relay's loop panicked; its batches go again");
                 metrics::counter!("flotilla_relay_round_panics_total").increment(1);
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}

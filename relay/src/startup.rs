@@ -72,7 +72,8 @@ pub async fn run(
     Ok(())
 }
 
-/// Puts FAILED outbox rows (of one job, or all) back to PENDING; returns how many.
+/// Sends FAILED outbox rows (of one job, or all) again: each goes in its
+/// bucket's next batch. Returns how many.
 ///
 /// # Errors
 /// The database cannot be reached.
@@ -82,9 +83,12 @@ pub async fn replay_failed(
 ) -> Result<u64, sqlx::Error> {
     let pool = flotilla_store::connect(database).await?;
     let replayed = flotilla_store::sql::session(&pool, async |conn| {
-        outbox::replay_failed(conn, job_id, chrono::Utc::now()).await
+        outbox::replay_failed(conn, job_id).await
     })
     .await?;
-    tracing::info!(replayed, "FAILED outbox rows put back to PENDING");
+    tracing::info!(
+        replayed,
+        "FAILED outbox rows replayed: they go in their buckets' next batches"
+    );
     Ok(replayed)
 }

@@ -1,22 +1,23 @@
 //! The relay's loop: every bucket it holds streams on its own, with no
 //! barrier across buckets.
 //!
-//! A bucket is *idle* or *busy*. One read fetches the heads of the jobs of
-//! every idle bucket (`flotilla_store::outbox::relay::publishable`); the
-//! buckets that had rows turn busy and their rows go to the producer at
-//! once. Acknowledgements are gathered as they arrive and marked together,
-//! one transaction for a few milliseconds' worth; a bucket turns idle again
-//! when every row it sent is marked, and the next read takes its jobs'
-//! next events. So one job never has two events in flight, and a later
-//! event leaves only after the earlier one is acknowledged and marked:
-//! per-job order holds on any broker, while thousands of jobs stream side
-//! by side. One mark runs at a time, beside the reads and sends of the
-//! buckets it does not touch: its buckets stay busy until it commits.
+//! A bucket is *idle* or *busy*. One read plans the next batch of every
+//! idle bucket without one (`flotilla_store::outbox::relay::plan`: the
+//! names of the rows a fresh snapshot sees and the bucket's progress did
+//! not), and fetches a page of each idle bucket's batch; the pages go to
+//! the producer at once, in `id` order, so a job's events go in order.
+//! Acknowledgements are gathered as they arrive and marked together, one
+//! transaction for a few milliseconds' worth; a bucket turns idle again
+//! when every row it sent is marked, and its next page goes. The mark
+//! after a batch's last page moves the bucket's progress to the batch's
+//! snapshot: nothing is written per row published. One mark runs at a
+//! time, beside the reads and sends of the buckets it does not touch.
 //!
-//! The world (broker, registry, database) holding rows back pauses the
-//! buckets it touched, doubling up to 10 s; a read that finds nothing
-//! pauses the idle buckets, doubling up to the idle poll maximum; bucket
-//! leases are rebalanced every third of their term.
+//! The world (broker, registry, database) holding a row back stops its
+//! page there and pauses the bucket, doubling up to 10 s; the page goes
+//! again, whole. A read that finds nothing pauses the idle buckets,
+//! doubling up to the idle poll maximum; bucket leases are rebalanced every
+//! third of their term.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -28,9 +29,11 @@ use futures_util::stream::FuturesUnordered;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use flotilla_store::outbox::relay::{self as outbox, PendingEvent, Planned, Snapshot};
+
 use crate::Relay;
 use crate::health::Readiness;
-use crate::publisher::{Class, Delivery, DrainReport, Marks, Reason};
+use crate::publisher::{Class, Delivery, DrainReport, Marks, Outcome, Reason};
 
 /// How long acknowledgements gather before they are marked together.
 const MARK_GATHER: Duration = Duration::from_millis(2);
@@ -52,11 +55,35 @@ struct Marking {
     started: Instant,
 }
 
+/// A bucket's batch, sent a page at a time.
+struct Batch {
+    from: Snapshot,
+    to: Snapshot,
+    rows: Vec<Planned>,
+    /// The first row not sent whole yet.
+    next: usize,
+}
+
+/// A bucket's page on its way.
+struct Page {
+    /// Rows of the batch it covers.
+    planned: usize,
+    /// Rows handed to the producer or ended at once.
+    sent: usize,
+    ended: usize,
+    /// The world held a row back: the page goes again.
+    held_back: bool,
+}
+
 /// The loop's state: which buckets are busy, what is on its way, what
 /// waits to be marked.
 struct Stream<'a> {
     relay: &'a Relay,
     readiness: &'a Readiness,
+    /// The batch each bucket is sending.
+    batches: HashMap<i16, Batch>,
+    /// The page of each bucket on its way.
+    pages: HashMap<i16, Page>,
     /// Rows sent (or ended at once) and not yet marked, per busy bucket.
     outstanding: HashMap<i16, usize>,
     /// Buckets the world held back, and until when they rest.
@@ -81,6 +108,8 @@ impl<'a> Stream<'a> {
         Self {
             relay,
             readiness,
+            batches: HashMap::new(),
+            pages: HashMap::new(),
             outstanding: HashMap::new(),
             resting: HashMap::new(),
             deliveries: FuturesUnordered::new(),
@@ -143,8 +172,7 @@ impl<'a> Stream<'a> {
             let marking = &mut self.marking;
             tokio::select! {
                 Some((row, outcome)) = self.deliveries.next(), if !self.deliveries.is_empty() => {
-                    self.gathering_since.get_or_insert_with(Instant::now);
-                    self.marks.record(row, outcome);
+                    self.ended(row, outcome);
                 }
                 report = async { (&mut marking.as_mut().expect("polled only while marking").task).await },
                     if marking.is_some() =>
@@ -187,7 +215,13 @@ impl<'a> Stream<'a> {
     async fn rebalance(&mut self) {
         let relay = self.relay;
         self.next_rebalance = Instant::now() + relay.settings.lease / 3;
-        let busy = self.outstanding.keys().copied().collect();
+        // A bucket part way through a batch is kept, so the batch ends here.
+        let busy = self
+            .outstanding
+            .keys()
+            .chain(self.batches.keys())
+            .copied()
+            .collect();
         match relay.leases.rebalance_keeping(&busy).await {
             Ok(held) => {
                 metrics::gauge!("flotilla_relay_buckets_held").set(held.len() as f64);
@@ -200,7 +234,8 @@ impl<'a> Stream<'a> {
         }
     }
 
-    /// Reads the heads of the idle buckets and hands them to the producer.
+    /// Plans the batches of the idle buckets without one, fetches a page of
+    /// each idle bucket's batch and hands the pages to the producer.
     async fn read_and_send(&mut self) {
         let relay = self.relay;
         relay.publisher.replace_producer_if_fatal();
@@ -212,66 +247,199 @@ impl<'a> Stream<'a> {
             return;
         }
         let batch = relay.settings.batch_size;
-        let room = (batch * BATCHES_IN_FLIGHT)
-            .saturating_sub(i64::try_from(self.in_flight()).unwrap_or(i64::MAX))
-            .min(batch);
+        let room = usize::try_from(
+            (batch * BATCHES_IN_FLIGHT)
+                .saturating_sub(i64::try_from(self.in_flight()).unwrap_or(i64::MAX))
+                .min(batch),
+        )
+        .unwrap_or(0);
         self.resting.retain(|_, until| *until > now);
         let window = relay.settings.send_window();
-        let mut idle: Vec<i16> = relay
-            .leases
-            .held()
-            .current_for(window)
+        let held = relay.leases.held().current_for(window);
+        // A batch of a bucket lost is its new owner's to send.
+        self.batches.retain(|bucket, _| held.contains(bucket));
+        let mut idle: Vec<i16> = held
             .into_iter()
             .filter(|b| !self.outstanding.contains_key(b) && !self.resting.contains_key(b))
             .collect();
-        if idle.is_empty() || room <= 0 {
+        if idle.is_empty() || room == 0 {
             // Woken again by a mark that frees a bucket, or by the next poll.
             self.next_read = now + self.idle.next_pause();
             return;
         }
         self.rotation = (self.rotation + 1) % idle.len();
         idle.rotate_left(self.rotation);
-        let read = async {
-            let mut conn = relay.pool.acquire().await?;
-            flotilla_store::outbox::relay::publishable(&mut conn, &idle, relay.clock.now(), room)
-                .await
-        };
         metrics::counter!("flotilla_relay_rounds_total").increment(1);
         let started = Instant::now();
-        let read = read.await;
+        let read = self.read_pages(&idle, room).await;
         relay.reads.fetch_add(1, Ordering::Relaxed);
-        let heads = match read {
-            Ok(heads) => heads,
+        let (pages, rows) = match read {
+            Ok(read) => read,
             Err(e) => {
-                tracing::warn!(error = %e, "reading pending rows failed");
+                tracing::warn!(error = %e, "reading the next batches failed");
                 self.readiness.round_failed(true);
                 self.next_read = Instant::now() + self.outage.next_pause();
                 return;
             }
         };
-        tracing::debug!(buckets = idle.len(), heads = heads.rows.len(), truncated = heads.truncated,
-            took = ?started.elapsed(), in_flight = self.in_flight(), "read pending heads");
-        for row in heads.rows {
-            // A bucket lost since the read (or possibly lost before the
-            // producer would give up on the row): its rows wait for
-            // whoever holds it now, or for the next renewal.
-            if !relay.leases.held().holds_for(row.bucket, window) {
-                continue;
-            }
-            *self.outstanding.entry(row.bucket).or_default() += 1;
-            match relay.publisher.dispatch(row, None).await {
-                Ok(delivery) => self.deliveries.push(delivery),
-                Err((row, outcome)) => {
-                    self.gathering_since.get_or_insert_with(Instant::now);
-                    self.marks.record(row, outcome);
-                }
-            }
-        }
-        self.next_read = if heads.truncated {
+        tracing::debug!(buckets = pages.len(), rows = rows.len(), took = ?started.elapsed(),
+            in_flight = self.in_flight(), "read the next pages");
+        // Idle buckets whose page did not fit in the room: read again now.
+        let waiting = idle.iter().filter(|b| self.batches.contains_key(b)).count();
+        let more = pages.len() < waiting;
+        self.send_pages(pages, rows, window).await;
+        self.next_read = if more {
             Instant::now()
         } else {
             Instant::now() + self.idle.next_pause()
         };
+    }
+
+    /// Plans a batch for each of `idle` without one, and fetches the next
+    /// page of each batch, `room` rows in all (at least one page); returns
+    /// the pages (bucket and rows of its batch covered) and their rows.
+    async fn read_pages(
+        &mut self,
+        idle: &[i16],
+        room: usize,
+    ) -> Result<(Vec<(i16, usize)>, Vec<PendingEvent>), sqlx::Error> {
+        let relay = self.relay;
+        let mut conn = relay.pool.acquire().await?;
+        let unplanned: Vec<i16> = idle
+            .iter()
+            .copied()
+            .filter(|b| !self.batches.contains_key(b))
+            .collect();
+        if !unplanned.is_empty() {
+            for batch in outbox::plan(&mut conn, &unplanned).await? {
+                self.batches.insert(
+                    batch.bucket,
+                    Batch {
+                        from: batch.from,
+                        to: batch.to,
+                        rows: batch.rows,
+                        next: 0,
+                    },
+                );
+            }
+        }
+        let page_size = usize::try_from(relay.settings.batch_size).unwrap_or(usize::MAX);
+        let mut pages = Vec::new();
+        let mut keys = Vec::new();
+        for bucket in idle {
+            if keys.len() >= room {
+                break;
+            }
+            let Some(batch) = self.batches.get(bucket) else {
+                continue;
+            };
+            let len = relay.page_len(&batch.rows[batch.next..], page_size);
+            keys.extend_from_slice(&batch.rows[batch.next..batch.next + len]);
+            pages.push((*bucket, len));
+        }
+        let rows = if keys.is_empty() {
+            Vec::new()
+        } else {
+            outbox::fetch(&mut conn, &keys).await?
+        };
+        Ok((pages, rows))
+    }
+
+    /// Hands each page's rows to the producer in order; the first row the
+    /// world holds back at the hand-over stops its page.
+    async fn send_pages(
+        &mut self,
+        pages: Vec<(i16, usize)>,
+        rows: Vec<PendingEvent>,
+        window: Duration,
+    ) {
+        let relay = self.relay;
+        let mut by_bucket: HashMap<i16, Vec<PendingEvent>> = HashMap::new();
+        for row in rows {
+            by_bucket.entry(row.bucket).or_default().push(row);
+        }
+        for (bucket, planned) in pages {
+            let rows = by_bucket.remove(&bucket).unwrap_or_default();
+            let mut page = Page {
+                planned,
+                sent: 0,
+                ended: 0,
+                held_back: false,
+            };
+            let mut at_once = Vec::new();
+            for row in rows {
+                // A bucket lost since the read (or possibly lost before the
+                // producer would give up on the row): the page stops.
+                if !relay.leases.held().holds_for(bucket, window) {
+                    page.held_back = true;
+                    break;
+                }
+                page.sent += 1;
+                *self.outstanding.entry(bucket).or_default() += 1;
+                match relay.publisher.dispatch(row, None).await {
+                    Ok(delivery) => self.deliveries.push(delivery),
+                    Err((row, outcome)) => {
+                        let stop = outcome.is_deferred();
+                        at_once.push((row, outcome));
+                        if stop {
+                            break;
+                        }
+                    }
+                }
+            }
+            let empty = page.sent == 0;
+            self.pages.insert(bucket, page);
+            for (row, outcome) in at_once {
+                self.ended(row, outcome);
+            }
+            if empty {
+                self.page_done(bucket);
+            }
+        }
+    }
+
+    /// A row's send ended: recorded for the next mark, and its page done
+    /// when it was the page's last.
+    fn ended(&mut self, row: PendingEvent, outcome: Outcome) {
+        let bucket = row.bucket;
+        let deferred = outcome.is_deferred();
+        self.gathering_since.get_or_insert_with(Instant::now);
+        self.marks.record(row, outcome);
+        if let Some(page) = self.pages.get_mut(&bucket) {
+            page.ended += 1;
+            page.held_back |= deferred;
+            if page.ended >= page.sent {
+                self.page_done(bucket);
+            }
+        }
+    }
+
+    /// Every row of `bucket`'s page ended. Unless the world held one back
+    /// (the page goes again after the bucket's pause), the batch moves on;
+    /// after its last page the next mark moves the bucket's progress.
+    fn page_done(&mut self, bucket: i16) {
+        let Some(page) = self.pages.remove(&bucket) else {
+            return;
+        };
+        if page.held_back {
+            if page.sent == 0 {
+                // Nothing recorded pauses it: rest here.
+                let rest = Instant::now() + self.outage.next_pause();
+                self.resting.insert(bucket, rest);
+            }
+            return;
+        }
+        let Some(batch) = self.batches.get_mut(&bucket) else {
+            return;
+        };
+        batch.next += page.planned;
+        if batch.next >= batch.rows.len()
+            && let Some(batch) = self.batches.remove(&bucket)
+        {
+            self.marks.finish(bucket, batch.from, batch.to);
+            *self.outstanding.entry(bucket).or_default() += 1;
+            self.gathering_since.get_or_insert_with(Instant::now);
+        }
     }
 
     /// Starts marking what has ended; the loop goes on meanwhile.
@@ -282,13 +450,9 @@ impl<'a> Stream<'a> {
         let ended: Vec<i16> = marks.buckets().collect();
         let held_back: Vec<i16> = marks.deferred_buckets().collect();
         let count = marks.len();
-        let now = relay.clock.now();
         let (pool, relay_id) = (relay.pool.clone(), relay.leases.relay_id().to_owned());
-        let (backoff_base, lease) = (relay.settings.backoff_base, relay.settings.lease);
-        let task =
-            tokio::spawn(
-                async move { marks.mark(&pool, &relay_id, now, backoff_base, lease).await },
-            );
+        let lease = relay.settings.lease;
+        let task = tokio::spawn(async move { marks.mark(&pool, &relay_id, lease).await });
         self.marking = Some(Marking {
             task,
             ended,
@@ -307,7 +471,7 @@ impl<'a> Stream<'a> {
     }
 
     /// Frees the marked rows' buckets and paces the next read. A mark task
-    /// that panicked is a failed mark: its rows stay PENDING and go again.
+    /// that panicked is a failed mark: its buckets' batches go again whole.
     fn finish_mark(
         &mut self,
         marking: Marking,
@@ -324,7 +488,7 @@ impl<'a> Stream<'a> {
             tracing::error!(error = %e, "the mark task ended without marking");
             Err(sqlx::Error::Protocol(format!("the mark task ended: {e}")))
         });
-        for bucket in ended {
+        for &bucket in &ended {
             if let Some(count) = self.outstanding.get_mut(&bucket) {
                 *count -= 1;
                 if *count == 0 {
@@ -335,8 +499,12 @@ impl<'a> Stream<'a> {
         let report = match report {
             Ok(report) => report,
             Err(e) => {
-                // Nothing is lost: the rows stay PENDING and go again.
-                tracing::warn!(error = %e, "marking published rows failed");
+                // Nothing is lost: the progress did not move, and the
+                // batches start again (their FAILED rows were not written).
+                for bucket in &ended {
+                    self.batches.remove(bucket);
+                }
+                tracing::warn!(error = %e, "marking failed; the batches go again");
                 self.readiness.round_failed(true);
                 let rest = Instant::now() + self.outage.next_pause();
                 self.next_read = self.next_read.max(rest);
@@ -377,8 +545,8 @@ impl<'a> Stream<'a> {
         } else {
             self.outage.reset();
         }
-        if report.published + report.failed > 0 {
-            // The jobs just marked may have their next events waiting.
+        if count > 0 {
+            // The buckets just marked may have their next page waiting.
             self.idle.reset();
             self.next_read = Instant::now();
         }

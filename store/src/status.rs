@@ -106,7 +106,7 @@ impl RunStatus {
 }
 
 text_status!(
-    /// The states of an outbox row (`workflow_run_outbox.status`).
+    /// The publication states of an outbox row (`workflow_run_outbox_state.status`).
     OutboxStatus, "outbox", {
         Pending => "PENDING",
         Published => "PUBLISHED",

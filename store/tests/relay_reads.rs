@@ -1,11 +1,12 @@
-//! The relay's read of pending rows: only the head of each job, and a plan
-//! whose cost does not grow with the backlog, even on a table the planner
-//! knows nothing about yet (never analyzed, as a fresh or busy one is).
+//! The relay's reads of the outbox: a batch is every row committed past
+//! its bucket's progress, whatever order the transactions committed in,
+//! and the plans neither read the published history nor grow with the
+//! backlog, even on a table the planner knows nothing about yet (never
+//! analyzed, as a fresh or busy one is).
 
-use chrono::Utc;
 use flotilla_store::outbox::relay::{
-    DELETE_PUBLISHED_BEFORE, PENDING_IN_ID_ORDER, analyze_if_stale, mark_published_statement,
-    prefer_indexes, publishable,
+    BATCH_ROWS, Batch, DELETE_PUBLISHED_BEFORE, PAGE_ROWS, analyze_if_stale, fetch, plan,
+    prefer_indexes,
 };
 use sqlx::PgPool;
 
@@ -13,8 +14,8 @@ mod support;
 use support::prepared_plans;
 use uuid::Uuid;
 
-/// `jobs` jobs of five PENDING events each, interleaved as running jobs
-/// write them; no ANALYZE.
+/// `jobs` jobs of five events each, interleaved as running jobs write
+/// them, in one transaction; no ANALYZE.
 async fn backlog(pool: &PgPool, jobs: i64) {
     sqlx::query(
         "WITH job AS (SELECT gen_random_uuid() AS job_id, n FROM generate_series(1, $1) n),
@@ -29,85 +30,170 @@ async fn backlog(pool: &PgPool, jobs: i64) {
     .unwrap();
 }
 
+/// Moves every bucket's progress past what has committed so far.
+async fn publish_everything(pool: &PgPool) {
+    sqlx::query("UPDATE relay_bucket SET published = pg_current_snapshot()")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Moves each batch's bucket to the snapshot the batch ended at.
+async fn finish(pool: &PgPool, batches: &[Batch]) {
+    for batch in batches {
+        sqlx::query("UPDATE relay_bucket SET published = $2::pg_snapshot WHERE bucket = $1")
+            .bind(batch.bucket)
+            .bind(&batch.to.0)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
 fn all_buckets() -> Vec<i16> {
     (0..64).collect()
 }
 
-#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
-async fn only_the_lowest_pending_row_of_each_job_is_read(pool: PgPool) {
-    backlog(&pool, 50).await;
-    // One job has its first two events published, one its first FAILED.
-    let (published, failed): (Uuid, Uuid) = sqlx::query_as(
-        "SELECT (array_agg(DISTINCT job_id))[1], (array_agg(DISTINCT job_id))[2] FROM workflow_run_outbox",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+/// One event of `job` (sequence `sequence`), inserted on `conn`.
+async fn insert_one(conn: &mut sqlx::PgConnection, job: Uuid, sequence: i64) {
     sqlx::query(
-        "UPDATE workflow_run_outbox SET status = 'PUBLISHED' WHERE job_id = $1 AND sequence <= 2",
+        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload)
+         VALUES (gen_random_uuid(), $1, $2, 'STEP_CHECKPOINT', '{}')",
     )
-    .bind(published)
-    .execute(&pool)
+    .bind(job)
+    .bind(sequence)
+    .execute(conn)
     .await
     .unwrap();
-    sqlx::query(
-        "UPDATE workflow_run_outbox SET status = 'FAILED' WHERE job_id = $1 AND sequence = 1",
-    )
-    .bind(failed)
-    .execute(&pool)
-    .await
-    .unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-    let heads = publishable(&mut conn, &all_buckets(), Utc::now(), 1000)
-        .await
-        .unwrap()
-        .rows;
-    assert_eq!(heads.len(), 50, "one row per job");
-    for head in &heads {
-        let expected = if head.job_id == published {
-            3
-        } else if head.job_id == failed {
-            2 // a FAILED row does not hold the next one back
-        } else {
-            1
-        };
-        assert_eq!(head.sequence, expected, "job {}", head.job_id);
-    }
-    // A smaller limit: fewer heads, and the read says there is more.
-    let some = publishable(&mut conn, &all_buckets(), Utc::now(), 7)
-        .await
-        .unwrap();
-    assert!(some.truncated);
-    assert!(!some.rows.is_empty() && some.rows.len() <= 7);
-    let jobs: std::collections::HashSet<Uuid> = some.rows.iter().map(|r| r.job_id).collect();
-    assert_eq!(jobs.len(), some.rows.len(), "still one row per job");
 }
 
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
-async fn the_read_is_one_ordered_index_scan_per_bucket_on_a_table_never_analyzed(pool: PgPool) {
+async fn a_batch_is_what_committed_past_the_progress_in_id_order_and_nothing_published(
+    pool: PgPool,
+) {
+    backlog(&pool, 50).await;
+    publish_everything(&pool).await;
+    backlog(&pool, 40).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let batches = plan(&mut conn, &all_buckets()).await.unwrap();
+    let planned: Vec<_> = batches
+        .iter()
+        .flat_map(|b| b.rows.iter().copied())
+        .collect();
+    assert_eq!(planned.len(), 200, "the second backlog only");
+    for batch in &batches {
+        assert!(batch.rows.iter().all(|r| r.bucket == batch.bucket));
+        assert!(
+            batch.rows.windows(2).all(|w| w[0].id < w[1].id),
+            "in id order"
+        );
+    }
+    let rows = fetch(&mut conn, &planned).await.unwrap();
+    assert_eq!(rows.len(), 200);
+    let mut last: std::collections::HashMap<Uuid, i64> = std::collections::HashMap::new();
+    for row in &rows {
+        let previous = last.insert(row.job_id, row.sequence).unwrap_or(0);
+        assert_eq!(
+            row.sequence,
+            previous + 1,
+            "a job's events in sequence order"
+        );
+    }
+    finish(&pool, &batches).await;
+    assert!(
+        plan(&mut conn, &all_buckets()).await.unwrap().is_empty(),
+        "nothing after the progress moved"
+    );
+}
+
+/// Transactions commit out of the order of their ids: a row of a
+/// transaction still open when a batch was planned comes in a later batch,
+/// although a younger transaction's row went before it.
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn a_row_committed_after_a_younger_transactions_row_comes_in_the_next_batch(pool: PgPool) {
+    let (older, younger) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut open = pool.begin().await.unwrap();
+    insert_one(&mut open, older, 1).await; // takes its txid first
+    let mut conn = pool.acquire().await.unwrap();
+    insert_one(&mut conn, younger, 1).await;
+    let first = plan(&mut conn, &all_buckets()).await.unwrap();
+    let jobs = |batches: &[Batch]| -> Vec<Uuid> {
+        batches
+            .iter()
+            .flat_map(|b| b.rows.iter().map(|r| r.job_id))
+            .collect()
+    };
+    assert_eq!(jobs(&first), [younger]);
+    finish(&pool, &first).await;
+    open.commit().await.unwrap();
+    let second = plan(&mut conn, &all_buckets()).await.unwrap();
+    assert_eq!(
+        jobs(&second),
+        [older],
+        "the older transaction's row is not lost"
+    );
+    finish(&pool, &second).await;
+    assert!(plan(&mut conn, &all_buckets()).await.unwrap().is_empty());
+}
+
+#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
+async fn the_reads_go_through_the_txid_index_on_a_table_never_analyzed(pool: PgPool) {
     backlog(&pool, 3000).await;
-    sqlx::query("UPDATE workflow_run_outbox SET status = 'PUBLISHED' WHERE sequence <= 2")
-        .execute(&pool)
-        .await
-        .unwrap();
-    // Prepared and executed, as the relay's connection runs it.
+    publish_everything(&pool).await;
+    backlog(&pool, 200).await;
+    let progress: String =
+        sqlx::query_scalar("SELECT published::text FROM relay_bucket WHERE bucket = 0")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // Prepared and executed, as the relay's connection runs them.
     let mut tx = pool.begin().await.unwrap();
     prefer_indexes(&mut tx).await.unwrap();
     let buckets: Vec<String> = all_buckets().iter().map(i16::to_string).collect();
-    let arguments = format!("ARRAY[{}]::smallint[], 2000, 2000", buckets.join(","));
-    for (mode, plan) in prepared_plans(&mut tx, PENDING_IN_ID_ORDER, &arguments).await {
+    let progresses: Vec<String> = all_buckets()
+        .iter()
+        .map(|_| format!("'{progress}'"))
+        .collect();
+    let arguments = format!(
+        "ARRAY[{}]::smallint[], ARRAY[{}]::text[], pg_current_snapshot()",
+        buckets.join(","),
+        progresses.join(",")
+    );
+    for (mode, plan) in prepared_plans(&mut tx, BATCH_ROWS, &arguments).await {
         assert!(
-            plan.contains("Index Scan using workflow_run_outbox_pending on workflow_run_outbox"),
-            "{mode}: the (bucket, id) index of PENDING rows, in its order:\n{plan}"
+            plan.contains("workflow_run_outbox_by_txid"),
+            "{mode}: a range of the (bucket, txid, id) index per bucket:\n{plan}"
         );
-        for costly in ["Join", "Sort", "Seq Scan", "Bitmap"] {
+        for costly in ["Seq Scan", "Hash Join"] {
             assert!(!plan.contains(costly), "{mode}: no {costly}:\n{plan}");
         }
+    }
+    let page: Vec<(i16, String, i64)> = sqlx::query_as(
+        "SELECT bucket, txid::text, id FROM workflow_run_outbox ORDER BY id DESC LIMIT 500",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    let list = |f: &dyn Fn(&(i16, String, i64)) -> String| {
+        page.iter().map(f).collect::<Vec<_>>().join(",")
+    };
+    let arguments = format!(
+        "ARRAY[{}]::smallint[], ARRAY[{}]::int8[], ARRAY[{}]::int8[]",
+        list(&|r| r.0.to_string()),
+        list(&|r| r.1.clone()),
+        list(&|r| r.2.to_string())
+    );
+    for (mode, plan) in prepared_plans(&mut tx, PAGE_ROWS, &arguments).await {
+        assert!(
+            plan.contains("Nested Loop") && plan.contains("workflow_run_outbox_by_txid"),
+            "{mode}: one probe of the index per row:\n{plan}"
+        );
+        assert!(!plan.contains("Seq Scan"), "{mode}: no Seq Scan:\n{plan}");
     }
 }
 
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
-async fn a_table_whose_statistics_lag_is_analyzed_then_marking_reaches_rows_by_key(pool: PgPool) {
+async fn a_table_whose_statistics_lag_is_analyzed_once(pool: PgPool) {
     let analyzed = || async {
         let mut tx = pool.begin().await.unwrap();
         let analyzed = analyze_if_stale(&mut tx).await.unwrap();
@@ -123,98 +209,43 @@ async fn a_table_whose_statistics_lag_is_analyzed_then_marking_reaches_rows_by_k
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert!(!analyzed().await, "once analyzed, not again");
-    // Not the whole outbox.
-    marks_by_key(&pool, "Seq Scan on workflow_run_outbox").await;
 }
 
 #[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
-async fn marking_reaches_rows_by_key_before_the_table_is_ever_analyzed(pool: PgPool) {
-    // A fresh outbox with a backlog and no statistics: the planner takes
-    // the index of PENDING rows for empty, and a plan through it reads the
-    // whole backlog per mark (measured: 125 ms for 500 rows of 100,000).
+async fn retention_reaches_published_rows_through_the_txid_index(pool: PgPool) {
     backlog(&pool, 20_000).await;
-    // Not through the backlog's index.
-    marks_by_key(&pool, "workflow_run_outbox_pending").await;
-}
-
-/// Every plan of the mark reaches its rows by their key, `(job_id,
-/// sequence)`, none through `avoided`.
-async fn marks_by_key(pool: &PgPool, avoided: &str) {
-    for plan in mark_plans(pool).await {
-        assert_probes_the_key(&plan);
-        assert!(!plan.contains(avoided), "not {avoided}:\n{plan}");
-    }
-}
-
-/// The keys of `count` rows of the backlog, as SQL arrays.
-async fn keys(pool: &PgPool, count: i64) -> (String, String) {
-    let keys: Vec<(Uuid, i64)> =
-        sqlx::query_as("SELECT job_id, sequence FROM workflow_run_outbox LIMIT $1")
-            .bind(count)
-            .fetch_all(pool)
-            .await
-            .unwrap();
-    assert_eq!(keys.len(), usize::try_from(count).unwrap());
-    let jobs: Vec<String> = keys.iter().map(|(job, _)| format!("'{job}'")).collect();
-    let sequences: Vec<String> = keys.iter().map(|(_, s)| s.to_string()).collect();
-    (
-        format!("ARRAY[{}]::uuid[]", jobs.join(",")),
-        format!("ARRAY[{}]::bigint[]", sequences.join(",")),
-    )
-}
-
-/// The plans of a 500-row mark, as the relay runs it (indexes preferred,
-/// a prepared statement): the one planned for the values, then the generic
-/// one a connection settles on.
-async fn mark_plans(pool: &PgPool) -> Vec<String> {
-    let (jobs, sequences) = keys(pool, 500).await;
-    let arguments = format!("{jobs}, {sequences}, now(), 'relay'");
-    let mut tx = pool.begin().await.unwrap();
-    prefer_indexes(&mut tx).await.unwrap();
-    prepared_plans(&mut tx, &mark_published_statement(), &arguments)
+    sqlx::query("UPDATE workflow_run_outbox SET created_at = now() - interval '8 days'")
+        .execute(&pool)
         .await
-        .into_iter()
-        .map(|(mode, plan)| format!("{mode}:\n{plan}"))
-        .collect()
-}
-
-#[sqlx::test(migrator = "flotilla_store::MIGRATOR")]
-async fn retention_reaches_published_rows_by_age_and_deletes_them_by_key(pool: PgPool) {
-    backlog(&pool, 20_000).await;
-    sqlx::query(
-        "UPDATE workflow_run_outbox SET status = 'PUBLISHED', published_at = now() - interval '8 days'
-         WHERE sequence <= 2",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+        .unwrap();
+    publish_everything(&pool).await;
     let mut tx = pool.begin().await.unwrap();
     prefer_indexes(&mut tx).await.unwrap();
     for (mode, plan) in prepared_plans(
         &mut tx,
         DELETE_PUBLISHED_BEFORE,
-        "now() - interval '7 days', 1000",
+        "now() - interval '7 days', 16",
     )
     .await
     {
         assert!(
-            plan.contains("Index Scan on workflow_run_outbox_published")
-                || plan.contains("Index Scan using workflow_run_outbox_published"),
-            "{mode}: the oldest through the published rows' index:\n{plan}"
+            plan.contains("workflow_run_outbox_by_txid"),
+            "{mode}: each bucket's oldest through the (bucket, txid, id) index:\n{plan}"
         );
-        assert_probes_the_key(&plan);
+        assert!(
+            !plan.contains("Seq Scan on workflow_run_outbox "),
+            "{mode}: no Seq Scan:\n{plan}"
+        );
     }
-}
-
-/// `plan` reaches the outbox's rows one probe of the key at a time (an
-/// index or bitmap scan of it on the job and sequence, under a nested loop,
-/// as the planner likes), never by reading the table.
-fn assert_probes_the_key(plan: &str) {
-    assert!(
-        plan.contains("Nested Loop")
-            && plan.contains("workflow_run_outbox_job_id_sequence_key")
-            && plan.contains("Index Cond: ((job_id = "),
-        "the rows by their key, one probe each:\n{plan}"
-    );
-    assert!(!plan.contains("Seq Scan"), "no Seq Scan:\n{plan}");
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let deleted = flotilla_store::outbox::relay::delete_published_before(
+        &mut tx,
+        chrono::Utc::now() - chrono::TimeDelta::days(7),
+        16,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(deleted, Some(64 * 16), "16 of each bucket's oldest");
 }

@@ -399,7 +399,7 @@ async fn fail_over(mode: Replication) {
         .unwrap();
         let pending = count(
             &standby,
-            "SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING'",
+            "SELECT count(*) FROM workflow_run_outbox_state WHERE status = 'PENDING'",
         )
         .await;
         if completed == i64::try_from(jobs.len()).unwrap() && pending == 0 {

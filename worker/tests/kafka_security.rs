@@ -242,7 +242,7 @@ async fn sasl_ssl_end_to_end(pool: PgPool) {
     loop {
         let (status, pending): (Option<String>, i64) = sqlx::query_as(
             "SELECT (SELECT status FROM workflow_run WHERE job_id = $1), \
-             (SELECT count(*) FROM workflow_run_outbox WHERE status <> 'PUBLISHED')",
+             (SELECT count(*) FROM workflow_run_outbox_state WHERE status <> 'PUBLISHED')",
         )
         .bind(job)
         .fetch_one(&pool)

@@ -207,7 +207,7 @@ async fn the_fleet_runs_end_to_end_through_a_transaction_mode_pooler(pool: PgPoo
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let pending: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM workflow_run_outbox WHERE status <> 'PUBLISHED'",
+                "SELECT count(*) FROM workflow_run_outbox_state WHERE status <> 'PUBLISHED'",
             )
             .fetch_one(&pool)
             .await

@@ -1,5 +1,5 @@
-//! Whose fault a row that did not go out is (the class: whether an attempt
-//! is spent) and why (the reason: the metric's label).
+//! Whose fault a row that did not go out is (the class: whether it lands
+//! FAILED or its batch goes again) and why (the reason: the metric's label).
 
 use flotilla_codec::CodecError;
 use flotilla_runtime::kafka::security::{is_refused_access, is_refused_for_itself};
@@ -10,9 +10,9 @@ use rdkafka::types::RDKafkaErrorCode;
 /// `flotilla_relay_publish_failures_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
-    /// The record itself: counts an attempt (or fails the row at once).
+    /// The record itself: the row lands FAILED.
     Message,
-    /// The broker or the registry: spends nothing.
+    /// The broker or the registry: its batch goes again.
     World,
 }
 
@@ -110,9 +110,9 @@ impl Reason {
 /// Why a row did not go out, by whose fault it is.
 #[derive(Debug)]
 pub(super) enum Miss {
-    /// The message itself (too large, invalid): counts an attempt.
+    /// The message itself (too large, invalid): lands FAILED.
     Message(Reason, String),
-    /// The world (unreachable, full, too slow): spends nothing.
+    /// The world (unreachable, full, too slow): its batch goes again.
     World(Reason, String),
 }
 
@@ -125,8 +125,8 @@ impl From<Miss> for Outcome {
     }
 }
 
-/// Classifies a producer or broker error: the class decides whether an
-/// attempt is spent, the reason only labels the metric.
+/// Classifies a producer or broker error: the class decides whether the
+/// row lands FAILED, the reason only labels the metric.
 pub(super) fn classify(error: &KafkaError) -> Miss {
     let code = error.rdkafka_error_code();
     let reason = if is_refused_access(error) {
@@ -146,7 +146,7 @@ pub(super) fn classify(error: &KafkaError) -> Miss {
 /// Classifies an encoding error: the registry unavailable, refusing the
 /// event schema (409, 422: the schema is the relay's, the same for every
 /// event, so an operator must fix the subject's compatibility) or
-/// misconfigured is the world's fault and spends nothing; an event that
+/// misconfigured is the world's fault and its batch goes again; an event that
 /// breaks a rule is the message's.
 pub(super) fn classify_encoding(error: &CodecError) -> Miss {
     let text = format!("encoding: {error}");
@@ -165,10 +165,18 @@ pub(super) fn classify_encoding(error: &CodecError) -> Miss {
 pub enum Outcome {
     /// The broker has it.
     Acked,
-    /// Refused for itself: counts an attempt toward FAILED.
+    /// Refused for itself: lands FAILED.
     Refused(Reason, String),
     /// Held back by the world: nothing is written for it.
     Deferred(Reason, String),
     /// Its payload does not decode: it can never be published as it is.
     Unreadable(String),
+}
+
+impl Outcome {
+    /// Held back by the world: its batch goes again.
+    #[must_use]
+    pub fn is_deferred(&self) -> bool {
+        matches!(self, Self::Deferred(..))
+    }
 }

@@ -1,6 +1,7 @@
 //! Publishing outbox rows: encode, produce keyed by job id to the partition
 //! the recorded count maps it to (the `placement` module), with the stored
-//! trace context, await the broker's acknowledgements, then mark.
+//! trace context, await the broker's acknowledgements, then mark (the
+//! `marks` module: the bucket's progress moves when its batch went whole).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,25 +206,47 @@ impl Publisher {
             .purge(PurgeConfig::default().queue());
     }
 
-    /// One pass: sends `rows` (heads of their jobs) of the buckets still
-    /// held for at least the producer's timeout and waits for their
-    /// acknowledgements until `deadline`.
-    pub async fn publish(&self, rows: Vec<PendingEvent>, deadline: tokio::time::Instant) -> Marks {
-        let mut marks = Marks::default();
+    /// One wave of a pass: sends `rows` (pages of their buckets, in `id`
+    /// order) of buckets still held for at least the producer's timeout,
+    /// and waits for their acknowledgements until `deadline`, recording
+    /// how each ended in `marks`. The first row of a bucket the world holds
+    /// back at the hand-over stops that bucket's page: no later event of a
+    /// job may leave ahead of an earlier one.
+    pub async fn publish(
+        &self,
+        rows: Vec<PendingEvent>,
+        deadline: tokio::time::Instant,
+        marks: &mut Marks,
+    ) {
         let mut in_flight = FuturesUnordered::new();
+        let mut stopped: Vec<i16> = Vec::new();
         for row in rows {
+            if stopped.contains(&row.bucket) {
+                continue;
+            }
             if !self.held.holds_for(row.bucket, self.window) {
+                // Recorded, so its batch is not finished without it.
+                stopped.push(row.bucket);
+                let outcome = Outcome::Deferred(
+                    Reason::Lease,
+                    "the bucket's lease could run out before the producer gives up on the record; not sent".into(),
+                );
+                marks.record(row, outcome);
                 continue;
             }
             match self.dispatch(row, Some(deadline)).await {
                 Ok(delivery) => in_flight.push(delivery),
-                Err((row, outcome)) => marks.record(row, outcome),
+                Err((row, outcome)) => {
+                    if outcome.is_deferred() {
+                        stopped.push(row.bucket);
+                    }
+                    marks.record(row, outcome);
+                }
             }
         }
         while let Some((row, outcome)) = in_flight.next().await {
             marks.record(row, outcome);
         }
-        marks
     }
 
     async fn send(

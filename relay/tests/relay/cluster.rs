@@ -79,11 +79,11 @@ async fn a_broker_killed_under_the_relay_costs_a_pause_and_no_event_is_written_t
             jobs.extend(wave_jobs);
             if killed_at.is_none() && started.elapsed() >= KILL_AT {
                 cluster.nodes[0].kill();
-                killed_at = Some(Utc::now());
+                killed_at = Some(tokio::time::Instant::now());
             }
             tokio::time::sleep_until(started + Duration::from_millis(250 * (wave as u64 + 1))).await;
         }
-        let killed_at = killed_at.expect("the broker was killed");
+        assert!(killed_at.is_some(), "the broker was killed");
         tokio::time::sleep_until(started + RESTART_AT).await;
         let node = cluster.nodes.remove(0);
         cluster.nodes.insert(0, node.restarted().await);
@@ -101,18 +101,6 @@ async fn a_broker_killed_under_the_relay_costs_a_pause_and_no_event_is_written_t
         stop.cancel();
         running.await.unwrap();
 
-        // How long publishing stopped: the longest gap between two marks
-        // from the kill on (rows kept coming in meanwhile).
-        let paused: f64 = sqlx::query_scalar(
-            "SELECT coalesce(max(extract(epoch FROM gap)), 0)::float8 FROM (
-                 SELECT published_at - lag(published_at) OVER (ORDER BY published_at) AS gap
-                 FROM workflow_run_outbox WHERE published_at >= $1) gaps",
-        )
-        .bind(killed_at)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-
         let on_topic = copies_on_topic(&cluster.bootstrap, &topic, PARTITIONS);
         let events = read_events(&cluster.bootstrap, &topic, on_topic).await;
         let mut copies: HashMap<Uuid, usize> = HashMap::new();
@@ -123,7 +111,7 @@ async fn a_broker_killed_under_the_relay_costs_a_pause_and_no_event_is_written_t
         let (distinct, repeats) = without_repeats(&events);
         println!(
             "a broker of three killed under the relay: {expected} events, {on_topic} records on the topic, \
-             events written twice {twice}, longest pause in publishing after the kill {paused:.1} s"
+             events written twice {twice}"
         );
         assert_eq!(copies.len(), expected, "every event on the topic");
         assert_eq!(twice, 0, "an event written twice");
@@ -141,7 +129,7 @@ async fn a_broker_killed_under_the_relay_costs_a_pause_and_no_event_is_written_t
 
 /// A topic whose in-sync replicas fall below its `min.insync.replicas`
 /// refuses every write (NOT_ENOUGH_REPLICAS): the relay holds its rows back
-/// without spending attempts, and its readiness names the cause and the
+/// without failing any, and its readiness names the cause and the
 /// topic; once the broker is back, every row goes out.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn not_enough_in_sync_replicas_is_named_in_readiness_and_nothing_is_lost(pool: PgPool) {
@@ -200,11 +188,11 @@ async fn not_enough_in_sync_replicas_is_named_in_readiness_and_nothing_is_lost(p
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
         assert!(body.contains(&topic), "{body}");
-        let attempts: i32 = sqlx::query_scalar("SELECT max(attempts) FROM workflow_run_outbox")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(attempts, 0, "the world's refusal spends no attempt");
+        assert_eq!(
+            count(&pool, "FAILED").await,
+            0,
+            "the world's refusal fails no row"
+        );
 
         let node = cluster.nodes.remove(1);
         cluster.nodes.insert(1, node.restarted().await);

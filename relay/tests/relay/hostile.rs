@@ -55,7 +55,7 @@ async fn an_outbox_row_with_an_unknown_field_is_published_and_one_that_does_not_
         assert_eq!(count(&pool, "FAILED").await, 1);
         assert_eq!(count(&pool, "PUBLISHED").await, 7);
         let error: String = sqlx::query_scalar(
-            "SELECT last_error FROM workflow_run_outbox WHERE status = 'FAILED' AND job_id = $1",
+            "SELECT last_error FROM workflow_run_outbox_state WHERE status = 'FAILED' AND job_id = $1",
         )
         .bind(jobs[1])
         .fetch_one(&pool)

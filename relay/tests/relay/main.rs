@@ -89,12 +89,11 @@ fn settings(bootstrap: &str, topic: &str, relay_id: &str) -> RelaySettings {
         relay_id,
     );
     settings.idle_poll_max = Duration::from_millis(20);
-    settings.backoff_base = Duration::from_millis(100);
     settings
 }
 
 async fn count(pool: &PgPool, status: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM workflow_run_outbox WHERE status = $1")
+    sqlx::query_scalar("SELECT count(*) FROM workflow_run_outbox_state WHERE status = $1")
         .bind(status)
         .fetch_one(pool)
         .await

@@ -47,8 +47,10 @@ pub async fn timeline(
     job_id: Uuid,
 ) -> Result<Vec<TimelineEntry>, sqlx::Error> {
     let rows: Vec<TimelineRow> = crate::sql::query_as(
-        "SELECT sequence, event_type, coalesce(payload, body) AS payload, status, created_at
-         FROM workflow_run_outbox WHERE job_id = $1 ORDER BY sequence",
+        "SELECT o.sequence, o.event_type, coalesce(o.payload, o.body) AS payload, s.status, o.created_at
+         FROM workflow_run_outbox o
+         JOIN workflow_run_outbox_state s ON s.job_id = o.job_id AND s.sequence = o.sequence
+         WHERE o.job_id = $1 ORDER BY o.sequence",
     )
     .bind(job_id)
     .fetch_all(conn)
@@ -83,17 +85,18 @@ pub struct OutboxSummary {
     pub oldest_pending_at: Option<DateTime<Utc>>,
 }
 
-/// Counts PENDING and FAILED rows, each over its partial index.
+/// Counts the rows past no bucket's progress ([`super::UNPUBLISHED`]) and
+/// the FAILED ones.
 ///
 /// # Errors
 /// Database errors.
 pub async fn summary(conn: &mut PgConnection) -> Result<OutboxSummary, sqlx::Error> {
-    crate::sql::query_as(
-        "SELECT (SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING') AS pending,
-                (SELECT count(*) FROM workflow_run_outbox WHERE status = 'FAILED') AS failed,
-                (SELECT min(created_at) FROM workflow_run_outbox WHERE status = 'PENDING')
-                    AS oldest_pending_at",
-    )
+    crate::sql::query_as(&format!(
+        "SELECT u.pending, (SELECT count(*) FROM workflow_run_outbox_failed) AS failed,
+                u.oldest AS oldest_pending_at
+         FROM ({}) u",
+        super::UNPUBLISHED
+    ))
     .fetch_one(conn)
     .await
 }

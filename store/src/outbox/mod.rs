@@ -18,7 +18,7 @@ pub mod relay;
 pub mod step_requests;
 pub mod stored;
 
-pub use relay::{MAX_PUBLISH_ATTEMPTS, PendingEvent};
+pub use relay::PendingEvent;
 
 /// What a commit point says happened.
 #[derive(Debug, Clone)]
@@ -214,17 +214,26 @@ pub async fn events_of(
         .collect()
 }
 
-/// The relay's backlog: PENDING rows and the age in seconds of the oldest
-/// (0 when none). Read per scrape, over the partial index of PENDING rows.
+/// Rows no bucket's progress covers yet, and when the oldest was written:
+/// per bucket, a range of the `(bucket, txid, id)` index from its
+/// progress's xmin (the published history behind it is not read).
+pub const UNPUBLISHED: &str = "SELECT count(*) AS pending, min(o.created_at) AS oldest
+     FROM relay_bucket b
+     CROSS JOIN LATERAL (
+         SELECT o.created_at FROM workflow_run_outbox o
+         WHERE o.bucket = b.bucket AND o.txid >= pg_snapshot_xmin(b.published)
+           AND NOT pg_visible_in_snapshot(o.txid, b.published)) o";
+
+/// The relay's backlog: rows not published yet and the age in seconds of
+/// the oldest (0 when none). Read per scrape ([`UNPUBLISHED`]).
 ///
 /// # Errors
 /// Database errors.
 pub async fn backlog(pool: &sqlx::PgPool) -> Result<(i64, f64), sqlx::Error> {
     crate::sql::session(pool, async |conn| {
-        crate::sql::query_as(
-            "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at))::float8, 0) \
-             FROM workflow_run_outbox WHERE status = 'PENDING'",
-        )
+        crate::sql::query_as(&format!(
+            "SELECT pending, coalesce(extract(epoch FROM now() - oldest)::float8, 0) FROM ({UNPUBLISHED}) u"
+        ))
         .fetch_one(conn)
         .await
     })

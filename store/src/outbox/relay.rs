@@ -1,5 +1,22 @@
-//! The relay's statements on the outbox: pending rows of its buckets,
-//! marking, failure backoff, retention and the operator's replay.
+//! The relay's statements on the outbox: batches of its buckets, the
+//! progress they end at, rows refused for themselves, retention and the
+//! operator's replay.
+//!
+//! Rows are written once and never updated. Each bucket's progress is the
+//! snapshot (`pg_current_snapshot()`) its last finished batch ended at: a
+//! row is published when its writing transaction (`txid`) is visible in
+//! it. A batch is every row whose transaction a fresh snapshot sees and
+//! the bucket's did not. Transactions commit out of the order of their
+//! ids, which a snapshot accounts for and a "last txid" would not: a row
+//! of a transaction still open when the progress was taken is in its
+//! snapshot's in-progress list, and comes in the batch after it commits.
+//!
+//! Per-job order: a job's events are written under its row's lock, so a
+//! later event's transaction starts writing after the earlier one's
+//! committed. Any snapshot that sees the later one sees the earlier one,
+//! so a batch never holds a job's later event without the earlier (in it
+//! or in a batch before). Within a batch, rows go in `id` order, drawn from
+//! a sequence as they are inserted, so a job's ids grow with its sequence.
 
 use chrono::{DateTime, Utc};
 use flotilla_contracts::{DecodeError, WorkflowRunEvent};
@@ -7,15 +24,14 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-/// An outbox row's key: its job and its place in the job's events. The
-/// relay's writes reach a row by it (the table has no other key).
+/// An outbox row's key: its job and its place in the job's events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct EventKey {
     pub job_id: Uuid,
     pub sequence: i64,
 }
 
-/// A PENDING row as the relay publishes it.
+/// A row of a batch as the relay publishes it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PendingEvent {
     pub event_id: Uuid,
@@ -32,21 +48,7 @@ pub struct PendingEvent {
     pub body: Option<Json<Box<serde_json::value::RawValue>>>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
-    pub attempts: i32,
 }
-
-/// The statement under [`publishable`]: `$1` the buckets, `$2` the most
-/// rows read per bucket, `$3` in all. Public so tests can look at its plan.
-pub const PENDING_IN_ID_ORDER: &str =
-    "SELECT pending.* FROM unnest($1::smallint[]) AS owned(bucket)
-         CROSS JOIN LATERAL (
-             SELECT o.event_id, o.job_id, o.sequence, o.event_type, o.bucket, o.payload, o.body,
-                    o.traceparent, o.tracestate, o.attempts, o.next_attempt_at
-             FROM workflow_run_outbox o
-             WHERE o.status = 'PENDING' AND o.bucket = owned.bucket
-             ORDER BY o.id
-             LIMIT $2) pending
-         LIMIT $3";
 
 impl PendingEvent {
     /// The row's key.
@@ -77,92 +79,138 @@ impl PendingEvent {
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct PendingRow {
-    #[sqlx(flatten)]
-    event: PendingEvent,
-    next_attempt_at: DateTime<Utc>,
+/// A snapshot of which transactions had committed, in Postgres's text
+/// form (`xmin:xmax:xip,...`): where a bucket's batch ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot(pub String);
+
+/// A row of a batch, named by the `(bucket, txid, id)` index (what a page
+/// of the batch is fetched by), and its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planned {
+    pub bucket: i16,
+    pub txid: i64,
+    pub id: i64,
+    pub job_id: Uuid,
 }
 
-/// What one read of pending rows found.
-#[derive(Debug, Default)]
-pub struct Heads {
-    /// The head of each job, at most the limit asked for.
-    pub rows: Vec<PendingEvent>,
-    /// The read stopped at its row cap: more may be waiting right now.
-    pub truncated: bool,
+/// The next batch of a bucket: every row a fresh snapshot (`to`) sees
+/// and its progress (`from`) did not, in `id` order.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub bucket: i16,
+    pub from: Snapshot,
+    pub to: Snapshot,
+    pub rows: Vec<Planned>,
 }
 
-/// The head of each job in `buckets`, up to `limit`: per job, its oldest
-/// PENDING row, when it is due. A job's next row is never among them while
-/// an earlier one is PENDING (being sent, awaiting its acknowledgement or
-/// backing off), so a relay that sends only what this returns, and reads a
-/// bucket again only after marking what it sent, has at most one event of
-/// a job in flight and cannot put a later one ahead of it. FAILED rows do
-/// not hold later ones back.
-///
-/// The statement is one ordered scan of the `(bucket, id)` index of PENDING
-/// rows per bucket (at most `limit` rows each, a quarter more than `limit` in all), in the
-/// order given (callers rotate it, so no bucket starves), and nothing else:
-/// no join, no probe per row, so no plan can make it read the backlog
-/// behind what it returns or the published history, even on a table the
-/// planner has no statistics for yet. The heads are picked here: within a
-/// job, ids grow with the sequence, so the first PENDING row of a job in id
-/// order is its oldest.
+/// The statement under [`plan`]: `$1` the buckets, `$2` their progress,
+/// `$3` the snapshot the batches end at. One range of the
+/// `(bucket, txid, id)` index per bucket, from its progress's xmin; no
+/// row's payload is read (its job, for the relay that may send only one
+/// event of a job at a time, from the heap). Public so tests can look at its plan.
+pub const BATCH_ROWS: &str = "SELECT o.bucket, o.txid::text::int8 AS txid, o.id, o.job_id
+     FROM unnest($1::smallint[], $2::text[]) AS b(bucket, published)
+     CROSS JOIN LATERAL (
+         SELECT o.bucket, o.txid, o.id, o.job_id FROM workflow_run_outbox o
+         WHERE o.bucket = b.bucket AND o.txid >= pg_snapshot_xmin(b.published::pg_snapshot)
+           AND NOT pg_visible_in_snapshot(o.txid, b.published::pg_snapshot)
+           AND pg_visible_in_snapshot(o.txid, $3::pg_snapshot)) o
+     ORDER BY o.bucket, o.id";
+
+/// The next batch of each of `buckets` that has one: a fresh snapshot,
+/// and every row it sees that the bucket's progress did not. Only the
+/// rows' names are read (a few bytes each, from the index): a backlog of a
+/// million rows is planned in one read and fetched a page at a time
+/// ([`fetch`]).
 ///
 /// # Errors
 /// Database errors.
-pub async fn publishable(
-    conn: &mut PgConnection,
-    buckets: &[i16],
-    now: DateTime<Utc>,
-    limit: i64,
-) -> Result<Heads, sqlx::Error> {
-    // Later rows of a job come along and are dropped: read a quarter more
-    // than the heads wanted. Where a job has many rows waiting the read
-    // ends early and says so (`truncated`), and the caller reads again at
-    // once; every row read costs its payload's decoding, so reading four
-    // times what is sent made the read the relay's largest cost.
-    let cap = limit.saturating_add(limit / 4).max(limit.saturating_add(1));
+pub async fn plan(conn: &mut PgConnection, buckets: &[i16]) -> Result<Vec<Batch>, sqlx::Error> {
     let mut tx = sqlx::Connection::begin(conn).await?;
     prefer_indexes(&mut tx).await?;
-    let rows: Vec<PendingRow> = crate::sql::query_as(PENDING_IN_ID_ORDER)
-        .bind(buckets)
-        .bind(limit)
-        .bind(cap)
+    let progress: Vec<(i16, String)> = crate::sql::query_as(
+        "SELECT bucket, published::text FROM relay_bucket WHERE bucket = ANY($1) ORDER BY bucket",
+    )
+    .bind(buckets)
+    .fetch_all(&mut *tx)
+    .await?;
+    let to: String = crate::sql::query_scalar("SELECT pg_current_snapshot()::text")
+        .fetch_one(&mut *tx)
+        .await?;
+    // Rows committed after `to` was taken are seen by this read too; the
+    // filter on `to` leaves them to the next batch.
+    let rows: Vec<(i16, i64, i64, Uuid)> = crate::sql::query_as(BATCH_ROWS)
+        .bind(progress.iter().map(|(b, _)| *b).collect::<Vec<_>>())
+        .bind(progress.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>())
+        .bind(&to)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
-    let truncated = i64::try_from(rows.len()).unwrap_or(i64::MAX) >= cap;
-    let limit = usize::try_from(limit).unwrap_or(0);
-    let mut seen = std::collections::HashSet::with_capacity(rows.len());
-    let mut heads = Vec::with_capacity(limit.min(rows.len()));
-    for row in rows {
-        if heads.len() >= limit {
-            return Ok(Heads {
-                rows: heads,
-                truncated: true,
+    let mut batches: Vec<Batch> = Vec::new();
+    for (bucket, txid, id, job_id) in rows {
+        if batches.last().is_none_or(|b| b.bucket != bucket) {
+            let from = progress
+                .iter()
+                .find(|(b, _)| *b == bucket)
+                .map(|(_, p)| p.clone())
+                .unwrap_or_default();
+            batches.push(Batch {
+                bucket,
+                from: Snapshot(from),
+                to: Snapshot(to.clone()),
+                rows: Vec::new(),
             });
         }
-        // The first row of a job is its head; a head still backing off
-        // holds the job's later rows back with it.
-        if seen.insert(row.event.job_id) && row.next_attempt_at <= now {
-            heads.push(row.event);
+        if let Some(batch) = batches.last_mut() {
+            batch.rows.push(Planned {
+                bucket,
+                txid,
+                id,
+                job_id,
+            });
         }
     }
-    Ok(Heads {
-        rows: heads,
-        truncated,
-    })
+    Ok(batches)
+}
+
+/// The statement under [`fetch`]: `$1`, `$2`, `$3` the rows' buckets,
+/// txids and ids, pairwise. One probe of the `(bucket, txid, id)` index
+/// per row. Public so tests can look at its plan.
+pub const PAGE_ROWS: &str =
+    "SELECT o.event_id, o.job_id, o.sequence, o.event_type, o.bucket, o.payload, o.body,
+            o.traceparent, o.tracestate
+     FROM unnest($1::smallint[], $2::int8[], $3::int8[]) AS p(bucket, txid, id)
+     JOIN workflow_run_outbox o
+       ON o.bucket = p.bucket AND o.txid = p.txid::text::xid8 AND o.id = p.id
+     ORDER BY o.id";
+
+/// The rows named by `page`, in `id` order. A row replayed since it was
+/// planned has a new txid and is not found: the next batch takes it.
+///
+/// # Errors
+/// Database errors.
+pub async fn fetch(
+    conn: &mut PgConnection,
+    page: &[Planned],
+) -> Result<Vec<PendingEvent>, sqlx::Error> {
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    prefer_indexes(&mut tx).await?;
+    let rows = crate::sql::query_as(PAGE_ROWS)
+        .bind(page.iter().map(|p| p.bucket).collect::<Vec<_>>())
+        .bind(page.iter().map(|p| p.txid).collect::<Vec<_>>())
+        .bind(page.iter().map(|p| p.id).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// Tells the planner, for the rest of the transaction on `conn`, to reach
-/// the outbox through its indexes. Every relay statement is built on one
-/// (the PENDING rows by bucket, the rows' key), but on a table whose
-/// statistics lag behind its size (a fresh database, the first minute of a
-/// burst, before autovacuum analyzes it) the planner takes the indexes for
-/// empty and may scan the whole outbox instead: a mark of 500 rows took
-/// 150 ms instead of 7 with 100,000 rows in the table.
+/// the outbox through its indexes. On a table whose statistics lag behind
+/// its size (a fresh database, the first minute of a burst, before
+/// autovacuum analyzes it) the planner takes the indexes for empty and may
+/// scan the whole outbox instead.
 ///
 /// # Errors
 /// Database errors.
@@ -185,10 +233,9 @@ async fn try_lock(tx: &mut sqlx::PgTransaction<'_>, name: &str) -> Result<bool, 
 /// Analyzes the outbox when the planner's idea of its size is far behind
 /// the truth (fewer than half the live rows, and at least 1,000 missing):
 /// indexes built on an empty table count as empty until the table is
-/// analyzed, and the plans made meanwhile read every PENDING row per mark.
-/// Autovacuum gets there within a minute or so; a relay catching up on a
-/// fresh database gets there first. One relay at a time (an advisory
-/// lock): `None` when another holds it, else whether it analyzed.
+/// analyzed. Autovacuum gets there within a minute or so; a relay catching
+/// up on a fresh database gets there first. One relay at a time (an
+/// advisory lock): `None` when another holds it, else whether it analyzed.
 ///
 /// # Errors
 /// Database errors.
@@ -214,125 +261,103 @@ pub async fn analyze_if_stale(
     Ok(Some(stale))
 }
 
-/// The fence of every relay write: the row's bucket is leased to this
-/// relay, checked against the database's clock (not the relay's).
-const HOLDS_BUCKET: &str = "EXISTS (SELECT 1 FROM relay_bucket b
-    WHERE b.bucket = o.bucket AND b.owner = $9 AND b.lease_until > now())";
-
-/// The statement of [`mark_published`]: `$1` the rows' jobs and `$2` their
-/// sequences (their keys, pairwise), `$3` now, `$4` the relay. Public so
-/// tests can look at its plan.
-///
-/// "Still PENDING" is written as neither PUBLISHED nor FAILED (the same
-/// rows, by the table's CHECK) so that the planner cannot prove the
-/// predicate of the index of PENDING rows and use it: on a table not yet
-/// analyzed it takes that index for empty and walked the whole backlog,
-/// bucket by bucket, for every mark. The only way left is the key.
-#[must_use]
-pub fn mark_published_statement() -> String {
-    format!(
-        "UPDATE workflow_run_outbox o SET status = 'PUBLISHED', published_at = $3, last_error = NULL
-         FROM unnest($1::uuid[], $2::bigint[]) AS acked(job_id, sequence)
-         WHERE o.job_id = acked.job_id AND o.sequence = acked.sequence
-           AND o.status NOT IN ('PUBLISHED', 'FAILED') AND {}",
-        HOLDS_BUCKET.replace("$9", "$4")
-    )
+/// A batch sent whole: its bucket's progress moves from `from` to `to`.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub bucket: i16,
+    pub from: Snapshot,
+    pub to: Snapshot,
 }
 
-/// Marks rows PUBLISHED (the broker acknowledged them), only those of
-/// buckets `relay_id` still holds; returns how many. Run it in a
-/// transaction that called [`prefer_indexes`].
+/// Moves each finished batch's bucket to the snapshot it ended at: its
+/// rows are published. Only buckets `relay_id` still holds (by the
+/// database's clock) and whose progress is still where the batch started
+/// (no other relay moved it meanwhile). Returns the buckets moved.
 ///
 /// # Errors
 /// Database errors.
-pub async fn mark_published(
+pub async fn advance(
     conn: &mut PgConnection,
     relay_id: &str,
-    rows: &[EventKey],
-    now: DateTime<Utc>,
+    done: &[Finished],
+) -> Result<Vec<i16>, sqlx::Error> {
+    let text =
+        |f: fn(&Finished) -> &Snapshot| done.iter().map(|d| f(d).0.clone()).collect::<Vec<_>>();
+    crate::sql::query_scalar(
+        "UPDATE relay_bucket b SET published = d.snapshot::pg_snapshot, published_at = now()
+         FROM unnest($1::smallint[], $2::text[], $3::text[]) AS d(bucket, progress, snapshot)
+         WHERE b.bucket = d.bucket AND b.published::text = d.progress
+           AND b.owner = $4 AND b.lease_until > now()
+         RETURNING b.bucket",
+    )
+    .bind(done.iter().map(|d| d.bucket).collect::<Vec<_>>())
+    .bind(text(|d| &d.from))
+    .bind(text(|d| &d.to))
+    .bind(relay_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// A row that can never be published as it is, and why.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    pub key: EventKey,
+    pub bucket: i16,
+    pub error: String,
+}
+
+/// Lands `rows` FAILED (a row each in `workflow_run_outbox_failed`), only
+/// those of buckets `relay_id` still holds; returns how many. A row refused
+/// again (its batch sent again) keeps its first failure.
+///
+/// # Errors
+/// Database errors.
+pub async fn record_failed(
+    conn: &mut PgConnection,
+    relay_id: &str,
+    rows: &[Refused],
 ) -> Result<u64, sqlx::Error> {
-    let (jobs, sequences): (Vec<Uuid>, Vec<i64>) =
-        rows.iter().map(|key| (key.job_id, key.sequence)).unzip();
-    let done = crate::sql::query(&mark_published_statement())
-        .bind(jobs)
-        .bind(sequences)
-        .bind(now)
-        .bind(relay_id)
-        .execute(conn)
-        .await?;
+    let done = crate::sql::query(
+        "INSERT INTO workflow_run_outbox_failed (job_id, sequence, bucket, error)
+         SELECT f.job_id, f.sequence, f.bucket, f.error
+         FROM unnest($1::uuid[], $2::int8[], $3::smallint[], $4::text[])
+             AS f(job_id, sequence, bucket, error)
+         WHERE EXISTS (SELECT 1 FROM relay_bucket b
+                       WHERE b.bucket = f.bucket AND b.owner = $5 AND b.lease_until > now())
+         ON CONFLICT (job_id, sequence) DO NOTHING",
+    )
+    .bind(rows.iter().map(|r| r.key.job_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.key.sequence).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.bucket).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.error.clone()).collect::<Vec<_>>())
+    .bind(relay_id)
+    .execute(conn)
+    .await?;
     Ok(done.rows_affected())
 }
 
-/// Publish attempts a row gets before it lands FAILED.
-pub const MAX_PUBLISH_ATTEMPTS: i32 = 10;
-
-/// Counts a failed publish of `row`: backs it off (`base × 2^(attempts−1)`)
-/// or, at the tenth attempt, lands it FAILED with the error.
-///
-/// # Errors
-/// Database errors.
-pub async fn record_failure(
-    conn: &mut PgConnection,
-    relay_id: &str,
-    row: EventKey,
-    error: &str,
-    next_attempt_at: DateTime<Utc>,
-) -> Result<(), sqlx::Error> {
-    crate::sql::query(&format!(
-        "UPDATE workflow_run_outbox o SET attempts = attempts + 1, last_error = $3, next_attempt_at = $4,
-             status = CASE WHEN attempts + 1 >= $5 THEN 'FAILED' ELSE 'PENDING' END
-         WHERE o.job_id = $1 AND o.sequence = $2 AND o.status = 'PENDING' AND {}",
-        HOLDS_BUCKET.replace("$9", "$6")
-    ))
-    .bind(row.job_id)
-    .bind(row.sequence)
-    .bind(error)
-    .bind(next_attempt_at)
-    .bind(MAX_PUBLISH_ATTEMPTS)
-    .bind(relay_id)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Lands `row` FAILED at once: it can never be published as it is (its
-/// payload does not decode). An operator's replay puts it back.
-///
-/// # Errors
-/// Database errors.
-pub async fn fail_now(
-    conn: &mut PgConnection,
-    relay_id: &str,
-    row: EventKey,
-    error: &str,
-) -> Result<(), sqlx::Error> {
-    crate::sql::query(&format!(
-        "UPDATE workflow_run_outbox o SET status = 'FAILED', attempts = attempts + 1, last_error = $3
-         WHERE o.job_id = $1 AND o.sequence = $2 AND o.status = 'PENDING' AND {}",
-        HOLDS_BUCKET.replace("$9", "$4")
-    ))
-    .bind(row.job_id)
-    .bind(row.sequence)
-    .bind(error)
-    .bind(relay_id)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 /// The statement of [`delete_published_before`]: `$1` the cutoff, `$2` the
-/// most rows. The oldest published rows through the index of PUBLISHED
-/// rows by age, each deleted through the key. Public so tests can look at
-/// its plan.
+/// most rows per bucket. Per bucket, its oldest published rows by
+/// transaction (those its progress sees), through the `(bucket, txid, id)`
+/// index; those written before the cutoff and not FAILED are deleted.
+/// Public so tests can look at its plan.
 pub const DELETE_PUBLISHED_BEFORE: &str = "DELETE FROM workflow_run_outbox o
-     USING (SELECT job_id, sequence FROM workflow_run_outbox
-            WHERE status = 'PUBLISHED' AND published_at < $1
-            ORDER BY published_at LIMIT $2) oldest
-     WHERE o.job_id = oldest.job_id AND o.sequence = oldest.sequence";
+     USING (SELECT old.bucket, old.txid, old.id
+            FROM relay_bucket b
+            CROSS JOIN LATERAL (
+                SELECT x.bucket, x.txid, x.id, x.job_id, x.sequence, x.created_at
+                FROM workflow_run_outbox x
+                WHERE x.bucket = b.bucket AND x.txid < pg_snapshot_xmax(b.published)
+                  AND pg_visible_in_snapshot(x.txid, b.published)
+                ORDER BY x.txid, x.id LIMIT $2) old
+            WHERE old.created_at < $1
+              AND NOT EXISTS (SELECT 1 FROM workflow_run_outbox_failed f
+                              WHERE f.job_id = old.job_id AND f.sequence = old.sequence)) gone
+     WHERE o.bucket = gone.bucket AND o.txid = gone.txid AND o.id = gone.id";
 
-/// Deletes up to `limit` PUBLISHED rows published before `cutoff`, if no
-/// other relay is doing so right now (a transaction-scoped advisory lock):
-/// `None` when another holds it.
+/// Deletes up to `limit` published rows per bucket written before `cutoff`,
+/// if no other relay is doing so right now (a transaction-scoped advisory
+/// lock): `None` when another holds it.
 ///
 /// # Errors
 /// Database errors.
@@ -352,23 +377,64 @@ pub async fn delete_published_before(
     Ok(Some(done.rows_affected()))
 }
 
-/// Operator action: FAILED rows (of one job, or all) back to PENDING with
-/// fresh attempts. Returns how many.
+/// Operator action: FAILED rows (of one job, or all) go again. Each gets a
+/// new txid (this transaction's), outside every bucket's progress, so the
+/// next batch of its bucket takes it; its failure is forgotten. Returns
+/// how many.
 ///
 /// # Errors
 /// Database errors.
 pub async fn replay_failed(
     conn: &mut PgConnection,
     job_id: Option<Uuid>,
-    now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
     let done = crate::sql::query(
-        "UPDATE workflow_run_outbox SET status = 'PENDING', attempts = 0, next_attempt_at = $2
-         WHERE status = 'FAILED' AND ($1::uuid IS NULL OR job_id = $1)",
+        "WITH replayed AS (
+             DELETE FROM workflow_run_outbox_failed
+             WHERE $1::uuid IS NULL OR job_id = $1
+             RETURNING job_id, sequence)
+         UPDATE workflow_run_outbox o SET txid = pg_current_xact_id()
+         FROM replayed r WHERE o.job_id = r.job_id AND o.sequence = r.sequence",
     )
     .bind(job_id)
-    .bind(now)
     .execute(conn)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// How many of `rows` (a batch's rest, in order) a page may take when
+/// only one event of a job may be in flight: up to, not including, the
+/// first row of a job already in it, and at most `most`.
+#[must_use]
+pub fn one_per_job(rows: &[Planned], most: usize) -> usize {
+    let mut jobs = std::collections::HashSet::new();
+    rows.iter()
+        .take(most)
+        .take_while(|row| jobs.insert(row.job_id))
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Planned, one_per_job};
+    use uuid::Uuid;
+
+    #[test]
+    fn a_page_of_one_event_per_job_ends_before_a_jobs_second_event() {
+        let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let rows: Vec<Planned> = [a, b, a, c]
+            .into_iter()
+            .zip(1..)
+            .map(|(job_id, id)| Planned {
+                bucket: 0,
+                txid: 10,
+                id,
+                job_id,
+            })
+            .collect();
+        assert_eq!(one_per_job(&rows, 10), 2);
+        assert_eq!(one_per_job(&rows, 1), 1);
+        assert_eq!(one_per_job(&rows[2..], 10), 2);
+        assert_eq!(one_per_job(&[], 10), 0);
+    }
 }

@@ -150,7 +150,7 @@ async fn quiesce(pool: &PgPool, jobs: usize, within: Duration) {
         let settled = count(pool, "SELECT count(*) FROM workflow_run WHERE status IN ('COMPLETED','FAILED','DEAD','CANCELLED')").await;
         let pending = count(
             pool,
-            "SELECT count(*) FROM workflow_run_outbox WHERE status = 'PENDING'",
+            "SELECT count(*) FROM workflow_run_outbox_state WHERE status = 'PENDING'",
         )
         .await;
         if settled == i64::try_from(jobs).unwrap() && pending == 0 {

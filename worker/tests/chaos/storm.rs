@@ -562,7 +562,7 @@ async fn chaos(pool: PgPool, run: Run) {
     .await;
     let failed_events = count(
         &pool,
-        "SELECT count(*) FROM workflow_run_outbox WHERE status = 'FAILED'",
+        "SELECT count(*) FROM workflow_run_outbox_state WHERE status = 'FAILED'",
     )
     .await;
     let offsets = committed_offsets(&kafka, &fleet.group, &fleet.topic).await;
