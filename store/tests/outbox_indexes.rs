@@ -51,19 +51,19 @@ async fn the_documented_rollback_gives_the_outbox_its_status_columns_back(pool: 
     let section = &doc[doc.find("### The outbox written once").unwrap()..];
     let start = section.find("```sql\n").unwrap() + "```sql\n".len();
     let statements = &section[start..start + section[start..].find("```").unwrap()];
-    // Three rows, one per state.
-    sqlx::raw_sql(
+    // Three rows, one per state; each statement its own transaction (a
+    // snapshot does not see its own transaction's rows).
+    for setup in [
         "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload)
-         SELECT gen_random_uuid(), gen_random_uuid(), 1, 'ACCEPTED', '{}' FROM generate_series(1, 2);
-         UPDATE relay_bucket SET published = pg_current_snapshot();
-         INSERT INTO workflow_run_outbox_failed (job_id, sequence, bucket, error)
-             SELECT job_id, sequence, bucket, 'too large' FROM workflow_run_outbox LIMIT 1;
-         INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload)
-         VALUES (gen_random_uuid(), gen_random_uuid(), 1, 'ACCEPTED', '{}');",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+         SELECT gen_random_uuid(), gen_random_uuid(), 1, 'ACCEPTED', '{}' FROM generate_series(1, 2)",
+        "UPDATE relay_bucket SET published = pg_current_snapshot()",
+        "INSERT INTO workflow_run_outbox_failed (job_id, sequence, bucket, error)
+         SELECT job_id, sequence, bucket, 'too large' FROM workflow_run_outbox LIMIT 1",
+        "INSERT INTO workflow_run_outbox (event_id, job_id, sequence, event_type, payload)
+         VALUES (gen_random_uuid(), gen_random_uuid(), 1, 'ACCEPTED', '{}')",
+    ] {
+        sqlx::query(setup).execute(&pool).await.unwrap();
+    }
     sqlx::raw_sql(statements).execute(&pool).await.unwrap();
     let states: Vec<(String, Option<String>, bool)> = sqlx::query_as(
         "SELECT status, last_error, published_at IS NOT NULL FROM workflow_run_outbox ORDER BY status",
