@@ -462,22 +462,26 @@ impl ConsumerConfig {
 mod tests {
     use super::*;
 
-    /// The wake-up switch takes `true` or `false`, is on when unset, and
-    /// a word that is neither is refused naming the flag.
+    /// The wake-up and eager-start switches take `true` or `false`, are on
+    /// when unset, and a word that is neither is refused naming the flag.
     #[test]
-    fn listening_for_work_is_a_strict_switch_on_by_default() {
-        let parse = |args: &[&str]| {
-            let base = ["flotilla-worker", "--database-url", "postgres://unused"];
-            Cli::try_parse_from(base.iter().chain(args))
-                .map(|cli| cli.worker.engine.listen_for_work)
-        };
-        assert!(parse(&[]).unwrap());
-        assert!(!parse(&["--listen-for-work", "false"]).unwrap());
-        assert!(parse(&["--listen-for-work", "true"]).unwrap());
-        let refused = parse(&["--listen-for-work", "maybe"])
-            .unwrap_err()
-            .to_string();
-        assert!(refused.contains("--listen-for-work"), "{refused}");
+    fn listening_for_work_and_eager_start_are_strict_switches_on_by_default() {
+        type Read = fn(&Cli) -> bool;
+        let switches: [(&str, Read); 2] = [
+            ("--listen-for-work", |cli| cli.worker.engine.listen_for_work),
+            ("--eager-start", |cli| cli.worker.engine.eager_start),
+        ];
+        for (flag, read) in switches {
+            let parse = |args: &[&str]| {
+                let base = ["flotilla-worker", "--database-url", "postgres://unused"];
+                Cli::try_parse_from(base.iter().chain(args)).map(|cli| read(&cli))
+            };
+            assert!(parse(&[]).unwrap(), "{flag}");
+            assert!(!parse(&[flag, "false"]).unwrap(), "{flag}");
+            assert!(parse(&[flag, "true"]).unwrap(), "{flag}");
+            let refused = parse(&[flag, "maybe"]).unwrap_err().to_string();
+            assert!(refused.contains(flag), "{refused}");
+        }
     }
 
     /// Static membership follows the group protocol unless told: on under

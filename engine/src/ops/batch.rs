@@ -45,16 +45,7 @@ impl Engine {
             }
             other => other?,
         };
-        let claimed: Vec<Submitted> = results
-            .iter()
-            .filter_map(|result| match result {
-                Ok(Submitted::Created(row)) if row.lease_owner.is_some() => {
-                    Some(Submitted::Created(row.clone()))
-                }
-                _ => None,
-            })
-            .collect();
-        self.hand_claimed(seats, &claimed).await;
+        self.hand_claimed(seats, results.iter().flatten()).await;
         for submitted in results.iter().flatten() {
             self.created(submitted);
         }

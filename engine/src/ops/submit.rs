@@ -72,8 +72,7 @@ impl Engine {
             Err(_) => tx.rollback().await?,
         }
         if let Ok(submitted) = &submitted {
-            self.hand_claimed(seats, std::slice::from_ref(submitted))
-                .await;
+            self.hand_claimed(seats, std::iter::once(submitted)).await;
             self.created(submitted);
         }
         submitted

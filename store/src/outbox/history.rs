@@ -91,12 +91,16 @@ pub struct OutboxSummary {
 /// # Errors
 /// Database errors.
 pub async fn summary(conn: &mut PgConnection) -> Result<OutboxSummary, sqlx::Error> {
-    crate::sql::query_as(&format!(
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    super::relay::prefer_indexes(&mut tx).await?;
+    let summary = crate::sql::query_as(&format!(
         "SELECT u.pending, (SELECT count(*) FROM workflow_run_outbox_failed) AS failed,
                 u.oldest AS oldest_pending_at
          FROM ({}) u",
         super::UNPUBLISHED
     ))
-    .fetch_one(conn)
-    .await
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(summary)
 }

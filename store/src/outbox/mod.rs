@@ -231,11 +231,15 @@ pub const UNPUBLISHED: &str = "SELECT count(*) AS pending, min(o.created_at) AS 
 /// Database errors.
 pub async fn backlog(pool: &sqlx::PgPool) -> Result<(i64, f64), sqlx::Error> {
     crate::sql::session(pool, async |conn| {
-        crate::sql::query_as(&format!(
+        let mut tx = sqlx::Connection::begin(conn).await?;
+        relay::prefer_indexes(&mut tx).await?;
+        let backlog = crate::sql::query_as(&format!(
             "SELECT pending, coalesce(extract(epoch FROM now() - oldest)::float8, 0) FROM ({UNPUBLISHED}) u"
         ))
-        .fetch_one(conn)
-        .await
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(backlog)
     })
     .await
 }

@@ -12,7 +12,10 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::support::{Calls, echo_targets, eventually, row, settings, stored, three_steps};
+use crate::support::{
+    Calls, echo_engine, echo_targets, eventually, row, run_in_background, settings, stored,
+    three_steps,
+};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
@@ -25,27 +28,13 @@ async fn quiet_engine(pool: &PgPool, calls: &Calls, loops: usize, eager: bool) -
     quiet.idle_poll_max = Duration::from_secs(3600);
     quiet.listen_for_work = false;
     quiet.eager_start = eager;
-    let engine = Engine::new(
-        pool.clone(),
-        echo_targets(calls),
-        Arc::new(SystemClock),
-        quiet,
-    );
-    engine
-        .register_workflow(&three_steps("eager", "echo"))
-        .await
-        .unwrap();
-    engine
+    echo_engine(pool, calls, Arc::new(SystemClock), quiet, "eager").await
 }
 
 /// Runs `engine`'s loops until the returned token is cancelled, once every
 /// loop has looked for work and waits.
 async fn start(engine: &Engine, loops: usize) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let stop = CancellationToken::new();
-    let running = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run(stop, Duration::from_secs(5)).await }
-    });
+    let (stop, running) = run_in_background(engine);
     eventually(Duration::from_secs(10), "every loop waits", || async {
         engine.free_seats() == loops
     })
@@ -222,16 +211,7 @@ async fn a_job_written_claimed_by_a_worker_that_died_runs_elsewhere_after_its_le
     let calls = Calls::default();
     let mut short = settings("doomed");
     short.lease = Duration::from_millis(600);
-    let doomed = Engine::new(
-        pool.clone(),
-        echo_targets(&calls),
-        Arc::new(SystemClock),
-        short,
-    );
-    doomed
-        .register_workflow(&three_steps("eager", "echo"))
-        .await
-        .unwrap();
+    let doomed = echo_engine(&pool, &calls, Arc::new(SystemClock), short, "eager").await;
     doomed.offer_a_seat_nobody_fills();
     let job_id = Uuid::new_v4();
     let submitted = doomed
@@ -250,11 +230,7 @@ async fn a_job_written_claimed_by_a_worker_that_died_runs_elsewhere_after_its_le
         Arc::new(SystemClock),
         settings("survivor"),
     );
-    let stop = CancellationToken::new();
-    let running = tokio::spawn({
-        let (survivor, stop) = (survivor.clone(), stop.clone());
-        async move { survivor.run(stop, Duration::from_secs(5)).await }
-    });
+    let (stop, running) = run_in_background(&survivor);
     completed(&pool, job_id).await;
     assert_eq!(calls.of(job_id).len(), 3);
     let finished = row(&pool, job_id).await;
@@ -271,11 +247,7 @@ async fn a_job_written_claimed_by_a_worker_that_died_runs_elsewhere_after_its_le
 async fn a_job_handed_to_a_stopping_engine_is_handed_back_to_the_queue(pool: PgPool) {
     let calls = Calls::default();
     let engine = quiet_engine(&pool, &calls, 0, true).await;
-    let stop = CancellationToken::new();
-    let running = tokio::spawn({
-        let (engine, stop) = (engine.clone(), stop.clone());
-        async move { engine.run(stop, Duration::from_secs(5)).await }
-    });
+    let (stop, running) = run_in_background(&engine);
     engine.offer_a_seat_nobody_fills();
     let job_id = Uuid::new_v4();
     let submitted = engine
@@ -301,16 +273,7 @@ async fn a_job_handed_to_a_stopping_engine_is_handed_back_to_the_queue(pool: PgP
 async fn a_job_that_waited_half_its_lease_for_a_loop_is_claimed_afresh(pool: PgPool) {
     let calls = Calls::default();
     let clock = crate::support::manual_clock();
-    let engine = Engine::new(
-        pool.clone(),
-        echo_targets(&calls),
-        clock.clone(),
-        settings("slow"),
-    );
-    engine
-        .register_workflow(&three_steps("eager", "echo"))
-        .await
-        .unwrap();
+    let engine = echo_engine(&pool, &calls, clock.clone(), settings("slow"), "eager").await;
     engine.offer_a_seat_nobody_fills();
     let job_id = Uuid::new_v4();
     let submitted = engine

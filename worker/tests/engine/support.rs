@@ -30,6 +30,39 @@ pub(crate) fn manual_clock() -> Arc<ManualClock> {
     ))
 }
 
+/// An engine of echo targets (`calls` records them) on which `workflow`
+/// (three steps) is stored.
+pub(crate) async fn echo_engine(
+    pool: &PgPool,
+    calls: &Calls,
+    clock: Arc<dyn Clock>,
+    settings: EngineSettings,
+    workflow: &str,
+) -> Engine {
+    let engine = Engine::new(pool.clone(), echo_targets(calls), clock, settings);
+    engine
+        .register_workflow(&three_steps(workflow, "echo"))
+        .await
+        .unwrap();
+    engine
+}
+
+/// Runs `engine` (its loops and services) until the returned token is
+/// cancelled; the handle ends when it has stopped.
+pub(crate) fn run_in_background(
+    engine: &Engine,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let (engine, stop) = (engine.clone(), stop.clone());
+        async move { engine.run(stop, Duration::from_secs(5)).await }
+    });
+    (stop, running)
+}
+
 pub(crate) fn engine(
     pool: &PgPool,
     targets: Targets,

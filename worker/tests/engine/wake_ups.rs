@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Calls, echo_targets, eventually, row, settings, submit, three_steps};
+use crate::support::{Calls, echo_targets, eventually, row, settings, submit};
 
 const MIGRATOR: &sqlx::migrate::Migrator = &flotilla_store::MIGRATOR;
 
@@ -36,17 +36,7 @@ async fn echo_engine(
     settings: EngineSettings,
     workflow: &str,
 ) -> Engine {
-    let engine = Engine::new(
-        pool.clone(),
-        echo_targets(calls),
-        Arc::new(SystemClock),
-        settings,
-    );
-    engine
-        .register_workflow(&three_steps(workflow, "echo"))
-        .await
-        .unwrap();
-    engine
+    crate::support::echo_engine(pool, calls, Arc::new(SystemClock), settings, workflow).await
 }
 
 /// Engine B's one claim loop polls once an hour, so once it has looked

@@ -50,12 +50,16 @@ impl Engine {
     /// relays; rows no loop waits for any more go back to the queue; the
     /// seats go back. Called before [`Engine::created`] wakes loops for the
     /// QUEUED rows of the same submission, which would take the seats.
-    pub(crate) async fn hand_claimed(&self, seats: Reservation<'_>, submitted: &[Submitted]) {
+    pub(crate) async fn hand_claimed<'s>(
+        &self,
+        seats: Reservation<'_>,
+        submitted: impl IntoIterator<Item = &'s Submitted>,
+    ) {
         if seats.count() == 0 {
             return;
         }
         let rows: Vec<RunRow> = submitted
-            .iter()
+            .into_iter()
             .filter_map(|submitted| match submitted {
                 Submitted::Created(row)
                     if row.status == RunStatus::Running
