@@ -38,20 +38,20 @@ const FILL_RECORDS: usize = 50_000;
 const READ_BACK: usize = 2_000;
 
 /// Which broker, and how to make topics on it.
-enum Broker {
+pub(crate) enum Broker {
     Kafka(String),
     Mock(MockCluster<'static, DefaultProducerContext>),
 }
 
 impl Broker {
-    fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Self::Kafka(_) => "Apache Kafka",
             Self::Mock(_) => "mock cluster",
         }
     }
 
-    fn bootstrap(&self) -> String {
+    pub(crate) fn bootstrap(&self) -> String {
         match self {
             Self::Kafka(bootstrap) => bootstrap.clone(),
             Self::Mock(cluster) => cluster.bootstrap_servers(),
@@ -59,7 +59,11 @@ impl Broker {
     }
 
     /// A fresh topic; on Kafka through the admin API, timed.
-    async fn topic(&self, prefix: &str, partitions: i32) -> anyhow::Result<(String, Duration)> {
+    pub(crate) async fn topic(
+        &self,
+        prefix: &str,
+        partitions: i32,
+    ) -> anyhow::Result<(String, Duration)> {
         let name = flotilla_tests::unique(prefix);
         let started = Instant::now();
         match self {

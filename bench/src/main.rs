@@ -15,6 +15,7 @@ mod fleet;
 mod metrics;
 mod relay;
 mod report;
+mod transactions;
 mod wal;
 
 use std::path::PathBuf;
@@ -30,7 +31,7 @@ struct Args {
     /// Seconds, not minutes: small sizes, so CI keeps the benchmark working.
     #[arg(long)]
     smoke: bool,
-    /// Run only these parts (comma separated): ceiling, broker, e2e, engine, parking, retention, fleet, graphile, river, relay, clients.
+    /// Run only these parts (comma separated): ceiling, broker, transactions, e2e, engine, parking, retention, fleet, graphile, river, relay, clients.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Jobs per end-to-end run (default: 20,000, or 200 with --smoke).
@@ -160,6 +161,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("broker") {
         broker::run(&mut report, args.smoke).await?;
+    }
+    if wanted("transactions") {
+        transactions::run(&mut report, args.smoke).await?;
     }
     let jobs = args.jobs.unwrap_or(if args.smoke { 200 } else { 20_000 });
     if wanted("graphile") {
